@@ -5,3 +5,5 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
+pub mod api;
+pub mod memory;

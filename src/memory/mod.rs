@@ -1,0 +1,3 @@
+//! Guest memory: the guest physical map, the host NUMA topology, the
+//! partition of guest RAM into per-node slices, their mappings, and the
+//! parallel per-node populate and reclaim executors.
