@@ -7,3 +7,4 @@
 pub mod config;
 pub mod api;
 pub mod memory;
+pub mod bench;
