@@ -4,6 +4,12 @@
 //! before each chunk is freed). Below a size threshold the caller's thread
 //! does it all. Whatever workers fail to free (an error, a panic) is freed
 //! afterwards on the caller's thread, so nothing is left behind.
+//!
+//! Cost of the measurement: `mincore` over a touched 1 GiB chunk of 4 KiB
+//! pages (a reused 256 KiB vector, counted) took 0.8-1.3 ms in a release
+//! build on the development host, against about 42 ms for the
+//! `MADV_DONTNEED` of that chunk: 2-3% (test `mincore_cost_on_one_gib`,
+//! ignored by default because it touches 1 GiB).
 
 use std::os::fd::RawFd;
 use std::panic::AssertUnwindSafe;
