@@ -177,13 +177,17 @@ fn hugetlb_without_reserved_pages_fails_cleanly() {
 
 #[test]
 fn populate_then_reclaim() {
-    for backing in [Backing::Anonymous, Backing::Memfd] {
+    for (backing, pages) in [
+        (Backing::Anonymous, HugePages::None),
+        (Backing::Anonymous, HugePages::Transparent),
+        (Backing::Memfd, HugePages::None),
+    ] {
         let mem = MemoryConfig {
             backing,
             ..MemoryConfig::default()
         };
         let topo = real();
-        let m = GuestMemory::new(&machine(128, HugePages::None), &mem, &topo).unwrap();
+        let m = GuestMemory::new(&machine(128, pages), &mem, &topo).unwrap();
         let stats = m.populate(2, &topo).unwrap();
         assert_eq!(stats.bytes, 128 << 20);
         assert_eq!(resident(&m), 128 << 20);
