@@ -18,7 +18,6 @@
 
 pub mod child;
 pub mod cli;
-pub mod memstub;
 pub mod report;
 pub mod runner;
 pub mod stats;

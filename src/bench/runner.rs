@@ -9,11 +9,10 @@ use std::time::Instant;
 
 use super::child::{child_args, ExitChild};
 use super::cli::Args;
-use super::memstub::{GuestMemory, ReclaimOptions, ReclaimProgress};
 use super::stats::median;
 use super::{backing_name, report, svg, BenchError, Case, Method, Pages, Sample};
-use crate::config::{HugePages, MachineConfig, MemoryConfig, NumaPolicy};
-use crate::memory::HostTopology;
+use crate::config::{Backing, HugePages, MachineConfig, MemoryConfig, NumaPolicy};
+use crate::memory::{GuestMemory, HostTopology, ReclaimOptions, ReclaimProgress};
 
 /// Guest memory mapped and populated, with the topology it was placed on.
 pub struct Held {
@@ -214,6 +213,20 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let rows = report::rows(&samples);
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", report::table(&rows));
+    if cases
+        .iter()
+        .any(|c| c.pages == Pages::Thp && c.backing == Backing::Memfd)
+    {
+        let path = args
+            .sysfs_root
+            .join("kernel/mm/transparent_hugepage/shmem_enabled");
+        if let Some(note) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| shmem_thp_note(&t))
+        {
+            let _ = writeln!(out, "{note}");
+        }
+    }
     if host.nodes_with_memory().len() > 1 {
         let _ = write!(out, "{}", per_node_text(&node_times));
     }
@@ -229,6 +242,22 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         write_file(path, &svg::plot(&rows, &title))?;
     }
     Ok(())
+}
+
+/// A note for the table when the host gives shared memory no huge pages
+/// (`shmem_enabled` set to `never` or `deny`), so that `thp memfd` is in
+/// fact backed by 4 KiB pages.
+pub fn shmem_thp_note(shmem_enabled: &str) -> Option<String> {
+    let selected = shmem_enabled
+        .split_whitespace()
+        .find(|w| w.starts_with('['))?
+        .trim_matches(|c| c == '[' || c == ']');
+    matches!(selected, "never" | "deny").then(|| {
+        format!(
+            "note: thp memfd is backed by 4 KiB pages here: \
+             transparent_hugepage/shmem_enabled is [{selected}]"
+        )
+    })
 }
 
 /// Per-node medians of the teravm runs: one line per method and case.
@@ -286,8 +315,15 @@ fn write_file(path: &Path, text: &str) -> Result<(), BenchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Backing;
     use clap::Parser;
+
+    #[test]
+    fn shmem_without_huge_pages_is_noted() {
+        let note = shmem_thp_note("always within_size advise [never] deny force\n").unwrap();
+        assert!(note.contains("[never]"), "{note}");
+        assert!(shmem_thp_note("always within_size [advise] never deny force").is_none());
+        assert!(shmem_thp_note("").is_none());
+    }
 
     #[test]
     fn rounds_alternate_baselines_and_worker_counts() {

@@ -113,13 +113,8 @@ pub fn plot(rows: &[Row], title: &str) -> String {
         escape(title)
     );
 
-    // Axes, grid and ticks.
+    // Grid, ticks and axes.
     let (x0, x1, y0, y1) = (LEFT, LEFT + plot_w, TOP + plot_h, TOP);
-    let _ = writeln!(
-        s,
-        "<g stroke=\"black\"><line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x1}\" y2=\"{y0}\"/>\
-         <line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x0}\" y2=\"{y1}\"/></g>"
-    );
     let ticks = (y_max / y_step).round() as u32;
     for i in 0..=ticks {
         let t = f64::from(i) * y_step;
@@ -133,6 +128,12 @@ pub fn plot(rows: &[Row], title: &str) -> String {
             trim_number(t)
         );
     }
+    // The axes over the grid.
+    let _ = writeln!(
+        s,
+        "<g stroke=\"black\"><line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x1}\" y2=\"{y0}\"/>\
+         <line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x0}\" y2=\"{y1}\"/></g>"
+    );
     for &w in &workers {
         let x = x_of(w);
         let _ = writeln!(
