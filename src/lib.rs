@@ -5,6 +5,5 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
-pub mod api;
-pub mod memory;
-pub mod bench;
+pub mod devices;
+pub mod vstate;
