@@ -159,11 +159,11 @@ pub fn write_boot_state(
     let pdpt_base = pml4 + PAGE;
     let pd_base = pdpt_base + pdpts * PAGE;
     let pml4_entries: Vec<u8> = (0..pdpts)
-        .flat_map(|i| (pdpt_base + i * PAGE | PTE_TABLE).to_le_bytes())
+        .flat_map(|i| ((pdpt_base + i * PAGE) | PTE_TABLE).to_le_bytes())
         .collect();
     write("the PML4", pml4, &pml4_entries)?;
     let pdpt_entries: Vec<u8> = (0..pds)
-        .flat_map(|i| (pd_base + i * PAGE | PTE_TABLE).to_le_bytes())
+        .flat_map(|i| ((pd_base + i * PAGE) | PTE_TABLE).to_le_bytes())
         .collect();
     write("the PDPTs", pdpt_base, &pdpt_entries)?;
     // The directories in pieces of 64 (256 KiB of entries), so a 64 TiB guest
@@ -172,7 +172,7 @@ pub fn write_boot_state(
     while pd < pds {
         let n = (pds - pd).min(64);
         let entries: Vec<u8> = (pd * 512..(pd + n) * 512)
-            .flat_map(|i| (i * TWO_MIB | PTE_2M).to_le_bytes())
+            .flat_map(|i| ((i * TWO_MIB) | PTE_2M).to_le_bytes())
             .collect();
         write("the page directories", pd_base + pd * PAGE, &entries)?;
         pd += n;
@@ -293,7 +293,7 @@ mod tests {
         let pdpt = read_u64(&m, l.pml4) & !0xfff;
         let pd = read_u64(&m, pdpt) & !0xfff;
         for i in 0..32u64 {
-            assert_eq!(read_u64(&m, pd + i * 8), i * TWO_MIB | PTE_2M);
+            assert_eq!(read_u64(&m, pd + i * 8), (i * TWO_MIB) | PTE_2M);
         }
         assert_eq!(read_u64(&m, l.pml4) & 0xfff, PTE_TABLE);
     }
