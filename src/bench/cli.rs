@@ -1,0 +1,310 @@
+//! The command line of `teravm-bench`, its checks (size against the host's
+//! available memory, `--vm`), and the entry point the binary calls.
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use super::{parse_backing, BenchError, Pages};
+use crate::config::{Backing, ReclaimConfig};
+
+/// Kept free of the host's MemAvailable: this much, plus a twentieth of it.
+pub const MARGIN_BYTES: u64 = 1 << 30;
+
+/// Measures how fast fully touched guest memory is given back to the host:
+/// one munmap, a process exit, and teravm's parallel reclaim at several worker
+/// counts, side by side.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "teravm-bench", version)]
+pub struct Args {
+    /// Guest memory size in GiB.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub size_gib: u64,
+    /// teravm reclaim worker counts per NUMA node, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4",
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::config::MAX_WORKERS_PER_NODE))
+    )]
+    pub workers: Vec<u32>,
+    /// Page sizes, comma-separated: 4k, thp.
+    #[arg(long, value_delimiter = ',', default_value = "4k,thp")]
+    pub pages: Vec<Pages>,
+    /// Backings, comma-separated: anonymous, memfd.
+    #[arg(long, value_delimiter = ',', default_value = "anonymous,memfd", value_parser = parse_backing)]
+    pub backing: Vec<Backing>,
+    /// Reclaim chunk size in MiB (even, 2 to 1048576).
+    #[arg(long, default_value_t = 1024)]
+    pub chunk_mib: u64,
+    /// Runs of each method per page size and backing.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+    /// Root of the sysfs tree the host NUMA topology is read from.
+    #[arg(long, default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// Write one CSV row per run to this file.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Write an SVG plot of median time against workers to this file.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Populate (untimed) workers per node [default: CPUs per node].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub populate_workers: Option<u32>,
+    /// Also measure end to end against a real teravm microVM.
+    #[arg(long)]
+    pub vm: bool,
+    /// Internal: be the child of the `exit` baseline (map, populate, print
+    /// "ready", wait to be killed) for the first --pages and --backing.
+    #[arg(long, hide = true)]
+    pub exit_child: bool,
+}
+
+impl Args {
+    /// Checks what clap cannot, and removes duplicates from the lists.
+    pub fn validate(&mut self) -> Result<(), BenchError> {
+        ReclaimConfig {
+            chunk_mib: self.chunk_mib,
+            ..ReclaimConfig::default()
+        }
+        .validate()
+        .map_err(|e| BenchError::InvalidArgument(format!("--chunk-mib: {e}")))?;
+        if !self.sysfs_root.is_dir() {
+            return Err(BenchError::InvalidArgument(format!(
+                "--sysfs-root {}: not a directory",
+                self.sysfs_root.display()
+            )));
+        }
+        dedup_in_order(&mut self.workers);
+        dedup_in_order(&mut self.pages);
+        dedup_in_order(&mut self.backing);
+        if self.workers.is_empty() || self.pages.is_empty() || self.backing.is_empty() {
+            return Err(BenchError::InvalidArgument(
+                "--workers, --pages and --backing need at least one value".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Guest memory size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_gib << 30
+    }
+}
+
+fn dedup_in_order<T: PartialEq + Copy>(values: &mut Vec<T>) {
+    let mut seen: Vec<T> = Vec::with_capacity(values.len());
+    values.retain(|v| {
+        if seen.contains(v) {
+            false
+        } else {
+            seen.push(*v);
+            true
+        }
+    });
+}
+
+/// MemAvailable, in bytes, from the text of `/proc/meminfo`.
+pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut fields = line.split_whitespace().skip(1);
+    let value: u64 = fields.next()?.parse().ok()?;
+    match fields.next() {
+        Some("kB") => value.checked_mul(1024),
+        None => Some(value),
+        Some(_) => None,
+    }
+}
+
+/// Refuses a size larger than `available_bytes` less the margin
+/// ([`MARGIN_BYTES`] plus a twentieth of what is available).
+pub fn check_size(size_gib: u64, available_bytes: u64) -> Result<(), BenchError> {
+    let margin = MARGIN_BYTES + available_bytes / 20;
+    let usable = available_bytes.saturating_sub(margin);
+    if size_gib.saturating_mul(1 << 30) > usable {
+        return Err(BenchError::TooLarge {
+            size_gib,
+            available_mib: available_bytes >> 20,
+            margin_mib: margin >> 20,
+            usable_mib: usable >> 20,
+        });
+    }
+    Ok(())
+}
+
+/// Reads MemAvailable from a meminfo file.
+pub fn read_mem_available(path: &Path) -> Result<u64, BenchError> {
+    let err = |reason: String| BenchError::Meminfo {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    parse_mem_available(&text).ok_or_else(|| err("no MemAvailable line".into()))
+}
+
+/// Whether `teravm --help` lists `--api-sock` as a working option (listed,
+/// and not marked as not built or not yet working).
+pub fn api_sock_listed(help: &str) -> bool {
+    help.lines().any(|l| {
+        let lower = l.to_ascii_lowercase();
+        l.contains("--api-sock") && !lower.contains("not built") && !lower.contains("not yet")
+    })
+}
+
+/// The answer to `--vm`: the end-to-end case needs teravm's API socket.
+fn check_vm() -> BenchError {
+    let teravm = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("teravm")));
+    let help = teravm.and_then(|p| {
+        std::process::Command::new(p)
+            .arg("--help")
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    });
+    if help.as_deref().is_some_and(api_sock_listed) {
+        BenchError::VmUnavailable(
+            "--vm: teravm has --api-sock, but teravm-bench does not drive a microVM yet".into(),
+        )
+    } else {
+        BenchError::VmUnavailable("--vm needs the API socket, which is not built yet".into())
+    }
+}
+
+/// Parses the command line and runs the benchmark (or the `exit` child);
+/// errors are printed as one line on stderr.
+pub fn main_with<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let mut args = match Args::try_parse_from(args) {
+        Ok(a) => a,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("teravm-bench: {}", first.trim_start_matches("error: "));
+            return ExitCode::from(1);
+        }
+    };
+    let result = args.validate().and_then(|()| {
+        if args.exit_child {
+            super::child::child_main(&args)
+        } else if args.vm {
+            Err(check_vm())
+        } else {
+            let available = read_mem_available(Path::new("/proc/meminfo"))?;
+            check_size(args.size_gib, available)?;
+            super::runner::run(&args)
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("teravm-bench: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        let mut a =
+            Args::try_parse_from(std::iter::once("teravm-bench").chain(args.iter().copied()))
+                .map_err(|e| e.to_string())?;
+        a.validate().map_err(|e| e.to_string())?;
+        Ok(a)
+    }
+
+    #[test]
+    fn defaults_are_those_of_the_issue() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.size_gib, 8);
+        assert_eq!(a.workers, [1, 2, 4]);
+        assert_eq!(a.pages, [Pages::FourK, Pages::Thp]);
+        assert_eq!(a.backing, [Backing::Anonymous, Backing::Memfd]);
+        assert_eq!((a.chunk_mib, a.runs), (1024, 5));
+        assert_eq!(a.sysfs_root, PathBuf::from("/sys"));
+        assert!(!a.vm && !a.exit_child);
+    }
+
+    #[test]
+    fn lists_are_parsed_and_deduplicated() {
+        let a = parse(&[
+            "--workers",
+            "4,1,4",
+            "--pages",
+            "thp",
+            "--backing",
+            "memfd,memfd",
+        ])
+        .unwrap();
+        assert_eq!(a.workers, [4, 1]);
+        assert_eq!(a.pages, [Pages::Thp]);
+        assert_eq!(a.backing, [Backing::Memfd]);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for bad in [
+            &["--workers", "0"][..],
+            &["--workers", "1,x"],
+            &["--pages", "2m"],
+            &["--backing", "hugetlb"],
+            &["--size-gib", "0"],
+            &["--runs", "0"],
+            &["--chunk-mib", "3"],
+            &["--chunk-mib", "0"],
+            &["--frobnicate"],
+            &["--sysfs-root", "/nonexistent"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn mem_available_is_parsed_in_bytes() {
+        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(parse_mem_available(text), Some(20_000_000 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: x kB\n"), None);
+    }
+
+    #[test]
+    fn size_must_leave_a_margin() {
+        let avail = 23u64 << 30;
+        assert!(check_size(8, avail).is_ok());
+        assert!(check_size(20, avail).is_ok());
+        let err = check_size(22, avail).unwrap_err().to_string();
+        assert!(err.contains("--size-gib 22 is too large"), "{err}");
+        assert!(check_size(1, 1 << 30).is_err());
+        assert!(check_size(u64::MAX, avail).is_err());
+    }
+
+    #[test]
+    fn api_sock_is_recognised_only_when_working() {
+        assert!(!api_sock_listed(
+            "Usage: teravm [OPTIONS]\n  --config-file <F>\n"
+        ));
+        assert!(!api_sock_listed(
+            "  --api-sock <PATH>  API socket (not built yet)\n"
+        ));
+        assert!(api_sock_listed(
+            "  --api-sock <PATH>  Path of the API socket\n"
+        ));
+    }
+}

@@ -1,0 +1,398 @@
+//! Pure planning, no memory touched: the partition of guest RAM into one
+//! contiguous slice per host node, and the cutting of those slices into
+//! chunks, one queue per node, for the populate and reclaim executors.
+
+use super::layout::RamRegion;
+
+/// Errors of [`partition`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    /// No node to place memory on.
+    #[error("no host node selected for guest memory")]
+    NoNodes,
+    /// A node appears twice in the selection.
+    #[error("host node {0} is selected twice")]
+    DuplicateNode(u32),
+    /// The alignment is zero or not a power of two.
+    #[error("alignment {0:#x} is not a power of two")]
+    BadAlign(u64),
+    /// The RAM sizes overflow.
+    #[error("guest RAM size overflows")]
+    Overflow,
+    /// Less RAM than one aligned unit per node.
+    #[error("{total} bytes of guest RAM cannot give each of {nodes} nodes a share aligned to {align:#x} bytes")]
+    TooSmall {
+        /// Total RAM in bytes.
+        total: u64,
+        /// Number of nodes.
+        nodes: usize,
+        /// Alignment asked for.
+        align: u64,
+    },
+}
+
+/// A contiguous piece of guest RAM placed on one host node; it never crosses
+/// the MMIO gap, and is backed by one mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct NodeSlice {
+    /// The host node.
+    pub node: u32,
+    /// First guest physical address.
+    pub guest_addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Splits RAM into one contiguous share per node: equal shares in `nodes`
+/// order, boundaries aligned to `align`, the last node taking the remainder.
+/// A share that spans two regions (crosses the MMIO gap) becomes two
+/// [`NodeSlice`]s, so no slice crosses the gap.
+pub fn partition(
+    regions: &[RamRegion],
+    nodes: &[u32],
+    align: u64,
+) -> Result<Vec<NodeSlice>, PlanError> {
+    if nodes.is_empty() {
+        return Err(PlanError::NoNodes);
+    }
+    let mut seen = nodes.to_vec();
+    seen.sort_unstable();
+    if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+        return Err(PlanError::DuplicateNode(w[0]));
+    }
+    if align == 0 || !align.is_power_of_two() {
+        return Err(PlanError::BadAlign(align));
+    }
+    let total = regions
+        .iter()
+        .try_fold(0u64, |acc, r| acc.checked_add(r.len))
+        .ok_or(PlanError::Overflow)?;
+    let n = nodes.len() as u64;
+    let share = total / n / align * align;
+    if share == 0 {
+        return Err(PlanError::TooSmall {
+            total,
+            nodes: nodes.len(),
+            align,
+        });
+    }
+    let mut slices = Vec::with_capacity(nodes.len() + 1);
+    for (i, &node) in nodes.iter().enumerate() {
+        let start = i as u64 * share;
+        let end = if i + 1 == nodes.len() {
+            total
+        } else {
+            start + share
+        };
+        // Map the RAM offsets start..end through the regions.
+        let mut base = 0u64;
+        for r in regions {
+            let (lo, hi) = (start.max(base), end.min(base + r.len));
+            if lo < hi {
+                slices.push(NodeSlice {
+                    node,
+                    guest_addr: r.guest_addr + (lo - base),
+                    len: hi - lo,
+                });
+            }
+            base += r.len;
+        }
+    }
+    Ok(slices)
+}
+
+/// A piece of one range, the unit of work of a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    /// Index into the ranges given to [`plan_chunks`].
+    pub range: usize,
+    /// Offset into that range, in bytes.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// The chunks of one node, in the order its workers take them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeQueue {
+    /// The host node.
+    pub node: u32,
+    /// Its chunks.
+    pub chunks: Vec<Chunk>,
+}
+
+/// One queue per node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimPlan {
+    /// The queues, by ascending node number.
+    pub queues: Vec<NodeQueue>,
+}
+
+impl ReclaimPlan {
+    /// Total bytes of all chunks.
+    pub fn total_bytes(&self) -> u64 {
+        self.queues
+            .iter()
+            .flat_map(|q| q.chunks.iter())
+            .map(|c| c.len)
+            .sum()
+    }
+}
+
+/// Cuts each range `(node, len)` into chunks of at most `chunk_bytes` (a
+/// `chunk_bytes` of 0 means one chunk per range); one queue per node, in
+/// ascending node order, with each node's ranges in the order given.
+pub fn plan_chunks(ranges: &[(u32, u64)], chunk_bytes: u64) -> ReclaimPlan {
+    let mut nodes: Vec<u32> = ranges.iter().map(|r| r.0).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let queues = nodes
+        .into_iter()
+        .map(|node| {
+            let mut chunks = Vec::new();
+            for (range, &(_, len)) in ranges.iter().enumerate().filter(|(_, r)| r.0 == node) {
+                let step = if chunk_bytes == 0 {
+                    len.max(1)
+                } else {
+                    chunk_bytes
+                };
+                let mut offset = 0;
+                while offset < len {
+                    let this = step.min(len - offset);
+                    chunks.push(Chunk {
+                        range,
+                        offset,
+                        len: this,
+                    });
+                    offset += this;
+                }
+            }
+            NodeQueue { node, chunks }
+        })
+        .collect();
+    ReclaimPlan { queues }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::{ram_regions, MMIO_GAP_END, MMIO_GAP_START};
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    /// A tiny deterministic PRNG (xorshift64*).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn check_partition(mem: u64, nodes: &[u32], align: u64, slices: &[NodeSlice]) {
+        let regions = ram_regions(mem);
+        // Cover RAM exactly, in order, never overlapping, never crossing the gap.
+        let mut sorted = slices.to_vec();
+        sorted.sort_by_key(|s| s.guest_addr);
+        assert_eq!(sorted, slices, "slices are in address order");
+        let total: u64 = slices.iter().map(|s| s.len).sum();
+        assert_eq!(total, mem);
+        for w in slices.windows(2) {
+            assert!(w[0].guest_addr + w[0].len <= w[1].guest_addr);
+        }
+        for s in slices {
+            assert!(s.len > 0);
+            assert_eq!(s.guest_addr % align, 0, "{s:?} aligned to {align:#x}");
+            let inside = regions
+                .iter()
+                .any(|r| s.guest_addr >= r.guest_addr && s.guest_addr + s.len <= r.end());
+            assert!(inside, "{s:?} lies inside one RAM region");
+            assert!(!(s.guest_addr < MMIO_GAP_END && s.guest_addr + s.len > MMIO_GAP_START));
+        }
+        // Each node's share is contiguous in RAM and in `nodes` order.
+        let order: Vec<u32> = slices.iter().map(|s| s.node).collect();
+        let mut dedup = order.clone();
+        dedup.dedup();
+        assert_eq!(dedup, nodes, "one contiguous share per node, in order");
+        // Equal shares except the last.
+        let share = |n: u32| -> u64 { slices.iter().filter(|s| s.node == n).map(|s| s.len).sum() };
+        let first = share(nodes[0]);
+        for &n in &nodes[..nodes.len() - 1] {
+            assert_eq!(share(n), first);
+            assert_eq!(share(n) % align, 0);
+        }
+        assert!(share(*nodes.last().unwrap()) >= first);
+    }
+
+    #[test]
+    fn partition_properties() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let aligns = [2 * MIB, GIB];
+        for _ in 0..2000 {
+            let align = aligns[rng.below(2) as usize];
+            let count = 1 + rng.below(8) as usize;
+            let mem = match rng.below(3) {
+                0 => (1 + rng.below(64 * 1024)) * MIB,
+                1 => (1 + rng.below(2048)) * GIB,
+                _ => (1 + rng.below(1 << 26)) * 4096,
+            };
+            // Node ids: a random increasing sequence with gaps, sometimes reversed.
+            let mut nodes: Vec<u32> = Vec::new();
+            let mut id = rng.below(3) as u32;
+            for _ in 0..count {
+                nodes.push(id);
+                id += 1 + rng.below(3) as u32;
+            }
+            if rng.below(2) == 0 {
+                nodes.reverse();
+            }
+            match partition(&ram_regions(mem), &nodes, align) {
+                Ok(slices) => check_partition(mem, &nodes, align, &slices),
+                Err(PlanError::TooSmall { .. }) => assert!(mem / count as u64 / align == 0),
+                Err(e) => panic!("{mem} {nodes:?} {align}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn four_gib_on_two_nodes_splits_at_the_gap() {
+        let s = partition(&ram_regions(4 * GIB), &[0, 1], GIB).unwrap();
+        assert_eq!(
+            s,
+            vec![
+                NodeSlice {
+                    node: 0,
+                    guest_addr: 0,
+                    len: 2 * GIB
+                },
+                NodeSlice {
+                    node: 1,
+                    guest_addr: 2 * GIB,
+                    len: GIB
+                },
+                NodeSlice {
+                    node: 1,
+                    guest_addr: 4 * GIB,
+                    len: GIB
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn six_gib_on_four_nodes() {
+        let s = partition(&ram_regions(6 * GIB), &[0, 1, 2, 3], GIB).unwrap();
+        assert_eq!(
+            s,
+            vec![
+                NodeSlice {
+                    node: 0,
+                    guest_addr: 0,
+                    len: GIB
+                },
+                NodeSlice {
+                    node: 1,
+                    guest_addr: GIB,
+                    len: GIB
+                },
+                NodeSlice {
+                    node: 2,
+                    guest_addr: 2 * GIB,
+                    len: GIB
+                },
+                NodeSlice {
+                    node: 3,
+                    guest_addr: 4 * GIB,
+                    len: 3 * GIB
+                },
+            ]
+        );
+        check_partition(6 * GIB, &[0, 1, 2, 3], GIB, &s);
+    }
+
+    #[test]
+    fn partition_errors() {
+        let r = ram_regions(GIB);
+        assert_eq!(partition(&r, &[], GIB), Err(PlanError::NoNodes));
+        assert_eq!(
+            partition(&r, &[1, 1], GIB),
+            Err(PlanError::DuplicateNode(1))
+        );
+        assert_eq!(
+            partition(&r, &[0], 3 * MIB),
+            Err(PlanError::BadAlign(3 * MIB))
+        );
+        assert_eq!(partition(&r, &[0], 0), Err(PlanError::BadAlign(0)));
+        assert!(matches!(
+            partition(&r, &[0, 1], GIB),
+            Err(PlanError::TooSmall { .. })
+        ));
+        assert!(partition(&r, &[0, 1], 2 * MIB).is_ok());
+        let huge = [
+            RamRegion {
+                guest_addr: 0,
+                len: u64::MAX,
+            },
+            RamRegion {
+                guest_addr: 0,
+                len: 1,
+            },
+        ];
+        assert_eq!(partition(&huge, &[0], GIB), Err(PlanError::Overflow));
+        assert!(partition(&[], &[0], GIB).is_err());
+    }
+
+    #[test]
+    fn chunk_properties() {
+        let mut rng = Rng(42);
+        for _ in 0..2000 {
+            let count = rng.below(10) as usize;
+            let ranges: Vec<(u32, u64)> = (0..count)
+                .map(|_| {
+                    (
+                        rng.below(4) as u32,
+                        rng.below(64) * MIB + rng.below(4) * 4096,
+                    )
+                })
+                .collect();
+            let chunk = (1 + rng.below(16)) * MIB;
+            let plan = plan_chunks(&ranges, chunk);
+            let ids: Vec<u32> = plan.queues.iter().map(|q| q.node).collect();
+            let mut want: Vec<u32> = ranges.iter().map(|r| r.0).collect();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(ids, want);
+            for (i, &(node, len)) in ranges.iter().enumerate() {
+                let q = plan.queues.iter().find(|q| q.node == node).unwrap();
+                let mut next = 0;
+                for c in q.chunks.iter().filter(|c| c.range == i) {
+                    assert_eq!(c.offset, next, "contiguous, no overlap");
+                    assert!(c.len > 0 && c.len <= chunk);
+                    next += c.len;
+                }
+                assert_eq!(next, len, "range {i} covered exactly");
+            }
+            let total: u64 = ranges.iter().map(|r| r.1).sum();
+            assert_eq!(plan.total_bytes(), total);
+        }
+    }
+
+    #[test]
+    fn zero_chunk_size_is_one_chunk_per_range() {
+        let plan = plan_chunks(&[(0, 5 * MIB), (0, 0)], 0);
+        assert_eq!(
+            plan.queues[0].chunks,
+            vec![Chunk {
+                range: 0,
+                offset: 0,
+                len: 5 * MIB
+            }]
+        );
+    }
+}

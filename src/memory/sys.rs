@@ -1,0 +1,162 @@
+//! Thin wrappers over the Linux calls the memory module makes: `madvise`,
+//! `fallocate` hole punch, `mincore`, `mbind`, CPU affinity. Each returns the
+//! raw `io::Error`; callers wrap it with what they were doing.
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// Size of a base page of the host.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system and touches no memory of ours.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        size as usize
+    } else {
+        4096
+    }
+}
+
+fn check(ret: libc::c_int) -> io::Result<()> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `madvise(addr, len, advice)`.
+///
+/// # Safety
+/// `addr..addr+len` is a mapping the caller owns; advice that discards
+/// contents (`MADV_DONTNEED`, `MADV_REMOVE`) must only be given where nothing
+/// relies on them any more.
+pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: the caller guarantees the range is its own mapping and that the
+    // advice's effect on the contents is wanted.
+    check(unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) })
+}
+
+/// Frees the file blocks of `fd` in `offset..offset+len`, keeping its size.
+pub fn punch_hole(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
+    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    // SAFETY: fallocate on a descriptor touches no memory of this process
+    // directly; a bad descriptor is an error return.
+    check(unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+    })
+}
+
+/// Most bytes examined by one `mincore` call (and so the largest buffer).
+const MINCORE_WINDOW_BYTES: usize = 1 << 30;
+
+/// Bytes of `addr..addr+len` resident in memory, as `mincore` reports them,
+/// counted in base pages. `buf` is reused between calls (at most 256 KiB with
+/// 4 KiB pages). An unmapped range is an error (`ENOMEM`).
+pub fn resident_bytes(addr: usize, len: usize, buf: &mut Vec<u8>) -> io::Result<u64> {
+    let page = page_size();
+    let mut resident = 0u64;
+    let mut pos = 0usize;
+    while pos < len {
+        let window = (len - pos).min(MINCORE_WINDOW_BYTES);
+        let pages = window.div_ceil(page);
+        if buf.len() < pages {
+            buf.resize(pages, 0);
+        }
+        // SAFETY: mincore only writes `pages` bytes into `buf`, which holds at
+        // least that many; the range itself is only inspected, and an
+        // unmapped one is reported as ENOMEM.
+        check(unsafe {
+            libc::mincore((addr + pos) as *mut libc::c_void, window, buf.as_mut_ptr())
+        })?;
+        let count = buf[..pages].iter().filter(|&&b| b & 1 != 0).count();
+        resident += count as u64 * page as u64;
+        pos += window;
+    }
+    Ok(resident)
+}
+
+/// The CPUs the calling thread may run on.
+pub fn get_affinity() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes at most size_of::<cpu_set_t>() bytes into `set`.
+    check(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: CPU_ISSET reads the set for an index below its capacity.
+    Ok((0..max)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
+/// Restricts the calling thread to `cpus` (indices beyond the set's
+/// capacity, 1024, are ignored).
+pub fn set_affinity(cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    for &c in cpus.iter().filter(|&&c| c < max) {
+        // SAFETY: `c` is below the set's capacity.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: the kernel reads size_of::<cpu_set_t>() bytes from `set`.
+    check(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) })
+}
+
+/// `mbind(addr, len, mode, {node})`: the memory policy of a range, for pages
+/// not yet faulted in.
+pub fn mbind(addr: usize, len: usize, mode: libc::c_int, node: u32) -> io::Result<()> {
+    let bits = node as usize + 1;
+    let mut mask = vec![0u64; bits.div_ceil(64)];
+    mask[node as usize / 64] |= 1 << (node % 64);
+    // The kernel reads `maxnode - 1` bits.
+    let maxnode = (mask.len() * 64 + 1) as libc::c_ulong;
+    // SAFETY: mbind only reads `mask` (maxnode - 1 bits fit in it) and changes
+    // the policy of the range; it never touches the contents.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            addr as libc::c_ulong,
+            len as libc::c_ulong,
+            mode as libc::c_ulong,
+            mask.as_ptr(),
+            maxnode,
+            0 as libc::c_ulong,
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_round_trips() {
+        let cpus = get_affinity().unwrap();
+        assert!(!cpus.is_empty());
+        std::thread::spawn(move || {
+            set_affinity(&cpus[..1]).unwrap();
+            assert_eq!(get_affinity().unwrap(), vec![cpus[0]]);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn mincore_of_an_unmapped_range_is_an_error() {
+        let mut buf = Vec::new();
+        // Page 0 is never mapped in a Rust process.
+        assert!(resident_bytes(0, 4096, &mut buf).is_err());
+    }
+}
