@@ -1,2 +1,21 @@
 //! The API: a wire-independent contract between the HTTP server and the VMM,
 //! and the HTTP/1.1 server on a Unix socket.
+//!
+//! - [`action`]: what a request asks ([`VmmAction`]), what the VMM answers
+//!   ([`VmmData`], [`VmmActionError`]) and the envelope with its own reply
+//!   channel ([`ApiRequest`]). Knows nothing of HTTP.
+//! - [`http`]: a strict, bounded HTTP/1.1 request parser (a pure function
+//!   over bytes) and the response writer.
+//! - [`routing`]: method and path to an action; bodies parsed and validated.
+//! - [`server`]: the `api` thread on the Unix socket, talking to the VMM
+//!   through an `mpsc` channel and an `EventFd`.
+//! - [`client`]: a minimal HTTP client for tests and the benchmark.
+
+pub mod action;
+pub mod client;
+pub mod http;
+pub mod routing;
+pub mod server;
+
+pub use action::{ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData};
+pub use server::{ApiServer, ApiServerError, ServerLimits};

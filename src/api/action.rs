@@ -1,0 +1,119 @@
+//! The wire-independent contract between the API server and the VMM: what a
+//! client asks for ([`VmmAction`]), what the VMM answers ([`VmmData`] or
+//! [`VmmActionError`]), and the envelope that carries one request to the VMM
+//! with its own reply channel ([`ApiRequest`]).
+//!
+//! Nothing here knows about HTTP; the server maps these to status codes
+//! (`Empty` → 204, `Json` → 200, `Accepted` → 202, `BadRequest` → 400,
+//! `Internal` → 500).
+
+use std::sync::mpsc::Sender;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{BootSource, MachineConfig, MemoryConfig, ReclaimConfig};
+
+/// When a `Shutdown` action replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReclaimMode {
+    /// Reply once guest memory is back, with the reclaim statistics.
+    #[default]
+    Sync,
+    /// Reply at once; the process lingers until reclaim is done.
+    Async,
+}
+
+/// One thing a client asks the VMM to do (or to tell).
+#[derive(Debug, Clone, PartialEq)]
+pub enum VmmAction {
+    /// `GET /`: instance id, state and version.
+    GetInstanceInfo,
+    /// `GET /machine-config`.
+    GetMachineConfig,
+    /// `PUT /machine-config` (already validated).
+    PutMachineConfig(MachineConfig),
+    /// `PUT /boot-source` (already validated).
+    PutBootSource(BootSource),
+    /// `GET /memory`: the memory section and, once running, its slices.
+    GetMemory,
+    /// `PUT /memory` (already validated).
+    PutMemory(MemoryConfig),
+    /// `GET /reclaim`: reclaim state and progress.
+    GetReclaim,
+    /// `PUT /reclaim` (already validated).
+    PutReclaim(ReclaimConfig),
+    /// `PUT /actions` `{"action_type": "InstanceStart"}`.
+    InstanceStart,
+    /// `PUT /actions` `{"action_type": "SendCtrlAltDel"}`.
+    SendCtrlAltDel,
+    /// `PUT /actions` `{"action_type": "Shutdown", "reclaim": "sync"|"async"}`.
+    Shutdown(ReclaimMode),
+    /// `GET /vm/config`: the whole configuration.
+    GetVmConfig,
+}
+
+/// A successful answer of the VMM.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VmmData {
+    /// Done, nothing to say (HTTP 204).
+    Empty,
+    /// Done, with a JSON body (HTTP 200).
+    Json(serde_json::Value),
+    /// Accepted and still going on, with a JSON body (HTTP 202).
+    Accepted(serde_json::Value),
+}
+
+/// A failed action.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VmmActionError {
+    /// The request cannot be done in the VMM's state or with these values
+    /// (HTTP 400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// The VMM failed doing it (HTTP 500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// What the VMM sends back for one [`ApiRequest`].
+pub type ActionResult = Result<VmmData, VmmActionError>;
+
+/// One request on its way to the VMM, with its own reply channel (so two
+/// clients never get each other's answers).
+#[derive(Debug)]
+pub struct ApiRequest {
+    /// What to do.
+    pub action: VmmAction,
+    /// Where to send the one answer.
+    pub reply: Sender<ActionResult>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reclaim_mode_spelling() {
+        assert_eq!(
+            serde_json::from_str::<ReclaimMode>("\"sync\"").unwrap(),
+            ReclaimMode::Sync
+        );
+        assert_eq!(
+            serde_json::from_str::<ReclaimMode>("\"async\"").unwrap(),
+            ReclaimMode::Async
+        );
+        assert!(serde_json::from_str::<ReclaimMode>("\"Sync\"").is_err());
+        assert_eq!(ReclaimMode::default(), ReclaimMode::Sync);
+        assert_eq!(
+            serde_json::to_string(&ReclaimMode::Async).unwrap(),
+            "\"async\""
+        );
+    }
+
+    #[test]
+    fn errors_display_their_message() {
+        assert_eq!(VmmActionError::BadRequest("no".into()).to_string(), "no");
+        assert_eq!(VmmActionError::Internal("boom".into()).to_string(), "boom");
+    }
+}

@@ -1,0 +1,225 @@
+//! From a method, a path and a body to a [`VmmAction`]: the routing table,
+//! and the parsing and validation of request bodies (in the API thread, so a
+//! malformed body never reaches the VMM).
+//!
+//! Every body error is one line that names the field or the problem, e.g.
+//! `invalid machine-config body: machine-config.vcpu_count: invalid type: ...`.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use super::action::{ReclaimMode, VmmAction};
+use crate::config::{BootSource, ConfigError, MachineConfig, MemoryConfig, ReclaimConfig};
+
+/// Why a request does not make an action.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// No such resource (404).
+    #[error("no resource at {0}")]
+    NotFound(String),
+    /// The resource exists but not with this method (405).
+    #[error("{method} is not allowed on {path}; allowed: {allow}")]
+    MethodNotAllowed {
+        /// The method asked for.
+        method: String,
+        /// The resource.
+        path: String,
+        /// The methods it takes, for the `Allow` header.
+        allow: &'static str,
+    },
+    /// The body is missing, malformed or invalid (400).
+    #[error("{0}")]
+    BadBody(String),
+}
+
+impl RouteError {
+    /// The HTTP status code to answer with.
+    pub fn status(&self) -> u16 {
+        match self {
+            RouteError::NotFound(_) => 404,
+            RouteError::MethodNotAllowed { .. } => 405,
+            RouteError::BadBody(_) => 400,
+        }
+    }
+}
+
+/// The body of `PUT /actions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    action_type: ActionType,
+    #[serde(default)]
+    reclaim: Option<ReclaimMode>,
+}
+
+#[derive(Debug, Deserialize)]
+enum ActionType {
+    InstanceStart,
+    SendCtrlAltDel,
+    Shutdown,
+}
+
+/// The methods each resource takes.
+fn allowed(path: &str) -> Option<&'static str> {
+    Some(match path {
+        "/" | "/vm/config" => "GET",
+        "/machine-config" | "/memory" | "/reclaim" => "GET, PUT",
+        "/boot-source" | "/actions" => "PUT",
+        _ => return None,
+    })
+}
+
+/// Maps one request to its action. See the module doc.
+pub fn route(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, RouteError> {
+    let allow = allowed(path).ok_or_else(|| RouteError::NotFound(path.to_string()))?;
+    let not_allowed = || RouteError::MethodNotAllowed {
+        method: method.to_string(),
+        path: path.to_string(),
+        allow,
+    };
+    if !allow.split(", ").any(|m| m == method) {
+        return Err(not_allowed());
+    }
+    match method {
+        "GET" => {
+            if !body.is_empty() {
+                return Err(RouteError::BadBody(format!("GET {path} takes no body")));
+            }
+            Ok(match path {
+                "/" => VmmAction::GetInstanceInfo,
+                "/machine-config" => VmmAction::GetMachineConfig,
+                "/memory" => VmmAction::GetMemory,
+                "/reclaim" => VmmAction::GetReclaim,
+                "/vm/config" => VmmAction::GetVmConfig,
+                _ => return Err(not_allowed()),
+            })
+        }
+        "PUT" => match path {
+            "/machine-config" => {
+                let c: MachineConfig = section(body, "machine-config")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutMachineConfig(c))
+            }
+            "/boot-source" => {
+                let c: BootSource = section(body, "boot-source")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutBootSource(c))
+            }
+            "/memory" => {
+                let c: MemoryConfig = section(body, "memory")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutMemory(c))
+            }
+            "/reclaim" => {
+                let c: ReclaimConfig = section(body, "reclaim")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutReclaim(c))
+            }
+            "/actions" => action(body),
+            _ => Err(not_allowed()),
+        },
+        _ => Err(not_allowed()),
+    }
+}
+
+fn action(body: &[u8]) -> Result<VmmAction, RouteError> {
+    let a: ActionBody = section(body, "actions")?;
+    match (a.action_type, a.reclaim) {
+        (ActionType::Shutdown, mode) => Ok(VmmAction::Shutdown(mode.unwrap_or_default())),
+        (_, Some(_)) => Err(RouteError::BadBody(
+            "actions.reclaim is only allowed with \"action_type\": \"Shutdown\"".into(),
+        )),
+        (ActionType::InstanceStart, None) => Ok(VmmAction::InstanceStart),
+        (ActionType::SendCtrlAltDel, None) => Ok(VmmAction::SendCtrlAltDel),
+    }
+}
+
+fn checked(r: Result<(), ConfigError>) -> Result<(), RouteError> {
+    r.map_err(|e| RouteError::BadBody(one_line(&e.to_string())))
+}
+
+fn one_line(s: &str) -> String {
+    s.replace(['\r', '\n'], " ")
+}
+
+/// Parses a JSON body into a section, with an error that names the field.
+fn section<T: DeserializeOwned>(body: &[u8], name: &str) -> Result<T, RouteError> {
+    let Some(first) = body.iter().find(|b| !b.is_ascii_whitespace()) else {
+        return Err(RouteError::BadBody(format!(
+            "the {name} request needs a JSON body"
+        )));
+    };
+    // serde would also take a struct from an array of its fields: refuse it.
+    if *first != b'{' {
+        return Err(RouteError::BadBody(format!(
+            "invalid {name} body: expected a JSON object"
+        )));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        let msg = e.to_string();
+        // serde names the field in "unknown field" and "missing field"; for
+        // a wrong type or value, find the key being parsed where it failed.
+        let key = if msg.contains("field `") {
+            None
+        } else {
+            key_at(body, e.line(), e.column())
+        };
+        let msg = match key {
+            Some(key) => format!("invalid {name} body: {name}.{key}: {msg}"),
+            None => format!("invalid {name} body: {msg}"),
+        };
+        RouteError::BadBody(one_line(&msg))
+    })
+}
+
+/// The top-level object key whose value holds the 1-based `line`/`column`
+/// of a JSON text (serde_json's error position), if any.
+pub(crate) fn key_at(text: &[u8], line: usize, column: usize) -> Option<String> {
+    if line == 0 {
+        return None;
+    }
+    // Byte offset of the position.
+    let mut offset = 0;
+    for _ in 1..line {
+        offset += text.get(offset..)?.iter().position(|&b| b == b'\n')? + 1;
+    }
+    let end = (offset + column).min(text.len());
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let (mut string_start, mut last_string, mut key) = (0, None, None);
+    for (i, &b) in text[..end].iter().enumerate() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+                if depth == 1 {
+                    last_string = Some(&text[string_start..i]);
+                }
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                string_start = i + 1;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    key = None;
+                }
+            }
+            b':' if depth == 1 => key = last_string.take(),
+            b',' if depth == 1 => (last_string, key) = (None, None),
+            _ => {}
+        }
+    }
+    key.map(|k| String::from_utf8_lossy(k).into_owned())
+}
+
+#[cfg(test)]
+#[path = "routing_tests.rs"]
+mod tests;

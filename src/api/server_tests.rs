@@ -1,0 +1,1 @@
+//! Tests of the server over a real Unix socket (to come).
