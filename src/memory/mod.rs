@@ -9,3 +9,9 @@ mod sys;
 
 pub use numa::{HostNode, HostTopology, NumaError};
 pub use plan::{NodeSlice, PlanError};
+pub mod progress;
+pub mod reclaim;
+mod workers;
+
+pub use progress::{NodeReport, ReclaimProgress, ReclaimReport, ReclaimState};
+pub use reclaim::{ReclaimError, ReclaimOptions};

@@ -1,0 +1,293 @@
+//! The reclaim executor: frees host ranges (guest RAM) with per-node worker
+//! threads pinned to their node, one chunk at a time, counting per node the
+//! address space done and the resident memory freed (from `mincore`, just
+//! before each chunk is freed). Below a size threshold the caller's thread
+//! does it all. Whatever workers fail to free (an error, a panic) is freed
+//! afterwards on the caller's thread, so nothing is left behind.
+
+use std::os::fd::RawFd;
+use std::panic::AssertUnwindSafe;
+
+use super::numa::HostTopology;
+use super::plan::{plan_chunks, Chunk};
+use super::progress::{ReclaimProgress, ReclaimReport};
+use super::sys;
+use super::workers::{run_pinned, ChunkQueues};
+
+/// Errors of a reclaim.
+#[derive(Debug, thiserror::Error)]
+pub enum ReclaimError {
+    /// The options cannot be used.
+    #[error("invalid reclaim options: {0}")]
+    InvalidOptions(String),
+    /// The progress given was already used by another reclaim.
+    #[error("this reclaim progress was already used by another reclaim")]
+    ProgressReused,
+    /// Some chunks could not be freed by their workers (errors or panics);
+    /// everything left was then freed on the caller's thread, unless a
+    /// failure says otherwise.
+    #[error("reclaim had {} failure(s): {}", failures.len(), failures.join("; "))]
+    Failed {
+        /// What went wrong, one line each.
+        failures: Vec<String>,
+        /// The statistics of the reclaim as it ended.
+        report: Box<ReclaimReport>,
+    },
+    /// A mapping could not be unmapped after it was freed.
+    #[error("munmap of {addr:#x}+{len:#x} failed: {source}")]
+    Unmap {
+        /// Host address of the mapping.
+        addr: usize,
+        /// Its length.
+        len: u64,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// How a range's memory is given back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreeMethod {
+    /// `madvise(MADV_DONTNEED)`, for private anonymous memory.
+    DontNeed,
+    /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)` on the file
+    /// mapped at the range, which starts at `file_offset` in it.
+    PunchHole {
+        /// The file (a memfd).
+        fd: RawFd,
+        /// Offset of the range's first byte in the file.
+        file_offset: u64,
+    },
+}
+
+/// A host mapping to free, placed on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostRange {
+    /// The host node whose workers free it.
+    pub node: u32,
+    /// Page-aligned host virtual address.
+    pub host_addr: usize,
+    /// Length in bytes.
+    pub len: u64,
+    /// How to free it.
+    pub method: FreeMethod,
+}
+
+/// How a reclaim runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimOptions {
+    /// Worker threads per node.
+    pub workers_per_node: u32,
+    /// The unit of work (rounded up to whole pages).
+    pub chunk_bytes: u64,
+    /// Below this many bytes in all, the caller's thread frees everything.
+    pub parallel_threshold_bytes: u64,
+    /// Workers whose queue is empty take chunks from the fullest other queue.
+    pub steal: bool,
+}
+
+impl From<&crate::config::ReclaimConfig> for ReclaimOptions {
+    fn from(c: &crate::config::ReclaimConfig) -> Self {
+        ReclaimOptions {
+            workers_per_node: c.workers_per_node,
+            chunk_bytes: c.chunk_mib.saturating_mul(1 << 20),
+            parallel_threshold_bytes: c.parallel_threshold_mib.saturating_mul(1 << 20),
+            steal: c.steal,
+        }
+    }
+}
+
+impl Default for ReclaimOptions {
+    fn default() -> Self {
+        Self::from(&crate::config::ReclaimConfig::default())
+    }
+}
+
+/// A hook called with a thread name, a queue and a chunk index.
+type FreedHook<'a> = &'a (dyn Fn(&str, usize, usize) + Sync);
+
+/// Test hooks into the executor (all `None` outside tests).
+#[derive(Default)]
+pub(crate) struct Hooks<'a> {
+    /// Called on each worker thread once it is pinned, before any chunk.
+    pub on_start: Option<&'a (dyn Fn(u32, u32) + Sync)>,
+    /// Called with (queue, index) before a chunk is freed (may panic).
+    pub before_free: Option<&'a (dyn Fn(usize, usize) + Sync)>,
+    /// Called with (thread name, queue, index) after a chunk is freed.
+    pub after_free: Option<FreedHook<'a>>,
+}
+
+/// Frees `ranges` as `opts` says, counting into `progress`, and returns the
+/// final report. Everything is freed even when workers fail or panic: what
+/// they left is freed on the caller's thread, and the failures are returned.
+///
+/// # Safety
+/// Every range is a live mapping owned by the caller that nothing else
+/// touches during the call; its contents are discarded.
+pub unsafe fn execute(
+    ranges: &[HostRange],
+    opts: &ReclaimOptions,
+    topology: &HostTopology,
+    progress: &ReclaimProgress,
+) -> Result<ReclaimReport, ReclaimError> {
+    // SAFETY: the caller's contract is the same as ours.
+    unsafe { execute_with(ranges, opts, topology, progress, &Hooks::default()) }
+}
+
+/// [`execute`] with test hooks.
+///
+/// # Safety
+/// As [`execute`].
+pub(crate) unsafe fn execute_with(
+    ranges: &[HostRange],
+    opts: &ReclaimOptions,
+    topology: &HostTopology,
+    progress: &ReclaimProgress,
+    hooks: &Hooks<'_>,
+) -> Result<ReclaimReport, ReclaimError> {
+    if opts.workers_per_node == 0 {
+        return Err(ReclaimError::InvalidOptions("workers_per_node is 0".into()));
+    }
+    if opts.chunk_bytes == 0 {
+        return Err(ReclaimError::InvalidOptions("chunk_bytes is 0".into()));
+    }
+    let page = sys::page_size() as u64;
+    let chunk_bytes = opts.chunk_bytes.div_ceil(page).saturating_mul(page);
+    let plan = plan_chunks(
+        &ranges.iter().map(|r| (r.node, r.len)).collect::<Vec<_>>(),
+        chunk_bytes,
+    );
+    let nodes: Vec<(u32, u64)> = plan
+        .queues
+        .iter()
+        .map(|q| (q.node, q.chunks.iter().map(|c| c.len).sum()))
+        .collect();
+    let total: u64 = nodes.iter().map(|n| n.1).sum();
+    let parallel = total >= opts.parallel_threshold_bytes;
+    let (workers, per_node) = if parallel {
+        (
+            opts.workers_per_node.saturating_mul(nodes.len() as u32),
+            opts.workers_per_node,
+        )
+    } else {
+        (1, 1)
+    };
+    if !progress.begin(&nodes, workers, per_node) {
+        return Err(ReclaimError::ProgressReused);
+    }
+    let queues = ChunkQueues::new(&plan);
+
+    // One worker's loop: take chunks until none is left for it.
+    let drain = |name: &str, own: usize, steal: bool| -> Result<(), String> {
+        let mut buf = Vec::new();
+        while let Some((q, i, chunk)) = queues.take(own, steal) {
+            if let Some(h) = hooks.before_free {
+                h(q, i);
+            }
+            // SAFETY: the range is the caller's live mapping, given to us to free.
+            let resident = unsafe { free_chunk(&ranges[chunk.range], &chunk, &mut buf) }?;
+            queues.mark_done(q, i);
+            progress.add(q, chunk.len, resident);
+            if let Some(h) = hooks.after_free {
+                h(name, q, i);
+            }
+        }
+        Ok(())
+    };
+
+    let mut failures: Vec<String> = Vec::new();
+    if parallel {
+        let ids: Vec<u32> = nodes.iter().map(|n| n.0).collect();
+        let failed = run_pinned("reclaim", &ids, opts.workers_per_node, topology, |w| {
+            if let Some(h) = hooks.on_start {
+                h(w.node, w.index);
+            }
+            drain(&w.name, w.queue, opts.steal)
+        });
+        failures.extend(failed.iter().map(|f| f.to_string()));
+    } else {
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("caller")
+            .to_string();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| drain(&name, 0, true))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failures.push(format!("{name}: {e}")),
+            Err(_) => failures.push(format!("{name} panicked while freeing")),
+        }
+    }
+
+    // Whatever the workers left (errors, panics) is freed here.
+    let undone = queues.undone();
+    if !undone.is_empty() {
+        log::warn!(
+            "reclaim: freeing {} chunk(s) left by failed workers on the caller's thread",
+            undone.len()
+        );
+        let mut buf = Vec::new();
+        for (q, i, chunk) in undone {
+            // SAFETY: as above; no worker runs any more.
+            match unsafe { free_chunk(&ranges[chunk.range], &chunk, &mut buf) } {
+                Ok(resident) => {
+                    queues.mark_done(q, i);
+                    progress.add(q, chunk.len, resident);
+                    if let Some(h) = hooks.after_free {
+                        h("fallback", q, i);
+                    }
+                }
+                Err(e) => failures.push(format!("caller thread: {e}")),
+            }
+        }
+    }
+    progress.finish(failures.is_empty());
+    let report = progress.snapshot();
+    if failures.is_empty() {
+        Ok(report)
+    } else {
+        Err(ReclaimError::Failed {
+            failures,
+            report: Box::new(report),
+        })
+    }
+}
+
+/// Frees one chunk of a range; returns the resident bytes it held
+/// (measured with `mincore` just before).
+///
+/// # Safety
+/// `range` is a live mapping the caller may discard.
+unsafe fn free_chunk(range: &HostRange, chunk: &Chunk, buf: &mut Vec<u8>) -> Result<u64, String> {
+    let addr = range.host_addr + chunk.offset as usize;
+    let len = chunk.len as usize;
+    let resident = sys::resident_bytes(addr, len, buf).map_err(|e| {
+        format!(
+            "mincore of {addr:#x}+{len:#x} (node {}) failed: {e}",
+            range.node
+        )
+    })?;
+    match range.method {
+        FreeMethod::DontNeed => {
+            // SAFETY: the caller owns the mapping and discards its contents.
+            unsafe { sys::madvise(addr, len, libc::MADV_DONTNEED) }.map_err(|e| {
+                format!(
+                    "madvise(MADV_DONTNEED) of {addr:#x}+{len:#x} (node {}) failed: {e}",
+                    range.node
+                )
+            })?
+        }
+        FreeMethod::PunchHole { fd, file_offset } => {
+            let offset = file_offset + chunk.offset;
+            sys::punch_hole(fd, offset, chunk.len).map_err(|e| {
+                format!(
+                    "hole punch of fd {fd} at {offset:#x}+{len:#x} (node {}) failed: {e}",
+                    range.node
+                )
+            })?
+        }
+    }
+    Ok(resident)
+}
+
+#[cfg(test)]
+#[path = "reclaim_tests.rs"]
+mod tests;

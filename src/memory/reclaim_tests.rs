@@ -1,0 +1,489 @@
+//! Tests of the reclaim executor on plain mappings (no KVM).
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::Mutex;
+
+use super::super::numa::HostNode;
+use super::super::progress::ReclaimState;
+use super::*;
+
+const MIB: usize = 1 << 20;
+
+/// A test mapping, unmapped on drop.
+pub(crate) struct Map {
+    pub addr: usize,
+    pub len: usize,
+    pub memfd: Option<std::fs::File>,
+}
+
+impl Map {
+    /// Private anonymous memory with 4 KiB pages (MADV_NOHUGEPAGE).
+    pub fn anon(len: usize) -> Map {
+        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: our own fresh mapping.
+        unsafe { sys::madvise(p as usize, len, libc::MADV_NOHUGEPAGE) }.unwrap();
+        Map {
+            addr: p as usize,
+            len,
+            memfd: None,
+        }
+    }
+
+    /// A shared mapping of a fresh memfd.
+    pub fn memfd(len: usize) -> Map {
+        // SAFETY: the name is a NUL-terminated literal.
+        let fd = unsafe { libc::memfd_create(c"teravm-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fd is a fresh descriptor we own.
+        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        file.set_len(len as u64).unwrap();
+        // SAFETY: a fresh shared mapping of our own file.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Map {
+            addr: p as usize,
+            len,
+            memfd: Some(file),
+        }
+    }
+
+    /// Writes a non-zero word into every page.
+    pub fn touch(&self) {
+        for off in (0..self.len).step_by(4096) {
+            // SAFETY: inside our own writable mapping, aligned.
+            unsafe { ((self.addr + off) as *mut u64).write_volatile(0xdead_beef) };
+        }
+    }
+
+    pub fn resident(&self) -> u64 {
+        sys::resident_bytes(self.addr, self.len, &mut Vec::new()).unwrap()
+    }
+
+    /// Whether every page reads zero (at its first and last word).
+    pub fn reads_zero(&self) -> bool {
+        (0..self.len).step_by(4096).all(|off| {
+            // SAFETY: inside our own readable mapping, aligned.
+            unsafe {
+                ((self.addr + off) as *const u64).read_volatile() == 0
+                    && ((self.addr + off + 4088) as *const u64).read_volatile() == 0
+            }
+        })
+    }
+
+    /// Bytes of file blocks allocated to the memfd.
+    pub fn file_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.memfd.as_ref().unwrap().metadata().unwrap().blocks() * 512
+    }
+
+    pub fn range(&self, node: u32) -> HostRange {
+        HostRange {
+            node,
+            host_addr: self.addr,
+            len: self.len as u64,
+            method: match &self.memfd {
+                None => FreeMethod::DontNeed,
+                Some(f) => FreeMethod::PunchHole {
+                    fd: f.as_raw_fd(),
+                    file_offset: 0,
+                },
+            },
+        }
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+fn real_topology() -> HostTopology {
+    HostTopology::from_sysfs(std::path::Path::new("/sys")).unwrap()
+}
+
+/// A fake 4-node host whose nodes' CPUs are the real CPUs, alternating.
+fn fake_four_nodes() -> HostTopology {
+    let cpus = sys::get_affinity().unwrap();
+    let pick = |i: usize| vec![cpus[i % cpus.len()]];
+    HostTopology {
+        nodes: (0..4)
+            .map(|i| HostNode {
+                id: i,
+                cpus: pick(i as usize),
+                mem_total_bytes: 1 << 30,
+            })
+            .collect(),
+    }
+}
+
+fn opts(workers_per_node: u32, chunk: usize, steal: bool) -> ReclaimOptions {
+    ReclaimOptions {
+        workers_per_node,
+        chunk_bytes: chunk as u64,
+        parallel_threshold_bytes: 0,
+        steal,
+    }
+}
+
+fn assert_freed(maps: &[&Map], report: &ReclaimReport, touched: u64) {
+    assert_eq!(report.state, ReclaimState::Done);
+    assert_eq!(report.address_bytes_done, report.address_bytes);
+    assert!(
+        report.resident_bytes_freed >= touched / 10 * 9,
+        "{} of {touched}",
+        report.resident_bytes_freed
+    );
+    for m in maps {
+        assert!(
+            m.resident() <= m.len as u64 / 100,
+            "resident after: {}",
+            m.resident()
+        );
+        if m.memfd.is_some() {
+            assert!(
+                m.file_bytes() <= m.len as u64 / 100,
+                "blocks after: {}",
+                m.file_bytes()
+            );
+        }
+        assert!(m.reads_zero());
+    }
+}
+
+#[test]
+fn anonymous_4k_is_freed_in_parallel() {
+    let m = Map::anon(64 * MIB);
+    m.touch();
+    assert!(m.resident() >= 60 * MIB as u64);
+    let progress = ReclaimProgress::new();
+    // SAFETY: our own mapping, not used during the call.
+    let r = unsafe {
+        execute(
+            &[m.range(0)],
+            &opts(2, 8 * MIB, true),
+            &real_topology(),
+            &progress,
+        )
+    }
+    .unwrap();
+    assert_eq!(r.workers, 2);
+    assert_freed(&[&m], &r, 64 * MIB as u64);
+    assert_eq!(progress.snapshot(), r);
+}
+
+#[test]
+fn memfd_is_hole_punched_on_one_thread_below_threshold() {
+    let m = Map::memfd(64 * MIB);
+    m.touch();
+    assert!(m.file_bytes() >= 64 * MIB as u64);
+    let o = ReclaimOptions {
+        parallel_threshold_bytes: 1 << 30,
+        ..opts(2, 16 * MIB, true)
+    };
+    let progress = ReclaimProgress::new();
+    // SAFETY: our own mapping, not used during the call.
+    let r = unsafe { execute(&[m.range(0)], &o, &real_topology(), &progress) }.unwrap();
+    assert_eq!(r.workers, 1);
+    assert_eq!(r.nodes.len(), 1);
+    assert_freed(&[&m], &r, 64 * MIB as u64);
+}
+
+/// Runs a reclaim over `maps` (map i on node `nodes[i]`) with hooks that
+/// count each chunk freed, by whom, and what each worker's affinity was.
+struct Run {
+    result: Result<ReclaimReport, ReclaimError>,
+    freed: HashMap<(usize, usize), Vec<String>>,
+    affinity: Vec<(u32, u32, Vec<usize>)>,
+    chunks: usize,
+}
+
+fn run(
+    maps: &[&Map],
+    nodes: &[u32],
+    o: &ReclaimOptions,
+    before: &(dyn Fn(usize, usize) + Sync),
+) -> Run {
+    let ranges: Vec<HostRange> = maps.iter().zip(nodes).map(|(m, &n)| m.range(n)).collect();
+    let freed = Mutex::new(HashMap::<(usize, usize), Vec<String>>::new());
+    let affinity = Mutex::new(Vec::new());
+    let on_start = |node: u32, index: u32| {
+        affinity
+            .lock()
+            .unwrap()
+            .push((node, index, sys::get_affinity().unwrap()));
+    };
+    let after = |name: &str, q: usize, i: usize| {
+        freed
+            .lock()
+            .unwrap()
+            .entry((q, i))
+            .or_default()
+            .push(name.to_string());
+    };
+    let hooks = Hooks {
+        on_start: Some(&on_start),
+        before_free: Some(before),
+        after_free: Some(&after),
+    };
+    let chunk = o.chunk_bytes;
+    let chunks = plan_chunks(
+        &ranges.iter().map(|r| (r.node, r.len)).collect::<Vec<_>>(),
+        chunk,
+    )
+    .queues
+    .iter()
+    .map(|q| q.chunks.len())
+    .sum();
+    // SAFETY: our own mappings, not used during the call.
+    let result = unsafe {
+        execute_with(
+            &ranges,
+            o,
+            &fake_four_nodes(),
+            &ReclaimProgress::new(),
+            &hooks,
+        )
+    };
+    Run {
+        result,
+        freed: freed.into_inner().unwrap(),
+        affinity: affinity.into_inner().unwrap(),
+        chunks,
+    }
+}
+
+#[test]
+fn four_fake_nodes_pinned_each_chunk_once() {
+    let maps: Vec<Map> = (0..4).map(|_| Map::anon(16 * MIB)).collect();
+    maps.iter().for_each(Map::touch);
+    let refs: Vec<&Map> = maps.iter().collect();
+    let r = run(&refs, &[0, 1, 2, 3], &opts(2, 2 * MIB, false), &|_, _| {});
+    let report = r.result.unwrap();
+    assert_eq!(report.workers, 8);
+    assert_eq!(report.nodes.len(), 4);
+    assert_eq!(r.freed.len(), r.chunks);
+    assert_eq!(r.chunks, 32);
+    for ((q, _), by) in &r.freed {
+        assert_eq!(by.len(), 1, "each chunk freed exactly once");
+        assert!(
+            by[0].starts_with(&format!("reclaim-n{q}-")),
+            "no stealing: {by:?}"
+        );
+    }
+    let topo = fake_four_nodes();
+    assert_eq!(r.affinity.len(), 8);
+    for (node, _, seen) in &r.affinity {
+        assert_eq!(
+            seen,
+            &topo.node(*node).unwrap().cpus,
+            "worker of node {node}"
+        );
+    }
+    for n in &report.nodes {
+        assert_eq!(n.address_bytes_done, 16 * MIB as u64);
+        assert_eq!(n.workers, 2);
+    }
+    assert_freed(&refs, &report, 64 * MIB as u64);
+}
+
+#[test]
+fn idle_workers_steal_from_the_longest_queue() {
+    let big = Map::anon(96 * MIB);
+    let small: Vec<Map> = (0..3).map(|_| Map::anon(2 * MIB)).collect();
+    big.touch();
+    small.iter().for_each(Map::touch);
+    let mut refs = vec![&big];
+    refs.extend(small.iter());
+    // Node 0's chunks are slow, so the others run out and steal.
+    let slow = |q: usize, _i: usize| {
+        if q == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    };
+    let r = run(&refs, &[0, 1, 2, 3], &opts(1, 2 * MIB, true), &slow);
+    let report = r.result.unwrap();
+    assert_eq!(r.freed.len(), r.chunks);
+    assert!(r.freed.values().all(|by| by.len() == 1));
+    let stolen = r
+        .freed
+        .iter()
+        .filter(|((q, _), by)| *q == 0 && !by[0].starts_with("reclaim-n0-"))
+        .count();
+    assert!(stolen > 0, "other workers took some of node 0's chunks");
+    assert_eq!(report.nodes[0].address_bytes_done, 96 * MIB as u64);
+    assert_freed(&refs, &report, 102 * MIB as u64);
+}
+
+#[test]
+fn a_panicking_worker_still_frees_everything() {
+    let maps: Vec<Map> = (0..4).map(|_| Map::anon(8 * MIB)).collect();
+    maps.iter().for_each(Map::touch);
+    let refs: Vec<&Map> = maps.iter().collect();
+    let boom = |q: usize, i: usize| {
+        if q == 1 && i == 1 {
+            panic!("injected reclaim panic");
+        }
+    };
+    let r = run(&refs, &[0, 1, 2, 3], &opts(1, 2 * MIB, false), &boom);
+    let Err(ReclaimError::Failed { failures, report }) = r.result else {
+        panic!("expected a failure");
+    };
+    assert_eq!(failures.len(), 1);
+    assert!(
+        failures[0].contains("reclaim-n1-0 panicked: injected reclaim panic"),
+        "{failures:?}"
+    );
+    assert_eq!(report.state, ReclaimState::Failed);
+    assert_eq!(report.address_bytes_done, report.address_bytes);
+    assert_eq!(r.freed.len(), r.chunks);
+    assert!(r.freed.values().all(|by| by.len() == 1));
+    assert_eq!(r.freed[&(1, 1)], vec!["fallback".to_string()]);
+    for m in &maps {
+        assert_eq!(m.resident(), 0);
+        assert!(m.reads_zero());
+    }
+}
+
+#[test]
+fn a_failing_chunk_is_reported() {
+    // A range that is not mapped: mincore fails, the fallback fails too.
+    let bogus = HostRange {
+        node: 0,
+        host_addr: 4096,
+        len: 8192,
+        method: FreeMethod::DontNeed,
+    };
+    // SAFETY: the range is not mapped: nothing can be freed.
+    let e = unsafe {
+        execute(
+            &[bogus],
+            &opts(1, 4096, false),
+            &real_topology(),
+            &ReclaimProgress::new(),
+        )
+    }
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("mincore") && text.contains("caller thread"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_options_and_reused_progress() {
+    let topo = real_topology();
+    let p = ReclaimProgress::new();
+    // SAFETY: no range.
+    let e = unsafe { execute(&[], &opts(0, MIB, true), &topo, &p) }.unwrap_err();
+    assert!(matches!(e, ReclaimError::InvalidOptions(_)));
+    // SAFETY: no range.
+    let e = unsafe { execute(&[], &opts(1, 0, true), &topo, &p) }.unwrap_err();
+    assert!(matches!(e, ReclaimError::InvalidOptions(_)));
+    // SAFETY: no range.
+    let r = unsafe { execute(&[], &opts(1, MIB, true), &topo, &p) }.unwrap();
+    assert_eq!((r.state, r.address_bytes), (ReclaimState::Done, 0));
+    // SAFETY: no range.
+    let e = unsafe { execute(&[], &opts(1, MIB, true), &topo, &p) }.unwrap_err();
+    assert!(matches!(e, ReclaimError::ProgressReused));
+}
+
+#[test]
+fn options_from_config() {
+    let o = ReclaimOptions::from(&crate::config::ReclaimConfig::default());
+    assert_eq!(
+        o,
+        ReclaimOptions {
+            workers_per_node: 2,
+            chunk_bytes: 1 << 30,
+            parallel_threshold_bytes: 1 << 30,
+            steal: true
+        }
+    );
+}
+
+#[test]
+fn progress_is_readable_while_running() {
+    let m = Map::anon(32 * MIB);
+    m.touch();
+    let progress = ReclaimProgress::new();
+    let range = m.range(0);
+    let slow = |_: usize, _: usize| std::thread::sleep(std::time::Duration::from_millis(3));
+    let hooks = Hooks {
+        before_free: Some(&slow),
+        ..Hooks::default()
+    };
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut last = 0;
+            let mut seen_running = false;
+            loop {
+                let r = progress.snapshot();
+                assert!(r.address_bytes_done >= last);
+                last = r.address_bytes_done;
+                seen_running |= r.state == ReclaimState::Running;
+                if r.state == ReclaimState::Done {
+                    return seen_running;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        // SAFETY: our own mapping, not used during the call.
+        unsafe {
+            execute_with(
+                &[range],
+                &opts(1, MIB, false),
+                &real_topology(),
+                &progress,
+                &hooks,
+            )
+        }
+        .unwrap();
+        assert!(reader.join().unwrap(), "a reader saw the reclaim running");
+    });
+}
+
+/// The cost of counting resident pages with mincore on a touched 1 GiB
+/// chunk of 4 KiB pages (run by hand: it touches 1 GiB).
+#[test]
+#[ignore]
+fn mincore_cost_on_one_gib() {
+    let m = Map::anon(1 << 30);
+    m.touch();
+    let mut buf = Vec::new();
+    let start = std::time::Instant::now();
+    let resident = sys::resident_bytes(m.addr, m.len, &mut buf).unwrap();
+    let first = start.elapsed();
+    let start = std::time::Instant::now();
+    sys::resident_bytes(m.addr, m.len, &mut buf).unwrap();
+    let again = start.elapsed();
+    let range = m.range(0);
+    let start = std::time::Instant::now();
+    // SAFETY: our own mapping.
+    unsafe { sys::madvise(range.host_addr, m.len, libc::MADV_DONTNEED) }.unwrap();
+    let free = start.elapsed();
+    eprintln!("mincore 1 GiB: {first:?} (buffer reused: {again:?}), resident {resident}; MADV_DONTNEED: {free:?}");
+}

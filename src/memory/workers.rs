@@ -1,0 +1,326 @@
+//! What the populate and reclaim executors share: per-node chunk queues that
+//! workers take from (one atomic index per queue, optional stealing), and
+//! scoped worker threads pinned to their node's CPUs that start together.
+//!
+//! Workers talk only through the queues' atomics and the caller's own
+//! (atomic) progress; their errors and panics come back at join.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+
+use super::numa::HostTopology;
+use super::plan::{Chunk, ReclaimPlan};
+use super::sys;
+
+/// The queues of a plan, shared by the workers.
+pub(crate) struct ChunkQueues<'a> {
+    plan: &'a ReclaimPlan,
+    next: Vec<AtomicUsize>,
+    done: Vec<Vec<AtomicBool>>,
+}
+
+impl<'a> ChunkQueues<'a> {
+    pub(crate) fn new(plan: &'a ReclaimPlan) -> Self {
+        ChunkQueues {
+            plan,
+            next: plan.queues.iter().map(|_| AtomicUsize::new(0)).collect(),
+            done: plan
+                .queues
+                .iter()
+                .map(|q| q.chunks.iter().map(|_| AtomicBool::new(false)).collect())
+                .collect(),
+        }
+    }
+
+    fn remaining(&self, q: usize) -> usize {
+        self.plan.queues[q]
+            .chunks
+            .len()
+            .saturating_sub(self.next[q].load(Ordering::Relaxed))
+    }
+
+    fn take_from(&self, q: usize) -> Option<usize> {
+        let len = self.plan.queues[q].chunks.len();
+        if self.next[q].load(Ordering::Relaxed) >= len {
+            return None;
+        }
+        let i = self.next[q].fetch_add(1, Ordering::Relaxed);
+        (i < len).then_some(i)
+    }
+
+    /// The next chunk for a worker of queue `own`: from its own queue, else
+    /// (with `steal`) from the other queue with the most chunks left.
+    /// Returns `(queue, index, chunk)`.
+    pub(crate) fn take(&self, own: usize, steal: bool) -> Option<(usize, usize, Chunk)> {
+        if let Some(i) = self.take_from(own) {
+            return Some((own, i, self.plan.queues[own].chunks[i]));
+        }
+        if !steal {
+            return None;
+        }
+        loop {
+            let q = (0..self.next.len())
+                .filter(|&q| self.remaining(q) > 0)
+                .max_by_key(|&q| self.remaining(q))?;
+            if let Some(i) = self.take_from(q) {
+                return Some((q, i, self.plan.queues[q].chunks[i]));
+            }
+        }
+    }
+
+    /// Records that chunk `i` of queue `q` is finished.
+    pub(crate) fn mark_done(&self, q: usize, i: usize) {
+        self.done[q][i].store(true, Ordering::Release);
+    }
+
+    /// The chunks not marked done, as `(queue, index, chunk)`.
+    pub(crate) fn undone(&self) -> Vec<(usize, usize, Chunk)> {
+        let mut out = Vec::new();
+        for (q, flags) in self.done.iter().enumerate() {
+            for (i, f) in flags.iter().enumerate() {
+                if !f.load(Ordering::Acquire) {
+                    out.push((q, i, self.plan.queues[q].chunks[i]));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Who a worker is.
+#[derive(Debug, Clone)]
+pub(crate) struct Worker {
+    /// Its host node.
+    pub node: u32,
+    /// The queue of that node in the plan.
+    pub queue: usize,
+    /// Its number within the node.
+    pub index: u32,
+    /// The thread name, `<prefix>-n{node}-{index}`.
+    pub name: String,
+    /// The CPUs it was pinned to, if it was pinned.
+    pub pinned: Option<Vec<usize>>,
+}
+
+/// How a worker ended, when not well.
+#[derive(Debug)]
+pub(crate) enum WorkerFailure<E> {
+    /// The thread could not be started.
+    Spawn { name: String, error: std::io::Error },
+    /// The work returned an error.
+    Failed { name: String, error: E },
+    /// The work panicked.
+    Panicked { name: String, message: String },
+}
+
+/// A start gate: workers wait at it until the caller has spawned them all,
+/// so they start together (unlike a `Barrier`, a failed spawn cannot leave
+/// the others waiting forever).
+struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        while !*open {
+            open = self.cv.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+    fn open(&self) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
+}
+
+/// The CPUs a worker of `node` is pinned to: the node's CPUs that this
+/// process may use; `None` (unpinned) where there are none, e.g. a fake
+/// topology from a test tree.
+pub(crate) fn node_cpus(
+    topology: &HostTopology,
+    node: u32,
+    allowed: &[usize],
+) -> Option<Vec<usize>> {
+    let cpus: Vec<usize> = topology
+        .node(node)
+        .map(|n| {
+            n.cpus
+                .iter()
+                .copied()
+                .filter(|c| allowed.contains(c))
+                .collect()
+        })
+        .unwrap_or_default();
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+/// Runs `work` on `workers_per_node` scoped threads per queue of the plan
+/// (`nodes[q]` is the node of queue `q`), named `<prefix>-n{node}-{i}` and
+/// pinned to their node's CPUs, all started together. Returns the failures.
+pub(crate) fn run_pinned<E, F>(
+    prefix: &str,
+    nodes: &[u32],
+    workers_per_node: u32,
+    topology: &HostTopology,
+    work: F,
+) -> Vec<WorkerFailure<E>>
+where
+    E: Send,
+    F: Fn(&Worker) -> Result<(), E> + Sync,
+{
+    let allowed = sys::get_affinity().unwrap_or_default();
+    let mut logged_unpinned = false;
+    let gate = Gate {
+        open: Mutex::new(false),
+        cv: Condvar::new(),
+    };
+    let mut failures = Vec::new();
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for (queue, &node) in nodes.iter().enumerate() {
+            let cpus = node_cpus(topology, node, &allowed);
+            if cpus.is_none() && !logged_unpinned {
+                log::debug!("{prefix}: node {node} has no CPU this process may use; its workers run unpinned");
+                logged_unpinned = true;
+            }
+            for index in 0..workers_per_node {
+                let worker = Worker {
+                    node,
+                    queue,
+                    index,
+                    name: format!("{prefix}-n{node}-{index}"),
+                    pinned: cpus.clone(),
+                };
+                let (gate, work) = (&gate, &work);
+                let spawned = std::thread::Builder::new()
+                    .name(worker.name.clone())
+                    .spawn_scoped(scope, move || {
+                        let mut worker = worker;
+                        if let Some(cpus) = &worker.pinned {
+                            if let Err(e) = sys::set_affinity(cpus) {
+                                log::warn!("{}: cannot pin to CPUs {cpus:?}: {e}", worker.name);
+                                worker.pinned = None;
+                            }
+                        }
+                        gate.wait();
+                        work(&worker)
+                    });
+                match spawned {
+                    Ok(h) => handles.push((format!("{prefix}-n{node}-{index}"), h)),
+                    Err(error) => failures.push(WorkerFailure::Spawn {
+                        name: format!("{prefix}-n{node}-{index}"),
+                        error,
+                    }),
+                }
+            }
+        }
+        gate.open();
+        for (name, h) in handles {
+            match h.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => failures.push(WorkerFailure::Failed { name, error }),
+                Err(payload) => {
+                    let message = payload
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    failures.push(WorkerFailure::Panicked { name, message });
+                }
+            }
+        }
+    });
+    failures
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for WorkerFailure<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerFailure::Spawn { name, error } => write!(f, "cannot start {name}: {error}"),
+            WorkerFailure::Failed { name, error } => write!(f, "{name}: {error}"),
+            WorkerFailure::Panicked { name, message } => write!(f, "{name} panicked: {message}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::numa::HostNode;
+    use super::super::plan::plan_chunks;
+    use super::*;
+
+    #[test]
+    fn queues_hand_out_each_chunk_once_with_stealing() {
+        let plan = plan_chunks(&[(0, 10), (1, 100)], 1);
+        let queues = ChunkQueues::new(&plan);
+        let mut seen = Vec::new();
+        // A worker of queue 0 drains its own queue, then steals.
+        while let Some((q, i, _)) = queues.take(0, true) {
+            seen.push((q, i));
+            queues.mark_done(q, i);
+        }
+        assert_eq!(seen.len(), 110);
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 110);
+        assert!(queues.undone().is_empty());
+        assert!(queues.take(1, true).is_none());
+    }
+
+    #[test]
+    fn without_stealing_a_worker_keeps_to_its_queue() {
+        let plan = plan_chunks(&[(0, 2), (1, 5)], 1);
+        let queues = ChunkQueues::new(&plan);
+        assert!(queues.take(0, false).is_some());
+        assert!(queues.take(0, false).is_some());
+        assert!(queues.take(0, false).is_none());
+        assert_eq!(queues.undone().len(), 7);
+    }
+
+    #[test]
+    fn workers_are_named_pinned_and_failures_collected() {
+        let cpus = sys::get_affinity().unwrap();
+        let topo = HostTopology {
+            nodes: vec![
+                HostNode {
+                    id: 0,
+                    cpus: vec![cpus[0]],
+                    mem_total_bytes: 1,
+                },
+                HostNode {
+                    id: 5,
+                    cpus: vec![],
+                    mem_total_bytes: 1,
+                },
+            ],
+        };
+        let seen = Mutex::new(Vec::new());
+        let failures = run_pinned("test", &[0, 5], 2, &topo, |w| {
+            let name = std::thread::current().name().unwrap().to_string();
+            seen.lock()
+                .unwrap()
+                .push((name, w.pinned.clone(), sys::get_affinity().unwrap()));
+            match (w.node, w.index) {
+                (5, 0) => Err("boom"),
+                (5, 1) => panic!("injected"),
+                _ => Ok(()),
+            }
+        });
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort();
+        assert_eq!(seen.len(), 4);
+        assert_eq!(seen[0].0, "test-n0-0");
+        assert_eq!(seen[0].2, vec![cpus[0]]);
+        assert_eq!(seen[3].0, "test-n5-1");
+        assert_eq!(seen[3].1, None);
+        assert_eq!(seen[3].2, cpus, "unpinned keeps the process's CPUs");
+        let text: Vec<String> = failures.iter().map(|f| f.to_string()).collect();
+        assert_eq!(text.len(), 2);
+        assert!(text.contains(&"test-n5-0: boom".to_string()), "{text:?}");
+        assert!(
+            text.contains(&"test-n5-1 panicked: injected".to_string()),
+            "{text:?}"
+        );
+    }
+}
