@@ -15,3 +15,5 @@ pub mod config;
 pub mod devices;
 pub mod memory;
 pub mod vstate;
+pub mod vmm;
+pub mod logger;
