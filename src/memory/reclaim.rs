@@ -290,4 +290,4 @@ unsafe fn free_chunk(range: &HostRange, chunk: &Chunk, buf: &mut Vec<u8>) -> Res
 
 #[cfg(test)]
 #[path = "reclaim_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -1,0 +1,136 @@
+//! The populate executor, the mirror of reclaim: per-node workers pinned to
+//! their node fault in their node's slices with `MADV_POPULATE_WRITE`, one
+//! chunk at a time, so that a shortage (`ENOMEM`, missing huge pages) is an
+//! error now rather than a `SIGBUS` in the guest later. The first failure
+//! stops all workers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use super::numa::HostTopology;
+use super::plan::plan_chunks;
+use super::sys;
+use super::workers::{run_pinned, ChunkQueues};
+
+/// Errors of populate.
+#[derive(Debug, thiserror::Error)]
+pub enum PopulateError {
+    /// The options cannot be used.
+    #[error("invalid populate options: {0}")]
+    InvalidOptions(String),
+    /// Some memory could not be faulted in.
+    #[error("populating guest memory failed: {}", .0.join("; "))]
+    Failed(Vec<String>),
+}
+
+/// Statistics of a populate.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PopulateStats {
+    /// Wall time.
+    pub elapsed_ms: u64,
+    /// Address space populated, in bytes.
+    pub bytes: u64,
+    /// Worker threads.
+    pub workers: u32,
+    /// Host nodes.
+    pub nodes: u32,
+}
+
+/// A host range to populate: `(node, host address, length)`.
+pub(crate) type PopulateRange = (u32, usize, u64);
+
+/// Faults in every page of `ranges` for writing, with `workers_per_node`
+/// pinned workers per node taking chunks of `chunk_bytes`.
+///
+/// # Safety
+/// Every range is a live, writable mapping owned by the caller.
+pub(crate) unsafe fn execute(
+    ranges: &[PopulateRange],
+    chunk_bytes: u64,
+    workers_per_node: u32,
+    topology: &HostTopology,
+) -> Result<PopulateStats, PopulateError> {
+    if workers_per_node == 0 {
+        return Err(PopulateError::InvalidOptions(
+            "workers_per_node is 0".into(),
+        ));
+    }
+    let page = sys::page_size() as u64;
+    let chunk_bytes = chunk_bytes.max(1).div_ceil(page).saturating_mul(page);
+    let plan = plan_chunks(
+        &ranges.iter().map(|r| (r.0, r.2)).collect::<Vec<_>>(),
+        chunk_bytes,
+    );
+    let nodes: Vec<u32> = plan.queues.iter().map(|q| q.node).collect();
+    let queues = ChunkQueues::new(&plan);
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let failures = run_pinned("populate", &nodes, workers_per_node, topology, |w| {
+        while let Some((_, _, chunk)) = queues.take(w.queue, true) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let (node, base, _) = ranges[chunk.range];
+            let addr = base + chunk.offset as usize;
+            // SAFETY: the caller's live writable mapping; populating only
+            // faults pages in, it does not change their contents.
+            let done = unsafe { sys::madvise(addr, chunk.len as usize, libc::MADV_POPULATE_WRITE) };
+            if let Err(e) = done {
+                stop.store(true, Ordering::Relaxed);
+                let why = match e.raw_os_error() {
+                    Some(libc::ENOMEM) => "out of memory, or no huge pages left",
+                    Some(libc::EINVAL) => "MADV_POPULATE_WRITE needs Linux 5.14 or later",
+                    Some(libc::EFAULT) => "the memory could not be faulted in",
+                    Some(libc::EHWPOISON) => "hardware-poisoned page",
+                    _ => "populate failed",
+                };
+                return Err(format!(
+                    "{why}: madvise(MADV_POPULATE_WRITE) of {addr:#x}+{:#x} (node {node}): {e}",
+                    chunk.len
+                ));
+            }
+        }
+        Ok(())
+    });
+    if !failures.is_empty() {
+        return Err(PopulateError::Failed(
+            failures.iter().map(|f| f.to_string()).collect(),
+        ));
+    }
+    Ok(PopulateStats {
+        elapsed_ms: start.elapsed().as_millis() as u64,
+        bytes: plan.total_bytes(),
+        workers: workers_per_node.saturating_mul(nodes.len() as u32),
+        nodes: nodes.len() as u32,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::reclaim::tests::Map;
+    use super::*;
+
+    #[test]
+    fn populates_every_page() {
+        let m = Map::anon(32 << 20);
+        assert_eq!(m.resident(), 0);
+        let topo = HostTopology::from_sysfs(std::path::Path::new("/sys")).unwrap();
+        // SAFETY: our own writable mapping.
+        let s = unsafe { execute(&[(0, m.addr, m.len as u64)], 4 << 20, 2, &topo) }.unwrap();
+        assert_eq!(m.resident(), 32 << 20);
+        assert_eq!((s.bytes, s.workers, s.nodes), (32 << 20, 2, 1));
+        // SAFETY: as above.
+        let e = unsafe { execute(&[], 1, 0, &topo) }.unwrap_err();
+        assert!(matches!(e, PopulateError::InvalidOptions(_)));
+    }
+
+    #[test]
+    fn a_failure_is_an_error() {
+        let topo = HostTopology::from_sysfs(std::path::Path::new("/sys")).unwrap();
+        // Page 0 is never mapped.
+        // SAFETY: nothing is mapped there, so nothing is touched.
+        let e = unsafe { execute(&[(0, 0, 8192)], 4096, 1, &topo) }.unwrap_err();
+        assert!(e.to_string().contains("MADV_POPULATE_WRITE"), "{e}");
+        assert!(e.to_string().contains("populate-n0-0"), "{e}");
+    }
+}
