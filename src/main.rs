@@ -36,8 +36,13 @@ struct Cli {
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     linger_ms: u64,
     /// Log level: error, warn, info, debug, trace.
-    #[arg(long, value_name = "LEVEL", default_value = "warn")]
+    #[arg(long, value_name = "LEVEL", default_value = "warn", value_parser = parse_level)]
     log_level: log::LevelFilter,
+}
+
+fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
+    s.parse()
+        .map_err(|_| format!("{s:?} is not one of off, error, warn, info, debug, trace"))
 }
 
 fn main() -> ExitCode {

@@ -84,14 +84,6 @@ impl MicroVm {
     }
 }
 
-impl Drop for MicroVm {
-    fn drop(&mut self) {
-        if !self.vcpus.is_empty() {
-            self.stop_vcpus();
-        }
-    }
-}
-
 /// Builds the microVM described by `config` and starts its vCPUs.
 pub fn start_microvm(
     config: &VmConfig,
@@ -173,22 +165,30 @@ pub fn start_microvm(
         populate,
     };
     for index in 0..machine.vcpu_count {
-        let fd = microvm.vm.create_vcpu(index)?;
-        configure_vcpu(&fd, index, &cpuid, &layout)?;
-        let ready = events_ready.try_clone().map_err(|source| VcpuError::Spawn {
-            index,
-            source,
-        })?;
-        // On error, dropping `microvm` stops the vCPUs already running.
-        let handle = VcpuHandle::spawn(
-            index,
-            fd,
-            bus.clone(),
-            microvm.control.clone(),
-            events.clone(),
-            ready,
-        )?;
-        microvm.vcpus.push(handle);
+        let started = (|| {
+            let fd = microvm.vm.create_vcpu(index)?;
+            configure_vcpu(&fd, index, &cpuid, &layout)?;
+            let ready = events_ready
+                .try_clone()
+                .map_err(|source| VcpuError::Spawn { index, source })?;
+            Ok::<_, StartError>(VcpuHandle::spawn(
+                index,
+                fd,
+                bus.clone(),
+                microvm.control.clone(),
+                events.clone(),
+                ready,
+            )?)
+        })();
+        match started {
+            Ok(handle) => microvm.vcpus.push(handle),
+            Err(e) => {
+                // Stop the vCPUs already running; dropping `microvm` then
+                // unmaps guest memory.
+                microvm.stop_vcpus();
+                return Err(e);
+            }
+        }
     }
     Ok(microvm)
 }
