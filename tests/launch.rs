@@ -26,11 +26,18 @@ fn boot_and_reset(vcpus: u32) {
     let fw = firmware_lines(&stdout);
     assert_eq!(fw.len(), 3, "{stdout:?}");
     assert_eq!(fw[0], format!("teravm firmware: vcpus={vcpus} mem_mib=256"));
-    assert!(fw[1].starts_with("teravm firmware: touched 64 MiB in "), "{}", fw[1]);
+    assert!(
+        fw[1].starts_with("teravm firmware: touched 64 MiB in "),
+        "{}",
+        fw[1]
+    );
     assert!(fw[1].ends_with(" ms"), "{}", fw[1]);
     assert_eq!(fw[2], "teravm firmware: reset");
     let (mib, _, nodes) = summary(&stdout);
-    assert!(mib >= 58, "reclaimed only {mib} MiB of 64 touched: {stdout:?}");
+    assert!(
+        mib >= 58,
+        "reclaimed only {mib} MiB of 64 touched: {stdout:?}"
+    );
     assert!(nodes >= 1);
 }
 
@@ -99,9 +106,15 @@ fn terabyte_sparse_guest_launches_and_shuts_down() {
     assert_eq!(code, 0, "stderr: {stderr}");
     let fw = firmware_lines(&stdout);
     assert_eq!(fw[0], "teravm firmware: vcpus=2 mem_mib=1048576");
-    assert!(fw[1].starts_with("teravm firmware: touched 64 MiB"), "{fw:?}");
+    assert!(
+        fw[1].starts_with("teravm firmware: touched 64 MiB"),
+        "{fw:?}"
+    );
     let (mib, _, _) = summary(&stdout);
-    assert!((58..1024).contains(&mib), "reclaimed {mib} MiB of a 64 MiB touch");
+    assert!(
+        (58..1024).contains(&mib),
+        "reclaimed {mib} MiB of a 64 MiB touch"
+    );
 }
 
 #[test]
@@ -114,11 +127,17 @@ fn four_gib_guest_dirties_everything_and_gets_it_back() {
     let mut vmm = Vmm::spawn(&["--config-file", cfg.to_str().unwrap(), "--no-api"]);
     let touched = vmm.wait_line("teravm firmware: touched", T);
     // 4 GiB of RAM less the firmware's own 6 MiB.
-    assert!(touched.starts_with("teravm firmware: touched 409"), "{touched}");
+    assert!(
+        touched.starts_with("teravm firmware: touched 409"),
+        "{touched}"
+    );
     let (code, stdout, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "stderr: {stderr}");
     let (mib, workers, nodes) = summary(&stdout);
-    assert!(mib >= 4096 * 9 / 10, "reclaimed {mib} MiB of 4 GiB: {stdout:?}");
+    assert!(
+        mib >= 4096 * 9 / 10,
+        "reclaimed {mib} MiB of 4 GiB: {stdout:?}"
+    );
     assert_eq!(workers, 2 * nodes, "{stdout:?}");
 }
 
@@ -152,7 +171,10 @@ fn four_fake_nodes(by_signal: bool) {
     let (mib, workers, nodes) = summary(&stdout);
     assert_eq!(nodes, 4, "{stdout:?}");
     assert_eq!(workers, 8, "{stdout:?}");
-    assert!(mib * 10 >= touched_mib * 9, "reclaimed {mib} of {touched_mib} MiB");
+    assert!(
+        mib * 10 >= touched_mib * 9,
+        "reclaimed {mib} of {touched_mib} MiB"
+    );
 }
 
 #[test]
@@ -176,7 +198,12 @@ fn populate_makes_memory_resident_before_the_firmware_runs() {
     }
     let _big = big_memory();
     let dir = temp_dir("populate");
-    let json = config_json(1, 1024, "touch=0 then=idle", r#", "memory": {"populate": true}"#);
+    let json = config_json(
+        1,
+        1024,
+        "touch=0 then=idle",
+        r#", "memory": {"populate": true}"#,
+    );
     let cfg = config_file(&dir, &json);
     let mut vmm = Vmm::spawn(&["--config-file", cfg.to_str().unwrap(), "--no-api"]);
     vmm.wait_line("teravm firmware: vcpus=1", T);
@@ -185,9 +212,16 @@ fn populate_makes_memory_resident_before_the_firmware_runs() {
     vmm.signal(libc::SIGTERM);
     let (code, stdout, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "stderr: {stderr}");
-    assert!(rss >= 1000 << 20, "resident {} MiB at the firmware's first line", rss >> 20);
+    assert!(
+        rss >= 1000 << 20,
+        "resident {} MiB at the firmware's first line",
+        rss >> 20
+    );
     let (mib, _, _) = summary(&stdout);
-    assert!(mib >= 1000, "reclaimed {mib} MiB of a populated 1 GiB guest");
+    assert!(
+        mib >= 1000,
+        "reclaimed {mib} MiB of a populated 1 GiB guest"
+    );
 }
 
 fn bad_config(json: Option<&str>, expect: &str) {
@@ -198,7 +232,11 @@ fn bad_config(json: Option<&str>, expect: &str) {
     };
     let (code, stdout, stderr) = run(&["--config-file", path.to_str().unwrap(), "--no-api"], T);
     assert_eq!(code, 1, "stdout {stdout:?} stderr {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "not one line: {stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "not one line: {stderr}"
+    );
     assert!(stderr.contains(expect), "{stderr:?} lacks {expect:?}");
     assert!(firmware_lines(&stdout).is_empty());
 }

@@ -13,7 +13,11 @@ pub struct ReclaimOptions {
 }
 #[derive(Default)]
 pub struct ReclaimProgress;
-impl ReclaimProgress { pub fn new() -> Self { ReclaimProgress } }
+impl ReclaimProgress {
+    pub fn new() -> Self {
+        ReclaimProgress
+    }
+}
 pub struct NodeReport {
     pub node: u32,
     pub address_bytes: u64,

@@ -20,7 +20,9 @@ use crate::devices::{FirmwarePorts, PioBus, SerialConsole, SerialOut, I8042};
 use crate::memory::layout::ram_regions;
 use crate::memory::{GuestMemory, HostTopology, PopulateStats};
 use crate::vstate::boot::{write_boot_state, BootError};
-use crate::vstate::vcpu::{configure_vcpu, stop_vcpus, VcpuControl, VcpuError, VcpuEvent, VcpuHandle};
+use crate::vstate::vcpu::{
+    configure_vcpu, stop_vcpus, VcpuControl, VcpuError, VcpuEvent, VcpuHandle,
+};
 use crate::vstate::vm::{MemorySlot, Vm, VmError};
 
 /// Errors of building and starting a microVM.
@@ -134,7 +136,11 @@ pub fn start_microvm(
 
     let i8042 = Arc::new(Mutex::new(I8042::new()));
     let mut bus = PioBus::new();
-    bus.insert(COM1_BASE, COM1_LEN, Arc::new(Mutex::new(SerialConsole::new(serial_out))))?;
+    bus.insert(
+        COM1_BASE,
+        COM1_LEN,
+        Arc::new(Mutex::new(SerialConsole::new(serial_out))),
+    )?;
     bus.insert(I8042_BASE, I8042_LEN, i8042.clone())?;
     bus.insert(
         FW_PORTS_BASE,

@@ -174,7 +174,10 @@ impl Vmm {
             Some(path) => match std::fs::OpenOptions::new().append(true).open(path) {
                 Ok(f) => SerialOut::StdoutAndFile(f),
                 Err(e) => {
-                    log::warn!("serial file {}: {e}; writing to stdout only", path.display());
+                    log::warn!(
+                        "serial file {}: {e}; writing to stdout only",
+                        path.display()
+                    );
                     SerialOut::Stdout
                 }
             },
@@ -244,12 +247,17 @@ impl Vmm {
             }
             result
         };
-        match std::thread::Builder::new().name("reclaim".into()).spawn(job) {
+        match std::thread::Builder::new()
+            .name("reclaim".into())
+            .spawn(job)
+        {
             Ok(thread) => self.reclaim = Some(ReclaimJob { thread }),
             Err(e) => {
                 // The job was moved into the failed spawn and dropped with it:
                 // dropping guest memory unmaps it, so nothing leaks.
-                log::error!("cannot spawn the reclaim thread ({e}); memory was unmapped in one thread");
+                log::error!(
+                    "cannot spawn the reclaim thread ({e}); memory was unmapped in one thread"
+                );
                 self.exit_code = self.exit_code.max(EXIT_RECLAIM_FAILED);
                 self.finish(Err(format!("cannot spawn the reclaim thread: {e}")));
             }
@@ -320,6 +328,10 @@ impl Vmm {
                 log::info!("{} received before start; exiting", signal_name(signo));
                 self.state = VmState::Stopped;
                 self.finished_at = Some(Instant::now());
+            }
+            VmState::Stopped => {
+                log::info!("{} received after reclaim; exiting now", signal_name(signo));
+                self.opts.linger = Duration::ZERO;
             }
             state => log::warn!(
                 "{} received while {}: reclaim continues, the process exits when memory is back",
@@ -448,8 +460,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         };
         match manager.run_with_timeout(timeout_ms) {
             Ok(_) => {}
-            Err(event_manager::Error::Epoll(e))
-                if e.errno() == libc::EINTR => {}
+            Err(event_manager::Error::Epoll(e)) if e.errno() == libc::EINTR => {}
             Err(e) => return Err(VmmError::EventLoop(e)),
         }
     }

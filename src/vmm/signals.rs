@@ -51,9 +51,8 @@ impl ShutdownSignals {
             return Err(SignalError::Create(io::Error::last_os_error()));
         }
         // SAFETY: `fd` is a new descriptor that nothing else owns.
-        Ok(ShutdownSignals {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(ShutdownSignals { fd })
     }
 
     /// The next pending signal's number, if any.

@@ -19,7 +19,11 @@ pub fn teravm() -> &'static str {
 
 /// Whether /dev/kvm can be used; prints why a test is skipped when not.
 pub fn kvm_or_skip(test: &str) -> bool {
-    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
         Ok(_) => true,
         Err(e) => {
             eprintln!("SKIPPED {test}: /dev/kvm is not usable here ({e})");
@@ -138,7 +142,10 @@ impl Vmm {
                 }
                 Err(_) => {
                     let _ = self.child.kill();
-                    panic!("no line with {needle:?} within {timeout:?}; stdout so far: {:?}", self.stdout);
+                    panic!(
+                        "no line with {needle:?} within {timeout:?}; stdout so far: {:?}",
+                        self.stdout
+                    );
                 }
             }
         }
@@ -151,7 +158,8 @@ impl Vmm {
 
     /// The resident set of the running process, in bytes.
     pub fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -169,7 +177,10 @@ impl Vmm {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                panic!("teravm did not exit within {timeout:?}; stdout: {:?}", self.stdout);
+                panic!(
+                    "teravm did not exit within {timeout:?}; stdout: {:?}",
+                    self.stdout
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         };
