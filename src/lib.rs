@@ -1,10 +1,19 @@
 //! teravm: a minimal KVM virtual machine monitor for microVMs with very large
 //! memory, which gives a shut-down guest's memory back to the host fast by
 //! freeing it with worker threads pinned to each host NUMA node.
+//!
+//! Data flows top to bottom: [`config`] and [`api`] describe what to run;
+//! [`vmm`] runs it; [`vstate`] wraps KVM; [`memory`] owns guest RAM, its NUMA
+//! placement and its parallel populate and reclaim; [`devices`] answer the
+//! guest's port I/O. Nothing below [`vmm`] knows about HTTP.
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod config;
 pub mod api;
-pub mod memory;
 pub mod bench;
+pub mod config;
+pub mod devices;
+pub mod logger;
+pub mod memory;
+pub mod vmm;
+pub mod vstate;

@@ -1,0 +1,141 @@
+//! API actions on the VMM: each checked against the VMM's state, done, and
+//! answered on the request's own reply channel. A sync `Shutdown` is
+//! answered later, when reclaim is done.
+
+use serde_json::{json, Value};
+
+use super::{ShutdownReason, VmState, Vmm};
+use crate::api::{ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData};
+
+fn to_json<T: serde::Serialize>(value: &T) -> ActionResult {
+    serde_json::to_value(value)
+        .map(VmmData::Json)
+        .map_err(|e| VmmActionError::Internal(e.to_string()))
+}
+
+fn refused(what: &str, state: VmState) -> ActionResult {
+    Err(VmmActionError::BadRequest(format!(
+        "{what} is not allowed in state \"{}\"",
+        state.as_str()
+    )))
+}
+
+impl Vmm {
+    pub(super) fn handle_request(&mut self, request: ApiRequest) {
+        let ApiRequest { action, reply } = request;
+        if let VmmAction::Shutdown(ReclaimMode::Sync) = action {
+            if self.state == VmState::Running {
+                self.sync_waiters.push(reply);
+                self.begin_shutdown(ShutdownReason::Api);
+                return;
+            }
+        }
+        let result = self.do_action(action);
+        // The client may have gone away: nothing to do about it.
+        let _ = reply.send(result);
+    }
+
+    fn do_action(&mut self, action: VmmAction) -> ActionResult {
+        let state = self.state;
+        let not_started = state == VmState::NotStarted;
+        match action {
+            VmmAction::GetInstanceInfo => Ok(VmmData::Json(json!({
+                "id": self.opts.id,
+                "state": state.as_str(),
+                "vmm_version": env!("CARGO_PKG_VERSION"),
+                "app_name": "teravm",
+            }))),
+            VmmAction::GetMachineConfig => to_json(&self.config.machine_config),
+            VmmAction::PutMachineConfig(m) if not_started => {
+                self.config.machine_config = m;
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutMachineConfig(_) => refused("changing the machine configuration", state),
+            VmmAction::PutBootSource(b) if not_started => {
+                self.config.boot_source = b;
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutBootSource(_) => refused("changing the boot source", state),
+            VmmAction::GetMemory => {
+                let mut value = serde_json::to_value(&self.config.memory)
+                    .map_err(|e| VmmActionError::Internal(e.to_string()))?;
+                if let Value::Object(map) = &mut value {
+                    let slices = serde_json::to_value(&self.slices)
+                        .map_err(|e| VmmActionError::Internal(e.to_string()))?;
+                    map.insert("slices".into(), slices);
+                }
+                Ok(VmmData::Json(value))
+            }
+            VmmAction::PutMemory(m) if not_started => {
+                if let Some(bad) = m
+                    .host_nodes
+                    .iter()
+                    .flatten()
+                    .find(|&&n| self.topology.node(n).is_none())
+                {
+                    return Err(VmmActionError::BadRequest(format!(
+                        "memory.host_nodes: node {bad} does not exist on this host"
+                    )));
+                }
+                self.config.memory = m;
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutMemory(_) => refused("changing the memory configuration", state),
+            VmmAction::GetReclaim => to_json(&self.progress.snapshot()),
+            VmmAction::PutReclaim(r) if matches!(state, VmState::NotStarted | VmState::Running) => {
+                self.config.reclaim = r;
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutReclaim(_) => refused("changing the reclaim configuration", state),
+            VmmAction::InstanceStart if not_started => self
+                .start()
+                .map(|()| VmmData::Empty)
+                .map_err(|e| VmmActionError::BadRequest(format!("cannot start the microVM: {e}"))),
+            VmmAction::InstanceStart => refused("InstanceStart", state),
+            VmmAction::SendCtrlAltDel => match (&self.microvm, state) {
+                (Some(microvm), VmState::Running) => {
+                    microvm
+                        .i8042
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .send_ctrl_alt_del();
+                    microvm.control.wake_all();
+                    Ok(VmmData::Empty)
+                }
+                _ => refused("SendCtrlAltDel", state),
+            },
+            VmmAction::Shutdown(mode) if state == VmState::Running => {
+                let plan = self.reclaim_plan();
+                self.begin_shutdown(ShutdownReason::Api);
+                match mode {
+                    ReclaimMode::Async => Ok(VmmData::Accepted(plan)),
+                    // Handled in `handle_request`; kept total for safety.
+                    ReclaimMode::Sync => to_json(&self.progress.snapshot()),
+                }
+            }
+            VmmAction::Shutdown(_) => refused("Shutdown", state),
+            VmmAction::GetVmConfig => to_json(&self.config),
+        }
+    }
+
+    /// What a reclaim of the running microVM will do: the async `Shutdown` reply.
+    fn reclaim_plan(&self) -> Value {
+        let mut nodes: Vec<u32> = self.slices.iter().map(|s| s.host_node).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let address_bytes: u64 = self.slices.iter().map(|s| s.size_bytes).sum();
+        let reclaim = &self.config.reclaim;
+        let workers = if address_bytes < reclaim.parallel_threshold_mib << 20 {
+            1
+        } else {
+            reclaim.workers_per_node as usize * nodes.len()
+        };
+        json!({
+            "state": "running",
+            "address_bytes": address_bytes,
+            "nodes": nodes,
+            "workers": workers,
+            "chunk_mib": reclaim.chunk_mib,
+        })
+    }
+}

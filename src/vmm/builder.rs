@@ -1,0 +1,200 @@
+//! Builds and starts a microVM from a validated [`VmConfig`]: the KVM VM,
+//! guest memory (per-node slices, bound, optionally populated), memslots,
+//! the firmware's boot state, the port I/O bus and its devices, and the vCPU
+//! threads. Anything built before a failure is torn down by `Drop` (guest
+//! memory is unmapped, started vCPUs are stopped).
+
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::config::{NumaPolicy, VmConfig};
+use crate::devices::bus::BusError;
+use crate::devices::i8042::{I8042_BASE, I8042_LEN};
+use crate::devices::ports::{FW_PORTS_BASE, FW_PORTS_LEN};
+use crate::devices::serial::{COM1_BASE, COM1_LEN};
+use crate::devices::{FirmwarePorts, PioBus, SerialConsole, SerialOut, I8042};
+use crate::memory::layout::ram_regions;
+use crate::memory::{GuestMemory, HostTopology, PopulateStats};
+use crate::vstate::boot::{write_boot_state, BootError};
+use crate::vstate::vcpu::{
+    configure_vcpu, stop_vcpus, VcpuControl, VcpuError, VcpuEvent, VcpuHandle,
+};
+use crate::vstate::vm::{MemorySlot, Vm, VmError};
+
+/// Errors of building and starting a microVM.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// KVM failed.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// Guest memory could not be mapped or bound.
+    #[error("guest memory: {0}")]
+    Memory(#[from] crate::memory::GuestMemoryError),
+    /// Populating guest memory failed.
+    #[error("populate: {0}")]
+    Populate(#[from] crate::memory::PopulateError),
+    /// The firmware's boot state could not be written.
+    #[error("boot: {0}")]
+    Boot(#[from] BootError),
+    /// A device could not be put on the bus.
+    #[error("devices: {0}")]
+    Bus(#[from] BusError),
+    /// A vCPU could not be set up or started.
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+}
+
+/// One slice of guest RAM as `GET /memory` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SliceInfo {
+    /// Guest physical address.
+    pub guest_addr: u64,
+    /// Bytes.
+    pub size_bytes: u64,
+    /// The host node it is placed on.
+    pub host_node: u32,
+    /// The binding policy.
+    pub policy: NumaPolicy,
+}
+
+/// A running microVM.
+pub struct MicroVm {
+    /// The KVM VM.
+    pub vm: Vm,
+    /// Guest RAM.
+    pub memory: GuestMemory,
+    /// The vCPU threads.
+    pub vcpus: Vec<VcpuHandle>,
+    /// Stop and wake requests for the vCPUs.
+    pub control: Arc<VcpuControl>,
+    /// The keyboard controller, to send Ctrl-Alt-Del.
+    pub i8042: Arc<Mutex<I8042>>,
+    /// The slices, for `GET /memory`.
+    pub slices: Vec<SliceInfo>,
+    /// What populate did, if asked.
+    pub populate: Option<PopulateStats>,
+}
+
+impl MicroVm {
+    /// Stops and joins the vCPU threads; returns how many panicked.
+    pub fn stop_vcpus(&mut self) -> usize {
+        stop_vcpus(&self.control, std::mem::take(&mut self.vcpus))
+    }
+}
+
+/// Builds the microVM described by `config` and starts its vCPUs.
+pub fn start_microvm(
+    config: &VmConfig,
+    topology: &HostTopology,
+    serial_out: SerialOut,
+    events: Sender<VcpuEvent>,
+    events_ready: &EventFd,
+) -> Result<MicroVm, StartError> {
+    let machine = &config.machine_config;
+    let vm = Vm::new()?;
+    let memory = GuestMemory::new(machine, &config.memory, topology)?;
+    let populate = if config.memory.populate {
+        let stats = memory.populate(config.reclaim.workers_per_node, topology)?;
+        log::info!(
+            "populated {} MiB in {} ms with {} workers",
+            stats.bytes >> 20,
+            stats.elapsed_ms,
+            stats.workers
+        );
+        Some(stats)
+    } else {
+        None
+    };
+    let slots: Vec<MemorySlot> = memory
+        .slices()
+        .iter()
+        .map(|s| MemorySlot {
+            guest_addr: s.slice.guest_addr,
+            size: s.slice.len,
+            host_addr: s.host_addr as u64,
+        })
+        .collect();
+    // SAFETY: the mappings live in `memory`, which the MicroVm keeps until
+    // the vCPUs are stopped; reclaim unmaps them only after that, and KVM
+    // follows an munmap through its MMU notifier.
+    unsafe { vm.register_memory(&slots) }?;
+    let regions: Vec<(u64, u64)> = ram_regions(machine.mem_bytes())
+        .iter()
+        .map(|r| (r.guest_addr, r.len))
+        .collect();
+    let layout = write_boot_state(
+        memory.vm_memory(),
+        &regions,
+        usize::from(machine.vcpu_count),
+        machine.mem_size_mib,
+        &config.boot_source.boot_args,
+    )?;
+
+    let i8042 = Arc::new(Mutex::new(I8042::new()));
+    let mut bus = PioBus::new();
+    bus.insert(
+        COM1_BASE,
+        COM1_LEN,
+        Arc::new(Mutex::new(SerialConsole::new(serial_out))),
+    )?;
+    bus.insert(I8042_BASE, I8042_LEN, i8042.clone())?;
+    bus.insert(
+        FW_PORTS_BASE,
+        FW_PORTS_LEN,
+        Arc::new(Mutex::new(FirmwarePorts::new(Instant::now()))),
+    )?;
+    let bus = Arc::new(bus);
+
+    let slices = memory
+        .slices()
+        .iter()
+        .map(|s| SliceInfo {
+            guest_addr: s.slice.guest_addr,
+            size_bytes: s.slice.len,
+            host_node: s.slice.node,
+            policy: config.memory.numa_policy,
+        })
+        .collect();
+    let cpuid = vm.supported_cpuid()?;
+    let control = Arc::new(VcpuControl::new());
+    let mut microvm = MicroVm {
+        vm,
+        memory,
+        vcpus: Vec::new(),
+        control,
+        i8042,
+        slices,
+        populate,
+    };
+    for index in 0..machine.vcpu_count {
+        let started = (|| {
+            let fd = microvm.vm.create_vcpu(index)?;
+            configure_vcpu(&fd, index, &cpuid, &layout)?;
+            let ready = events_ready
+                .try_clone()
+                .map_err(|source| VcpuError::Spawn { index, source })?;
+            Ok::<_, StartError>(VcpuHandle::spawn(
+                index,
+                fd,
+                bus.clone(),
+                microvm.control.clone(),
+                events.clone(),
+                ready,
+            )?)
+        })();
+        match started {
+            Ok(handle) => microvm.vcpus.push(handle),
+            Err(e) => {
+                // Stop the vCPUs already running; dropping `microvm` then
+                // unmaps guest memory.
+                microvm.stop_vcpus();
+                return Err(e);
+            }
+        }
+    }
+    Ok(microvm)
+}

@@ -1,0 +1,88 @@
+//! SIGTERM and SIGINT as events: blocked in every thread (the mask is set on
+//! the main thread before any other thread is spawned, and inherited) and
+//! read from a `signalfd` on the event loop.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Errors of signal setup and reading.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalError {
+    /// `pthread_sigmask` failed.
+    #[error("cannot block SIGTERM and SIGINT: {0}")]
+    Block(io::Error),
+    /// `signalfd` failed.
+    #[error("cannot create a signalfd: {0}")]
+    Create(io::Error),
+}
+
+/// A non-blocking signalfd for SIGTERM and SIGINT.
+#[derive(Debug)]
+pub struct ShutdownSignals {
+    fd: OwnedFd,
+}
+
+fn shutdown_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the set it is given; the set is a
+    // plain value on our stack.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    }
+}
+
+impl ShutdownSignals {
+    /// Blocks SIGTERM and SIGINT in the calling thread (and so in every
+    /// thread it spawns afterwards) and opens a signalfd for them. Call it
+    /// before spawning any thread.
+    pub fn new() -> Result<ShutdownSignals, SignalError> {
+        let set = shutdown_set();
+        // SAFETY: `set` is a valid, initialised sigset; the old mask is not wanted.
+        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(SignalError::Block(io::Error::from_raw_os_error(rc)));
+        }
+        // SAFETY: -1 asks for a new fd; `set` is valid; the result is checked.
+        let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(SignalError::Create(io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(ShutdownSignals { fd })
+    }
+
+    /// The next pending signal's number, if any.
+    pub fn read(&self) -> Option<i32> {
+        // SAFETY: signalfd_siginfo is plain data; zeroed is a valid value.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: we read at most `size` bytes into `info`, which has that size.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                (&mut info as *mut libc::signalfd_siginfo).cast(),
+                size,
+            )
+        };
+        (n == size as isize).then_some(info.ssi_signo as i32)
+    }
+}
+
+impl AsRawFd for ShutdownSignals {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// The name of a signal, for log lines.
+pub fn signal_name(signo: i32) -> &'static str {
+    match signo {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        _ => "a signal",
+    }
+}

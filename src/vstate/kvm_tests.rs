@@ -1,0 +1,145 @@
+//! The firmware on real KVM with a plain vm-memory guest: the boot state,
+//! vCPU loop, bus and devices together, without the VMM.
+
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::boot::write_boot_state;
+use super::vcpu::{configure_vcpu, stop_vcpus, VcpuControl, VcpuEvent, VcpuHandle};
+use super::vm::{MemorySlot, Vm};
+use crate::devices::{FirmwarePorts, PioBus, SerialConsole, SerialOut, I8042};
+
+struct Run {
+    serial: String,
+    event: Option<VcpuEvent>,
+}
+
+fn boot(vcpus: u8, mib: u64, cmdline: &str, wait: Duration) -> Option<Run> {
+    if let Err(e) = Vm::available() {
+        eprintln!("skipped: {e}");
+        return None;
+    }
+    let vm = Vm::new().unwrap();
+    let mem =
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), (mib << 20) as usize)]).unwrap();
+    let slots: Vec<MemorySlot> = mem
+        .iter()
+        .map(|r| MemorySlot {
+            guest_addr: r.start_addr().0,
+            size: r.len(),
+            host_addr: r
+                .get_host_address(vm_memory::MemoryRegionAddress(0))
+                .unwrap() as u64,
+        })
+        .collect();
+    // SAFETY: `mem` outlives the VM (dropped after it, at the end of this function).
+    unsafe { vm.register_memory(&slots) }.unwrap();
+    let layout =
+        write_boot_state(&mem, &[(0, mib << 20)], usize::from(vcpus), mib, cmdline).unwrap();
+    let serial = Arc::new(Mutex::new(SerialConsole::new(
+        SerialOut::Buffer(Vec::new()),
+    )));
+    let mut bus = PioBus::new();
+    bus.insert(0x3f8, 8, serial.clone()).unwrap();
+    bus.insert(0x60, 5, Arc::new(Mutex::new(I8042::new())))
+        .unwrap();
+    bus.insert(
+        0xf00,
+        12,
+        Arc::new(Mutex::new(FirmwarePorts::new(Instant::now()))),
+    )
+    .unwrap();
+    let bus = Arc::new(bus);
+    let control = Arc::new(VcpuControl::new());
+    let (tx, rx) = channel();
+    let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let cpuid = vm.supported_cpuid().unwrap();
+    let mut handles = Vec::new();
+    for i in 0..vcpus {
+        let fd = vm.create_vcpu(i).unwrap();
+        configure_vcpu(&fd, i, &cpuid, &layout).unwrap();
+        handles.push(
+            VcpuHandle::spawn(
+                i,
+                fd,
+                bus.clone(),
+                control.clone(),
+                tx.clone(),
+                evt.try_clone().unwrap(),
+            )
+            .unwrap(),
+        );
+    }
+    let event = rx.recv_timeout(wait).ok();
+    assert_eq!(stop_vcpus(&control, handles), 0);
+    let serial = String::from_utf8(serial.lock().unwrap().buffer().unwrap().to_vec()).unwrap();
+    drop(vm);
+    Some(Run { serial, event })
+}
+
+#[test]
+fn firmware_touches_and_resets() {
+    let Some(run) = boot(2, 64, "touch=16 then=reset", Duration::from_secs(30)) else {
+        return;
+    };
+    let lines: Vec<&str> = run.serial.lines().collect();
+    assert_eq!(
+        lines[0], "teravm firmware: vcpus=2 mem_mib=64",
+        "{}",
+        run.serial
+    );
+    assert!(
+        lines[1].starts_with("teravm firmware: touched 16 MiB in "),
+        "{}",
+        run.serial
+    );
+    assert_eq!(lines[2], "teravm firmware: reset");
+    assert!(
+        matches!(run.event, Some(VcpuEvent::Reset { index: 0 })),
+        "{:?}",
+        run.event
+    );
+}
+
+#[test]
+fn firmware_idles_until_stopped() {
+    let Some(run) = boot(1, 32, "touch=all then=idle", Duration::from_millis(500)) else {
+        return;
+    };
+    assert_eq!(run.event, None);
+    // 32 MiB minus the firmware's own 4 MiB.
+    assert!(run.serial.contains("touched 28 MiB"), "{}", run.serial);
+    assert!(
+        run.serial.ends_with("teravm firmware: idle\n"),
+        "{}",
+        run.serial
+    );
+}
+
+#[test]
+fn triple_fault_is_a_crash() {
+    let Some(run) = boot(1, 32, "fault=triple", Duration::from_secs(30)) else {
+        return;
+    };
+    assert!(
+        matches!(run.event, Some(VcpuEvent::Crashed { .. })),
+        "{:?}",
+        run.event
+    );
+}
+
+#[test]
+fn bad_command_line_is_reported() {
+    let Some(run) = boot(1, 32, "touch=12x", Duration::from_secs(30)) else {
+        return;
+    };
+    assert!(run.serial.contains("bad command line"), "{}", run.serial);
+    assert_eq!(
+        run.event,
+        Some(VcpuEvent::FirmwareError { index: 0, code: 1 })
+    );
+}

@@ -1,0 +1,448 @@
+//! vCPUs: one thread each (`vcpu0`, `vcpu1`, ...) running a `KVM_RUN` loop.
+//!
+//! Exits are handled by [`handle_exit`], a plain function over a `VcpuExit`
+//! and the port I/O bus, so it is tested with made-up exits. A vCPU that must
+//! end the VM (reset, crash, error) sends a [`VcpuEvent`] on an mpsc channel
+//! and writes the VMM's `EventFd`. The VMM stops vCPUs with
+//! [`VcpuControl::request_stop`] plus a kick: a real-time signal whose
+//! handler sets `immediate_exit` in the thread's own `kvm_run`, so a signal
+//! that lands just before `KVM_RUN` still makes it return at once.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Condvar, Mutex, Once};
+use std::thread::JoinHandle;
+
+use kvm_bindings::{kvm_fpu, kvm_run, CpuId};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+use super::boot::{initial_regs, setup_sregs, BootLayout};
+use crate::devices::{BusEvent, PioBus};
+
+/// Offset from `SIGRTMIN` of the signal that kicks a vCPU out of `KVM_RUN`.
+const KICK_SIGNAL_OFFSET: i32 = 0;
+
+/// Errors of vCPU setup.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    /// A register ioctl failed.
+    #[error("vCPU {index}: {what} failed: {source}")]
+    Setup {
+        /// vCPU index.
+        index: u8,
+        /// Which ioctl.
+        what: &'static str,
+        /// KVM's error.
+        source: kvm_ioctls::Error,
+    },
+    /// The kick signal handler could not be installed.
+    #[error("cannot install the vCPU kick signal handler: {0}")]
+    Signal(vmm_sys_util::errno::Error),
+    /// The thread could not be spawned.
+    #[error("cannot spawn the thread of vCPU {index}: {source}")]
+    Spawn {
+        /// vCPU index.
+        index: u8,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Why a vCPU ended the VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuEvent {
+    /// The guest asked for a reset: shut the VM down normally.
+    Reset {
+        /// vCPU index.
+        index: u8,
+    },
+    /// The guest crashed (triple fault, failed entry, KVM internal error).
+    Crashed {
+        /// vCPU index.
+        index: u8,
+        /// What happened.
+        reason: String,
+    },
+    /// The firmware reported an error.
+    FirmwareError {
+        /// vCPU index.
+        index: u8,
+        /// Its code.
+        code: u32,
+    },
+    /// `KVM_RUN` failed.
+    RunFailed {
+        /// vCPU index.
+        index: u8,
+        /// The error.
+        error: String,
+    },
+}
+
+/// What the vCPU loop does after an exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitAction {
+    /// Enter the guest again.
+    Continue,
+    /// Block until woken or stopped, then enter again.
+    Park,
+    /// End this vCPU and tell the VMM.
+    Stop(VcpuEvent),
+}
+
+/// Handles one exit of vCPU `index`.
+pub fn handle_exit(index: u8, exit: VcpuExit<'_>, bus: &PioBus) -> ExitAction {
+    let crashed = |reason: String| ExitAction::Stop(VcpuEvent::Crashed { index, reason });
+    match exit {
+        VcpuExit::IoOut(port, data) => match bus.write(port, data) {
+            None => ExitAction::Continue,
+            Some(BusEvent::Park) => ExitAction::Park,
+            Some(BusEvent::Reset) => ExitAction::Stop(VcpuEvent::Reset { index }),
+            Some(BusEvent::FirmwareError(code)) => {
+                ExitAction::Stop(VcpuEvent::FirmwareError { index, code })
+            }
+        },
+        VcpuExit::IoIn(port, data) => {
+            bus.read(port, data);
+            ExitAction::Continue
+        }
+        VcpuExit::MmioRead(addr, data) => {
+            log::debug!("vcpu{index}: MMIO read at {addr:#x} with no device");
+            data.fill(0xff);
+            ExitAction::Continue
+        }
+        VcpuExit::MmioWrite(addr, _) => {
+            log::debug!("vcpu{index}: MMIO write at {addr:#x} with no device");
+            ExitAction::Continue
+        }
+        VcpuExit::Hlt => ExitAction::Park,
+        VcpuExit::Shutdown => crashed("the guest triple-faulted (KVM_EXIT_SHUTDOWN)".to_string()),
+        VcpuExit::FailEntry(reason, cpu) => crashed(format!(
+            "KVM_RUN failed to enter the guest (hardware reason {reason:#x}, host cpu {cpu})"
+        )),
+        VcpuExit::InternalError => {
+            crashed("KVM internal error (KVM_EXIT_INTERNAL_ERROR)".to_string())
+        }
+        VcpuExit::SystemEvent(kind, _) => match kind {
+            kvm_bindings::KVM_SYSTEM_EVENT_RESET | kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => {
+                ExitAction::Stop(VcpuEvent::Reset { index })
+            }
+            other => crashed(format!("guest system event {other}")),
+        },
+        other => crashed(format!("unexpected vCPU exit {other:?}")),
+    }
+}
+
+/// Stop and wake requests shared by the VMM and all vCPU threads.
+#[derive(Debug, Default)]
+pub struct VcpuControl {
+    stop: AtomicBool,
+    wake_generation: Mutex<u64>,
+    wake: Condvar,
+}
+
+impl VcpuControl {
+    /// A control with nothing requested.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks every vCPU to stop; parked ones return at once. Kick the running
+    /// ones with [`VcpuHandle::kick`].
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _guard = self
+            .wake_generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.wake.notify_all();
+    }
+
+    /// Whether a stop was requested.
+    pub fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Wakes parked vCPUs so they look at their devices again (e.g. after a
+    /// Ctrl-Alt-Del was queued).
+    pub fn wake_all(&self) {
+        let mut generation = self
+            .wake_generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *generation += 1;
+        self.wake.notify_all();
+    }
+
+    fn park(&self) {
+        let mut generation = self
+            .wake_generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let start = *generation;
+        while !self.stop_requested() && *generation == start {
+            generation = self
+                .wake
+                .wait(generation)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's `kvm_run`, for the kick signal handler.
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    KVM_RUN.with(|run| {
+        let run = run.get();
+        if !run.is_null() {
+            // SAFETY: the pointer is this thread's own `kvm_run` mapping, set
+            // while the thread owns its `VcpuFd` and cleared before it drops
+            // it; a volatile byte store is async-signal-safe.
+            unsafe { std::ptr::write_volatile(&mut (*run).immediate_exit, 1) };
+        }
+    });
+}
+
+fn install_kick_handler() -> Result<(), VcpuError> {
+    static ONCE: Once = Once::new();
+    static mut RESULT: Option<vmm_sys_util::errno::Error> = None;
+    ONCE.call_once(|| {
+        if let Err(e) = register_signal_handler(SIGRTMIN() + KICK_SIGNAL_OFFSET, kick_handler) {
+            // SAFETY: written once, inside `call_once`, before any reader
+            // (readers run after `call_once` returns).
+            unsafe { RESULT = Some(e) };
+        }
+    });
+    // SAFETY: only read after `call_once` has finished writing it.
+    match unsafe { *std::ptr::addr_of!(RESULT) } {
+        Some(e) => Err(VcpuError::Signal(e)),
+        None => Ok(()),
+    }
+}
+
+/// Sets CPUID, FPU, special and general registers of vCPU `index`.
+pub fn configure_vcpu(
+    fd: &VcpuFd,
+    index: u8,
+    cpuid: &CpuId,
+    layout: &BootLayout,
+) -> Result<(), VcpuError> {
+    let setup = |what: &'static str, r: Result<(), kvm_ioctls::Error>| {
+        r.map_err(|source| VcpuError::Setup {
+            index,
+            what,
+            source,
+        })
+    };
+    setup("KVM_SET_CPUID2", fd.set_cpuid2(cpuid))?;
+    let fpu = kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    setup("KVM_SET_FPU", fd.set_fpu(&fpu))?;
+    let mut sregs = fd.get_sregs().map_err(|source| VcpuError::Setup {
+        index,
+        what: "KVM_GET_SREGS",
+        source,
+    })?;
+    setup_sregs(&mut sregs, layout);
+    setup("KVM_SET_SREGS", fd.set_sregs(&sregs))?;
+    setup(
+        "KVM_SET_REGS",
+        fd.set_regs(&initial_regs(usize::from(index), layout)),
+    )
+}
+
+/// A running vCPU thread.
+pub struct VcpuHandle {
+    index: u8,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl VcpuHandle {
+    /// Starts the thread `vcpu{index}` running `fd`.
+    pub fn spawn(
+        index: u8,
+        fd: VcpuFd,
+        bus: Arc<PioBus>,
+        control: Arc<VcpuControl>,
+        events: Sender<VcpuEvent>,
+        events_ready: EventFd,
+    ) -> Result<VcpuHandle, VcpuError> {
+        install_kick_handler()?;
+        let thread = std::thread::Builder::new()
+            .name(format!("vcpu{index}"))
+            .spawn(move || {
+                if let Some(event) = run_loop(index, fd, &bus, &control) {
+                    log::debug!("vcpu{index}: {event:?}");
+                    // The VMM may already be gone at process exit: nothing to tell.
+                    let _ = events.send(event);
+                    let _ = events_ready.write(1);
+                }
+            })
+            .map_err(|source| VcpuError::Spawn { index, source })?;
+        Ok(VcpuHandle {
+            index,
+            thread: Some(thread),
+        })
+    }
+
+    /// Interrupts `KVM_RUN` on this vCPU (after [`VcpuControl::request_stop`]).
+    pub fn kick(&self) {
+        if let Some(thread) = &self.thread {
+            if !thread.is_finished() {
+                if let Err(e) = thread.kill(SIGRTMIN() + KICK_SIGNAL_OFFSET) {
+                    log::warn!("cannot kick vcpu{}: {e}", self.index);
+                }
+            }
+        }
+    }
+
+    /// Waits for the thread; `false` if it panicked.
+    pub fn join(mut self) -> bool {
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Err(_)) => {
+                log::error!("vcpu{} panicked", self.index);
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
+fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> Option<VcpuEvent> {
+    KVM_RUN.with(|run| run.set(fd.get_kvm_run()));
+    let event = loop {
+        if control.stop_requested() {
+            break None;
+        }
+        match fd.run() {
+            Ok(exit) => match handle_exit(index, exit, bus) {
+                ExitAction::Continue => {}
+                ExitAction::Park => control.park(),
+                ExitAction::Stop(event) => break Some(event),
+            },
+            Err(e) if e.errno() == libc::EINTR => fd.set_kvm_immediate_exit(0),
+            Err(e) if e.errno() == libc::EAGAIN => {}
+            Err(e) => {
+                break Some(VcpuEvent::RunFailed {
+                    index,
+                    error: format!("KVM_RUN failed: {e}"),
+                })
+            }
+        }
+    };
+    KVM_RUN.with(|run| run.set(std::ptr::null_mut()));
+    event
+}
+
+/// Stops all vCPUs: request, kick, join. Returns how many panicked.
+pub fn stop_vcpus(control: &VcpuControl, handles: Vec<VcpuHandle>) -> usize {
+    control.request_stop();
+    for h in &handles {
+        h.kick();
+    }
+    handles
+        .into_iter()
+        .map(VcpuHandle::join)
+        .filter(|ok| !ok)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::{FirmwarePorts, I8042};
+    use std::time::Instant;
+
+    fn bus() -> PioBus {
+        let mut bus = PioBus::new();
+        bus.insert(0x60, 5, Arc::new(Mutex::new(I8042::new())))
+            .unwrap();
+        bus.insert(
+            0xf00,
+            12,
+            Arc::new(Mutex::new(FirmwarePorts::new(Instant::now()))),
+        )
+        .unwrap();
+        bus
+    }
+
+    #[test]
+    fn port_exits() {
+        let bus = bus();
+        assert_eq!(
+            handle_exit(0, VcpuExit::IoOut(0x80, &[1]), &bus),
+            ExitAction::Continue
+        );
+        assert_eq!(
+            handle_exit(1, VcpuExit::IoOut(0x64, &[0xfe]), &bus),
+            ExitAction::Stop(VcpuEvent::Reset { index: 1 })
+        );
+        assert_eq!(
+            handle_exit(0, VcpuExit::IoOut(0xf04, &[0]), &bus),
+            ExitAction::Park
+        );
+        assert_eq!(
+            handle_exit(0, VcpuExit::IoOut(0xf08, &[1, 0, 0, 0]), &bus),
+            ExitAction::Stop(VcpuEvent::FirmwareError { index: 0, code: 1 })
+        );
+        let mut data = [0u8; 1];
+        assert_eq!(
+            handle_exit(0, VcpuExit::IoIn(0x3f8, &mut data), &bus),
+            ExitAction::Continue
+        );
+        assert_eq!(data, [0xff]);
+    }
+
+    #[test]
+    fn crash_exits() {
+        let bus = bus();
+        for exit in [
+            VcpuExit::Shutdown,
+            VcpuExit::InternalError,
+            VcpuExit::FailEntry(0x21, 1),
+            VcpuExit::Unknown,
+        ] {
+            match handle_exit(2, exit, &bus) {
+                ExitAction::Stop(VcpuEvent::Crashed { index: 2, reason }) => {
+                    assert!(!reason.is_empty())
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(handle_exit(0, VcpuExit::Hlt, &bus), ExitAction::Park);
+        let mut data = [0u8; 4];
+        assert_eq!(
+            handle_exit(0, VcpuExit::MmioRead(0xfee0_0000, &mut data), &bus),
+            ExitAction::Continue
+        );
+        assert_eq!(data, [0xff; 4]);
+    }
+
+    #[test]
+    fn park_returns_on_wake_and_stop() {
+        let control = Arc::new(VcpuControl::new());
+        let c = control.clone();
+        let t = std::thread::spawn(move || c.park());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        control.wake_all();
+        t.join().unwrap();
+        let c = control.clone();
+        let t = std::thread::spawn(move || {
+            c.park();
+            c.park();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        control.request_stop();
+        t.join().unwrap();
+        assert!(control.stop_requested());
+    }
+}

@@ -1,0 +1,212 @@
+//! Helpers shared by the integration tests: the real `teravm` binary, temp
+//! dirs, config files, output capture with deadlines, and a lock that keeps
+//! the big-memory KVM tests of one test binary from running at once (cargo
+//! runs test binaries one after another, so one lock per binary suffices).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The teravm binary under test.
+pub fn teravm() -> &'static str {
+    env!("CARGO_BIN_EXE_teravm")
+}
+
+/// Whether /dev/kvm can be used; prints why a test is skipped when not.
+pub fn kvm_or_skip(test: &str) -> bool {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("SKIPPED {test}: /dev/kvm is not usable here ({e})");
+            false
+        }
+    }
+}
+
+static BIG: Mutex<()> = Mutex::new(());
+
+/// Held by every test that makes the host commit gigabytes.
+pub fn big_memory() -> MutexGuard<'static, ()> {
+    BIG.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A fresh temp dir for one test.
+pub fn temp_dir(name: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "teravm-test-{}-{}-{}",
+        std::process::id(),
+        name,
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes `json` as a config file in `dir`.
+pub fn config_file(dir: &Path, json: &str) -> PathBuf {
+    let path = dir.join("vm.json");
+    std::fs::write(&path, json).unwrap();
+    path
+}
+
+/// A config of `vcpus` vCPUs and `mib` MiB running the firmware with `args`.
+pub fn config_json(vcpus: u32, mib: u64, args: &str, extra: &str) -> String {
+    format!(
+        r#"{{"machine-config": {{"vcpu_count": {vcpus}, "mem_size_mib": {mib}}},
+            "boot-source": {{"boot_args": "{args}"}}{extra}}}"#
+    )
+}
+
+/// A fake sysfs tree with `nodes` NUMA nodes, each with CPUs drawn from
+/// the host's CPU 0 and 1 and 8 GiB of memory.
+pub fn fake_sysfs(dir: &Path, nodes: u32) -> PathBuf {
+    let root = dir.join("sys");
+    let base = root.join("devices/system/node");
+    std::fs::create_dir_all(&base).unwrap();
+    std::fs::write(base.join("online"), format!("0-{}\n", nodes - 1)).unwrap();
+    for n in 0..nodes {
+        let d = base.join(format!("node{n}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("cpulist"), format!("{}\n", n % 2)).unwrap();
+        std::fs::write(
+            d.join("meminfo"),
+            format!("Node {n} MemTotal:       8388608 kB\nNode {n} MemFree:        8000000 kB\n"),
+        )
+        .unwrap();
+    }
+    root
+}
+
+/// A running teravm whose stdout lines arrive on a channel.
+pub struct Vmm {
+    pub child: Child,
+    lines: Receiver<String>,
+    pub stdout: Vec<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Vmm {
+    pub fn spawn(args: &[&str]) -> Vmm {
+        let mut child = Command::new(teravm())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn teravm");
+        let out = child.stdout.take().unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Vmm {
+            child,
+            lines,
+            stdout: Vec::new(),
+            stderr,
+        }
+    }
+
+    /// Waits for a stdout line containing `needle` and returns it.
+    pub fn wait_line(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.stdout.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!(
+                        "no line with {needle:?} within {timeout:?}; stdout so far: {:?}",
+                        self.stdout
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn signal(&self, signo: i32) {
+        // SAFETY: sending a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signo) }, 0);
+    }
+
+    /// The resident set of the running process, in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb << 10)
+    }
+
+    /// Waits for exit; returns (code, all stdout lines, stderr).
+    pub fn wait(mut self, timeout: Duration) -> (i32, Vec<String>, String) {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "teravm did not exit within {timeout:?}; stdout: {:?}",
+                    self.stdout
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.stdout.push(line);
+        }
+        let stderr = self.stderr.join().unwrap();
+        (status.code().unwrap_or(-1), self.stdout, stderr)
+    }
+}
+
+/// Runs teravm to its end.
+pub fn run(args: &[&str], timeout: Duration) -> (i32, Vec<String>, String) {
+    Vmm::spawn(args).wait(timeout)
+}
+
+/// Parses the summary line: (MiB reclaimed, workers, nodes).
+pub fn summary(stdout: &[String]) -> (u64, u32, u32) {
+    let line = stdout
+        .iter()
+        .find(|l| l.starts_with("teravm: reclaimed "))
+        .unwrap_or_else(|| panic!("no summary line in {stdout:?}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    // teravm: reclaimed <MiB> MiB in <ms> ms (<x> GiB/s, <w> workers, <n> nodes)
+    let mib = words[2].parse().unwrap();
+    let workers = words[9].parse().unwrap();
+    let nodes = words[11].parse().unwrap();
+    (mib, workers, nodes)
+}
