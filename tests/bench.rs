@@ -7,17 +7,19 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_teravm-bench");
 
-/// A file path in a fresh directory under the system temp dir.
-fn temp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("teravm-bench-test-{}", std::process::id()));
+/// A fresh directory under the system temp dir, one per test.
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("teravm-bench-test-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    dir
 }
 
 #[test]
 fn one_gib_run_writes_every_row_and_a_plot() {
-    let csv = temp_path("bench.csv");
-    let svg = temp_path("bench.svg");
+    let dir = temp_dir("rows");
+    let csv = dir.join("bench.csv");
+    let svg = dir.join("bench.svg");
     let out = Command::new(BIN)
         .args([
             "--size-gib",
@@ -68,7 +70,7 @@ fn one_gib_run_writes_every_row_and_a_plot() {
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.starts_with("<svg"));
     assert_eq!(plot.matches("<polyline").count(), 4);
-    let _ = std::fs::remove_dir_all(csv.parent().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -94,4 +96,41 @@ fn vm_is_refused_until_the_api_socket_exists() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--vm"), "{stderr}");
+}
+
+#[test]
+fn a_multi_node_host_gets_per_node_results() {
+    // A fake two-node sysfs tree; the host may lack node 1, so the bench
+    // leaves placement to the kernel, but the executor still runs per node.
+    let dir = temp_dir("nodes");
+    let root = dir.join("sys");
+    for node in 0..2 {
+        let dir = root.join(format!("devices/system/node/node{node}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cpulist"), "0\n").unwrap();
+        std::fs::write(
+            dir.join("meminfo"),
+            format!("Node {node} MemTotal:       4000000 kB\n"),
+        )
+        .unwrap();
+    }
+    std::fs::write(root.join("devices/system/node/online"), "0-1\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["--size-gib", "1", "--runs", "1", "--workers", "1"])
+        .args(["--pages", "thp", "--backing", "anonymous", "--sysfs-root"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("teravm-1 thp anonymous:"))
+        .unwrap_or_else(|| panic!("no per-node line in\n{stdout}"));
+    assert!(
+        line.contains("node 0: ") && line.contains("node 1: "),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

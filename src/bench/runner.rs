@@ -55,6 +55,13 @@ fn populate_workers(args: &Args, topology: &HostTopology) -> u32 {
     })
 }
 
+/// Whether the real host has NUMA node `node` (a host without NUMA
+/// information in sysfs has node 0).
+fn host_has_node(node: u32) -> bool {
+    let dir = Path::new("/sys/devices/system/node");
+    dir.join(format!("node{node}")).is_dir() || (node == 0 && !dir.is_dir())
+}
+
 /// Maps guest memory of `--size-gib` for the case and touches every page.
 pub fn map_populated(case: Case, args: &Args) -> Result<Held, BenchError> {
     let topology = topology(&args.sysfs_root)?;
@@ -69,7 +76,13 @@ pub fn map_populated(case: Case, args: &Args) -> Result<Held, BenchError> {
     let memory = MemoryConfig {
         backing: case.backing,
         host_nodes: None,
-        numa_policy: NumaPolicy::Bind,
+        // Bound to their nodes, unless the topology (a fake sysfs root)
+        // names nodes this host lacks: then placed by the kernel.
+        numa_policy: if topology.nodes.iter().all(|n| host_has_node(n.id)) {
+            NumaPolicy::Bind
+        } else {
+            NumaPolicy::None
+        },
         populate: false,
     };
     let guest = GuestMemory::new(&machine, &memory, &topology).map_err(|e| memory_err("map", e))?;
