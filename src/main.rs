@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use teravm::config::VmConfig;
-use teravm::vmm::{self, VmmOptions, EXIT_ERROR};
+use teravm::vmm::{self, KvmTeardown, VmmOptions, EXIT_ERROR};
 
 /// A minimal KVM VMM for microVMs with very large memory, which frees guest
 /// memory at shutdown with worker threads pinned to each host NUMA node.
@@ -35,6 +35,9 @@ struct Cli {
     /// With an API socket: milliseconds the final state is served after reclaim, before exiting.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     linger_ms: u64,
+    /// When KVM is torn down relative to reclaim (for measuring; the default was measured fastest).
+    #[arg(long, value_enum, default_value_t = KvmTeardown::BeforeReclaim, hide = true)]
+    kvm_teardown: KvmTeardown,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL", default_value = "warn", value_parser = parse_level)]
     log_level: log::LevelFilter,
@@ -73,6 +76,7 @@ fn run(cli: Cli) -> Result<i32, String> {
         serial_file: cli.serial_file,
         linger: Duration::from_millis(cli.linger_ms),
         start_at_once: cli.no_api,
+        kvm_teardown: cli.kvm_teardown,
     };
     vmm::run(config, opts).map_err(|e| e.to_string())
 }
