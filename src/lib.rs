@@ -13,6 +13,7 @@ pub mod api;
 pub mod bench;
 pub mod config;
 pub mod devices;
+pub mod faults;
 pub mod logger;
 pub mod memory;
 pub mod vmm;

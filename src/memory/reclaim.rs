@@ -136,8 +136,22 @@ pub unsafe fn execute(
     topology: &HostTopology,
     progress: &ReclaimProgress,
 ) -> Result<ReclaimReport, ReclaimError> {
+    let fired = std::sync::atomic::AtomicBool::new(false);
+    let panic_once = |_: usize, _: usize| {
+        if !fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            panic!(
+                "injected reclaim worker panic ({})",
+                crate::faults::FAULT_INJECT_ENV
+            );
+        }
+    };
+    let hooks = Hooks {
+        before_free: crate::faults::injected("reclaim-worker-panic")
+            .then_some(&panic_once as &(dyn Fn(usize, usize) + Sync)),
+        ..Hooks::default()
+    };
     // SAFETY: the caller's contract is the same as ours.
-    unsafe { execute_with(ranges, opts, topology, progress, &Hooks::default()) }
+    unsafe { execute_with(ranges, opts, topology, progress, &hooks) }
 }
 
 /// [`execute`] with test hooks.

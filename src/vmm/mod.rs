@@ -27,7 +27,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::api::{ActionResult, ApiRequest, ApiServer, ApiServerError, VmmActionError, VmmData};
 use crate::config::VmConfig;
 use crate::devices::SerialOut;
-use crate::memory::{HostTopology, NumaError, ReclaimOptions, ReclaimProgress, ReclaimReport};
+use crate::memory::{
+    HostTopology, NumaError, ReclaimError, ReclaimOptions, ReclaimProgress, ReclaimReport,
+};
 use crate::vstate::vcpu::VcpuEvent;
 use builder::{start_microvm, MicroVm, SliceInfo, StartError};
 use signals::{signal_name, ShutdownSignals, SignalError};
@@ -149,8 +151,12 @@ pub struct VmmOptions {
     pub kvm_teardown: KvmTeardown,
 }
 
+/// How a reclaim ended: its report (also when it had failures, since the
+/// memory is freed all the same) and its error, if any.
+type ReclaimOutcome = (Option<ReclaimReport>, Option<String>);
+
 struct ReclaimJob {
-    thread: JoinHandle<Result<ReclaimReport, String>>,
+    thread: JoinHandle<ReclaimOutcome>,
 }
 
 /// The VMM of one microVM.
@@ -251,9 +257,13 @@ impl Vmm {
                 KvmTeardown::AfterReclaim => Some(vm),
             };
             let kvm_closed = start.elapsed();
-            let result = memory
-                .reclaim(&opts, &topology, &progress)
-                .map_err(|e| e.to_string());
+            let result = match memory.reclaim(&opts, &topology, &progress) {
+                Ok(report) => (Some(report), None),
+                Err(ReclaimError::Failed { failures, report }) => {
+                    (Some(*report), Some(failures.join("; ")))
+                }
+                Err(e) => (None, Some(e.to_string())),
+            };
             drop(vm);
             log::info!(
                 "teardown ({teardown:?}): {} ms in all, of which {} ms closing KVM before reclaim",
@@ -277,7 +287,7 @@ impl Vmm {
                     "cannot spawn the reclaim thread ({e}); memory was unmapped in one thread"
                 );
                 self.exit_code = self.exit_code.max(EXIT_RECLAIM_FAILED);
-                self.finish(Err(format!("cannot spawn the reclaim thread: {e}")));
+                self.finish((None, Some(format!("cannot spawn the reclaim thread: {e}"))));
             }
         }
     }
@@ -286,29 +296,32 @@ impl Vmm {
         let Some(job) = self.reclaim.take() else {
             return;
         };
-        let result = job
-            .thread
-            .join()
-            .unwrap_or_else(|_| Err("the reclaim thread panicked".to_string()));
-        self.finish(result);
+        let outcome = job.thread.join().unwrap_or_else(|_| {
+            // Guest memory was dropped (unmapped) while the thread unwound.
+            (None, Some("the reclaim thread panicked".to_string()))
+        });
+        self.finish(outcome);
     }
 
-    fn finish(&mut self, result: Result<ReclaimReport, String>) {
-        let reply: ActionResult = match &result {
-            Ok(report) => {
-                println!("{}", report.summary_line());
-                log::info!("{}", report.summary_line());
-                serde_json::to_value(report)
-                    .map(VmmData::Json)
-                    .map_err(|e| VmmActionError::Internal(e.to_string()))
-            }
-            Err(e) => {
-                log::error!("reclaim failed: {e} (the memory was freed by the fallback path)");
+    fn finish(&mut self, (report, error): ReclaimOutcome) {
+        if let Some(report) = &report {
+            println!("{}", report.summary_line());
+            log::info!("{}", report.summary_line());
+        }
+        let reply: ActionResult = match (&report, &error) {
+            (Some(report), None) => serde_json::to_value(report)
+                .map(VmmData::Json)
+                .map_err(|e| VmmActionError::Internal(e.to_string())),
+            (_, Some(e)) => {
+                log::error!("reclaim failed: {e} (what the workers left was freed on the reclaim thread, then unmapped)");
                 if self.exit_code == EXIT_OK {
                     self.exit_code = EXIT_RECLAIM_FAILED;
                 }
                 Err(VmmActionError::Internal(format!("reclaim failed: {e}")))
             }
+            (None, None) => Err(VmmActionError::Internal(
+                "reclaim ended without a report".into(),
+            )),
         };
         for waiter in self.sync_waiters.drain(..) {
             let _ = waiter.send(reply.clone());

@@ -280,7 +280,14 @@ impl VcpuHandle {
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
             .spawn(move || {
-                if let Some(event) = run_loop(index, fd, &bus, &control) {
+                let run = std::panic::AssertUnwindSafe(|| run_loop(index, fd, &bus, &control));
+                let event = std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                    Some(VcpuEvent::Crashed {
+                        index,
+                        reason: "the vCPU thread panicked".into(),
+                    })
+                });
+                if let Some(event) = event {
                     log::debug!("vcpu{index}: {event:?}");
                     // The VMM may already be gone at process exit: nothing to tell.
                     let _ = events.send(event);
@@ -317,14 +324,30 @@ impl VcpuHandle {
     }
 }
 
+/// Clears this thread's `kvm_run` pointer when dropped, on return or on
+/// unwind, before the `VcpuFd` (and its `kvm_run` mapping) goes.
+struct KvmRunGuard;
+
+impl Drop for KvmRunGuard {
+    fn drop(&mut self) {
+        KVM_RUN.with(|run| run.set(std::ptr::null_mut()));
+    }
+}
+
 fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> Option<VcpuEvent> {
     KVM_RUN.with(|run| run.set(fd.get_kvm_run()));
-    let event = loop {
+    // Declared after `fd` is bound (a parameter), so it is dropped first.
+    let _guard = KvmRunGuard;
+    let inject_panic = index == 0 && crate::faults::injected("vcpu-panic");
+    loop {
         if control.stop_requested() {
             break None;
         }
         match fd.run() {
             Ok(exit) => match handle_exit(index, exit, bus) {
+                ExitAction::Continue if inject_panic => {
+                    panic!("injected vCPU panic ({})", crate::faults::FAULT_INJECT_ENV)
+                }
                 ExitAction::Continue => {}
                 ExitAction::Park => control.park(),
                 ExitAction::Stop(event) => break Some(event),
@@ -338,9 +361,7 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
                 })
             }
         }
-    };
-    KVM_RUN.with(|run| run.set(std::ptr::null_mut()));
-    event
+    }
 }
 
 /// Stops all vCPUs: request, kick, join. Returns how many panicked.

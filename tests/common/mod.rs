@@ -98,8 +98,14 @@ pub struct Vmm {
 
 impl Vmm {
     pub fn spawn(args: &[&str]) -> Vmm {
+        Self::spawn_env(args, &[])
+    }
+
+    /// Like `spawn`, with extra environment variables.
+    pub fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Vmm {
         let mut child = Command::new(teravm())
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -199,9 +205,10 @@ pub fn run(args: &[&str], timeout: Duration) -> (i32, Vec<String>, String) {
 
 /// Parses the summary line: (MiB reclaimed, workers, nodes).
 pub fn summary(stdout: &[String]) -> (u64, u32, u32) {
+    // A guest that crashed mid-line leaves its partial line before it.
     let line = stdout
         .iter()
-        .find(|l| l.starts_with("teravm: reclaimed "))
+        .find_map(|l| l.find("teravm: reclaimed ").map(|i| &l[i..]))
         .unwrap_or_else(|| panic!("no summary line in {stdout:?}"));
     let words: Vec<&str> = line.split_whitespace().collect();
     // teravm: reclaimed <MiB> MiB in <ms> ms (<x> GiB/s, <w> workers, <n> nodes)

@@ -1,0 +1,182 @@
+//! Reliability: guest faults, process faults and long runs end with the
+//! memory reclaimed, a clear exit code and log line, and nothing left behind.
+//!
+//! The long runs are in `tests/long_runs.rs`, alone in their binary.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const T: Duration = Duration::from_secs(180);
+
+fn cfg_args(cfg: &std::path::Path) -> Vec<String> {
+    vec![
+        "--config-file".into(),
+        cfg.to_str().unwrap().into(),
+        "--no-api".into(),
+        "--log-level".into(),
+        "info".into(),
+    ]
+}
+
+fn spawn_cfg(json: &str, env: &[(&str, &str)]) -> Vmm {
+    let dir = temp_dir("rel");
+    let cfg = config_file(&dir, json);
+    let args = cfg_args(&cfg);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Vmm::spawn_env(&args, env)
+}
+
+fn touched_mib(line: &str) -> u64 {
+    line.split_whitespace().nth(3).unwrap().parse().unwrap()
+}
+
+#[test]
+fn guest_writing_an_unknown_port_forever_is_logged_once_and_stops() {
+    if !kvm_or_skip("unknown_port_loop") {
+        return;
+    }
+    let mut vmm = spawn_cfg(&config_json(1, 256, "touch=32 fault=ports", ""), &[]);
+    let touched = vmm.wait_line("teravm firmware: touched", T);
+    std::thread::sleep(Duration::from_millis(300));
+    vmm.signal(libc::SIGTERM);
+    let (code, stdout, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stderr.matches("port 0xf70").count(), 1, "{stderr}");
+    let (mib, _, _) = summary(&stdout);
+    assert!(mib * 10 >= touched_mib(&touched) * 9, "{stdout:?}");
+}
+
+#[test]
+fn guest_that_never_touches_memory_shuts_down_with_little_to_free() {
+    if !kvm_or_skip("never_touches") {
+        return;
+    }
+    let vmm = spawn_cfg(&config_json(2, 2048, "touch=0 then=reset", ""), &[]);
+    let (code, stdout, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout
+            .iter()
+            .any(|l| l == "teravm firmware: touched 0 MiB in 0 ms"
+                || l.starts_with("teravm firmware: touched 0 MiB")),
+        "{stdout:?}"
+    );
+    let (mib, _, _) = summary(&stdout);
+    // Only the firmware's own pages (code, stacks, page tables) were touched.
+    assert!(mib <= 16, "reclaimed {mib} MiB of an untouched guest");
+}
+
+#[test]
+fn guest_still_writing_while_shutdown_runs_is_stopped_and_freed() {
+    if !kvm_or_skip("keeps_writing") {
+        return;
+    }
+    let _big = big_memory();
+    let mut vmm = spawn_cfg(
+        &config_json(2, 1024, "touch=all keep=writing then=idle", ""),
+        &[],
+    );
+    let touched = vmm.wait_line("teravm firmware: touched", T);
+    vmm.wait_line("teravm firmware: idle", T);
+    vmm.signal(libc::SIGTERM);
+    let (code, stdout, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+    let (mib, _, _) = summary(&stdout);
+    assert!(
+        mib * 10 >= touched_mib(&touched) * 9,
+        "reclaimed {mib}: {stdout:?}"
+    );
+}
+
+#[test]
+fn sigterm_during_populate_still_shuts_down_cleanly() {
+    if !kvm_or_skip("sigterm_during_populate") {
+        return;
+    }
+    let _big = big_memory();
+    let json = r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 3072, "huge_pages": "None"},
+        "boot-source": {"boot_args": "touch=0 then=idle"},
+        "memory": {"populate": true}}"#;
+    let vmm = spawn_cfg(json, &[]);
+    std::thread::sleep(Duration::from_millis(150));
+    vmm.signal(libc::SIGTERM);
+    let (code, stdout, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "stdout {stdout:?} stderr {stderr}");
+    let (mib, _, _) = summary(&stdout);
+    assert!(
+        mib >= 3000,
+        "reclaimed {mib} MiB of a populated 3 GiB guest: {stderr}"
+    );
+}
+
+#[test]
+fn second_sigterm_does_not_abort_reclaim() {
+    if !kvm_or_skip("second_sigterm") {
+        return;
+    }
+    let _big = big_memory();
+    let json = r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 3072, "huge_pages": "None"},
+        "boot-source": {"boot_args": "touch=0 then=idle"},
+        "memory": {"populate": true},
+        "reclaim": {"workers_per_node": 1, "chunk_mib": 16}}"#;
+    let mut vmm = spawn_cfg(json, &[]);
+    vmm.wait_line("teravm firmware: idle", T);
+    vmm.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(40));
+    vmm.signal(libc::SIGTERM);
+    vmm.signal(libc::SIGINT);
+    let (code, stdout, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+    let (mib, _, _) = summary(&stdout);
+    assert!(mib >= 3000, "reclaimed only {mib} MiB: {stderr}");
+    assert!(
+        stderr.contains("received while Reclaiming") || stderr.contains("received after reclaim"),
+        "the second signal was not seen during or after reclaim: {stderr}"
+    );
+}
+
+#[test]
+fn panicking_reclaim_worker_still_frees_everything() {
+    if !kvm_or_skip("reclaim_worker_panic") {
+        return;
+    }
+    let _big = big_memory();
+    let json = r#"{"machine-config": {"vcpu_count": 2, "mem_size_mib": 2048},
+        "boot-source": {"boot_args": "touch=all then=reset"},
+        "reclaim": {"workers_per_node": 2, "chunk_mib": 64, "parallel_threshold_mib": 0}}"#;
+    let vmm = spawn_cfg(json, &[("TERAVM_FAULT_INJECT", "reclaim-worker-panic")]);
+    let (code, stdout, stderr) = vmm.wait(T);
+    assert_eq!(code, 4, "stdout {stdout:?} stderr {stderr}");
+    assert!(stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("freeing 1 chunk(s) left by failed workers"),
+        "{stderr}"
+    );
+    let touched = stdout.iter().find(|l| l.contains("touched")).unwrap();
+    let (mib, _, _) = summary(&stdout);
+    assert!(
+        mib * 10 >= touched_mib(touched) * 9,
+        "reclaimed {mib}: {stdout:?}"
+    );
+}
+
+#[test]
+fn panicking_vcpu_is_a_crash_and_memory_is_freed() {
+    if !kvm_or_skip("vcpu_panic") {
+        return;
+    }
+    let vmm = spawn_cfg(
+        &config_json(2, 256, "touch=64 then=idle", ""),
+        &[("TERAVM_FAULT_INJECT", "vcpu-panic")],
+    );
+    let (code, stdout, stderr) = vmm.wait(T);
+    assert_eq!(code, 3, "{stderr}");
+    assert!(
+        stderr.contains("vcpu0: the vCPU thread panicked"),
+        "{stderr}"
+    );
+    summary(&stdout);
+}
