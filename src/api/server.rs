@@ -119,6 +119,8 @@ struct Shared {
     wake: EventFd,
     stop: EventFd,
     live: AtomicUsize,
+    /// Requests handed to the VMM whose reply is not written yet.
+    in_flight: Arc<AtomicUsize>,
     limits: ServerLimits,
 }
 
@@ -129,6 +131,7 @@ pub struct ApiServer {
     /// Device and inode of the socket file, to remove only our own.
     file_id: (u64, u64),
     stop: Arc<EventFd>,
+    in_flight: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -163,11 +166,13 @@ impl ApiServer {
         let listener = bind_listener(path)?;
         let meta = fs::symlink_metadata(path).map_err(bind_err)?;
         let file_id = (meta.dev(), meta.ino());
+        let in_flight = Arc::new(AtomicUsize::new(0));
         let shared = Arc::new(Shared {
             to_vmm,
             wake,
             stop,
             live: AtomicUsize::new(0),
+            in_flight: Arc::clone(&in_flight),
             limits,
         });
         let thread = thread::Builder::new()
@@ -184,6 +189,7 @@ impl ApiServer {
             path: path.to_path_buf(),
             file_id,
             stop: stop_handle,
+            in_flight,
             thread: Some(thread),
         })
     }
@@ -202,6 +208,14 @@ impl Drop for ApiServer {
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // Let replies the VMM has already given be written (e.g. the answer
+        // to a sync Shutdown when the process exits with no linger), or the
+        // process would exit with the connection thread still holding them.
+        // Requests the VMM never took get 503 once its receiver is dropped.
+        let deadline = Instant::now() + IN_FLIGHT_GRACE;
+        while self.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
         }
         // Remove the socket only if it is still the one we bound.
         if let Ok(m) = fs::symlink_metadata(&self.path) {
@@ -419,6 +433,9 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
     }
 }
 
+/// How long dropping the server waits for replies under way to be written.
+const IN_FLIGHT_GRACE: Duration = Duration::from_secs(2);
+
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 fn serve_connection(mut stream: UnixStream, shared: &Shared) {
@@ -440,9 +457,12 @@ fn serve_connection(mut stream: UnixStream, shared: &Shared) {
             Ok(Parsed::Complete { request, consumed }) => {
                 buf.drain(..consumed);
                 sent_continue = false;
+                shared.in_flight.fetch_add(1, Ordering::SeqCst);
                 let mut response = shared.handle(&request);
                 response.close |= !request.keep_alive;
-                if stream.write_all(&response.to_bytes()).is_err() || response.close {
+                let written = stream.write_all(&response.to_bytes());
+                shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+                if written.is_err() || response.close {
                     return;
                 }
                 idle_since = Instant::now();

@@ -176,6 +176,26 @@ fn check_vm() -> BenchError {
     }
 }
 
+/// clap's error text on one line: its first line, plus the possible values
+/// when it lists them.
+fn one_line(text: &str) -> String {
+    let mut line = text
+        .lines()
+        .next()
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ")
+        .to_string();
+    if let Some(values) = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("[possible values:"))
+    {
+        line.push(' ');
+        line.push_str(values);
+    }
+    line
+}
+
 /// Parses the command line and runs the benchmark (or the `exit` child);
 /// errors are printed as one line on stderr.
 pub fn main_with<I, T>(args: I) -> ExitCode
@@ -191,9 +211,7 @@ where
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!("teravm-bench: {}", first.trim_start_matches("error: "));
+            eprintln!("teravm-bench: {}", one_line(&e.to_string()));
             return ExitCode::from(1);
         }
     };
@@ -274,6 +292,15 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn clap_errors_fit_on_one_line() {
+        let e = Args::try_parse_from(["b", "--pages", "x"]).unwrap_err();
+        let line = one_line(&e.to_string());
+        assert!(!line.contains('\n'));
+        assert!(line.starts_with("invalid value 'x' for '--pages"), "{line}");
+        assert!(line.ends_with("[possible values: 4k, thp]"), "{line}");
     }
 
     #[test]

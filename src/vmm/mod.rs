@@ -496,6 +496,10 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         }
     }
     let code = vmm.lock().unwrap_or_else(|p| p.into_inner()).exit_code;
+    // The VMM first, so that requests it never took are answered 503 at
+    // once; then the server, which waits for replies under way to be written.
+    drop(manager);
+    drop(vmm);
     drop(api);
     Ok(code)
 }

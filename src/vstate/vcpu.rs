@@ -177,18 +177,23 @@ impl VcpuControl {
         self.wake.notify_all();
     }
 
-    fn park(&self) {
+    /// Parks until a wake this vCPU has not seen yet (`seen` is the wake
+    /// generation it saw last, updated here) or a stop. A wake that came
+    /// while the vCPU was running (e.g. a Ctrl-Alt-Del sent while the
+    /// firmware was busy) makes the next park return at once, so the guest
+    /// looks at its devices again instead of sleeping on a lost wakeup.
+    fn park(&self, seen: &mut u64) {
         let mut generation = self
             .wake_generation
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let start = *generation;
-        while !self.stop_requested() && *generation == start {
+        while !self.stop_requested() && *generation == *seen {
             generation = self
                 .wake
                 .wait(generation)
                 .unwrap_or_else(|p| p.into_inner());
         }
+        *seen = *generation;
     }
 }
 
@@ -339,6 +344,7 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
     // Declared after `fd` is bound (a parameter), so it is dropped first.
     let _guard = KvmRunGuard;
     let inject_panic = index == 0 && crate::faults::injected("vcpu-panic");
+    let mut seen_wake = 0;
     loop {
         if control.stop_requested() {
             break None;
@@ -349,7 +355,7 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
                     panic!("injected vCPU panic ({})", crate::faults::FAULT_INJECT_ENV)
                 }
                 ExitAction::Continue => {}
-                ExitAction::Park => control.park(),
+                ExitAction::Park => control.park(&mut seen_wake),
                 ExitAction::Stop(event) => break Some(event),
             },
             Err(e) if e.errno() == libc::EINTR => fd.set_kvm_immediate_exit(0),
@@ -452,18 +458,37 @@ mod tests {
     fn park_returns_on_wake_and_stop() {
         let control = Arc::new(VcpuControl::new());
         let c = control.clone();
-        let t = std::thread::spawn(move || c.park());
+        let t = std::thread::spawn(move || {
+            let mut seen = 0;
+            c.park(&mut seen);
+            seen
+        });
         std::thread::sleep(std::time::Duration::from_millis(20));
         control.wake_all();
-        t.join().unwrap();
+        assert_eq!(t.join().unwrap(), 1);
         let c = control.clone();
         let t = std::thread::spawn(move || {
-            c.park();
-            c.park();
+            let mut seen = 1;
+            c.park(&mut seen);
+            c.park(&mut seen);
         });
         std::thread::sleep(std::time::Duration::from_millis(20));
         control.request_stop();
         t.join().unwrap();
         assert!(control.stop_requested());
+    }
+
+    #[test]
+    fn a_wake_before_the_park_is_not_lost() {
+        let control = VcpuControl::new();
+        let mut seen = 0;
+        // Woken while running (e.g. Ctrl-Alt-Del while the firmware was busy).
+        control.wake_all();
+        control.park(&mut seen); // returns at once
+        assert_eq!(seen, 1);
+        control.wake_all();
+        control.wake_all();
+        control.park(&mut seen);
+        assert_eq!(seen, 3);
     }
 }

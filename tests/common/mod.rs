@@ -93,7 +93,7 @@ pub struct Vmm {
     pub child: Child,
     lines: Receiver<String>,
     pub stdout: Vec<String>,
-    stderr: std::thread::JoinHandle<String>,
+    stderr: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Vmm {
@@ -103,9 +103,15 @@ impl Vmm {
 
     /// Like `spawn`, with extra environment variables.
     pub fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Vmm {
-        let mut child = Command::new(teravm())
-            .args(args)
-            .envs(env.iter().copied())
+        let mut cmd = Command::new(teravm());
+        cmd.args(args).envs(env.iter().copied());
+        Vmm::spawn_command(cmd)
+    }
+
+    /// Spawns `cmd` (which must end up exec'ing teravm in the same process,
+    /// e.g. `sh -c 'umask 0; exec teravm ...'`) with its output captured.
+    pub fn spawn_command(mut cmd: Command) -> Vmm {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -130,7 +136,7 @@ impl Vmm {
             child,
             lines,
             stdout: Vec::new(),
-            stderr,
+            stderr: Some(stderr),
         }
     }
 
@@ -193,8 +199,45 @@ impl Vmm {
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
             self.stdout.push(line);
         }
-        let stderr = self.stderr.join().unwrap();
-        (status.code().unwrap_or(-1), self.stdout, stderr)
+        let stderr = self
+            .stderr
+            .take()
+            .map(|t| t.join().unwrap())
+            .unwrap_or_default();
+        (
+            status.code().unwrap_or(-1),
+            std::mem::take(&mut self.stdout),
+            stderr,
+        )
+    }
+}
+
+impl Drop for Vmm {
+    /// A test that fails midway must not leave a teravm (and its guest
+    /// memory) behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits until the API on `sock` answers `GET /`; panics after `timeout`.
+pub fn wait_for_api(sock: &Path, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match teravm::api::client::request(sock, "GET", "/", None) {
+            Ok((200, _)) => return,
+            Ok((status, body)) => panic!("GET / answered {status}: {body}"),
+            Err(e) if Instant::now() > deadline => {
+                panic!(
+                    "the API on {} did not answer within {timeout:?}: {e}",
+                    sock.display()
+                )
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
     }
 }
 
