@@ -367,7 +367,9 @@ impl VmConfig {
     pub fn from_json(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let config: VmConfig = serde_json::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            // serde quotes an unknown field or variant as written, and a JSON
+            // string may hold an escaped newline: keep the error one line.
+            reason: e.to_string().replace(['\r', '\n'], " "),
         })?;
         config.validate()?;
         Ok(config)
@@ -510,6 +512,15 @@ mod tests {
     fn errors_are_one_line() {
         let e = parse("{\n\"machine-config\": [1,\n2]}").unwrap_err();
         assert!(!e.to_string().contains('\n'), "{e}");
+        // Found by fuzzing (config_file): serde echoes an unknown variant or
+        // field name as written, so an escaped newline in it made a
+        // multi-line error.
+        let e = parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "Tr\nsparent"}}"#)
+            .unwrap_err();
+        assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+        assert!(!e.to_string().contains(['\r', '\n']), "{e}");
+        let e = parse("{\"reclaim\": {\"a\\r\\nb\": 1}}").unwrap_err();
+        assert!(e.to_string().contains("unknown field `a  b`"), "{e}");
         let e = VmConfig::from_file(Path::new("/nonexistent/teravm.json")).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }));
         assert!(!e.to_string().contains('\n'));

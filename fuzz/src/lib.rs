@@ -1,0 +1,84 @@
+//! Checks shared by the fuzz targets: what must hold of every answer of
+//! `teravm::api::routing::route`, beyond "it did not panic".
+
+use teravm::api::routing::{route, RouteError};
+use teravm::api::{ReclaimMode, VmmAction};
+
+/// The resources that take a `PUT` body, in the order `api_body` picks them.
+pub const PUT_PATHS: [&str; 5] = [
+    "/machine-config",
+    "/boot-source",
+    "/memory",
+    "/reclaim",
+    "/actions",
+];
+
+/// Calls `route` and checks its answer:
+/// - an error maps to 400, 404 or 405, and a body error is one line;
+/// - an action is the one the method and path name, its config validates,
+///   and the config serialized back to JSON routes to the same action.
+pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
+    match route(method, path, body) {
+        Err(e) => {
+            let status = e.status();
+            assert!(matches!(status, 400 | 404 | 405), "{e:?} -> {status}");
+            if let RouteError::BadBody(msg) = &e {
+                assert!(
+                    !msg.contains(['\r', '\n']),
+                    "a body error is not one line: {msg:?}"
+                );
+            }
+            if let RouteError::MethodNotAllowed { allow, .. } = &e {
+                assert!(!allow.split(", ").any(|m| m == method), "{e:?}");
+            }
+        }
+        Ok(action) => {
+            let resent = match (&action, method, path) {
+                (VmmAction::GetInstanceInfo, "GET", "/")
+                | (VmmAction::GetMachineConfig, "GET", "/machine-config")
+                | (VmmAction::GetMemory, "GET", "/memory")
+                | (VmmAction::GetReclaim, "GET", "/reclaim")
+                | (VmmAction::GetVmConfig, "GET", "/vm/config") => {
+                    assert!(body.is_empty(), "GET with a body: {action:?}");
+                    return;
+                }
+                (VmmAction::PutMachineConfig(c), "PUT", "/machine-config") => {
+                    c.validate().expect("routed machine-config validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PutBootSource(c), "PUT", "/boot-source") => {
+                    c.validate().expect("routed boot-source validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PutMemory(c), "PUT", "/memory") => {
+                    c.validate().expect("routed memory validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PutReclaim(c), "PUT", "/reclaim") => {
+                    c.validate().expect("routed reclaim validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::InstanceStart, "PUT", "/actions") => {
+                    br#"{"action_type":"InstanceStart"}"#.to_vec()
+                }
+                (VmmAction::SendCtrlAltDel, "PUT", "/actions") => {
+                    br#"{"action_type":"SendCtrlAltDel"}"#.to_vec()
+                }
+                (VmmAction::Shutdown(mode), "PUT", "/actions") => {
+                    let mode = match mode {
+                        ReclaimMode::Sync => "sync",
+                        ReclaimMode::Async => "async",
+                    };
+                    format!(r#"{{"action_type":"Shutdown","reclaim":"{mode}"}}"#).into_bytes()
+                }
+                _ => panic!("{method} {path} routed to {action:?}"),
+            };
+            assert_eq!(
+                route(method, path, &resent).as_ref(),
+                Ok(&action),
+                "the action's own JSON does not route back to it: {}",
+                String::from_utf8_lossy(&resent)
+            );
+        }
+    }
+}
