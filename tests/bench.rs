@@ -91,11 +91,53 @@ fn bad_input_is_one_line_and_exit_1() {
 }
 
 #[test]
-fn vm_is_refused_until_the_api_socket_exists() {
-    let out = Command::new(BIN).args(["--vm"]).output().unwrap();
+fn vm_runs_a_real_microvm_killed_and_shut_down() {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        eprintln!("SKIPPED vm_runs_a_real_microvm: /dev/kvm is not usable here ({e})");
+        return;
+    }
+    let dir = temp_dir("vm");
+    let csv = dir.join("bench.csv");
+    let out = Command::new(BIN)
+        .args([
+            "--size-gib",
+            "1",
+            "--runs",
+            "1",
+            "--workers",
+            "2",
+            "--pages",
+            "thp",
+            "--backing",
+            "anonymous",
+            "--vm",
+            "--csv",
+        ])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--vm"), "{stderr}");
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    for method in ["vm-kill", "vm-teravm-2"] {
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{method},thp,anonymous,1,")))
+            .unwrap_or_else(|| panic!("no {method} row in {text}"));
+        let seconds: f64 = row.rsplit(',').next().unwrap().parse().unwrap();
+        assert!(seconds > 0.0, "{row}");
+    }
+    let table_row = stdout
+        .lines()
+        .find(|l| l.starts_with("vm-teravm-2"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    // Compared with the same microVM killed, from the same run.
+    assert!(table_row.trim_end().ends_with('x'), "{table_row}");
 }
 
 #[test]

@@ -146,36 +146,6 @@ pub fn read_mem_available(path: &Path) -> Result<u64, BenchError> {
     parse_mem_available(&text).ok_or_else(|| err("no MemAvailable line".into()))
 }
 
-/// Whether `teravm --help` lists `--api-sock` as a working option (listed,
-/// and not marked as not built or not yet working).
-pub fn api_sock_listed(help: &str) -> bool {
-    help.lines().any(|l| {
-        let lower = l.to_ascii_lowercase();
-        l.contains("--api-sock") && !lower.contains("not built") && !lower.contains("not yet")
-    })
-}
-
-/// The answer to `--vm`: the end-to-end case needs teravm's API socket.
-fn check_vm() -> BenchError {
-    let teravm = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join("teravm")));
-    let help = teravm.and_then(|p| {
-        std::process::Command::new(p)
-            .arg("--help")
-            .output()
-            .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-    });
-    if help.as_deref().is_some_and(api_sock_listed) {
-        BenchError::VmUnavailable(
-            "--vm: teravm has --api-sock, but teravm-bench does not drive a microVM yet".into(),
-        )
-    } else {
-        BenchError::VmUnavailable("--vm needs the API socket, which is not built yet".into())
-    }
-}
-
 /// clap's error text on one line: its first line, plus the possible values
 /// when it lists them.
 fn one_line(text: &str) -> String {
@@ -218,8 +188,6 @@ where
     let result = args.validate().and_then(|()| {
         if args.exit_child {
             super::child::child_main(&args)
-        } else if args.vm {
-            Err(check_vm())
         } else {
             let available = read_mem_available(Path::new("/proc/meminfo"))?;
             check_size(args.size_gib, available)?;
@@ -320,18 +288,5 @@ mod tests {
         assert!(err.contains("--size-gib 22 is too large"), "{err}");
         assert!(check_size(1, 1 << 30).is_err());
         assert!(check_size(u64::MAX, avail).is_err());
-    }
-
-    #[test]
-    fn api_sock_is_recognised_only_when_working() {
-        assert!(!api_sock_listed(
-            "Usage: teravm [OPTIONS]\n  --config-file <F>\n"
-        ));
-        assert!(!api_sock_listed(
-            "  --api-sock <PATH>  API socket (not built yet)\n"
-        ));
-        assert!(api_sock_listed(
-            "  --api-sock <PATH>  Path of the API socket\n"
-        ));
     }
 }

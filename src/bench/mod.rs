@@ -6,7 +6,9 @@
 //! - `munmap`: one thread unmaps the region (what a VMM's `Drop` does);
 //! - `exit`: a child process holding the memory is killed with `SIGKILL`,
 //!   timed from the kill until `waitpid` returns;
-//! - `teravm-<w>`: teravm's parallel reclaim with `w` workers per node.
+//! - `teravm-<w>`: teravm's parallel reclaim with `w` workers per node;
+//! - with `--vm`, end to end: `vm-kill` (a microVM killed with `SIGKILL`) and
+//!   `vm-teravm-<w>` (the same microVM shut down through teravm's API).
 //!
 //! The methods alternate run by run so that drift hits them all alike. The
 //! module owns the command line ([`cli`]), the statistics ([`stats`]), the
@@ -22,6 +24,7 @@ pub mod report;
 pub mod runner;
 pub mod stats;
 pub mod svg;
+pub mod vm;
 
 use std::fmt;
 
@@ -74,9 +77,12 @@ pub enum BenchError {
         /// Why.
         source: std::io::Error,
     },
-    /// `--vm` was given but the teravm API socket is not there yet.
+    /// `--vm` cannot run here (no teravm binary, no /dev/kvm).
     #[error("{0}")]
     VmUnavailable(String),
+    /// A `--vm` run failed.
+    #[error("--vm: {0}")]
+    Vm(String),
 }
 
 impl BenchError {
@@ -145,20 +151,25 @@ pub enum Method {
     Exit,
     /// teravm's reclaim executor with this many workers per node, then unmap.
     Teravm(u32),
+    /// `--vm`: a teravm microVM killed with `SIGKILL`, timed until `waitpid`.
+    VmKill,
+    /// `--vm`: a teravm microVM shut down through its API (sync), with `w`
+    /// workers per node, timed until the reply.
+    VmShutdown(u32),
 }
 
 impl Method {
     /// Worker threads per node the method uses (1 for the baselines).
     pub fn workers(self) -> u32 {
         match self {
-            Method::Munmap | Method::Exit => 1,
-            Method::Teravm(w) => w,
+            Method::Munmap | Method::Exit | Method::VmKill => 1,
+            Method::Teravm(w) | Method::VmShutdown(w) => w,
         }
     }
 
     /// Whether this is one of the baselines.
     pub fn is_baseline(self) -> bool {
-        !matches!(self, Method::Teravm(_))
+        !matches!(self, Method::Teravm(_) | Method::VmShutdown(_))
     }
 }
 
@@ -168,6 +179,8 @@ impl fmt::Display for Method {
             Method::Munmap => f.write_str("munmap"),
             Method::Exit => f.write_str("exit"),
             Method::Teravm(w) => write!(f, "teravm-{w}"),
+            Method::VmKill => f.write_str("vm-kill"),
+            Method::VmShutdown(w) => write!(f, "vm-teravm-{w}"),
         }
     }
 }

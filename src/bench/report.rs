@@ -82,7 +82,13 @@ pub fn rows(samples: &[Sample]) -> Vec<Row> {
         };
         let munmap = summary_of(Method::Munmap).map(|s| s.median_s);
         let exit = summary_of(Method::Exit).map(|s| s.median_s);
+        // A microVM's "exit" baseline is the same microVM killed.
+        let vm_kill = summary_of(Method::VmKill).map(|s| s.median_s);
         for method in methods {
+            let exit = match method {
+                Method::VmKill | Method::VmShutdown(_) => vm_kill,
+                _ => exit,
+            };
             let Some(summary) = summary_of(method) else {
                 continue;
             };
@@ -125,7 +131,7 @@ pub fn table(rows: &[Row]) -> String {
     let mut lines: Vec<[String; 10]> = Vec::with_capacity(rows.len());
     for r in rows {
         let workers = match r.method {
-            Method::Exit => "-".to_string(),
+            Method::Exit | Method::VmKill => "-".to_string(),
             m => m.workers().to_string(),
         };
         lines.push([

@@ -57,7 +57,7 @@ fn populate_workers(args: &Args, topology: &HostTopology) -> u32 {
 
 /// Whether the real host has NUMA node `node` (a host without NUMA
 /// information in sysfs has node 0).
-fn host_has_node(node: u32) -> bool {
+pub(crate) fn host_has_node(node: u32) -> bool {
     let dir = Path::new("/sys/devices/system/node");
     dir.join(format!("node{node}")).is_dir() || (node == 0 && !dir.is_dir())
 }
@@ -137,6 +137,9 @@ fn measure(
                 .collect();
             Ok((seconds, nodes))
         }
+        Method::VmKill | Method::VmShutdown(_) => Err(BenchError::Vm(format!(
+            "{method} is measured by the --vm runner"
+        ))),
     }
 }
 
@@ -218,6 +221,32 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     seconds,
                 });
                 node_times.extend(nodes.into_iter().map(|n| (case, method, n)));
+            }
+        }
+    }
+    if args.vm {
+        let teravm = super::vm::teravm_binary()?;
+        let bind = host.nodes.iter().all(|n| host_has_node(n.id));
+        let vm_methods = super::vm::vm_methods(&args.workers);
+        progress.total += cases.len() * args.runs as usize * vm_methods.len();
+        for &case in &cases {
+            for run in 1..=args.runs {
+                for &method in &vm_methods {
+                    progress.show(&format!(
+                        "{case}, {} GiB microVM, run {run}/{}: {method}",
+                        args.size_gib, args.runs
+                    ));
+                    let seconds = super::vm::measure_vm(method, case, args, &teravm, bind)?;
+                    progress.done += 1;
+                    samples.push(Sample {
+                        case,
+                        method,
+                        size_gib: args.size_gib,
+                        chunk_mib: (!method.is_baseline()).then_some(args.chunk_mib),
+                        run,
+                        seconds,
+                    });
+                }
             }
         }
     }
