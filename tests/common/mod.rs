@@ -4,6 +4,8 @@
 //! runs test binaries one after another, so one lock per binary suffices).
 #![allow(dead_code)]
 
+pub mod api;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,104 @@
+//! Helpers of the API integration tests (`tests/api.rs`, `tests/api_process.rs`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use teravm::api::client::request;
+
+use super::*;
+
+pub const T: Duration = Duration::from_secs(60);
+pub const MIB: u64 = 1 << 20;
+
+/// Starts teravm with an API socket in a fresh temp dir; returns once the
+/// API answers.
+pub fn start_api(name: &str, extra: &[&str]) -> (Vmm, PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    let sock = dir.join("api.sock");
+    let mut args = vec!["--api-sock", sock.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let vmm = Vmm::spawn(&args);
+    wait_for_api(&sock, T);
+    (vmm, sock, dir)
+}
+
+/// Starts teravm configured from `json` (not started yet).
+pub fn start_configured(name: &str, json: &str, extra: &[&str]) -> (Vmm, PathBuf) {
+    let dir = temp_dir(name);
+    let cfg = config_file(&dir, json);
+    let sock = dir.join("api.sock");
+    let mut args = vec![
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--config-file",
+        cfg.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let vmm = Vmm::spawn(&args);
+    wait_for_api(&sock, T);
+    (vmm, sock)
+}
+
+pub fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body:?}"))
+}
+
+/// `GET path`, expecting 200 and a JSON body.
+pub fn get(sock: &Path, path: &str) -> Value {
+    let (status, body) = request(sock, "GET", path, None).unwrap();
+    assert_eq!(status, 200, "GET {path}: {body}");
+    json(&body)
+}
+
+pub fn put(sock: &Path, path: &str, body: &str) -> (u16, String) {
+    request(sock, "PUT", path, Some(body)).unwrap()
+}
+
+/// `PUT path` expecting 204 and no body.
+pub fn put_ok(sock: &Path, path: &str, body: &str) {
+    let (status, reply) = put(sock, path, body);
+    assert_eq!(status, 204, "PUT {path} {body}: {reply}");
+    assert!(reply.is_empty(), "204 with a body: {reply:?}");
+}
+
+pub fn action(sock: &Path, body: &str) -> (u16, String) {
+    put(sock, "/actions", body)
+}
+
+pub fn state(sock: &Path) -> String {
+    get(sock, "/")["state"].as_str().unwrap().to_string()
+}
+
+/// A 400 whose `fault_message` contains `needle`.
+pub fn assert_fault(status: u16, body: &str, code: u16, needle: &str) {
+    assert_eq!(status, code, "{body}");
+    let msg = json(body)["fault_message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no fault_message in {body}"))
+        .to_string();
+    assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+}
+
+/// The N of the firmware's `touched N MiB in ...` line, in bytes.
+pub fn touched_bytes(line: &str) -> u64 {
+    let mib: u64 = line
+        .strip_prefix("teravm firmware: touched ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a touched line: {line:?}"));
+    mib * MIB
+}
+
+pub fn u(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no number {key} in {v}"))
+}
+
+/// Waits for exit 0 and returns stdout.
+pub fn exits_ok(vmm: Vmm) -> Vec<String> {
+    let (code, stdout, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "stdout {stdout:?} stderr {stderr}");
+    stdout
+}
