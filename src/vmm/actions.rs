@@ -4,6 +4,8 @@
 
 use serde_json::{json, Value};
 
+use crate::memory::{NodeReport, ReclaimReport, ReclaimState};
+
 use super::{ShutdownReason, VmState, Vmm};
 use crate::api::{ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData};
 
@@ -81,7 +83,7 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutMemory(_) => refused("changing the memory configuration", state),
-            VmmAction::GetReclaim => to_json(&self.progress.snapshot()),
+            VmmAction::GetReclaim => to_json(&self.reclaim_report()),
             VmmAction::PutReclaim(r) if matches!(state, VmState::NotStarted | VmState::Running) => {
                 self.config.reclaim = r;
                 Ok(VmmData::Empty)
@@ -105,12 +107,14 @@ impl Vmm {
                 _ => refused("SendCtrlAltDel", state),
             },
             VmmAction::Shutdown(mode) if state == VmState::Running => {
-                let plan = self.reclaim_plan();
                 self.begin_shutdown(ShutdownReason::Api);
+                let report = self.reclaim_report();
                 match mode {
-                    ReclaimMode::Async => Ok(VmmData::Accepted(plan)),
+                    ReclaimMode::Async => serde_json::to_value(&report)
+                        .map(VmmData::Accepted)
+                        .map_err(|e| VmmActionError::Internal(e.to_string())),
                     // Handled in `handle_request`; kept total for safety.
-                    ReclaimMode::Sync => to_json(&self.progress.snapshot()),
+                    ReclaimMode::Sync => to_json(&report),
                 }
             }
             VmmAction::Shutdown(_) => refused("Shutdown", state),
@@ -118,24 +122,61 @@ impl Vmm {
         }
     }
 
-    /// What a reclaim of the running microVM will do: the async `Shutdown` reply.
-    fn reclaim_plan(&self) -> Value {
-        let mut nodes: Vec<u32> = self.slices.iter().map(|s| s.host_node).collect();
-        nodes.sort_unstable();
-        nodes.dedup();
-        let address_bytes: u64 = self.slices.iter().map(|s| s.size_bytes).sum();
+    /// What a reclaim of the microVM will do, as a report of nothing done
+    /// yet: the async `Shutdown` reply, and `GET /reclaim` between the
+    /// shutdown and the start of the executor (while the vCPUs stop and KVM
+    /// closes). The executor's own numbers take over once it begins.
+    pub(super) fn planned_report(&self) -> ReclaimReport {
+        let mut nodes: Vec<NodeReport> = Vec::new();
+        for s in &self.slices {
+            match nodes.iter_mut().find(|n| n.node == s.host_node) {
+                Some(n) => n.address_bytes += s.size_bytes,
+                None => nodes.push(NodeReport {
+                    node: s.host_node,
+                    address_bytes: s.size_bytes,
+                    address_bytes_done: 0,
+                    resident_bytes_freed: 0,
+                    workers: 0,
+                    elapsed_ms: 0,
+                }),
+            }
+        }
+        nodes.sort_by_key(|n| n.node);
+        let address_bytes: u64 = nodes.iter().map(|n| n.address_bytes).sum();
         let reclaim = &self.config.reclaim;
-        let workers = if address_bytes < reclaim.parallel_threshold_mib << 20 {
-            1
+        let parallel = address_bytes >= reclaim.parallel_threshold_mib << 20;
+        for n in &mut nodes {
+            n.workers = if parallel {
+                reclaim.workers_per_node
+            } else {
+                0
+            };
+        }
+        if let (false, Some(first)) = (parallel, nodes.first_mut()) {
+            first.workers = 1;
+        }
+        // The executor's clock has not started: elapsed counts from it.
+        ReclaimReport {
+            state: ReclaimState::Running,
+            elapsed_ms: 0,
+            elapsed_us: 0,
+            address_bytes,
+            address_bytes_done: 0,
+            resident_bytes_freed: 0,
+            workers: nodes.iter().map(|n| n.workers).sum(),
+            nodes,
+        }
+    }
+
+    /// `GET /reclaim`: the executor's progress, or the plan while it has not
+    /// begun yet during a shutdown.
+    fn reclaim_report(&self) -> ReclaimReport {
+        let report = self.progress.snapshot();
+        let shutting_down = matches!(self.state, VmState::ShuttingDown | VmState::Reclaiming);
+        if report.state == ReclaimState::Idle && shutting_down {
+            self.planned_report()
         } else {
-            reclaim.workers_per_node as usize * nodes.len()
-        };
-        json!({
-            "state": "running",
-            "address_bytes": address_bytes,
-            "nodes": nodes,
-            "workers": workers,
-            "chunk_mib": reclaim.chunk_mib,
-        })
+            report
+        }
     }
 }

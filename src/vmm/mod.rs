@@ -48,7 +48,9 @@ pub const EXIT_RECLAIM_FAILED: i32 = 4;
 /// through KVM's MMU notifier, which zaps the range's shadow/EPT entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum KvmTeardown {
-    /// Close the VM fd first, then free memory (measured faster: see CHANGELOG).
+    /// Close the VM fd first, then free memory: measured ~4x faster for a
+    /// 1 TiB sparse guest (each `madvise` otherwise walks the memslot in KVM's
+    /// MMU notifier) and equal for a 4 GiB one; see CHANGELOG.
     #[default]
     BeforeReclaim,
     /// Free memory with the VM still alive, then close it.
