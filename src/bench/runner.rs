@@ -4,7 +4,7 @@
 //! results, the CSV and the SVG.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::child::{child_args, ExitChild};
@@ -92,13 +92,21 @@ pub fn map_populated(case: Case, args: &Args) -> Result<Held, BenchError> {
     Ok(Held { guest, topology })
 }
 
+/// The binaries a run needs: the bench itself (the `exit` child) and, with
+/// `--vm`, teravm and whether its microVMs bind memory to host nodes.
+struct Binaries {
+    exe: PathBuf,
+    teravm: Option<(PathBuf, bool)>,
+}
+
 /// One timed run of `method`: seconds, and per node for teravm.
 fn measure(
     method: Method,
     case: Case,
     args: &Args,
-    exe: &Path,
+    bins: &Binaries,
 ) -> Result<(f64, Vec<NodeTime>), BenchError> {
+    let exe = bins.exe.as_path();
     match method {
         Method::Exit => {
             let child = ExitChild::spawn(exe, &child_args(case, args))?;
@@ -137,9 +145,14 @@ fn measure(
                 .collect();
             Ok((seconds, nodes))
         }
-        Method::VmKill | Method::VmShutdown(_) => Err(BenchError::Vm(format!(
-            "{method} is measured by the --vm runner"
-        ))),
+        Method::VmKill | Method::VmShutdown(_) => {
+            let (teravm, bind) = bins
+                .teravm
+                .as_ref()
+                .ok_or_else(|| BenchError::Vm(format!("{method} needs --vm")))?;
+            let seconds = super::vm::measure_vm(method, case, args, teravm, *bind)?;
+            Ok((seconds, Vec::new()))
+        }
     }
 }
 
@@ -194,7 +207,13 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let host = topology(&args.sysfs_root)?;
     let exe = std::env::current_exe()
         .map_err(|e| BenchError::Child(format!("cannot find the bench binary: {e}")))?;
-    let methods = methods(&args.workers);
+    let mut methods = methods(&args.workers);
+    let mut bins = Binaries { exe, teravm: None };
+    if args.vm {
+        let bind = host.nodes.iter().all(|n| host_has_node(n.id));
+        bins.teravm = Some((super::vm::teravm_binary()?, bind));
+        methods.extend(super::vm::vm_methods(&args.workers));
+    }
     let cases = cases(args);
     let mut progress = Progress {
         tty: std::io::stderr().is_terminal(),
@@ -210,7 +229,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     "{case}, {} GiB, run {run}/{}: {method}",
                     args.size_gib, args.runs
                 ));
-                let (seconds, nodes) = measure(method, case, args, &exe)?;
+                let (seconds, nodes) = measure(method, case, args, &bins)?;
                 progress.done += 1;
                 samples.push(Sample {
                     case,
@@ -221,32 +240,6 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     seconds,
                 });
                 node_times.extend(nodes.into_iter().map(|n| (case, method, n)));
-            }
-        }
-    }
-    if args.vm {
-        let teravm = super::vm::teravm_binary()?;
-        let bind = host.nodes.iter().all(|n| host_has_node(n.id));
-        let vm_methods = super::vm::vm_methods(&args.workers);
-        progress.total += cases.len() * args.runs as usize * vm_methods.len();
-        for &case in &cases {
-            for run in 1..=args.runs {
-                for &method in &vm_methods {
-                    progress.show(&format!(
-                        "{case}, {} GiB microVM, run {run}/{}: {method}",
-                        args.size_gib, args.runs
-                    ));
-                    let seconds = super::vm::measure_vm(method, case, args, &teravm, bind)?;
-                    progress.done += 1;
-                    samples.push(Sample {
-                        case,
-                        method,
-                        size_gib: args.size_gib,
-                        chunk_mib: (!method.is_baseline()).then_some(args.chunk_mib),
-                        run,
-                        seconds,
-                    });
-                }
             }
         }
     }

@@ -8,7 +8,29 @@ pub mod i8042;
 pub mod ports;
 pub mod serial;
 
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
 pub use bus::{BusError, BusEvent, PioBus, PioDevice};
 pub use i8042::I8042;
 pub use ports::FirmwarePorts;
 pub use serial::{SerialConsole, SerialOut};
+
+/// The microVM's port I/O bus: COM1, the i8042 and the firmware's ports
+/// (clock counting from `boot`). The callers keep handles to the devices
+/// they talk to (the i8042 for Ctrl-Alt-Del, the serial console in tests).
+pub fn microvm_bus(
+    serial: Arc<Mutex<SerialConsole>>,
+    i8042: Arc<Mutex<I8042>>,
+    boot: Instant,
+) -> Result<PioBus, BusError> {
+    let mut bus = PioBus::new();
+    bus.insert(serial::COM1_BASE, serial::COM1_LEN, serial)?;
+    bus.insert(i8042::I8042_BASE, i8042::I8042_LEN, i8042)?;
+    bus.insert(
+        ports::FW_PORTS_BASE,
+        ports::FW_PORTS_LEN,
+        Arc::new(Mutex::new(FirmwarePorts::new(boot))),
+    )?;
+    Ok(bus)
+}

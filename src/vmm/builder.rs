@@ -13,10 +13,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{NumaPolicy, VmConfig};
 use crate::devices::bus::BusError;
-use crate::devices::i8042::{I8042_BASE, I8042_LEN};
-use crate::devices::ports::{FW_PORTS_BASE, FW_PORTS_LEN};
-use crate::devices::serial::{COM1_BASE, COM1_LEN};
-use crate::devices::{FirmwarePorts, PioBus, SerialConsole, SerialOut, I8042};
+use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
 use crate::memory::layout::ram_regions;
 use crate::memory::{GuestMemory, HostTopology, PopulateStats};
 use crate::vstate::boot::{write_boot_state, BootError};
@@ -135,19 +132,8 @@ pub fn start_microvm(
     )?;
 
     let i8042 = Arc::new(Mutex::new(I8042::new()));
-    let mut bus = PioBus::new();
-    bus.insert(
-        COM1_BASE,
-        COM1_LEN,
-        Arc::new(Mutex::new(SerialConsole::new(serial_out))),
-    )?;
-    bus.insert(I8042_BASE, I8042_LEN, i8042.clone())?;
-    bus.insert(
-        FW_PORTS_BASE,
-        FW_PORTS_LEN,
-        Arc::new(Mutex::new(FirmwarePorts::new(Instant::now()))),
-    )?;
-    let bus = Arc::new(bus);
+    let serial = Arc::new(Mutex::new(SerialConsole::new(serial_out)));
+    let bus = Arc::new(microvm_bus(serial, i8042.clone(), Instant::now())?);
 
     let slices = memory
         .slices()

@@ -11,7 +11,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::boot::write_boot_state;
 use super::vcpu::{configure_vcpu, stop_vcpus, VcpuControl, VcpuEvent, VcpuHandle};
 use super::vm::{MemorySlot, Vm};
-use crate::devices::{FirmwarePorts, PioBus, SerialConsole, SerialOut, I8042};
+use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
 
 struct Run {
     serial: String,
@@ -43,17 +43,8 @@ fn boot(vcpus: u8, mib: u64, cmdline: &str, wait: Duration) -> Option<Run> {
     let serial = Arc::new(Mutex::new(SerialConsole::new(
         SerialOut::Buffer(Vec::new()),
     )));
-    let mut bus = PioBus::new();
-    bus.insert(0x3f8, 8, serial.clone()).unwrap();
-    bus.insert(0x60, 5, Arc::new(Mutex::new(I8042::new())))
-        .unwrap();
-    bus.insert(
-        0xf00,
-        12,
-        Arc::new(Mutex::new(FirmwarePorts::new(Instant::now()))),
-    )
-    .unwrap();
-    let bus = Arc::new(bus);
+    let i8042 = Arc::new(Mutex::new(I8042::new()));
+    let bus = Arc::new(microvm_bus(serial.clone(), i8042, Instant::now()).unwrap());
     let control = Arc::new(VcpuControl::new());
     let (tx, rx) = channel();
     let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();

@@ -386,20 +386,13 @@ pub fn stop_vcpus(control: &VcpuControl, handles: Vec<VcpuHandle>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::{FirmwarePorts, I8042};
+    use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
     use std::time::Instant;
 
     fn bus() -> PioBus {
-        let mut bus = PioBus::new();
-        bus.insert(0x60, 5, Arc::new(Mutex::new(I8042::new())))
-            .unwrap();
-        bus.insert(
-            0xf00,
-            12,
-            Arc::new(Mutex::new(FirmwarePorts::new(Instant::now()))),
-        )
-        .unwrap();
-        bus
+        let serial = SerialConsole::new(SerialOut::Buffer(Vec::new()));
+        let i8042 = Arc::new(Mutex::new(I8042::new()));
+        microvm_bus(Arc::new(Mutex::new(serial)), i8042, Instant::now()).unwrap()
     }
 
     #[test]
@@ -421,12 +414,18 @@ mod tests {
             handle_exit(0, VcpuExit::IoOut(0xf08, &[1, 0, 0, 0]), &bus),
             ExitAction::Stop(VcpuEvent::FirmwareError { index: 0, code: 1 })
         );
+        // An unclaimed port reads all ones; COM1's empty receiver reads 0.
         let mut data = [0u8; 1];
+        assert_eq!(
+            handle_exit(0, VcpuExit::IoIn(0x2f8, &mut data), &bus),
+            ExitAction::Continue
+        );
+        assert_eq!(data, [0xff]);
         assert_eq!(
             handle_exit(0, VcpuExit::IoIn(0x3f8, &mut data), &bus),
             ExitAction::Continue
         );
-        assert_eq!(data, [0xff]);
+        assert_eq!(data, [0]);
     }
 
     #[test]
