@@ -278,3 +278,44 @@ fn no_api_needs_a_config_file() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("--api-sock"), "{stderr}");
 }
+
+#[test]
+fn serial_output_also_goes_to_a_file_when_asked() {
+    if !kvm_or_skip("serial_file") {
+        return;
+    }
+    let dir = temp_dir("serialfile");
+    let cfg = config_file(&dir, &config_json(1, 128, "touch=8 then=reset", ""));
+    let file = dir.join("serial.log");
+    let (code, stdout, stderr) = run(
+        &[
+            "--config-file",
+            cfg.to_str().unwrap(),
+            "--no-api",
+            "--serial-file",
+            file.to_str().unwrap(),
+        ],
+        T,
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let logged = std::fs::read_to_string(&file).unwrap();
+    let on_stdout: Vec<&str> = firmware_lines(&stdout);
+    let in_file: Vec<&str> = logged.lines().collect();
+    assert_eq!(in_file, on_stdout, "{logged:?}");
+    assert_eq!(in_file.len(), 3);
+    // A file that cannot be opened is a one-line error before anything starts.
+    let bad = dir.join("no/such/dir/serial.log");
+    let (code, stdout, stderr) = run(
+        &[
+            "--config-file",
+            cfg.to_str().unwrap(),
+            "--no-api",
+            "--serial-file",
+            bad.to_str().unwrap(),
+        ],
+        T,
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("serial output file"), "{stderr}");
+    assert!(firmware_lines(&stdout).is_empty());
+}

@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use vm_superio::serial::NoEvents;
 use vm_superio::{Serial, Trigger};
@@ -26,6 +27,15 @@ impl Trigger for NoInterrupt {
     }
 }
 
+/// Whether the guest left teravm's stdout in the middle of a line (so that
+/// teravm's own summary line starts on a fresh one).
+static STDOUT_MID_LINE: AtomicBool = AtomicBool::new(false);
+
+/// Whether the guest's last byte on stdout was not a newline.
+pub fn stdout_mid_line() -> bool {
+    STDOUT_MID_LINE.load(Ordering::Relaxed)
+}
+
 /// Where the guest's serial output goes.
 pub enum SerialOut {
     /// teravm's stdout.
@@ -44,7 +54,13 @@ impl Write for SerialOut {
                 io::stdout().write_all(buf)?;
                 f.write_all(buf)?;
             }
-            SerialOut::Buffer(v) => v.extend_from_slice(buf),
+            SerialOut::Buffer(v) => {
+                v.extend_from_slice(buf);
+                return Ok(buf.len());
+            }
+        }
+        if let Some(&last) = buf.last() {
+            STDOUT_MID_LINE.store(last != b'\n', Ordering::Relaxed);
         }
         Ok(buf.len())
     }

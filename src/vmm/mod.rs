@@ -307,6 +307,10 @@ impl Vmm {
 
     fn finish(&mut self, (report, error): ReclaimOutcome) {
         if let Some(report) = &report {
+            if crate::devices::serial::stdout_mid_line() {
+                // The guest stopped mid-line: start the summary on a fresh one.
+                println!();
+            }
             println!("{}", report.summary_line());
             log::info!("{}", report.summary_line());
         }
