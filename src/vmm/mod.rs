@@ -164,6 +164,7 @@ struct ReclaimJob {
 /// The VMM of one microVM.
 pub struct Vmm {
     opts: VmmOptions,
+    serial_file: Option<std::fs::File>,
     config: VmConfig,
     topology: HostTopology,
     state: VmState,
@@ -186,18 +187,14 @@ pub struct Vmm {
 impl Vmm {
     /// Starts the microVM now.
     fn start(&mut self) -> Result<(), StartError> {
-        let serial = match &self.opts.serial_file {
-            // Opened by `run` already, so a bad path fails before anything starts.
-            Some(path) => match std::fs::OpenOptions::new().append(true).open(path) {
-                Ok(f) => SerialOut::StdoutAndFile(f),
-                Err(e) => {
-                    log::warn!(
-                        "serial file {}: {e}; writing to stdout only",
-                        path.display()
-                    );
-                    SerialOut::Stdout
-                }
-            },
+        // The file was opened by `run`, so a bad path failed before anything
+        // started; a clone shares its append offset.
+        let serial = match self.serial_file.as_ref().map(std::fs::File::try_clone) {
+            Some(Ok(f)) => SerialOut::StdoutAndFile(f),
+            Some(Err(e)) => {
+                log::warn!("serial file: {e}; writing to stdout only");
+                SerialOut::Stdout
+            }
             None => SerialOut::Stdout,
         };
         let microvm = start_microvm(
@@ -440,16 +437,19 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     // Before any thread exists, so that every thread inherits the mask.
     let signals = ShutdownSignals::new()?;
     let topology = HostTopology::from_sysfs(&opts.sysfs_root)?;
-    if let Some(path) = &opts.serial_file {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|source| VmmError::SerialFile {
-                path: path.clone(),
-                source,
-            })?;
-    }
+    let serial_file = match &opts.serial_file {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|source| VmmError::SerialFile {
+                    path: path.clone(),
+                    source,
+                })?,
+        ),
+        None => None,
+    };
     let new_evt = || EventFd::new(EFD_NONBLOCK).map_err(VmmError::EventFd);
     let api_evt = new_evt()?;
     let (api, api_rx) = match &opts.api_sock {
@@ -463,6 +463,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     let (vcpu_tx, vcpu_rx) = channel();
     let mut vmm = Vmm {
         opts,
+        serial_file,
         config,
         topology,
         state: VmState::NotStarted,
