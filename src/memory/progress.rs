@@ -68,6 +68,35 @@ impl ReclaimReport {
         (self.resident_bytes_freed as f64 / (1u64 << 30) as f64) / (self.elapsed_us as f64 / 1e6)
     }
 
+    /// The report of a reclaim that has not begun: `state` running, nothing
+    /// done, the address space of each `(node, bytes)` and the workers the
+    /// executor will run. What the VMM shows between a shutdown request and
+    /// the start of the executor.
+    pub fn planned(nodes: &[(u32, u64)], opts: &super::ReclaimOptions) -> ReclaimReport {
+        let address_bytes = nodes.iter().map(|n| n.1).sum();
+        let (workers, per_node) = opts.worker_counts(address_bytes, nodes.len());
+        ReclaimReport {
+            state: ReclaimState::Running,
+            elapsed_ms: 0,
+            elapsed_us: 0,
+            address_bytes,
+            address_bytes_done: 0,
+            resident_bytes_freed: 0,
+            workers,
+            nodes: nodes
+                .iter()
+                .map(|&(node, address_bytes)| NodeReport {
+                    node,
+                    address_bytes,
+                    address_bytes_done: 0,
+                    resident_bytes_freed: 0,
+                    workers: per_node,
+                    elapsed_ms: 0,
+                })
+                .collect(),
+        }
+    }
+
     /// `teravm: reclaimed <MiB> MiB in <ms> ms (<GiB/s> GiB/s, <w> workers, <n> nodes)`.
     pub fn summary_line(&self) -> String {
         format!(
@@ -224,6 +253,27 @@ impl ReclaimProgress {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn planned_report_has_nothing_done_and_the_executors_workers() {
+        let opts = super::super::ReclaimOptions {
+            workers_per_node: 3,
+            parallel_threshold_bytes: 1 << 30,
+            ..Default::default()
+        };
+        let r = ReclaimReport::planned(&[(0, 2 << 30), (1, 2 << 30)], &opts);
+        assert_eq!(r.state, ReclaimState::Running);
+        assert_eq!(
+            (r.address_bytes, r.address_bytes_done, r.workers),
+            (4 << 30, 0, 6)
+        );
+        assert!(r
+            .nodes
+            .iter()
+            .all(|n| n.workers == 3 && n.resident_bytes_freed == 0));
+        let small = ReclaimReport::planned(&[(0, 256 << 20)], &opts);
+        assert_eq!((small.workers, small.nodes[0].workers), (1, 1));
+    }
+
     use super::*;
 
     #[test]

@@ -103,6 +103,23 @@ impl From<&crate::config::ReclaimConfig> for ReclaimOptions {
     }
 }
 
+impl ReclaimOptions {
+    /// How many workers a reclaim of `total_bytes` over `nodes` nodes runs:
+    /// `(in all, per node)`. Below the threshold the caller's thread does it
+    /// all, which counts as one worker per node's report.
+    pub fn worker_counts(&self, total_bytes: u64, nodes: usize) -> (u32, u32) {
+        if total_bytes >= self.parallel_threshold_bytes {
+            let nodes = u32::try_from(nodes).unwrap_or(u32::MAX);
+            (
+                self.workers_per_node.saturating_mul(nodes),
+                self.workers_per_node,
+            )
+        } else {
+            (1, 1)
+        }
+    }
+}
+
 impl Default for ReclaimOptions {
     fn default() -> Self {
         Self::from(&crate::config::ReclaimConfig::default())
@@ -184,14 +201,7 @@ pub(crate) unsafe fn execute_with(
         .collect();
     let total: u64 = nodes.iter().map(|n| n.1).sum();
     let parallel = total >= opts.parallel_threshold_bytes;
-    let (workers, per_node) = if parallel {
-        (
-            opts.workers_per_node.saturating_mul(nodes.len() as u32),
-            opts.workers_per_node,
-        )
-    } else {
-        (1, 1)
-    };
+    let (workers, per_node) = opts.worker_counts(total, nodes.len());
     if !progress.begin(&nodes, workers, per_node) {
         return Err(ReclaimError::ProgressReused);
     }

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use crate::memory::{NodeReport, ReclaimReport, ReclaimState};
+use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
 use super::{ShutdownReason, VmState, Vmm};
 use crate::api::{ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData};
@@ -127,45 +127,15 @@ impl Vmm {
     /// shutdown and the start of the executor (while the vCPUs stop and KVM
     /// closes). The executor's own numbers take over once it begins.
     pub(super) fn planned_report(&self) -> ReclaimReport {
-        let mut nodes: Vec<NodeReport> = Vec::new();
+        let mut nodes: Vec<(u32, u64)> = Vec::new();
         for s in &self.slices {
-            match nodes.iter_mut().find(|n| n.node == s.host_node) {
-                Some(n) => n.address_bytes += s.size_bytes,
-                None => nodes.push(NodeReport {
-                    node: s.host_node,
-                    address_bytes: s.size_bytes,
-                    address_bytes_done: 0,
-                    resident_bytes_freed: 0,
-                    workers: 0,
-                    elapsed_ms: 0,
-                }),
+            match nodes.iter_mut().find(|n| n.0 == s.host_node) {
+                Some(n) => n.1 += s.size_bytes,
+                None => nodes.push((s.host_node, s.size_bytes)),
             }
         }
-        nodes.sort_by_key(|n| n.node);
-        let address_bytes: u64 = nodes.iter().map(|n| n.address_bytes).sum();
-        let reclaim = &self.config.reclaim;
-        let parallel = address_bytes >= reclaim.parallel_threshold_mib << 20;
-        for n in &mut nodes {
-            n.workers = if parallel {
-                reclaim.workers_per_node
-            } else {
-                0
-            };
-        }
-        if let (false, Some(first)) = (parallel, nodes.first_mut()) {
-            first.workers = 1;
-        }
-        // The executor's clock has not started: elapsed counts from it.
-        ReclaimReport {
-            state: ReclaimState::Running,
-            elapsed_ms: 0,
-            elapsed_us: 0,
-            address_bytes,
-            address_bytes_done: 0,
-            resident_bytes_freed: 0,
-            workers: nodes.iter().map(|n| n.workers).sum(),
-            nodes,
-        }
+        nodes.sort_unstable();
+        ReclaimReport::planned(&nodes, &ReclaimOptions::from(&self.config.reclaim))
     }
 
     /// `GET /reclaim`: the executor's progress, or the plan while it has not
