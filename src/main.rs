@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use teravm::config::VmConfig;
-use teravm::vmm::{self, KvmTeardown, VmmOptions, EXIT_ERROR};
+use teravm::vmm::{self, VmmOptions, EXIT_ERROR};
 
 /// A minimal KVM VMM for microVMs with very large memory, which frees guest
 /// memory at shutdown with worker threads pinned to each host NUMA node.
@@ -17,7 +17,7 @@ struct Cli {
     /// Serve the HTTP API on this Unix socket (mode 0600; it grants full control of the microVM).
     #[arg(long, value_name = "PATH")]
     api_sock: Option<PathBuf>,
-    /// Configure the microVM from this JSON file.
+    /// Configure the microVM from this JSON file and start it at once (with or without an API socket, as Firecracker does).
     #[arg(long, value_name = "FILE")]
     config_file: Option<PathBuf>,
     /// Run from the config file alone, without an API socket, starting at once.
@@ -29,15 +29,15 @@ struct Cli {
     /// Where the host NUMA topology is read from (`<DIR>/devices/system/node`).
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     sysfs_root: PathBuf,
-    /// Also write the guest's serial console to this file.
+    /// Also write the guest's serial console to this file (created with mode 0600; never through a symlink).
     #[arg(long, value_name = "FILE")]
     serial_file: Option<PathBuf>,
-    /// With an API socket: milliseconds the final state is served after reclaim, before exiting.
+    /// Write at most this many bytes to the serial file.
+    #[arg(long, value_name = "BYTES", requires = "serial_file")]
+    serial_file_max_bytes: Option<u64>,
+    /// With an API socket: milliseconds the final state is served after an API `Shutdown`, before exiting.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     linger_ms: u64,
-    /// When KVM is torn down relative to reclaim (for measuring; the default was measured fastest).
-    #[arg(long, value_enum, default_value_t = KvmTeardown::BeforeReclaim, hide = true)]
-    kvm_teardown: KvmTeardown,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL", default_value = "warn", value_parser = parse_level)]
     log_level: log::LevelFilter,
@@ -75,8 +75,8 @@ fn run(cli: Cli) -> Result<i32, String> {
         api_sock: cli.api_sock,
         serial_file: cli.serial_file,
         linger: Duration::from_millis(cli.linger_ms),
-        start_at_once: cli.no_api,
-        kvm_teardown: cli.kvm_teardown,
+        start_at_once: cli.config_file.is_some(),
+        serial_file_max_bytes: cli.serial_file_max_bytes,
     };
     vmm::run(config, opts).map_err(|e| e.to_string())
 }
