@@ -7,7 +7,9 @@ use serde_json::{json, Value};
 use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
 use super::{ShutdownReason, VmState, Vmm};
-use crate::api::{ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData};
+use crate::api::{
+    shapes, ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData,
+};
 
 fn to_json<T: serde::Serialize>(value: &T) -> ActionResult {
     serde_json::to_value(value)
@@ -83,7 +85,7 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutMemory(_) => refused("changing the memory configuration", state),
-            VmmAction::GetReclaim => to_json(&self.reclaim_report()),
+            VmmAction::GetReclaim => to_json(&shapes::ReclaimReport::from(&self.reclaim_report())),
             VmmAction::PutReclaim(r) if matches!(state, VmState::NotStarted | VmState::Running) => {
                 self.config.reclaim = r;
                 Ok(VmmData::Empty)
@@ -110,11 +112,13 @@ impl Vmm {
                 self.begin_shutdown(ShutdownReason::Api);
                 let report = self.reclaim_report();
                 match mode {
-                    ReclaimMode::Async => serde_json::to_value(&report)
-                        .map(VmmData::Accepted)
-                        .map_err(|e| VmmActionError::Internal(e.to_string())),
+                    ReclaimMode::Async => {
+                        serde_json::to_value(shapes::ReclaimReport::from(&report))
+                            .map(VmmData::Accepted)
+                            .map_err(|e| VmmActionError::Internal(e.to_string()))
+                    }
                     // Handled in `handle_request`; kept total for safety.
-                    ReclaimMode::Sync => to_json(&report),
+                    ReclaimMode::Sync => to_json(&shapes::ReclaimReport::from(&report)),
                 }
             }
             VmmAction::Shutdown(_) => refused("Shutdown", state),

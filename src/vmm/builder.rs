@@ -15,7 +15,7 @@ use crate::config::{NumaPolicy, VmConfig};
 use crate::devices::bus::BusError;
 use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
 use crate::memory::layout::ram_regions;
-use crate::memory::{GuestMemory, HostTopology, PopulateStats};
+use crate::memory::{GuestMemory, HostTopology, MemoryOptions, PopulateProgress, PopulateStats};
 use crate::vstate::boot::{write_boot_state, BootError};
 use crate::vstate::vcpu::{
     configure_vcpu, stop_vcpus, VcpuControl, VcpuError, VcpuEvent, VcpuHandle,
@@ -93,9 +93,14 @@ pub fn start_microvm(
 ) -> Result<MicroVm, StartError> {
     let machine = &config.machine_config;
     let vm = Vm::new()?;
-    let memory = GuestMemory::new(machine, &config.memory, topology)?;
+    let memory = GuestMemory::new(&MemoryOptions::from(config), topology)?;
     let populate = if config.memory.populate {
-        let stats = memory.populate(config.reclaim.workers_per_node, topology)?;
+        let stats = memory.populate(
+            config.reclaim.workers_per_node,
+            topology,
+            &PopulateProgress::new(),
+            &std::sync::atomic::AtomicBool::new(false),
+        )?;
         log::info!(
             "populated {} MiB in {} ms with {} workers",
             stats.bytes >> 20,
@@ -107,12 +112,12 @@ pub fn start_microvm(
         None
     };
     let slots: Vec<MemorySlot> = memory
-        .slices()
+        .slots()
         .iter()
         .map(|s| MemorySlot {
-            guest_addr: s.slice.guest_addr,
-            size: s.slice.len,
-            host_addr: s.host_addr as u64,
+            guest_addr: s.guest_addr,
+            size: s.len,
+            host_addr: s.host_addr,
         })
         .collect();
     // SAFETY: the mappings live in `memory`, which the MicroVm keeps until
@@ -124,7 +129,7 @@ pub fn start_microvm(
         .map(|r| (r.guest_addr, r.len))
         .collect();
     let layout = write_boot_state(
-        memory.vm_memory(),
+        memory.view().mem(),
         &regions,
         usize::from(machine.vcpu_count),
         machine.mem_size_mib,
@@ -139,9 +144,9 @@ pub fn start_microvm(
         .slices()
         .iter()
         .map(|s| SliceInfo {
-            guest_addr: s.slice.guest_addr,
-            size_bytes: s.slice.len,
-            host_node: s.slice.node,
+            guest_addr: s.slice().guest_addr,
+            size_bytes: s.slice().len,
+            host_node: s.slice().node,
             policy: config.memory.numa_policy,
         })
         .collect();

@@ -312,9 +312,11 @@ impl Vmm {
             log::info!("{}", report.summary_line());
         }
         let reply: ActionResult = match (&report, &error) {
-            (Some(report), None) => serde_json::to_value(report)
-                .map(VmmData::Json)
-                .map_err(|e| VmmActionError::Internal(e.to_string())),
+            (Some(report), None) => {
+                serde_json::to_value(crate::api::shapes::ReclaimReport::from(report))
+                    .map(VmmData::Json)
+                    .map_err(|e| VmmActionError::Internal(e.to_string()))
+            }
             (_, Some(e)) => {
                 log::error!("reclaim failed: {e} (what the workers left was freed on the reclaim thread, then unmapped)");
                 if self.exit_code == EXIT_OK {
