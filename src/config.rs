@@ -548,3 +548,121 @@ mod tests {
         assert!(text.contains("\"machine-config\""));
     }
 }
+
+// ---------------------------------------------------------------------------
+// Conversions to memory options: the config file's serde types stay here;
+// `memory` takes its own option types.
+
+impl From<HugePages> for crate::memory::PageSize {
+    fn from(h: HugePages) -> Self {
+        match h {
+            HugePages::None => crate::memory::PageSize::Small,
+            HugePages::Transparent => crate::memory::PageSize::Transparent,
+            HugePages::Huge2M => crate::memory::PageSize::Huge2M,
+            HugePages::Huge1G => crate::memory::PageSize::Huge1G,
+        }
+    }
+}
+
+impl From<Backing> for crate::memory::Backing {
+    fn from(b: Backing) -> Self {
+        match b {
+            Backing::Anonymous => crate::memory::Backing::Anonymous,
+            Backing::Memfd => crate::memory::Backing::Memfd,
+        }
+    }
+}
+
+impl From<NumaPolicy> for crate::memory::NumaPolicy {
+    fn from(p: NumaPolicy) -> Self {
+        match p {
+            NumaPolicy::Bind => crate::memory::NumaPolicy::Bind,
+            NumaPolicy::Preferred => crate::memory::NumaPolicy::Preferred,
+            NumaPolicy::None => crate::memory::NumaPolicy::None,
+        }
+    }
+}
+
+impl From<&VmConfig> for crate::memory::MemoryOptions {
+    /// `machine-config` (size, page size) and `memory` (backing, nodes,
+    /// policy, populate) together.
+    fn from(c: &VmConfig) -> Self {
+        crate::memory::MemoryOptions {
+            mem_bytes: c.machine_config.mem_bytes(),
+            page_size: c.machine_config.huge_pages.into(),
+            backing: c.memory.backing.into(),
+            host_nodes: c.memory.host_nodes.clone(),
+            policy: c.memory.numa_policy.into(),
+            populate: c.memory.populate,
+        }
+    }
+}
+
+impl From<&ReclaimConfig> for crate::memory::ReclaimOptions {
+    fn from(c: &ReclaimConfig) -> Self {
+        crate::memory::ReclaimOptions {
+            workers_per_node: c.workers_per_node,
+            chunk_bytes: c.chunk_mib.saturating_mul(1 << 20),
+            parallel_threshold_bytes: c.parallel_threshold_mib.saturating_mul(1 << 20),
+            steal: c.steal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod conversion_tests {
+    use super::*;
+    use crate::memory;
+
+    #[test]
+    fn reclaim_options_from_config() {
+        let o = memory::ReclaimOptions::from(&ReclaimConfig::default());
+        assert_eq!(o, memory::ReclaimOptions::default(), "the same defaults");
+        assert_eq!(
+            o,
+            memory::ReclaimOptions {
+                workers_per_node: 2,
+                chunk_bytes: 1 << 30,
+                parallel_threshold_bytes: 1 << 30,
+                steal: true
+            }
+        );
+    }
+
+    #[test]
+    fn memory_options_from_config() {
+        let mut c = VmConfig::default();
+        c.machine_config.mem_size_mib = 4096;
+        c.machine_config.huge_pages = HugePages::Huge2M;
+        c.memory = MemoryConfig {
+            backing: Backing::Memfd,
+            host_nodes: Some(vec![1, 0]),
+            numa_policy: NumaPolicy::Preferred,
+            populate: true,
+        };
+        let o = memory::MemoryOptions::from(&c);
+        assert_eq!(
+            o,
+            memory::MemoryOptions {
+                mem_bytes: 4 << 30,
+                page_size: memory::PageSize::Huge2M,
+                backing: memory::Backing::Memfd,
+                host_nodes: Some(vec![1, 0]),
+                policy: memory::NumaPolicy::Preferred,
+                populate: true,
+            }
+        );
+        for (h, p) in [
+            (HugePages::None, memory::PageSize::Small),
+            (HugePages::Transparent, memory::PageSize::Transparent),
+            (HugePages::Huge1G, memory::PageSize::Huge1G),
+        ] {
+            assert_eq!(memory::PageSize::from(h), p);
+            assert_eq!(h.hugetlb_page_bytes(), p.hugetlb_bytes());
+        }
+        assert_eq!(
+            memory::NumaPolicy::from(NumaPolicy::None),
+            memory::NumaPolicy::None
+        );
+    }
+}

@@ -412,20 +412,6 @@ fn bad_options_and_reused_progress() {
 }
 
 #[test]
-fn options_from_config() {
-    let o = ReclaimOptions::from(&crate::config::ReclaimConfig::default());
-    assert_eq!(
-        o,
-        ReclaimOptions {
-            workers_per_node: 2,
-            chunk_bytes: 1 << 30,
-            parallel_threshold_bytes: 1 << 30,
-            steal: true
-        }
-    );
-}
-
-#[test]
 fn progress_is_readable_while_running() {
     let m = Map::anon(32 * MIB);
     m.touch();

@@ -10,7 +10,9 @@ use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
 use super::phase::Phase;
 use super::{ShutdownReason, VmState, Vmm};
-use crate::api::{ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData};
+use crate::api::{
+    shapes, ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData,
+};
 
 fn to_json<T: serde::Serialize>(value: &T) -> ActionResult {
     serde_json::to_value(value)
@@ -76,6 +78,13 @@ impl Vmm {
                     let slices = serde_json::to_value(&self.slices)
                         .map_err(|e| VmmActionError::Internal(e.to_string()))?;
                     map.insert("slices".into(), slices);
+                    if self.config.memory.populate && state != VmState::NotStarted {
+                        let progress = serde_json::to_value(shapes::PopulateProgress::from(
+                            self.populate.as_ref(),
+                        ))
+                        .map_err(|e| VmmActionError::Internal(e.to_string()))?;
+                        map.insert("populate_progress".into(), progress);
+                    }
                 }
                 Ok(VmmData::Json(value))
             }
@@ -94,7 +103,7 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutMemory(_) => refused("changing the memory configuration", state),
-            VmmAction::GetReclaim => to_json(&self.reclaim_report()),
+            VmmAction::GetReclaim => to_json(&shapes::ReclaimReport::from(&self.reclaim_report())),
             VmmAction::PutReclaim(r) if matches!(state, VmState::NotStarted | VmState::Running) => {
                 self.config.reclaim = r;
                 Ok(VmmData::Empty)
@@ -121,7 +130,7 @@ impl Vmm {
             VmmAction::Shutdown(ReclaimMode::Async)
                 if matches!(state, VmState::Starting | VmState::Running) =>
             {
-                let plan = self.planned_report();
+                let plan = shapes::ReclaimReport::from(&self.planned_report());
                 self.begin_shutdown(ShutdownReason::Api, Instant::now());
                 to_json(&plan).map(|d| match d {
                     VmmData::Json(v) => VmmData::Accepted(v),

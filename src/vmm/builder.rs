@@ -18,7 +18,7 @@ use crate::config::{NumaPolicy, VmConfig};
 use crate::devices::bus::BusError;
 use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, I8042};
 use crate::memory::layout::ram_regions;
-use crate::memory::{GuestMemory, HostTopology};
+use crate::memory::{GuestMemory, HostTopology, MemoryOptions, PopulateProgress};
 use crate::vstate::boot::{write_boot_state, BootError};
 use crate::vstate::vcpu::{configure_vcpu, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus};
 use crate::vstate::vm::{MemorySlot, Vm, VmError};
@@ -121,6 +121,8 @@ pub struct StartContext {
     pub events_ready: EventFd,
     /// Set by a shutdown during start: the job stops at its next check.
     pub cancel: Arc<AtomicBool>,
+    /// Populate's progress, for the API.
+    pub populate: Arc<PopulateProgress>,
 }
 
 /// How a start ended.
@@ -141,11 +143,12 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         events,
         events_ready,
         cancel,
+        populate,
     } = ctx;
     let cancelled = || cancel.load(Ordering::Acquire);
     let machine = &config.machine_config;
     let vm = Vm::new()?;
-    let memory = GuestMemory::new(machine, &config.memory, &topology)?;
+    let memory = GuestMemory::new(&MemoryOptions::from(&config), &topology)?;
     let teardown = |vm, memory, console| {
         Ok(Started::Cancelled(Teardown {
             vcpus: None,
@@ -158,7 +161,12 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         return teardown(vm, memory, console);
     }
     if config.memory.populate {
-        let stats = memory.populate(config.reclaim.workers_per_node, &topology)?;
+        let stats = memory.populate(
+            config.reclaim.workers_per_node,
+            &topology,
+            &populate,
+            &cancel,
+        )?;
         log::info!(
             "populated {} MiB in {} ms with {} workers",
             stats.bytes >> 20,
@@ -170,12 +178,12 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         }
     }
     let slots: Vec<MemorySlot> = memory
-        .slices()
+        .slots()
         .iter()
         .map(|s| MemorySlot {
-            guest_addr: s.slice.guest_addr,
-            size: s.slice.len,
-            host_addr: s.host_addr as u64,
+            guest_addr: s.guest_addr,
+            size: s.len,
+            host_addr: s.host_addr,
         })
         .collect();
     // SAFETY: the mappings live in `memory`, which the MicroVm keeps until
@@ -187,7 +195,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         .map(|r| (r.guest_addr, r.len))
         .collect();
     let layout = write_boot_state(
-        memory.vm_memory(),
+        memory.view().mem(),
         &regions,
         usize::from(machine.vcpu_count),
         machine.mem_size_mib,
@@ -204,9 +212,9 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         .slices()
         .iter()
         .map(|s| SliceInfo {
-            guest_addr: s.slice.guest_addr,
-            size_bytes: s.slice.len,
-            host_node: s.slice.node,
+            guest_addr: s.slice().guest_addr,
+            size_bytes: s.slice().len,
+            host_node: s.slice().node,
             policy: config.memory.numa_policy,
         })
         .collect();

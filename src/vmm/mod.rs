@@ -34,7 +34,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::api::{ActionResult, ApiRequest, ApiServer, ApiServerError};
 use crate::config::VmConfig;
-use crate::memory::{HostTopology, NumaError, ReclaimProgress};
+use crate::memory::{HostTopology, NumaError, PopulateProgress, ReclaimProgress};
 use crate::vstate::vcpu::VcpuEvent;
 use builder::SliceInfo;
 pub use phase::VmState;
@@ -121,6 +121,7 @@ pub struct Vmm {
     api_rx: Option<Receiver<ApiRequest>>,
     api_evt: EventFd,
     start_evt: EventFd,
+    populate: Arc<PopulateProgress>,
     progress: Arc<ReclaimProgress>,
     reclaim_evt: EventFd,
     sync_waiters: Vec<Sender<ActionResult>>,
@@ -270,6 +271,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         api_rx,
         api_evt,
         start_evt: new_evt()?,
+        populate: Arc::new(PopulateProgress::new()),
         progress: Arc::new(ReclaimProgress::new()),
         reclaim_evt: new_evt()?,
         sync_waiters: Vec::new(),

@@ -17,7 +17,9 @@ use super::{Vmm, EXIT_ERROR, EXIT_GUEST_CRASHED, EXIT_RECLAIM_FAILED};
 use crate::api::{ActionResult, VmmActionError, VmmData};
 use crate::devices::console::CONSOLE_BUFFER_BYTES;
 use crate::devices::{ConsoleSink, ConsoleWriter};
-use crate::memory::{ReclaimError, ReclaimOptions, ReclaimProgress, ReclaimState};
+use crate::memory::{
+    PopulateProgress, ReclaimError, ReclaimOptions, ReclaimProgress, ReclaimState,
+};
 use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
 
 /// How long the console may take to write out what the guest printed last.
@@ -127,6 +129,7 @@ impl Vmm {
             Err(e) => return self.start_failed(format!("cannot clone an eventfd: {e}"), replies),
         };
         let cancel = Arc::new(AtomicBool::new(false));
+        self.populate = Arc::new(PopulateProgress::new());
         let ctx = StartContext {
             config: self.config.clone(),
             topology: self.topology.clone(),
@@ -134,6 +137,7 @@ impl Vmm {
             events: self.vcpu_tx.clone(),
             events_ready,
             cancel: cancel.clone(),
+            populate: self.populate.clone(),
         };
         match Job::spawn("start", &self.start_evt, move || start_microvm(ctx)) {
             Ok(job) => {
@@ -330,7 +334,9 @@ impl Vmm {
             self.exit_code = self.exit_code.max(EXIT_GUEST_CRASHED);
         }
         let reply: ActionResult = match &report.error {
-            None => Ok(VmmData::Json(report.to_json())),
+            None => serde_json::to_value(report.to_shape())
+                .map(VmmData::Json)
+                .map_err(|e| VmmActionError::Internal(e.to_string())),
             Some(e) => {
                 log::error!("reclaim failed: {e} (the memory was still freed)");
                 if self.exit_code != EXIT_GUEST_CRASHED {

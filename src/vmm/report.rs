@@ -5,26 +5,13 @@
 
 use std::time::Duration;
 
+use crate::api::shapes;
 use crate::devices::ConsoleStats;
 use crate::memory::ReclaimReport;
 use crate::vstate::vcpu::VcpuStopReport;
 
-/// How long each phase of a shutdown took, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct PhaseTimes {
-    /// From the shutdown request to the `reclaim` job's start.
-    pub accept_ms: f64,
-    /// Stopping and joining the vCPUs.
-    pub stop_vcpus_ms: f64,
-    /// Draining the console.
-    pub console_ms: f64,
-    /// Closing the VM fd (KVM's memslots and MMU).
-    pub close_vm_ms: f64,
-    /// Freeing guest memory with the per-node workers and unmapping it.
-    pub reclaim_ms: f64,
-    /// From the shutdown request to the memory being back.
-    pub total_ms: f64,
-}
+/// How long each phase of a shutdown took (the API's shape, filled here).
+pub type PhaseTimes = crate::api::shapes::ShutdownPhases;
 
 /// Milliseconds, with microsecond resolution.
 pub fn ms(d: Duration) -> f64 {
@@ -67,26 +54,14 @@ impl ShutdownReport {
 }
 
 impl ShutdownReport {
-    /// The sync `Shutdown` reply: the reclaim report's fields (as `GET
-    /// /reclaim` shows them), plus `phases`, `vcpus_stuck` and
-    /// `console_dropped_bytes`.
-    pub fn to_json(&self) -> serde_json::Value {
-        let mut value = match &self.reclaim {
-            Some(r) => serde_json::to_value(r).unwrap_or_default(),
-            None => serde_json::json!({}),
-        };
-        if let serde_json::Value::Object(map) = &mut value {
-            map.insert(
-                "phases".into(),
-                serde_json::to_value(self.phases).unwrap_or_default(),
-            );
-            map.insert("vcpus_stuck".into(), self.vcpus.stuck.into());
-            map.insert(
-                "console_dropped_bytes".into(),
-                self.console.dropped_bytes.into(),
-            );
-        }
-        value
+    /// The sync `Shutdown` reply; `None` without a reclaim report.
+    pub fn to_shape(&self) -> Option<shapes::ShutdownStats> {
+        Some(shapes::ShutdownStats {
+            reclaim: shapes::ReclaimReport::from(self.reclaim.as_ref()?),
+            phases: self.phases,
+            vcpus_stuck: self.vcpus.stuck as u64,
+            console_dropped_bytes: self.console.dropped_bytes,
+        })
     }
 }
 
