@@ -24,7 +24,7 @@ use super::view::{GuestView, Mappings};
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 /// The unit of work of populate workers (rounded up to the huge page size).
-const POPULATE_CHUNK_BYTES: u64 = 256 * MIB;
+const POPULATE_CHUNK_BYTES: u64 = 16 * MIB;
 
 /// Errors setting up guest memory.
 #[derive(Debug, thiserror::Error)]

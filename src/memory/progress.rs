@@ -208,8 +208,9 @@ impl ReclaimProgress {
             _ => ReclaimState::Failed,
         };
         let Some(run) = self.run.get() else {
+            // Idle, or failed before the executor began (a panic in the job).
             return ReclaimReport {
-                state: ReclaimState::Idle,
+                state,
                 elapsed_ms: 0,
                 elapsed_us: 0,
                 address_bytes: 0,
