@@ -2,7 +2,7 @@
 //! thread.
 //!
 //! The loop waits on four `EventFd`-like sources: vCPU events (a vCPU ended
-//! the VM: reset, crash), SIGTERM/SIGINT (a signalfd), API requests (an mpsc
+//! the VM: reset, crash), SIGTERM/SIGINT/SIGHUP (a signalfd), API requests (an mpsc
 //! channel plus an `EventFd`, each request with its own reply channel) and
 //! the end of reclaim. Every way of shutting down (guest reset, signal, API
 //! `Shutdown`, guest crash) takes the same path: stop and join the vCPUs,
@@ -126,7 +126,7 @@ impl VmState {
 pub enum ShutdownReason {
     /// The guest asked for a reset.
     GuestReset,
-    /// SIGTERM or SIGINT.
+    /// SIGTERM, SIGINT or SIGHUP.
     Signal(i32),
     /// The API's `Shutdown` action.
     Api,
@@ -151,6 +151,13 @@ pub struct VmmOptions {
     pub start_at_once: bool,
     /// When KVM is torn down relative to reclaim.
     pub kvm_teardown: KvmTeardown,
+    /// Firecracker's `--boot-timer`: log the guest's boot time.
+    pub boot_timer: bool,
+    /// Seccomp filters on (default); `--no-seccomp` turns them off.
+    pub seccomp: bool,
+    /// Firecracker's `--http-api-max-payload-size`: the most bytes a request
+    /// body may have (for `ServerLimits`).
+    pub api_max_payload_bytes: usize,
 }
 
 /// How a reclaim ended: its report (also when it had failures, since the
@@ -331,6 +338,8 @@ impl Vmm {
         }
         self.state = VmState::Stopped;
         self.finished_at = Some(Instant::now());
+        // The last metrics line, with the final reclaim report.
+        let _ = self.flush_metrics();
     }
 
     fn on_vcpu_event(&mut self, event: VcpuEvent) {
