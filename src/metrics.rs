@@ -183,6 +183,13 @@ pub fn record_failure(method: &str, path: &str) {
     METRICS.fails[method_index(method)][resource_index(path)].add(1);
 }
 
+/// The running totals of requests and failures of `method` on `path`'s
+/// resource.
+pub fn counts(method: &str, path: &str) -> (u64, u64) {
+    let (m, r) = (method_index(method), resource_index(path));
+    (METRICS.requests[m][r].total(), METRICS.fails[m][r].total())
+}
+
 /// Counts one shutdown signal (SIGTERM, SIGINT, SIGHUP) received.
 pub fn record_signal(signo: i32) {
     match signo {

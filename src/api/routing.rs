@@ -314,3 +314,7 @@ pub(crate) fn key_at(text: &[u8], line: usize, column: usize) -> Option<String> 
 #[cfg(test)]
 #[path = "routing_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "routing_fc_tests.rs"]
+mod fc_tests;

@@ -34,8 +34,12 @@ pub struct MachineConfigBody {
     #[serde(default)]
     pub huge_pages: HugePages,
     /// CPU template: absent, `null` or `"None"`.
-    #[serde(default, deserialize_with = "nullable_template")]
+    #[serde(default = "no_template", deserialize_with = "nullable_template")]
     pub cpu_template: String,
+}
+
+fn no_template() -> String {
+    CPU_TEMPLATE_NONE.into()
 }
 
 fn nullable_template<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {

@@ -134,3 +134,100 @@ fn round_trips() {
     assert_eq!(parse(&text).unwrap(), c);
     assert!(text.contains("\"machine-config\""));
 }
+
+#[test]
+fn firecracker_sections_are_accepted_when_empty() {
+    // flintlock's config file, less the root drive it always adds.
+    let c = parse(
+        r#"{"boot-source": {"boot_args": "touch=8 then=idle", "initrd_path": null},
+            "drives": [], "machine-config": {"vcpu_count": 2, "mem_size_mib": 256,
+            "smt": false, "track_dirty_pages": false}, "balloon": null,
+            "network-interfaces": [], "vsock": null, "mmds-config": null, "entropy": {},
+            "logger": {"log_path": "/tmp/fc.log", "level": "Debug", "show_level": true,
+                       "show_log_origin": true},
+            "metrics": {"metrics_path": "/tmp/fc.metrics"}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.machine_config.vcpu_count, 2);
+    assert_eq!(c.logger.unwrap().show_log_origin, Some(true));
+    assert_eq!(
+        c.metrics.unwrap().metrics_path,
+        Path::new("/tmp/fc.metrics")
+    );
+    let sections = [
+        ("drives", r#"[{"drive_id": "rootfs"}]"#),
+        ("network-interfaces", r#"[{"iface_id": "eth0"}]"#),
+        ("vsock", r#"{"guest_cid": 3}"#),
+        ("balloon", r#"{"amount_mib": 1}"#),
+        ("mmds-config", r#"{"network_interfaces": ["eth0"]}"#),
+        ("entropy", r#"{"rate_limiter": null}"#),
+        ("drives", "true"),
+    ];
+    for (name, value) in sections {
+        let e = parse(&format!(r#"{{"{name}": {value}}}"#)).unwrap_err();
+        assert_eq!(e, ConfigError::NotSupported(name));
+        assert!(
+            e.to_string()
+                .contains(&format!("not supported yet: {name}")),
+            "{e}"
+        );
+    }
+    let e = parse(r#"{"logger": {"level": "Chatty"}}"#).unwrap_err();
+    assert!(e.to_string().contains("Chatty"), "{e}");
+    let e = parse(r#"{"metrics": {}}"#).unwrap_err();
+    assert!(e.to_string().contains("metrics_path"), "{e}");
+}
+
+#[test]
+fn machine_config_shows_every_field_in_force() {
+    let v = serde_json::to_value(MachineConfig::default()).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"vcpu_count": 1, "mem_size_mib": 128, "smt": false,
+            "track_dirty_pages": false, "huge_pages": "Transparent", "cpu_template": "None"})
+    );
+    let e = parse(r#"{"machine-config": {"vcpu_count": 2, "mem_size_mib": 256, "smt": true}}"#)
+        .unwrap_err();
+    assert!(e.to_string().contains("machine-config.smt"), "{e}");
+    // GET /vm/config leaves the device sections out and round-trips.
+    let text = serde_json::to_string(&VmConfig::default()).unwrap();
+    assert!(
+        !text.contains("drives") && !text.contains("logger"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_config_file_is_read_with_a_size_limit() {
+    let e = VmConfig::from_file(Path::new("/dev/zero")).unwrap_err();
+    assert!(e.to_string().contains("larger than 1048576 bytes"), "{e}");
+    assert!(!e.to_string().contains('\n'));
+    let dir = std::env::temp_dir().join(format!("teravm-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big.json");
+    let mut text = String::from(r#"{"boot-source": {"boot_args": ""#);
+    text.push_str(&" ".repeat(MAX_CONFIG_FILE_BYTES as usize));
+    text.push_str(r#""}}"#);
+    std::fs::write(&big, text).unwrap();
+    let e = VmConfig::from_file(&big).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }), "{e}");
+    let ok = dir.join("ok.json");
+    std::fs::write(
+        &ok,
+        r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 64}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        VmConfig::from_file(&ok)
+            .unwrap()
+            .machine_config
+            .mem_size_mib,
+        64
+    );
+    std::fs::write(&ok, b"{\xff}").unwrap();
+    assert!(VmConfig::from_file(&ok)
+        .unwrap_err()
+        .to_string()
+        .contains("UTF-8"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
