@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use teravm::config::{LoggerConfig, MetricsConfig, VmConfig};
 use teravm::logger::LogLevel;
-use teravm::vmm::{self, KvmTeardown, VmmOptions, EXIT_ERROR};
+use teravm::vmm::{self, VmmOptions, EXIT_ERROR};
 
 /// The longest instance id, as in Firecracker.
 const MAX_ID_LEN: usize = 64;
@@ -23,7 +23,7 @@ struct Cli {
     /// Serve the HTTP API on this Unix socket (mode 0600; it grants full control of the microVM).
     #[arg(long, value_name = "PATH")]
     api_sock: Option<PathBuf>,
-    /// Configure the microVM from this JSON file (at most 1 MiB).
+    /// Configure the microVM from this JSON file (at most 1 MiB) and start it at once (with or without an API socket, as Firecracker does).
     #[arg(long, value_name = "FILE")]
     config_file: Option<PathBuf>,
     /// Run from the config file alone, without an API socket, starting at once.
@@ -35,15 +35,15 @@ struct Cli {
     /// Where the host NUMA topology is read from (`<DIR>/devices/system/node`).
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     sysfs_root: PathBuf,
-    /// Also write the guest's serial console to this file.
+    /// Also write the guest's serial console to this file (created with mode 0600; never through a symlink).
     #[arg(long, value_name = "FILE")]
     serial_file: Option<PathBuf>,
-    /// With an API socket: milliseconds the final state is served after reclaim, before exiting.
+    /// Write at most this many bytes to the serial file.
+    #[arg(long, value_name = "BYTES", requires = "serial_file")]
+    serial_file_max_bytes: Option<u64>,
+    /// With an API socket: milliseconds the final state is served after an API `Shutdown`, before exiting.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     linger_ms: u64,
-    /// When KVM is torn down relative to reclaim (for measuring; the default was measured fastest).
-    #[arg(long, value_enum, default_value_t = KvmTeardown::BeforeReclaim, hide = true)]
-    kvm_teardown: KvmTeardown,
     /// Log level: Off, Error, Warning, Info, Debug, Trace (any case; default Warning).
     #[arg(long = "level", visible_alias = "log-level", value_name = "LEVEL")]
     level: Option<String>,
@@ -194,8 +194,8 @@ fn run(cli: Cli) -> Result<i32, String> {
         api_sock: cli.api_sock,
         serial_file: cli.serial_file,
         linger: Duration::from_millis(cli.linger_ms),
-        start_at_once: cli.no_api,
-        kvm_teardown: cli.kvm_teardown,
+        start_at_once: cli.config_file.is_some(),
+        serial_file_max_bytes: cli.serial_file_max_bytes,
         boot_timer: cli.boot_timer,
         seccomp: !cli.no_seccomp,
         api_max_payload_bytes: cli.http_api_max_payload_size,

@@ -289,6 +289,8 @@ pub struct VmmSnapshot<'a> {
     pub state: &'a str,
     /// The reclaim's progress or final report.
     pub reclaim: &'a ReclaimReport,
+    /// Guest console bytes dropped so far (the console's own count).
+    pub console_dropped_bytes: u64,
 }
 
 fn fc_group(method: usize, fields: &[(&str, usize)], with_fails: bool) -> Value {
@@ -374,7 +376,10 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
             "state": vmm.state,
             "reclaim": vmm.reclaim,
             "api": { "requests": totals(&m.requests), "errors": totals(&m.fails) },
-            "console": { "bytes_dropped": m.console_bytes_dropped.load(Ordering::Relaxed) },
+            "console": {
+                "bytes_dropped": vmm.console_dropped_bytes
+                    .max(m.console_bytes_dropped.load(Ordering::Relaxed)),
+            },
             "signals": {
                 "sigterm": m.sigterm.load(Ordering::Relaxed),
                 "sigint": m.sigint.load(Ordering::Relaxed),
@@ -506,6 +511,7 @@ mod tests {
         let text = line(&VmmSnapshot {
             state: "Running",
             reclaim: &report,
+            console_dropped_bytes: 7,
         })
         .unwrap();
         assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
@@ -514,6 +520,7 @@ mod tests {
         assert!(v["put_api_requests"]["drive_fails"].as_u64().unwrap() >= 1);
         assert!(v["get_api_requests"]["vmm_version_count"].as_u64().unwrap() >= 1);
         assert_eq!(v["teravm"]["state"], "Running");
+        assert_eq!(v["teravm"]["console"]["bytes_dropped"], 7);
         assert_eq!(v["teravm"]["reclaim"]["state"], "idle");
         assert!(
             v["teravm"]["api"]["errors"]["PUT /drives"]

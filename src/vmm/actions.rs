@@ -3,10 +3,13 @@
 //! answered later, when reclaim is done. Failed actions are counted in
 //! [`crate::metrics`]; `FlushMetrics` writes a metrics line.
 
+use std::time::Instant;
+
 use serde_json::{json, Value};
 
 use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
+use super::phase::Phase;
 use super::{ShutdownReason, VmState, Vmm};
 use crate::api::{ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData};
 
@@ -26,12 +29,20 @@ fn refused(what: &str, state: VmState) -> ActionResult {
 impl Vmm {
     pub(super) fn handle_request(&mut self, request: ApiRequest) {
         let ApiRequest { action, reply } = request;
-        if let VmmAction::Shutdown(ReclaimMode::Sync) = action {
-            if self.state == VmState::Running {
-                self.sync_waiters.push(reply);
-                self.begin_shutdown(ShutdownReason::Api);
-                return;
+        let state = self.state();
+        match action {
+            // Answered when the start ends.
+            VmmAction::InstanceStart if state == VmState::NotStarted => {
+                return self.start(Some(reply));
             }
+            // Answered when the memory is back.
+            VmmAction::Shutdown(ReclaimMode::Sync)
+                if matches!(state, VmState::Starting | VmState::Running) =>
+            {
+                self.sync_waiters.push(reply);
+                return self.begin_shutdown(ShutdownReason::Api, Instant::now());
+            }
+            _ => {}
         }
         let (method, path) = action.method_and_path();
         let result = self.do_action(action);
@@ -46,9 +57,17 @@ impl Vmm {
     /// its reclaim report; a failure is logged, never fatal.
     pub(super) fn flush_metrics(&self) -> Result<bool, crate::metrics::MetricsError> {
         let report = self.reclaim_report();
+        let console_dropped_bytes = match &self.phase {
+            super::phase::Phase::Running(m) => m.console.buffer().stats().dropped_bytes,
+            _ => self
+                .last_report
+                .as_ref()
+                .map_or(0, |r| r.console.dropped_bytes),
+        };
         let result = crate::metrics::flush(&crate::metrics::VmmSnapshot {
-            state: self.state.as_str(),
+            state: self.state().as_str(),
             reclaim: &report,
+            console_dropped_bytes,
         });
         if let Err(e) = &result {
             log::warn!("metrics: {e}");
@@ -57,7 +76,7 @@ impl Vmm {
     }
 
     fn do_action(&mut self, action: VmmAction) -> ActionResult {
-        let state = self.state;
+        let state = self.state();
         let not_started = state == VmState::NotStarted;
         match action {
             VmmAction::GetInstanceInfo => Ok(VmmData::Json(json!({
@@ -116,33 +135,33 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutReclaim(_) => refused("changing the reclaim configuration", state),
-            VmmAction::InstanceStart if not_started => self
-                .start()
-                .map(|()| VmmData::Empty)
-                .map_err(|e| VmmActionError::BadRequest(format!("cannot start the microVM: {e}"))),
             VmmAction::InstanceStart => refused("InstanceStart", state),
-            VmmAction::SendCtrlAltDel => match (&self.microvm, state) {
-                (Some(microvm), VmState::Running) => {
-                    microvm
+            VmmAction::SendCtrlAltDel => match &self.phase {
+                Phase::Running(microvm) => {
+                    let queued = microvm
                         .i8042
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .send_ctrl_alt_del();
-                    microvm.control.wake_all();
+                    if !queued {
+                        log::info!("SendCtrlAltDel: the guest has not read the ones before; not queued again");
+                    }
+                    microvm.vcpus.control().wake_all();
                     Ok(VmmData::Empty)
                 }
                 _ => refused("SendCtrlAltDel", state),
             },
-            VmmAction::Shutdown(mode) if state == VmState::Running => {
-                self.begin_shutdown(ShutdownReason::Api);
-                let report = self.reclaim_report();
-                match mode {
-                    ReclaimMode::Async => serde_json::to_value(&report)
-                        .map(VmmData::Accepted)
-                        .map_err(|e| VmmActionError::Internal(e.to_string())),
-                    // Handled in `handle_request`; kept total for safety.
-                    ReclaimMode::Sync => to_json(&report),
-                }
+            // The async reply: at once, before the vCPUs stop, with the plan
+            // the `reclaim` job will run.
+            VmmAction::Shutdown(ReclaimMode::Async)
+                if matches!(state, VmState::Starting | VmState::Running) =>
+            {
+                let plan = self.planned_report();
+                self.begin_shutdown(ShutdownReason::Api, Instant::now());
+                to_json(&plan).map(|d| match d {
+                    VmmData::Json(v) => VmmData::Accepted(v),
+                    other => other,
+                })
             }
             VmmAction::Shutdown(_) => refused("Shutdown", state),
             VmmAction::GetVmConfig => to_json(&self.config),
@@ -183,7 +202,7 @@ impl Vmm {
     /// begun yet during a shutdown.
     pub(super) fn reclaim_report(&self) -> ReclaimReport {
         let report = self.progress.snapshot();
-        let shutting_down = matches!(self.state, VmState::ShuttingDown | VmState::Reclaiming);
+        let shutting_down = matches!(self.state(), VmState::ShuttingDown | VmState::Reclaiming);
         if report.state == ReclaimState::Idle && shutting_down {
             self.planned_report()
         } else {

@@ -1,9 +1,12 @@
-//! Builds and starts a microVM from a validated [`VmConfig`]: the KVM VM,
-//! guest memory (per-node slices, bound, optionally populated), memslots,
-//! the firmware's boot state, the port I/O bus and its devices, and the vCPU
-//! threads. Anything built before a failure is torn down by `Drop` (guest
-//! memory is unmapped, started vCPUs are stopped).
+//! Builds and starts a microVM from a validated [`VmConfig`], on the `start`
+//! job's thread: the KVM VM, guest memory (per-node slices, bound,
+//! optionally populated), memslots, the firmware's boot state, the port I/O
+//! bus and its devices, and the vCPU threads. A shutdown during start cuts
+//! it short at the next step and hands what was built to reclaim. Anything
+//! built before a failure is torn down by `Drop` (started vCPUs are stopped
+//! first, then guest memory is unmapped).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -13,13 +16,11 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{NumaPolicy, VmConfig};
 use crate::devices::bus::BusError;
-use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
+use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, I8042};
 use crate::memory::layout::ram_regions;
-use crate::memory::{GuestMemory, HostTopology, PopulateStats};
+use crate::memory::{GuestMemory, HostTopology};
 use crate::vstate::boot::{write_boot_state, BootError};
-use crate::vstate::vcpu::{
-    configure_vcpu, stop_vcpus, VcpuControl, VcpuError, VcpuEvent, VcpuHandle,
-};
+use crate::vstate::vcpu::{configure_vcpu, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus};
 use crate::vstate::vm::{MemorySlot, Vm, VmError};
 
 /// Errors of building and starting a microVM.
@@ -43,6 +44,9 @@ pub enum StartError {
     /// A vCPU could not be set up or started.
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
+    /// The `start` job panicked (what it built was dropped as it unwound).
+    #[error("{0}")]
+    Panicked(String),
 }
 
 /// One slice of guest RAM as `GET /memory` shows it.
@@ -59,53 +63,112 @@ pub struct SliceInfo {
 }
 
 /// A running microVM.
+///
+/// Fields drop in declaration order, so whatever path drops a `MicroVm` (an
+/// error return, a panic) stops and joins its vCPUs first, then closes the
+/// VM fd, and only then unmaps guest memory.
 pub struct MicroVm {
+    /// The vCPU threads (stopped and joined when dropped).
+    pub vcpus: Vcpus,
+    /// The guest console's writer thread.
+    pub console: ConsoleWriter,
     /// The KVM VM.
     pub vm: Vm,
     /// Guest RAM.
     pub memory: GuestMemory,
-    /// The vCPU threads.
-    pub vcpus: Vec<VcpuHandle>,
-    /// Stop and wake requests for the vCPUs.
-    pub control: Arc<VcpuControl>,
     /// The keyboard controller, to send Ctrl-Alt-Del.
     pub i8042: Arc<Mutex<I8042>>,
     /// The slices, for `GET /memory`.
     pub slices: Vec<SliceInfo>,
-    /// What populate did, if asked.
-    pub populate: Option<PopulateStats>,
 }
 
-impl MicroVm {
-    /// Stops and joins the vCPU threads; returns how many panicked.
-    pub fn stop_vcpus(&mut self) -> usize {
-        stop_vcpus(&self.control, std::mem::take(&mut self.vcpus))
+/// What a shutdown takes apart, in this order: the vCPUs, the console, the
+/// VM fd, then guest memory (freed in parallel). A start cut short by a
+/// shutdown has built only some of it.
+pub struct Teardown {
+    /// The vCPUs, if they were started.
+    pub vcpus: Option<Vcpus>,
+    /// The console, if it was started.
+    pub console: Option<ConsoleWriter>,
+    /// The VM, if it was made.
+    pub vm: Option<Vm>,
+    /// Guest RAM.
+    pub memory: GuestMemory,
+}
+
+impl From<MicroVm> for Teardown {
+    fn from(m: MicroVm) -> Self {
+        Teardown {
+            vcpus: Some(m.vcpus),
+            console: Some(m.console),
+            vm: Some(m.vm),
+            memory: m.memory,
+        }
     }
 }
 
-/// Builds the microVM described by `config` and starts its vCPUs.
-pub fn start_microvm(
-    config: &VmConfig,
-    topology: &HostTopology,
-    serial_out: SerialOut,
-    events: Sender<VcpuEvent>,
-    events_ready: &EventFd,
-) -> Result<MicroVm, StartError> {
+/// Everything the `start` job needs, moved into it.
+pub struct StartContext {
+    /// The configuration to start.
+    pub config: VmConfig,
+    /// The host topology.
+    pub topology: HostTopology,
+    /// The console's writer, already running.
+    pub console: ConsoleWriter,
+    /// Where vCPUs report that they ended the VM.
+    pub events: Sender<VcpuEvent>,
+    /// Written after each vCPU event.
+    pub events_ready: EventFd,
+    /// Set by a shutdown during start: the job stops at its next check.
+    pub cancel: Arc<AtomicBool>,
+}
+
+/// How a start ended.
+pub enum Started {
+    /// The microVM runs.
+    Running(MicroVm),
+    /// A shutdown came during start; what was built, to be reclaimed.
+    Cancelled(Teardown),
+}
+
+/// Builds the microVM described by `ctx.config` and starts its vCPUs,
+/// checking `ctx.cancel` between the long steps.
+pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
+    let StartContext {
+        config,
+        topology,
+        console,
+        events,
+        events_ready,
+        cancel,
+    } = ctx;
+    let cancelled = || cancel.load(Ordering::Acquire);
     let machine = &config.machine_config;
     let vm = Vm::new()?;
-    let memory = GuestMemory::new(machine, &config.memory, topology)?;
-    let populate = if config.memory.populate {
-        let stats = memory.populate(config.reclaim.workers_per_node, topology)?;
+    let memory = GuestMemory::new(machine, &config.memory, &topology)?;
+    let teardown = |vm, memory, console| {
+        Ok(Started::Cancelled(Teardown {
+            vcpus: None,
+            console: Some(console),
+            vm: Some(vm),
+            memory,
+        }))
+    };
+    if cancelled() {
+        return teardown(vm, memory, console);
+    }
+    if config.memory.populate {
+        let stats = memory.populate(config.reclaim.workers_per_node, &topology)?;
         log::info!(
             "populated {} MiB in {} ms with {} workers",
             stats.bytes >> 20,
             stats.elapsed_ms,
             stats.workers
         );
-        Some(stats)
-    } else {
-        None
-    };
+        if cancelled() {
+            return teardown(vm, memory, console);
+        }
+    }
     let slots: Vec<MemorySlot> = memory
         .slices()
         .iter()
@@ -132,7 +195,9 @@ pub fn start_microvm(
     )?;
 
     let i8042 = Arc::new(Mutex::new(I8042::new()));
-    let serial = Arc::new(Mutex::new(SerialConsole::new(serial_out)));
+    let serial = Arc::new(Mutex::new(SerialConsole::new(ConsoleOut::new(
+        console.buffer().clone(),
+    ))));
     let bus = Arc::new(microvm_bus(serial, i8042.clone(), Instant::now())?);
 
     let slices = memory
@@ -146,41 +211,30 @@ pub fn start_microvm(
         })
         .collect();
     let cpuid = vm.supported_cpuid()?;
-    let control = Arc::new(VcpuControl::new());
     let mut microvm = MicroVm {
+        vcpus: Vcpus::new(Arc::new(VcpuControl::new())),
+        console,
         vm,
         memory,
-        vcpus: Vec::new(),
-        control,
         i8042,
         slices,
-        populate,
     };
     for index in 0..machine.vcpu_count {
-        let started = (|| {
-            let fd = microvm.vm.create_vcpu(index)?;
-            configure_vcpu(&fd, index, &cpuid, &layout)?;
-            let ready = events_ready
-                .try_clone()
-                .map_err(|source| VcpuError::Spawn { index, source })?;
-            Ok::<_, StartError>(VcpuHandle::spawn(
-                index,
-                fd,
-                bus.clone(),
-                microvm.control.clone(),
-                events.clone(),
-                ready,
-            )?)
-        })();
-        match started {
-            Ok(handle) => microvm.vcpus.push(handle),
-            Err(e) => {
-                // Stop the vCPUs already running; dropping `microvm` then
-                // unmaps guest memory.
-                microvm.stop_vcpus();
-                return Err(e);
-            }
-        }
+        // On an error, dropping `microvm` stops the vCPUs already running,
+        // then unmaps guest memory.
+        let fd = microvm.vm.create_vcpu(index)?;
+        configure_vcpu(&fd, index, &cpuid, &layout)?;
+        let ready = events_ready
+            .try_clone()
+            .map_err(|source| VcpuError::Spawn { index, source })?;
+        microvm.vcpus.push(VcpuHandle::spawn(
+            index,
+            fd,
+            bus.clone(),
+            microvm.vcpus.control().clone(),
+            events.clone(),
+            ready,
+        )?);
     }
-    Ok(microvm)
+    Ok(Started::Running(microvm))
 }

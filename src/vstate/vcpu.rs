@@ -10,9 +10,10 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_fpu, kvm_run, CpuId};
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -269,6 +270,9 @@ pub fn configure_vcpu(
 pub struct VcpuHandle {
     index: u8,
     thread: Option<JoinHandle<()>>,
+    /// Disconnected when the thread ends (its sender drops with it), so the
+    /// VMM can wait for it with a deadline.
+    ended: Receiver<()>,
 }
 
 impl VcpuHandle {
@@ -282,9 +286,11 @@ impl VcpuHandle {
         events_ready: EventFd,
     ) -> Result<VcpuHandle, VcpuError> {
         install_kick_handler()?;
+        let (ended_tx, ended) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
             .spawn(move || {
+                let _ended = ended_tx;
                 let run = std::panic::AssertUnwindSafe(|| run_loop(index, fd, &bus, &control));
                 let event = std::panic::catch_unwind(run).unwrap_or_else(|_| {
                     Some(VcpuEvent::Crashed {
@@ -303,6 +309,7 @@ impl VcpuHandle {
         Ok(VcpuHandle {
             index,
             thread: Some(thread),
+            ended,
         })
     }
 
@@ -317,14 +324,111 @@ impl VcpuHandle {
         }
     }
 
-    /// Waits for the thread; `false` if it panicked.
-    pub fn join(mut self) -> bool {
+    /// Waits for the thread until `deadline`.
+    fn join_until(mut self, deadline: Instant) -> JoinOutcome {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.ended.recv_timeout(left) {
+            Err(RecvTimeoutError::Disconnected) => {}
+            Ok(()) | Err(RecvTimeoutError::Timeout) => {
+                log::error!(
+                    "vcpu{} did not stop in time; leaving its thread behind",
+                    self.index
+                );
+                return JoinOutcome::Stuck;
+            }
+        }
         match self.thread.take().map(JoinHandle::join) {
             Some(Err(_)) => {
                 log::error!("vcpu{} panicked", self.index);
-                false
+                JoinOutcome::Panicked
             }
-            _ => true,
+            _ => JoinOutcome::Ended,
+        }
+    }
+}
+
+enum JoinOutcome {
+    Ended,
+    Panicked,
+    Stuck,
+}
+
+/// How long stopping the vCPUs may take before the VMM goes on without the
+/// ones that did not stop (a kicked vCPU leaves `KVM_RUN` in microseconds;
+/// one that does not is stuck in the host kernel).
+pub const VCPU_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What stopping the vCPUs found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VcpuStopReport {
+    /// vCPU threads that panicked.
+    pub panicked: usize,
+    /// vCPU threads that did not end before the deadline (left behind).
+    pub stuck: usize,
+}
+
+/// A microVM's vCPU threads, stopped and joined (with a deadline) when
+/// dropped: whatever path drops them, no vCPU outlives its group, and a
+/// [`crate::vmm`] that owns the group before the VM and its memory stops the
+/// vCPUs before those go.
+pub struct Vcpus {
+    control: Arc<VcpuControl>,
+    handles: Vec<VcpuHandle>,
+}
+
+impl Vcpus {
+    /// An empty group sharing `control`.
+    pub fn new(control: Arc<VcpuControl>) -> Self {
+        Vcpus {
+            control,
+            handles: Vec::new(),
+        }
+    }
+
+    /// Adds a started vCPU.
+    pub fn push(&mut self, handle: VcpuHandle) {
+        self.handles.push(handle);
+    }
+
+    /// How many vCPUs run.
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Whether the group has no vCPU.
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+
+    /// The stop and wake requests of the group.
+    pub fn control(&self) -> &Arc<VcpuControl> {
+        &self.control
+    }
+
+    /// Stops every vCPU: request, kick, join, waiting at most `timeout` in
+    /// all. Idempotent.
+    pub fn stop(&mut self, timeout: Duration) -> VcpuStopReport {
+        self.control.request_stop();
+        for h in &self.handles {
+            h.kick();
+        }
+        let deadline = Instant::now() + timeout;
+        let mut report = VcpuStopReport::default();
+        for h in self.handles.drain(..) {
+            match h.join_until(deadline) {
+                JoinOutcome::Ended => {}
+                JoinOutcome::Panicked => report.panicked += 1,
+                JoinOutcome::Stuck => report.stuck += 1,
+            }
+        }
+        report
+    }
+}
+
+impl Drop for Vcpus {
+    fn drop(&mut self) {
+        if !self.handles.is_empty() {
+            self.stop(VCPU_STOP_TIMEOUT);
         }
     }
 }
@@ -370,27 +474,14 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
     }
 }
 
-/// Stops all vCPUs: request, kick, join. Returns how many panicked.
-pub fn stop_vcpus(control: &VcpuControl, handles: Vec<VcpuHandle>) -> usize {
-    control.request_stop();
-    for h in &handles {
-        h.kick();
-    }
-    handles
-        .into_iter()
-        .map(VcpuHandle::join)
-        .filter(|ok| !ok)
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
+    use crate::devices::{microvm_bus, SerialConsole, I8042};
     use std::time::Instant;
 
     fn bus() -> PioBus {
-        let serial = SerialConsole::new(SerialOut::Buffer(Vec::new()));
+        let serial = SerialConsole::new(Vec::new());
         let i8042 = Arc::new(Mutex::new(I8042::new()));
         microvm_bus(Arc::new(Mutex::new(serial)), i8042, Instant::now()).unwrap()
     }
