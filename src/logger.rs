@@ -205,17 +205,11 @@ fn local_time() -> String {
     )
 }
 
-impl log::Log for Logger {
-    fn enabled(&self, metadata: &log::Metadata) -> bool {
-        metadata.level() <= log::max_level()
-    }
-
-    fn log(&self, record: &log::Record) {
-        if !self.enabled(record.metadata()) {
-            return;
-        }
+impl Logger {
+    /// Writes one record (through the module filter when `filtered`).
+    fn write(&self, record: &log::Record, filtered: bool) {
         let mut s = self.settings.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(module) = &s.module {
+        if let (true, Some(module)) = (filtered, &s.module) {
             if !record.module_path().is_some_and(|m| m.starts_with(module)) {
                 return;
             }
@@ -266,6 +260,18 @@ impl log::Log for Logger {
             if !sink.write_line(line.as_bytes()) {
                 MISSED_LINES.fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+}
+
+impl log::Log for Logger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            self.write(record, true);
         }
     }
 
@@ -333,7 +339,22 @@ pub fn configure(config: &LoggerConfig) -> Result<(), LoggerError> {
         log::set_max_level(level.0);
     }
     if changed_target {
-        log::info!("Running teravm v{}", env!("CARGO_PKG_VERSION"));
+        // The first line of a new log target, whatever the level and module
+        // filter (as Firecracker's header line).
+        logger.write(
+            &log::Record::builder()
+                .args(format_args!(
+                    "Running teravm v{}",
+                    env!("CARGO_PKG_VERSION")
+                ))
+                .level(log::Level::Info)
+                .target(module_path!())
+                .module_path(Some(module_path!()))
+                .file(Some(file!()))
+                .line(Some(line!()))
+                .build(),
+            false,
+        );
     }
     Ok(())
 }
