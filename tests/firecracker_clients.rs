@@ -40,7 +40,11 @@ fn fifo_reader(path: &Path) -> std::thread::JoinHandle<String> {
 /// go-sdk's `waitForSocket`: polls `GET /machine-config` until it answers.
 fn wait_for_socket(sock: &Path) {
     let deadline = std::time::Instant::now() + T;
-    while request(sock, "GET", "/machine-config", None).map(|r| r.0).ok() != Some(200) {
+    while request(sock, "GET", "/machine-config", None)
+        .map(|r| r.0)
+        .ok()
+        != Some(200)
+    {
         assert!(std::time::Instant::now() < deadline, "no API on {sock:?}");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
