@@ -77,7 +77,7 @@ fn firecracker_flags_are_accepted() {
     let sock = dir.join("api.sock");
     let (log, metrics) = (dir.join("fc.log"), dir.join("fc.metrics"));
     // Everything the jailer and the clients pass, in Firecracker's spelling.
-    let mut vmm = Vmm::spawn(&[
+    let vmm = Vmm::spawn(&[
         "--api-sock",
         sock.to_str().unwrap(),
         "--id",
