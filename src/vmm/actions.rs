@@ -1,6 +1,7 @@
 //! API actions on the VMM: each checked against the VMM's state, done, and
 //! answered on the request's own reply channel. A sync `Shutdown` is
-//! answered later, when reclaim is done.
+//! answered later, when reclaim is done. Failed actions are counted in
+//! [`crate::metrics`]; `FlushMetrics` writes a metrics line.
 
 use std::time::Instant;
 
@@ -45,9 +46,35 @@ impl Vmm {
             }
             _ => {}
         }
+        let (method, path) = action.method_and_path();
         let result = self.do_action(action);
+        if result.is_err() {
+            crate::metrics::record_failure(method, path);
+        }
         // The client may have gone away: nothing to do about it.
         let _ = reply.send(result);
+    }
+
+    /// Writes a metrics line (if metrics are set up) with the VM's state and
+    /// its reclaim report; a failure is logged, never fatal.
+    pub(super) fn flush_metrics(&self) -> Result<bool, crate::metrics::MetricsError> {
+        let report = shapes::ReclaimReport::from(&self.reclaim_report());
+        let console_dropped_bytes = match &self.phase {
+            super::phase::Phase::Running(m) => m.console.buffer().stats().dropped_bytes,
+            _ => self
+                .last_report
+                .as_ref()
+                .map_or(0, |r| r.console.dropped_bytes),
+        };
+        let result = crate::metrics::flush(&crate::metrics::VmmSnapshot {
+            state: self.state().as_str(),
+            reclaim: &report,
+            console_dropped_bytes,
+        });
+        if let Err(e) = &result {
+            log::warn!("metrics: {e}");
+        }
+        result
     }
 
     fn do_action(&mut self, action: VmmAction) -> ActionResult {
@@ -65,7 +92,15 @@ impl Vmm {
                 self.config.machine_config = m;
                 Ok(VmmData::Empty)
             }
-            VmmAction::PutMachineConfig(_) => refused("changing the machine configuration", state),
+            VmmAction::PatchMachineConfig(p) if not_started => {
+                self.config.machine_config = p
+                    .apply(&self.config.machine_config)
+                    .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutMachineConfig(_) | VmmAction::PatchMachineConfig(_) => {
+                refused("changing the machine configuration", state)
+            }
             VmmAction::PutBootSource(b) if not_started => {
                 self.config.boot_source = b;
                 Ok(VmmData::Empty)
@@ -139,6 +174,20 @@ impl Vmm {
             }
             VmmAction::Shutdown(_) => refused("Shutdown", state),
             VmmAction::GetVmConfig => to_json(&self.config),
+            VmmAction::GetVersion => Ok(VmmData::Json(json!({
+                "firecracker_version": env!("CARGO_PKG_VERSION"),
+            }))),
+            VmmAction::PutLogger(c) => crate::logger::configure(&c)
+                .map(|()| VmmData::Empty)
+                .map_err(|e| VmmActionError::BadRequest(e.to_string())),
+            VmmAction::PutMetrics(c) => crate::metrics::configure(&c)
+                .map(|()| VmmData::Empty)
+                .map_err(|e| VmmActionError::BadRequest(e.to_string())),
+            // As in Firecracker, a flush without a metrics path does nothing.
+            VmmAction::FlushMetrics => self
+                .flush_metrics()
+                .map(|_| VmmData::Empty)
+                .map_err(|e| VmmActionError::Internal(e.to_string())),
         }
     }
 
@@ -160,7 +209,7 @@ impl Vmm {
 
     /// `GET /reclaim`: the executor's progress, or the plan while it has not
     /// begun yet during a shutdown.
-    fn reclaim_report(&self) -> ReclaimReport {
+    pub(super) fn reclaim_report(&self) -> ReclaimReport {
         let report = self.progress.snapshot();
         let shutting_down = matches!(self.state(), VmState::ShuttingDown | VmState::Reclaiming);
         if report.state == ReclaimState::Idle && shutting_down {

@@ -104,6 +104,13 @@ pub struct VmmOptions {
     pub start_at_once: bool,
     /// At most this many bytes go to the serial file.
     pub serial_file_max_bytes: Option<u64>,
+    /// Firecracker's `--boot-timer`: log the guest's boot time.
+    pub boot_timer: bool,
+    /// Seccomp filters on (default); `--no-seccomp` turns them off.
+    pub seccomp: bool,
+    /// Firecracker's `--http-api-max-payload-size`: the most bytes a request
+    /// body may have (for `ServerLimits`).
+    pub api_max_payload_bytes: usize,
 }
 
 /// The VMM of one microVM.

@@ -351,6 +351,8 @@ impl Vmm {
         self.last_report = Some(report);
         self.phase = Phase::Stopped(reason);
         self.finished_at = Some(Instant::now());
+        // The last metrics line, with the final reclaim report.
+        let _ = self.flush_metrics();
     }
 
     /// Writes one of teravm's own lines to stderr; a closed or failing
