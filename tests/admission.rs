@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{config_file, config_json, kvm_or_skip, teravm, temp_dir, Vmm};
+use common::{config_file, config_json, kvm_or_skip, temp_dir, teravm, Vmm};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -29,8 +29,8 @@ impl Cgroup {
         let mut tried = Vec::new();
         // v2: the unified hierarchy mounted at /sys/fs/cgroup with the memory
         // controller enabled for children.
-        let controllers = std::fs::read_to_string(root.join("cgroup.subtree_control"))
-            .unwrap_or_default();
+        let controllers =
+            std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
         if controllers.split_whitespace().any(|c| c == "memory") {
             match Self::make(&root.join(&name), "memory.max", limit) {
                 Ok(c) => return Ok(c),
@@ -43,7 +43,9 @@ impl Cgroup {
         let v1 = own.lines().find_map(|l| {
             let mut p = l.splitn(3, ':');
             let (_, c, path) = (p.next()?, p.next()?, p.next()?);
-            c.split(',').any(|c| c == "memory").then(|| path.trim_start_matches('/').to_string())
+            c.split(',')
+                .any(|c| c == "memory")
+                .then(|| path.trim_start_matches('/').to_string())
         });
         match v1 {
             Some(path) => {
@@ -90,7 +92,12 @@ impl Drop for Cgroup {
 fn populate_config(dir: &Path, mib: u64) -> PathBuf {
     config_file(
         dir,
-        &config_json(1, mib, "touch=16 then=reset", r#", "memory": {"populate": true}"#),
+        &config_json(
+            1,
+            mib,
+            "touch=16 then=reset",
+            r#", "memory": {"populate": true}"#,
+        ),
     )
 }
 
@@ -110,12 +117,18 @@ fn a_populated_guest_larger_than_the_cgroup_is_refused() {
     let cfg = populate_config(&dir, 4096);
     let vmm = cgroup.spawn_teravm(&["--config-file", cfg.to_str().unwrap(), "--no-api"]);
     let (code, stdout, stderr) = vmm.wait(T);
-    assert_eq!(code, 1, "refused, not killed; stdout {stdout:?}, stderr {stderr}");
+    assert_eq!(
+        code, 1,
+        "refused, not killed; stdout {stdout:?}, stderr {stderr}"
+    );
     assert!(stderr.contains("populating 4096 MiB"), "{stderr}");
     assert!(stderr.contains("limit 1024 MiB"), "{stderr}");
     assert!(stderr.contains(cgroup.dir.to_str().unwrap()), "{stderr}");
     assert_eq!(
-        stderr.lines().filter(|l| l.contains("populating 4096 MiB")).count(),
+        stderr
+            .lines()
+            .filter(|l| l.contains("populating 4096 MiB"))
+            .count(),
         1,
         "one line: {stderr}"
     );

@@ -493,7 +493,10 @@ fn accounting_share() {
             acc_total * 1e3 / 6.0,
             free_total * 1e3 / 6.0,
             shares[1] * 100.0,
-            shares.iter().map(|s| format!("{:.1}%", s * 100.0)).collect::<Vec<_>>()
+            shares
+                .iter()
+                .map(|s| format!("{:.1}%", s * 100.0))
+                .collect::<Vec<_>>()
         );
     }
 }
