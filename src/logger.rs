@@ -292,6 +292,12 @@ fn logger() -> &'static Logger {
     })
 }
 
+/// When the logger was installed: the start of the process, for the log's
+/// timestamps and the boot timer.
+pub fn process_start() -> Instant {
+    logger().start
+}
+
 /// Installs the logger at `level` (once; later calls only change the level).
 pub fn init(level: log::LevelFilter) {
     let _ = log::set_logger(logger());

@@ -331,3 +331,36 @@ fn a_closed_stdout_is_no_panic_and_the_sync_reply_arrives() {
     summary(&stderr);
     let _ = std::io::stderr().flush();
 }
+
+#[test]
+fn the_boot_timer_logs_the_firmware_first_line() {
+    if !kvm_or_skip("boot_timer") {
+        return;
+    }
+    let dir = temp_dir("boot-timer");
+    let cfg = config_file(&dir, &config_json(1, 64, "touch=8 then=reset", ""));
+    let (code, stdout, stderr) = run(
+        &[
+            "--config-file",
+            cfg.to_str().unwrap(),
+            "--no-api",
+            "--boot-timer",
+            "--level",
+            "Info",
+        ],
+        T,
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout[0].starts_with("teravm firmware:"), "{stdout:?}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("Guest-boot-time = "))
+        .unwrap_or_else(|| panic!("no boot time in {stderr}"));
+    let us: u64 = line
+        .split("Guest-boot-time = ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(us > 0 && us < 60_000_000, "{line}");
+}

@@ -261,13 +261,18 @@ impl std::fmt::Debug for ConsoleWriter {
 
 impl ConsoleWriter {
     /// Starts the `console` thread draining a new buffer of `capacity`
-    /// bytes into `sinks`.
-    pub fn spawn(capacity: usize, sinks: Vec<ConsoleSink>) -> Result<ConsoleWriter, ConsoleError> {
+    /// bytes into `sinks`. `on_first_output` runs on that thread when the
+    /// guest's first bytes arrive (the boot timer).
+    pub fn spawn(
+        capacity: usize,
+        sinks: Vec<ConsoleSink>,
+        on_first_output: Option<Box<dyn FnOnce(Instant) + Send>>,
+    ) -> Result<ConsoleWriter, ConsoleError> {
         let buffer = ConsoleBuffer::new(capacity);
         let shared = buffer.clone();
         let thread = std::thread::Builder::new()
             .name("console".into())
-            .spawn(move || drain(&shared, sinks))
+            .spawn(move || drain(&shared, sinks, on_first_output))
             .map_err(ConsoleError::Spawn)?;
         Ok(ConsoleWriter {
             buffer,
@@ -304,9 +309,16 @@ impl Drop for ConsoleWriter {
     }
 }
 
-fn drain(buffer: &ConsoleBuffer, mut sinks: Vec<ConsoleSink>) {
+fn drain(
+    buffer: &ConsoleBuffer,
+    mut sinks: Vec<ConsoleSink>,
+    mut on_first_output: Option<Box<dyn FnOnce(Instant) + Send>>,
+) {
     let mut logged_drops = false;
     while let Some(bytes) = buffer.take() {
+        if let (Some(f), Some(at)) = (on_first_output.take(), buffer.first_byte_at()) {
+            f(at);
+        }
         let mut delivered = false;
         sinks.retain_mut(|sink| match sink.write(&bytes) {
             Ok(refused) => {
@@ -382,17 +394,22 @@ mod tests {
     fn bytes_reach_every_sink() {
         let (tx, rx) = channel();
         let (tx2, rx2) = channel();
+        let (first_tx, first_rx) = channel();
         let w = ConsoleWriter::spawn(
             1024,
             vec![
                 ConsoleSink::new("a", Box::new(ToChannel(tx)), None),
                 ConsoleSink::new("b", Box::new(ToChannel(tx2)), None),
             ],
+            Some(Box::new(move |at| first_tx.send(at).unwrap())),
         )
         .unwrap();
         let mut out = ConsoleOut::new(w.buffer().clone());
         out.write_all(b"hello\n").unwrap();
+        let w_first = w.buffer().first_byte_at();
+        assert!(w_first.is_some());
         let stats = w.finish(Duration::from_secs(10));
+        assert_eq!(first_rx.try_recv().ok(), w_first);
         let got: Vec<u8> = rx.try_iter().flatten().collect();
         let got2: Vec<u8> = rx2.try_iter().flatten().collect();
         assert_eq!(got, b"hello\n");
@@ -415,6 +432,7 @@ mod tests {
                 Box::new(Stuck(Mutex::new(()), Condvar::new())),
                 None,
             )],
+            None,
         )
         .unwrap();
         let buffer = w.buffer().clone();
@@ -436,6 +454,7 @@ mod tests {
         let w = ConsoleWriter::spawn(
             1024,
             vec![ConsoleSink::new("broken", Box::new(Broken), None)],
+            None,
         )
         .unwrap();
         w.buffer().push(b"lost");
@@ -449,6 +468,7 @@ mod tests {
         let w = ConsoleWriter::spawn(
             1024,
             vec![ConsoleSink::new("capped", Box::new(ToChannel(tx)), Some(3))],
+            None,
         )
         .unwrap();
         w.buffer().push(b"abcdef");

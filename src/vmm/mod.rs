@@ -56,6 +56,7 @@ const TOKEN_SIGNAL: u32 = 2;
 const TOKEN_API: u32 = 3;
 const TOKEN_RECLAIM: u32 = 4;
 const TOKEN_START: u32 = 5;
+const TOKEN_METRICS: u32 = 6;
 
 /// Errors that end the VMM before or outside the microVM's life.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +73,9 @@ pub enum VmmError {
     /// An `EventFd` could not be made.
     #[error("cannot create an eventfd: {0}")]
     EventFd(std::io::Error),
+    /// The metrics timer could not be made.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     /// The event loop failed.
     #[error("event loop: {0:?}")]
     EventLoop(event_manager::Error),
@@ -128,6 +132,7 @@ pub struct Vmm {
     api_rx: Option<Receiver<ApiRequest>>,
     api_evt: EventFd,
     start_evt: EventFd,
+    metrics_timer: crate::metrics::FlushTimer,
     populate: Arc<PopulateProgress>,
     progress: Arc<ReclaimProgress>,
     reclaim_evt: EventFd,
@@ -219,17 +224,22 @@ impl MutEventSubscriber for Vmm {
                 let _ = self.start_evt.read();
                 self.start_done();
             }
+            TOKEN_METRICS => {
+                self.metrics_timer.ack();
+                let _ = self.flush_metrics();
+            }
             other => log::warn!("event for unknown token {other}"),
         }
     }
 
     fn init(&mut self, ops: &mut EventOps) {
-        let sources: [(i32, u32); 5] = [
+        let sources: [(i32, u32); 6] = [
             (self.vcpu_evt.as_raw_fd(), TOKEN_VCPU),
             (self.signals.as_raw_fd(), TOKEN_SIGNAL),
             (self.api_evt.as_raw_fd(), TOKEN_API),
             (self.reclaim_evt.as_raw_fd(), TOKEN_RECLAIM),
             (self.start_evt.as_raw_fd(), TOKEN_START),
+            (self.metrics_timer.as_raw_fd(), TOKEN_METRICS),
         ];
         for (fd, token) in sources {
             if let Err(e) = ops.add(Events::with_data_raw(fd, token, EventSet::IN)) {
@@ -278,6 +288,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         api_rx,
         api_evt,
         start_evt: new_evt()?,
+        metrics_timer: crate::metrics::FlushTimer::new(crate::metrics::FLUSH_PERIOD)?,
         populate: Arc::new(PopulateProgress::new()),
         progress: Arc::new(ReclaimProgress::new()),
         reclaim_evt: new_evt()?,
