@@ -364,3 +364,38 @@ fn the_boot_timer_logs_the_firmware_first_line() {
         .unwrap_or_else(|| panic!("{line}"));
     assert!(us > 0 && us < 60_000_000, "{line}");
 }
+
+#[test]
+fn a_terminal_gets_a_live_progress_line_and_a_pipe_does_not() {
+    if !kvm_or_skip("progress_line") {
+        return;
+    }
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("SKIPPED progress_line: no `script` to give teravm a terminal");
+        return;
+    }
+    let dir = temp_dir("progress-line");
+    let cfg = config_file(
+        &dir,
+        &config_json(
+            1,
+            256,
+            "touch=0 then=reset",
+            r#", "memory": {"populate": true}"#,
+        ),
+    );
+    let cmd = format!("{} --config-file {} --no-api", teravm(), cfg.display());
+    let out = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    assert!(tty.contains("\x1b[Kpopulate: "), "{tty:?}");
+    assert!(tty.contains("\x1b[Kreclaim: "), "{tty:?}");
+    let (code, _, stderr) = run(&["--config-file", cfg.to_str().unwrap(), "--no-api"], T);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+    summary(&stderr);
+}

@@ -14,6 +14,7 @@ use std::time::Instant;
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::progress_line::{self, ProgressLine};
 use crate::config::{NumaPolicy, VmConfig};
 use crate::devices::bus::BusError;
 use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, I8042};
@@ -161,6 +162,8 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         return teardown(vm, memory, console);
     }
     if config.memory.populate {
+        let shown = populate.clone();
+        let _line = ProgressLine::spawn(move |t| progress_line::populate_text(&shown, t));
         let stats = memory.populate(
             config.reclaim.workers_per_node,
             &topology,

@@ -20,6 +20,7 @@ mod actions;
 pub mod builder;
 pub mod jobs;
 pub mod phase;
+pub mod progress_line;
 pub mod report;
 pub mod signals;
 

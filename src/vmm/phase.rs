@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::builder::{start_microvm, MicroVm, StartContext, StartError, Started, Teardown};
 use super::jobs::Job;
+use super::progress_line::{self, ProgressLine};
 use super::report::{ms, PhaseTimes, ShutdownReport};
 use super::{Vmm, EXIT_ERROR, EXIT_GUEST_CRASHED, EXIT_RECLAIM_FAILED};
 
@@ -298,7 +299,7 @@ impl Vmm {
         let opts = ReclaimOptions::from(&self.config.reclaim);
         let topology = self.topology.clone();
         let progress = self.progress.clone();
-        let work = move || reclaim_job(teardown, &opts, &topology, &progress, accepted);
+        let work = move || reclaim_job(teardown, &opts, &topology, progress, accepted);
         match Job::spawn("reclaim", &self.reclaim_evt, work) {
             Ok(job) => self.phase = Phase::Reclaiming(Reclaiming { job, reason }),
             Err(e) => {
@@ -393,7 +394,7 @@ fn reclaim_job(
     teardown: Teardown,
     opts: &ReclaimOptions,
     topology: &crate::memory::HostTopology,
-    progress: &ReclaimProgress,
+    progress: Arc<ReclaimProgress>,
     accepted: Instant,
 ) -> ShutdownReport {
     let Teardown {
@@ -430,7 +431,11 @@ fn reclaim_job(
             crate::faults::FAULT_INJECT_ENV
         );
     }
-    match memory.reclaim(opts, topology, progress) {
+    let shown = progress.clone();
+    let line = ProgressLine::spawn(move |t| progress_line::reclaim_text(&shown.snapshot(), t));
+    let result = memory.reclaim(opts, topology, &progress);
+    drop(line);
+    match result {
         Ok(r) => report.reclaim = Some(r),
         Err(ReclaimError::Failed {
             failures,
