@@ -228,7 +228,7 @@ pub fn check_initrd(path: &Path) -> Result<u64, ImageError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A minimal bzImage header (protocol 2.15, loaded high, 64-bit entry).
@@ -238,6 +238,7 @@ mod tests {
         b[0x202..0x206].copy_from_slice(&HDRS_MAGIC.to_le_bytes());
         b[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
         b[0x211] = LOADED_HIGH;
+        b[0x214..0x218].copy_from_slice(&0x10_0000u32.to_le_bytes());
         b[0x22c..0x230].copy_from_slice(&0x7fff_ffffu32.to_le_bytes());
         b[0x230..0x234].copy_from_slice(&0x20_0000u32.to_le_bytes());
         b[0x236..0x238].copy_from_slice(&0x7fu16.to_le_bytes());
