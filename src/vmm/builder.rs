@@ -1,7 +1,7 @@
 //! Builds and starts a microVM from a validated [`VmConfig`]: the KVM VM,
 //! guest memory (per-node slices, bound, optionally populated), memslots,
-//! the firmware's boot state, the port I/O bus and its devices, and the vCPU
-//! threads. Anything built before a failure is torn down by `Drop` (guest
+//! the boot state (the firmware's, or a Linux kernel's with the in-kernel
+//! irqchip and PIT), the port I/O bus and its devices, and the vCPU threads. Anything built before a failure is torn down by `Drop` (guest
 //! memory is unmapped, started vCPUs are stopped).
 
 use std::sync::mpsc::Sender;
@@ -17,8 +17,9 @@ use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
 use crate::memory::layout::ram_regions;
 use crate::memory::{GuestMemory, HostTopology, PopulateStats};
 use crate::vstate::boot::{write_boot_state, BootError};
+use crate::vstate::linux::{self, params::kernel_cmdline, KernelSpec, LinuxError};
 use crate::vstate::vcpu::{
-    configure_vcpu, stop_vcpus, VcpuControl, VcpuError, VcpuEvent, VcpuHandle,
+    configure_vcpu, stop_vcpus, GuestEntry, VcpuControl, VcpuError, VcpuEvent, VcpuHandle,
 };
 use crate::vstate::vm::{MemorySlot, Vm, VmError};
 
@@ -37,6 +38,9 @@ pub enum StartError {
     /// The firmware's boot state could not be written.
     #[error("boot: {0}")]
     Boot(#[from] BootError),
+    /// The Linux kernel could not be loaded.
+    #[error("kernel: {0}")]
+    Linux(#[from] LinuxError),
     /// A device could not be put on the bus.
     #[error("devices: {0}")]
     Bus(#[from] BusError),
@@ -119,17 +123,48 @@ pub fn start_microvm(
     // the vCPUs are stopped; reclaim unmaps them only after that, and KVM
     // follows an munmap through its MMU notifier.
     unsafe { vm.register_memory(&slots) }?;
-    let regions: Vec<(u64, u64)> = ram_regions(machine.mem_bytes())
-        .iter()
-        .map(|r| (r.guest_addr, r.len))
-        .collect();
-    let layout = write_boot_state(
-        memory.vm_memory(),
-        &regions,
-        usize::from(machine.vcpu_count),
-        machine.mem_size_mib,
-        &config.boot_source.boot_args,
-    )?;
+    let entry = match &config.boot_source.kernel_image_path {
+        None => {
+            let regions: Vec<(u64, u64)> = ram_regions(machine.mem_bytes())
+                .iter()
+                .map(|r| (r.guest_addr, r.len))
+                .collect();
+            GuestEntry::Firmware(write_boot_state(
+                memory.vm_memory(),
+                &regions,
+                usize::from(machine.vcpu_count),
+                machine.mem_size_mib,
+                &config.boot_source.boot_args,
+            )?)
+        }
+        Some(kernel) => {
+            vm.setup_irqchip()?;
+            let spec = KernelSpec {
+                kernel: kernel.clone(),
+                initrd: config.boot_source.initrd_path.clone(),
+                cmdline: kernel_cmdline(&config.boot_source.boot_args).to_string(),
+            };
+            let mut slices: Vec<(u64, u64)> = memory
+                .slices()
+                .iter()
+                .map(|s| (s.slice.guest_addr, s.slice.len))
+                .collect();
+            slices.sort_unstable();
+            let (entry, map) =
+                linux::load(memory.vm_memory(), &spec, &slices, machine.vcpu_count)?;
+            log::info!(
+                "kernel {} ({:?}) entered at {:#x}; command line: {}",
+                kernel.display(),
+                entry.format,
+                entry.entry,
+                spec.cmdline
+            );
+            for e in &map {
+                log::info!("e820: {}", e.linux_line());
+            }
+            GuestEntry::Linux(entry)
+        }
+    };
 
     let i8042 = Arc::new(Mutex::new(I8042::new()));
     let serial = Arc::new(Mutex::new(SerialConsole::new(serial_out)));
@@ -159,7 +194,7 @@ pub fn start_microvm(
     for index in 0..machine.vcpu_count {
         let started = (|| {
             let fd = microvm.vm.create_vcpu(index)?;
-            configure_vcpu(&fd, index, &cpuid, &layout)?;
+            configure_vcpu(&fd, index, &cpuid, &entry)?;
             let ready = events_ready
                 .try_clone()
                 .map_err(|source| VcpuError::Spawn { index, source })?;

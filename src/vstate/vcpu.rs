@@ -20,6 +20,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::boot::{initial_regs, setup_sregs, BootLayout};
+use super::linux::LinuxEntry;
 use crate::devices::{BusEvent, PioBus};
 
 /// Offset from `SIGRTMIN` of the signal that kicks a vCPU out of `KVM_RUN`.
@@ -41,6 +42,9 @@ pub enum VcpuError {
     /// The kick signal handler could not be installed.
     #[error("cannot install the vCPU kick signal handler: {0}")]
     Signal(vmm_sys_util::errno::Error),
+    /// A Linux vCPU could not be set up.
+    #[error(transparent)]
+    Linux(#[from] super::linux::cpu::CpuError),
     /// The thread could not be spawned.
     #[error("cannot spawn the thread of vCPU {index}: {source}")]
     Spawn {
@@ -231,13 +235,35 @@ fn install_kick_handler() -> Result<(), VcpuError> {
     }
 }
 
+/// What a vCPU starts: the built-in firmware at CPL3, or a Linux kernel at
+/// its 64-bit entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestEntry {
+    /// The firmware, with its boot layout.
+    Firmware(BootLayout),
+    /// A Linux kernel.
+    Linux(LinuxEntry),
+}
+
 /// Sets CPUID, FPU, special and general registers of vCPU `index`.
 pub fn configure_vcpu(
     fd: &VcpuFd,
     index: u8,
     cpuid: &CpuId,
-    layout: &BootLayout,
+    entry: &GuestEntry,
 ) -> Result<(), VcpuError> {
+    let layout = match entry {
+        GuestEntry::Firmware(layout) => layout,
+        GuestEntry::Linux(linux) => {
+            return Ok(super::linux::cpu::configure(
+                fd,
+                index,
+                linux.vcpus,
+                cpuid,
+                linux.entry,
+            )?)
+        }
+    };
     let setup = |what: &'static str, r: Result<(), kvm_ioctls::Error>| {
         r.map_err(|source| VcpuError::Setup {
             index,
