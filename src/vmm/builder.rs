@@ -150,8 +150,7 @@ pub fn start_microvm(
                 .map(|s| (s.slice.guest_addr, s.slice.len))
                 .collect();
             slices.sort_unstable();
-            let (entry, map) =
-                linux::load(memory.vm_memory(), &spec, &slices, machine.vcpu_count)?;
+            let (entry, map) = linux::load(memory.vm_memory(), &spec, &slices, machine.vcpu_count)?;
             log::info!(
                 "kernel {} ({:?}) entered at {:#x}; command line: {}",
                 kernel.display(),

@@ -151,9 +151,7 @@ impl Vm {
             // Only VMX needs it; PVM and SVM hosts may refuse it harmlessly.
             log::debug!("KVM_SET_TSS_ADDR: {e} (ignored)");
         }
-        self.fd
-            .create_irq_chip()
-            .map_err(VmError::CreateIrqchip)?;
+        self.fd.create_irq_chip().map_err(VmError::CreateIrqchip)?;
         let pit = kvm_pit_config {
             flags: KVM_PIT_SPEAKER_DUMMY,
             ..Default::default()

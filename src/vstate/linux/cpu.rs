@@ -8,7 +8,9 @@
 //! and SIPI through the in-kernel LAPIC) once the MP table has told it
 //! they exist, so only vCPU 0 runs the kernel's entry code.
 
-use kvm_bindings::{kvm_fpu, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, CpuId, Msrs};
+use kvm_bindings::{
+    kvm_fpu, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, CpuId, Msrs,
+};
 use kvm_ioctls::VcpuFd;
 
 use super::params::ZERO_PAGE_ADDR;
@@ -221,7 +223,13 @@ pub fn configure(
     supported: &CpuId,
     entry: u64,
 ) -> Result<(), CpuError> {
-    let ioctl = |what: &'static str| move |source| CpuError::Ioctl { index, what, source };
+    let ioctl = |what: &'static str| {
+        move |source| CpuError::Ioctl {
+            index,
+            what,
+            source,
+        }
+    };
     let mut cpuid = supported.clone();
     super::cpuid::set_topology(cpuid.as_mut_slice(), index, vcpus);
     fd.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
@@ -248,7 +256,8 @@ pub fn configure(
     let mut sregs = fd.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?;
     setup_sregs(&mut sregs);
     fd.set_sregs(&sregs).map_err(ioctl("KVM_SET_SREGS"))?;
-    fd.set_regs(&entry_regs(entry)).map_err(ioctl("KVM_SET_REGS"))
+    fd.set_regs(&entry_regs(entry))
+        .map_err(ioctl("KVM_SET_REGS"))
 }
 
 #[cfg(test)]
@@ -269,7 +278,11 @@ mod tests {
         // The selectors index DPL-0 descriptors of the right kind.
         assert_eq!((GDT[usize::from(CODE_SELECTOR >> 3)] >> 45) & 3, 0);
         assert_ne!((GDT[usize::from(CODE_SELECTOR >> 3)] >> 53) & 1, 0, "L bit");
-        assert_eq!((GDT[usize::from(TSS_SELECTOR >> 3)] >> 40) & 0xf, 0xb, "busy TSS");
+        assert_eq!(
+            (GDT[usize::from(TSS_SELECTOR >> 3)] >> 40) & 0xf,
+            0xb,
+            "busy TSS"
+        );
         let r = entry_regs(0x100_0000);
         assert_eq!((r.rip, r.rsi, r.rflags), (0x100_0000, ZERO_PAGE_ADDR, 2));
     }

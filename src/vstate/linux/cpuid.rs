@@ -150,7 +150,11 @@ mod tests {
             }
             assert_eq!(find(&e, 0x8000_001e, 0).eax, u32::from(index));
             assert_eq!(find(&e, 0x8000_0008, 0).ecx & 0xff, u32::from(vcpus) - 1);
-            assert_eq!(find(&e, 0x4000_0000, 0).eax, 0x4000_0001, "paravirt leaf kept");
+            assert_eq!(
+                find(&e, 0x4000_0000, 0).eax,
+                0x4000_0001,
+                "paravirt leaf kept"
+            );
         }
     }
 

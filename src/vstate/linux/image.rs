@@ -162,7 +162,12 @@ impl BzImageHeader {
 
     /// Bytes of real-mode setup before the protected-mode code.
     pub fn setup_bytes(&self) -> u64 {
-        (u64::from(if self.setup_sects == 0 { 4 } else { self.setup_sects }) + 1) * 512
+        (u64::from(if self.setup_sects == 0 {
+            4
+        } else {
+            self.setup_sects
+        }) + 1)
+            * 512
     }
 }
 
@@ -354,17 +359,17 @@ pub(crate) mod tests {
         let huge = dir.join("huge");
         let f = File::create(&huge).unwrap();
         f.set_len(MAX_KERNEL_BYTES + 1).unwrap();
-        assert!(matches!(
-            check_kernel(&huge),
-            Err(ImageError::Size { .. })
-        ));
+        assert!(matches!(check_kernel(&huge), Err(ImageError::Size { .. })));
         let bz = dir.join("bz");
         std::fs::write(&bz, bzimage_head()).unwrap();
         assert_eq!(check_kernel(&bz), Ok(KernelFormat::BzImage));
         let elf = dir.join("elf");
         std::fs::write(&elf, elf_head()).unwrap();
         assert_eq!(check_kernel(&elf), Ok(KernelFormat::Elf));
-        for e in [check_kernel(&missing).unwrap_err(), check_kernel(&huge).unwrap_err()] {
+        for e in [
+            check_kernel(&missing).unwrap_err(),
+            check_kernel(&huge).unwrap_err(),
+        ] {
             assert!(!e.to_string().contains('\n'));
         }
         std::fs::remove_dir_all(&dir).unwrap();

@@ -78,7 +78,8 @@ fn elf_with_initrd() {
     assert_eq!(&line, b"console=ttyS0 earlyprintk=serial\0");
     assert_eq!({ zp.e820_entries }, 4);
     let mut mp = [0u8; 4];
-    m.read_slice(&mut mp, GuestAddress(mptable::MPTABLE_ADDR)).unwrap();
+    m.read_slice(&mut mp, GuestAddress(mptable::MPTABLE_ADDR))
+        .unwrap();
     assert_eq!(&mp, b"_MP_");
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -112,7 +113,10 @@ fn load_errors() {
     let d = dir("bad");
     let m = mem(64 * MIB);
     let missing = load(&m, &spec(d.join("none"), None), &[(0, 64 * MIB)], 1).unwrap_err();
-    assert!(matches!(missing, LinuxError::Image(ImageError::Read { .. })), "{missing}");
+    assert!(
+        matches!(missing, LinuxError::Image(ImageError::Read { .. })),
+        "{missing}"
+    );
     // An ELF whose segment lies beyond guest RAM.
     let k = d.join("vmlinux");
     std::fs::write(&k, tiny_elf(&[0xf4; 16])).unwrap();
@@ -121,13 +125,22 @@ fn load_errors() {
     assert!(matches!(e, LinuxError::Load { .. }), "{e}");
     // An initrd too big for the RAM above the kernel.
     let i = d.join("initrd");
-    std::fs::File::create(&i).unwrap().set_len(60 * MIB).unwrap();
+    std::fs::File::create(&i)
+        .unwrap()
+        .set_len(60 * MIB)
+        .unwrap();
     let e = load(&m, &spec(k.clone(), Some(i)), &[(0, 64 * MIB)], 1).unwrap_err();
-    assert!(matches!(e, LinuxError::Params(ParamsError::InitrdDoesNotFit { .. })), "{e}");
+    assert!(
+        matches!(e, LinuxError::Params(ParamsError::InitrdDoesNotFit { .. })),
+        "{e}"
+    );
     // A command line longer than the kernel takes.
     let mut long = spec(k, None);
     long.cmdline = "x".repeat(3000);
     let e = load(&m, &long, &[(0, 64 * MIB)], 1).unwrap_err();
-    assert!(matches!(e, LinuxError::Params(ParamsError::CmdlineTooLong { .. })), "{e}");
+    assert!(
+        matches!(e, LinuxError::Params(ParamsError::CmdlineTooLong { .. })),
+        "{e}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

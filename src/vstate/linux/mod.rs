@@ -121,47 +121,47 @@ pub fn load(
         path: spec.kernel.clone(),
         source,
     };
-    let (entry, kernel_end, header, initrd_max, cmdline_max) = match format {
-        KernelFormat::Elf => {
-            let r = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
-                .map_err(load_err)?;
-            if let PvhBootCapability::PvhEntryPresent(pvh) = r.pvh_boot_cap {
-                log::info!(
-                    "kernel has a PVH entry at {:#x}; entering at its 64-bit entry {:#x}",
-                    pvh.0,
-                    r.kernel_load.0
-                );
+    let (entry, kernel_end, header, initrd_max, cmdline_max) =
+        match format {
+            KernelFormat::Elf => {
+                let r = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                    .map_err(load_err)?;
+                if let PvhBootCapability::PvhEntryPresent(pvh) = r.pvh_boot_cap {
+                    log::info!(
+                        "kernel has a PVH entry at {:#x}; entering at its 64-bit entry {:#x}",
+                        pvh.0,
+                        r.kernel_load.0
+                    );
+                }
+                (r.kernel_load.0, r.kernel_end, None, ELF_INITRD_ADDR_MAX, 0)
             }
-            (r.kernel_load.0, r.kernel_end, None, ELF_INITRD_ADDR_MAX, 0)
-        }
-        KernelFormat::BzImage => {
-            let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
-                .map_err(load_err)?;
-            let mut head = vec![0u8; 0x270];
-            let mut f = open(&spec.kernel)?;
-            std::io::Read::read_exact(&mut f, &mut head).map_err(|e| LinuxError::Read {
-                path: spec.kernel.clone(),
-                reason: e.to_string(),
-            })?;
-            let h = BzImageHeader::parse(&head)
-                .ok()
-                .flatten()
-                .ok_or(ImageError::UnknownFormat {
-                    path: spec.kernel.display().to_string(),
+            KernelFormat::BzImage => {
+                let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                    .map_err(load_err)?;
+                let mut head = vec![0u8; 0x270];
+                let mut f = open(&spec.kernel)?;
+                std::io::Read::read_exact(&mut f, &mut head).map_err(|e| LinuxError::Read {
+                    path: spec.kernel.clone(),
+                    reason: e.to_string(),
                 })?;
-            // The decompressor needs init_size bytes from where it puts the kernel.
-            let end = r
-                .kernel_end
-                .max(BZIMAGE_KERNEL_ADDR + u64::from(h.init_size));
-            (
-                r.kernel_load.0 + BZIMAGE_ENTRY_64,
-                end,
-                r.setup_header,
-                h.initrd_addr_max,
-                h.cmdline_size,
-            )
-        }
-    };
+                let h = BzImageHeader::parse(&head).ok().flatten().ok_or(
+                    ImageError::UnknownFormat {
+                        path: spec.kernel.display().to_string(),
+                    },
+                )?;
+                // The decompressor needs init_size bytes from where it puts the kernel.
+                let end = r
+                    .kernel_end
+                    .max(BZIMAGE_KERNEL_ADDR + u64::from(h.init_size));
+                (
+                    r.kernel_load.0 + BZIMAGE_ENTRY_64,
+                    end,
+                    r.setup_header,
+                    h.initrd_addr_max,
+                    h.cmdline_size,
+                )
+            }
+        };
     check_cmdline(&spec.cmdline, cmdline_max)?;
     let write = |what: &'static str, addr: u64, bytes: &[u8]| {
         mem.write_slice(bytes, GuestAddress(addr))

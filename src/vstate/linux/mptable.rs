@@ -168,12 +168,21 @@ mod tests {
             );
             let ints = &rest[16..16 + 8 * 24];
             for (pin, e) in ints.chunks(8).enumerate() {
-                assert_eq!((e[0], e[5], e[6], e[7]), (INTSRC_ENTRY, pin as u8, ioapic_id(vcpus), pin as u8));
+                assert_eq!(
+                    (e[0], e[5], e[6], e[7]),
+                    (INTSRC_ENTRY, pin as u8, ioapic_id(vcpus), pin as u8)
+                );
             }
             let lints = &rest[16 + 8 * 24..];
             assert_eq!(lints.len(), 16);
-            assert_eq!((lints[0], lints[1], lints[7]), (LINTSRC_ENTRY, INT_TYPE_EXTINT, 0));
-            assert_eq!((lints[8], lints[9], lints[15]), (LINTSRC_ENTRY, INT_TYPE_NMI, 1));
+            assert_eq!(
+                (lints[0], lints[1], lints[7]),
+                (LINTSRC_ENTRY, INT_TYPE_EXTINT, 0)
+            );
+            assert_eq!(
+                (lints[8], lints[9], lints[15]),
+                (LINTSRC_ENTRY, INT_TYPE_NMI, 1)
+            );
         }
     }
 

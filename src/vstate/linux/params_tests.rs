@@ -5,7 +5,11 @@ use crate::memory::plan::partition;
 const GIB: u64 = 1 << 30;
 
 fn slices(mem: u64, nodes: &[u32]) -> Vec<(u64, u64)> {
-    let align = if mem >= nodes.len() as u64 * GIB { GIB } else { 2 << 20 };
+    let align = if mem >= nodes.len() as u64 * GIB {
+        GIB
+    } else {
+        2 << 20
+    };
     partition(&ram_regions(mem), nodes, align)
         .unwrap()
         .iter()
@@ -28,10 +32,7 @@ fn covers_slices(map: &[E820Entry], slices: &[(u64, u64)]) {
     for w in map.windows(2) {
         assert!(w[0].addr + w[0].size <= w[1].addr, "{map:?}");
     }
-    let gap: Vec<_> = map
-        .iter()
-        .filter(|e| e.addr == MMIO_GAP_START)
-        .collect();
+    let gap: Vec<_> = map.iter().filter(|e| e.addr == MMIO_GAP_START).collect();
     assert_eq!(gap.len(), 1);
     assert_eq!(gap[0].kind, E820_RESERVED);
     assert_eq!(gap[0].size, GIB);
@@ -44,10 +45,26 @@ fn one_node_small_guest() {
     assert_eq!(
         map,
         vec![
-            E820Entry { addr: 0, size: 0x9fc00, kind: E820_RAM },
-            E820Entry { addr: 0x9fc00, size: 0x60400, kind: E820_RESERVED },
-            E820Entry { addr: 0x10_0000, size: (256 << 20) - 0x10_0000, kind: E820_RAM },
-            E820Entry { addr: 3 << 30, size: GIB, kind: E820_RESERVED },
+            E820Entry {
+                addr: 0,
+                size: 0x9fc00,
+                kind: E820_RAM
+            },
+            E820Entry {
+                addr: 0x9fc00,
+                size: 0x60400,
+                kind: E820_RESERVED
+            },
+            E820Entry {
+                addr: 0x10_0000,
+                size: (256 << 20) - 0x10_0000,
+                kind: E820_RAM
+            },
+            E820Entry {
+                addr: 3 << 30,
+                size: GIB,
+                kind: E820_RESERVED
+            },
         ]
     );
     covers_slices(&map, &s);
@@ -92,7 +109,10 @@ fn four_nodes_and_a_terabyte() {
         covers_slices(&map, &s);
         let last = map.last().unwrap();
         assert_eq!(last.addr + last.size, tib + GIB);
-        assert_eq!(map.iter().filter(|e| e.kind == E820_RAM).count(), 1 + s.len());
+        assert_eq!(
+            map.iter().filter(|e| e.kind == E820_RAM).count(),
+            1 + s.len()
+        );
     }
 }
 
@@ -129,14 +149,27 @@ fn default_and_given_cmdlines() {
     assert_eq!(kernel_cmdline(""), DEFAULT_KERNEL_CMDLINE);
     assert_eq!(kernel_cmdline("  "), DEFAULT_KERNEL_CMDLINE);
     assert_eq!(kernel_cmdline("console=ttyS0 quiet"), "console=ttyS0 quiet");
-    for word in ["console=ttyS0", "reboot=k", "panic=1", "pci=off", "nomodule", "i8042.dumbkbd"] {
-        assert!(DEFAULT_KERNEL_CMDLINE.split(' ').any(|w| w == word), "{word}");
+    for word in [
+        "console=ttyS0",
+        "reboot=k",
+        "panic=1",
+        "pci=off",
+        "nomodule",
+        "i8042.dumbkbd",
+    ] {
+        assert!(
+            DEFAULT_KERNEL_CMDLINE.split(' ').any(|w| w == word),
+            "{word}"
+        );
     }
     assert!(!DEFAULT_KERNEL_CMDLINE.contains("8250.nr_uarts"));
     assert_eq!(check_cmdline(&"x".repeat(2047), 0), Ok(()));
     assert_eq!(
         check_cmdline(&"x".repeat(2048), 0),
-        Err(ParamsError::CmdlineTooLong { len: 2048, max: 2047 })
+        Err(ParamsError::CmdlineTooLong {
+            len: 2048,
+            max: 2047
+        })
     );
     assert_eq!(
         check_cmdline(&"x".repeat(300), 255),
@@ -158,7 +191,11 @@ fn initrd_goes_high_within_the_limits() {
     // Too big to fit above the kernel.
     assert_eq!(
         initrd_addr(&map, 0x400_0000, 0x7fff_ffff, 253 << 20),
-        Err(ParamsError::InitrdDoesNotFit { size: 253 << 20, low: 0x400_0000, high: 0x8000_0000 })
+        Err(ParamsError::InitrdDoesNotFit {
+            size: 253 << 20,
+            low: 0x400_0000,
+            high: 0x8000_0000
+        })
     );
     // A big guest: below 2 GiB (initrd_addr_max), never in the gap or above 4 GiB.
     let map = e820_map(&slices(16 * GIB, &[0, 1])).unwrap();
@@ -169,7 +206,10 @@ fn initrd_goes_high_within_the_limits() {
 #[test]
 fn zero_page_fields() {
     let map = e820_map(&slices(512 << 20, &[0])).unwrap();
-    let initrd = InitrdPlacement { addr: 0x1f00_0000, size: 0x80_0000 };
+    let initrd = InitrdPlacement {
+        addr: 0x1f00_0000,
+        size: 0x80_0000,
+    };
     let p = boot_params(None, 42, Some(initrd), &map).unwrap();
     let hdr = p.hdr;
     assert_eq!({ hdr.type_of_loader }, 0xff);
@@ -182,10 +222,18 @@ fn zero_page_fields() {
     assert_eq!({ hdr.ramdisk_size }, 0x80_0000);
     assert_eq!({ p.e820_entries }, 4);
     let e = p.e820_table[2];
-    assert_eq!(({ e.addr }, { e.size }, { e.r#type }), (HIMEM_START, (512 << 20) - HIMEM_START, 1));
+    assert_eq!(
+        ({ e.addr }, { e.size }, { e.r#type }),
+        (HIMEM_START, (512 << 20) - HIMEM_START, 1)
+    );
 
     // A bzImage's own header is kept, with the loader's fields over it.
-    let mut image = setup_header { setup_sects: 27, version: 0x020f, kernel_alignment: 0x20_0000, ..Default::default() };
+    let mut image = setup_header {
+        setup_sects: 27,
+        version: 0x020f,
+        kernel_alignment: 0x20_0000,
+        ..Default::default()
+    };
     image.loadflags = 1;
     let p = boot_params(Some(image), 10, None, &map).unwrap();
     let hdr = p.hdr;
