@@ -161,31 +161,36 @@ impl MachineConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BootSource {
-    /// A Linux kernel to boot; absent means the built-in firmware.
+    /// A Linux kernel to boot (ELF vmlinux or bzImage); absent means the
+    /// built-in firmware.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_image_path: Option<PathBuf>,
     /// An initrd for the kernel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd_path: Option<PathBuf>,
-    /// The command line (of the firmware, or of the kernel).
+    /// The command line of the firmware, or of the kernel (empty: the
+    /// default kernel command line).
     #[serde(default)]
     pub boot_args: String,
 }
 
 impl BootSource {
-    /// Checks every field.
+    /// Checks every field; a kernel and an initrd are checked cheaply here
+    /// (readable regular file, size, image magic), loaded at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.kernel_image_path.is_some() {
-            return Err(invalid(
-                "boot-source.kernel_image_path",
-                "booting a kernel is not supported yet; omit it to run the built-in firmware",
-            ));
+        use crate::vstate::linux::image::{check_initrd, check_kernel};
+        if let Some(kernel) = &self.kernel_image_path {
+            check_kernel(kernel)
+                .map_err(|e| invalid("boot-source.kernel_image_path", e.to_string()))?;
         }
-        if self.initrd_path.is_some() {
-            return Err(invalid(
-                "boot-source.initrd_path",
-                "an initrd is not supported yet",
-            ));
+        if let Some(initrd) = &self.initrd_path {
+            if self.kernel_image_path.is_none() {
+                return Err(invalid(
+                    "boot-source.initrd_path",
+                    "an initrd needs a kernel_image_path (the built-in firmware takes none)",
+                ));
+            }
+            check_initrd(initrd).map_err(|e| invalid("boot-source.initrd_path", e.to_string()))?;
         }
         if self.boot_args.len() > MAX_BOOT_ARGS_LEN {
             return Err(invalid(

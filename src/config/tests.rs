@@ -82,8 +82,16 @@ fn ranges_are_checked_and_named() {
             "machine-config.mem_size_mib",
         ),
         (
-            r#"{"boot-source": {"kernel_image_path": "/vmlinux"}}"#,
+            r#"{"boot-source": {"kernel_image_path": "/nonexistent/vmlinux"}}"#,
             "boot-source.kernel_image_path",
+        ),
+        (
+            r#"{"boot-source": {"kernel_image_path": "Cargo.toml"}}"#,
+            "boot-source.kernel_image_path",
+        ),
+        (
+            r#"{"boot-source": {"initrd_path": "Cargo.toml"}}"#,
+            "boot-source.initrd_path",
         ),
         (
             r#"{"boot-source": {"boot_args": "a\u0000b"}}"#,

@@ -1,10 +1,11 @@
 //! Builds and starts a microVM from a validated [`VmConfig`], on the `start`
 //! job's thread: the KVM VM, guest memory (per-node slices, bound,
-//! optionally populated), memslots, the firmware's boot state, the port I/O
-//! bus and its devices, and the vCPU threads. A shutdown during start cuts
-//! it short at the next step and hands what was built to reclaim. Anything
-//! built before a failure is torn down by `Drop` (started vCPUs are stopped
-//! first, then guest memory is unmapped).
+//! optionally populated), memslots, the boot state (the firmware's, or a
+//! Linux kernel's with the in-kernel irqchip and PIT), the port I/O bus and
+//! its devices, and the vCPU threads. A shutdown during start cuts it short
+//! at the next step and hands what was built to reclaim. Anything built
+//! before a failure is torn down by `Drop` (started vCPUs are stopped first,
+//! then guest memory is unmapped).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
@@ -21,7 +22,10 @@ use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, I804
 use crate::memory::layout::ram_regions;
 use crate::memory::{GuestMemory, HostTopology, MemoryOptions, PopulateProgress};
 use crate::vstate::boot::{write_boot_state, BootError};
-use crate::vstate::vcpu::{configure_vcpu, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus};
+use crate::vstate::linux::{self, params::kernel_cmdline, KernelSpec, LinuxError};
+use crate::vstate::vcpu::{
+    configure_vcpu, GuestEntry, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus,
+};
 use crate::vstate::vm::{MemorySlot, Vm, VmError};
 
 /// Errors of building and starting a microVM.
@@ -39,6 +43,9 @@ pub enum StartError {
     /// The firmware's boot state could not be written.
     #[error("boot: {0}")]
     Boot(#[from] BootError),
+    /// The Linux kernel could not be loaded.
+    #[error("kernel: {0}")]
+    Linux(#[from] LinuxError),
     /// A device could not be put on the bus.
     #[error("devices: {0}")]
     Bus(#[from] BusError),
@@ -193,17 +200,48 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
     // the vCPUs are stopped; reclaim unmaps them only after that, and KVM
     // follows an munmap through its MMU notifier.
     unsafe { vm.register_memory(&slots) }?;
-    let regions: Vec<(u64, u64)> = ram_regions(machine.mem_bytes())
-        .iter()
-        .map(|r| (r.guest_addr, r.len))
-        .collect();
-    let layout = write_boot_state(
-        memory.view().mem(),
-        &regions,
-        usize::from(machine.vcpu_count),
-        machine.mem_size_mib,
-        &config.boot_source.boot_args,
-    )?;
+    let entry = match &config.boot_source.kernel_image_path {
+        None => {
+            let regions: Vec<(u64, u64)> = ram_regions(machine.mem_bytes())
+                .iter()
+                .map(|r| (r.guest_addr, r.len))
+                .collect();
+            GuestEntry::Firmware(write_boot_state(
+                memory.view().mem(),
+                &regions,
+                usize::from(machine.vcpu_count),
+                machine.mem_size_mib,
+                &config.boot_source.boot_args,
+            )?)
+        }
+        Some(kernel) => {
+            vm.setup_irqchip()?;
+            let spec = KernelSpec {
+                kernel: kernel.clone(),
+                initrd: config.boot_source.initrd_path.clone(),
+                cmdline: kernel_cmdline(&config.boot_source.boot_args).to_string(),
+            };
+            let mut slices: Vec<(u64, u64)> = memory
+                .slices()
+                .iter()
+                .map(|s| (s.slice().guest_addr, s.slice().len))
+                .collect();
+            slices.sort_unstable();
+            let (entry, map) =
+                linux::load(memory.view().mem(), &spec, &slices, machine.vcpu_count)?;
+            log::info!(
+                "kernel {} ({:?}) entered at {:#x}; command line: {}",
+                kernel.display(),
+                entry.format,
+                entry.entry,
+                spec.cmdline
+            );
+            for e in &map {
+                log::info!("e820: {}", e.linux_line());
+            }
+            GuestEntry::Linux(entry)
+        }
+    };
 
     let i8042 = Arc::new(Mutex::new(I8042::new()));
     let serial = Arc::new(Mutex::new(SerialConsole::new(ConsoleOut::new(
@@ -234,7 +272,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         // On an error, dropping `microvm` stops the vCPUs already running,
         // then unmaps guest memory.
         let fd = microvm.vm.create_vcpu(index)?;
-        configure_vcpu(&fd, index, &cpuid, &layout)?;
+        configure_vcpu(&fd, index, &cpuid, &entry)?;
         let ready = events_ready
             .try_clone()
             .map_err(|source| VcpuError::Spawn { index, source })?;

@@ -9,7 +9,9 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRe
 use vmm_sys_util::eventfd::EventFd;
 
 use super::boot::write_boot_state;
-use super::vcpu::{configure_vcpu, VcpuControl, VcpuEvent, VcpuHandle, VcpuStopReport, Vcpus};
+use super::vcpu::{
+    configure_vcpu, GuestEntry, VcpuControl, VcpuEvent, VcpuHandle, VcpuStopReport, Vcpus,
+};
 use super::vm::{MemorySlot, Vm};
 use crate::devices::{microvm_bus, SerialConsole, I8042};
 
@@ -50,7 +52,7 @@ fn boot(vcpus: u8, mib: u64, cmdline: &str, wait: Duration) -> Option<Run> {
     let mut handles = Vcpus::new(control.clone());
     for i in 0..vcpus {
         let fd = vm.create_vcpu(i).unwrap();
-        configure_vcpu(&fd, i, &cpuid, &layout).unwrap();
+        configure_vcpu(&fd, i, &cpuid, &GuestEntry::Firmware(layout)).unwrap();
         handles.push(
             VcpuHandle::spawn(
                 i,

@@ -21,6 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::boot::{initial_regs, setup_sregs, BootLayout};
+use super::linux::LinuxEntry;
 use crate::devices::{BusEvent, PioBus};
 
 /// Offset from `SIGRTMIN` of the signal that kicks a vCPU out of `KVM_RUN`.
@@ -42,6 +43,9 @@ pub enum VcpuError {
     /// The kick signal handler could not be installed.
     #[error("cannot install the vCPU kick signal handler: {0}")]
     Signal(vmm_sys_util::errno::Error),
+    /// A Linux vCPU could not be set up.
+    #[error(transparent)]
+    Linux(#[from] super::linux::cpu::CpuError),
     /// The thread could not be spawned.
     #[error("cannot spawn the thread of vCPU {index}: {source}")]
     Spawn {
@@ -232,13 +236,35 @@ fn install_kick_handler() -> Result<(), VcpuError> {
     }
 }
 
+/// What a vCPU starts: the built-in firmware at CPL3, or a Linux kernel at
+/// its 64-bit entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestEntry {
+    /// The firmware, with its boot layout.
+    Firmware(BootLayout),
+    /// A Linux kernel.
+    Linux(LinuxEntry),
+}
+
 /// Sets CPUID, FPU, special and general registers of vCPU `index`.
 pub fn configure_vcpu(
     fd: &VcpuFd,
     index: u8,
     cpuid: &CpuId,
-    layout: &BootLayout,
+    entry: &GuestEntry,
 ) -> Result<(), VcpuError> {
+    let layout = match entry {
+        GuestEntry::Firmware(layout) => layout,
+        GuestEntry::Linux(linux) => {
+            return Ok(super::linux::cpu::configure(
+                fd,
+                index,
+                linux.vcpus,
+                cpuid,
+                linux.entry,
+            )?)
+        }
+    };
     let setup = |what: &'static str, r: Result<(), kvm_ioctls::Error>| {
         r.map_err(|source| VcpuError::Setup {
             index,
@@ -460,7 +486,7 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
                 }
                 ExitAction::Continue => {}
                 ExitAction::Park => control.park(&mut seen_wake),
-                ExitAction::Stop(event) => break Some(event),
+                ExitAction::Stop(event) => break Some(with_internal_details(&mut fd, event)),
             },
             Err(e) if e.errno() == libc::EINTR => fd.set_kvm_immediate_exit(0),
             Err(e) if e.errno() == libc::EAGAIN => {}
@@ -471,6 +497,62 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
                 })
             }
         }
+    }
+}
+
+/// Adds KVM's sub-error, the failing instruction's bytes (emulation
+/// failures) and the guest RIP to the reason of an internal-error crash.
+fn with_internal_details(fd: &mut VcpuFd, event: VcpuEvent) -> VcpuEvent {
+    let VcpuEvent::Crashed { index, reason } = event else {
+        return event;
+    };
+    let run = fd.get_kvm_run();
+    if run.exit_reason != kvm_bindings::KVM_EXIT_INTERNAL_ERROR {
+        return VcpuEvent::Crashed { index, reason };
+    }
+    // SAFETY: `exit_reason` is KVM_EXIT_INTERNAL_ERROR, so KVM filled the
+    // union's `internal` member (`emulation_failure` shares its layout
+    // prefix and is what KVM fills for suberror 1); both are plain integers.
+    let (internal, emulation) = unsafe {
+        (
+            run.__bindgen_anon_1.internal,
+            run.__bindgen_anon_1.emulation_failure,
+        )
+    };
+    let what = match internal.suberror {
+        kvm_bindings::KVM_INTERNAL_ERROR_EMULATION => "emulation failure",
+        kvm_bindings::KVM_INTERNAL_ERROR_SIMUL_EX => "exception while delivering one",
+        kvm_bindings::KVM_INTERNAL_ERROR_DELIVERY_EV => "exit while delivering an event",
+        _ => "other",
+    };
+    let mut details = format!("suberror {} ({what})", internal.suberror);
+    if internal.suberror == kvm_bindings::KVM_INTERNAL_ERROR_EMULATION
+        && emulation.flags
+            & u64::from(kvm_bindings::KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES)
+            != 0
+    {
+        // SAFETY: the flag says KVM filled the instruction bytes.
+        let insn = unsafe { emulation.__bindgen_anon_1.__bindgen_anon_1 };
+        let n = usize::from(insn.insn_size).min(insn.insn_bytes.len());
+        let bytes: Vec<String> = insn.insn_bytes[..n]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        details += &format!(", instruction bytes [{}]", bytes.join(" "));
+    } else {
+        let n = (internal.ndata as usize).min(internal.data.len());
+        let data: Vec<String> = internal.data[..n]
+            .iter()
+            .map(|d| format!("{d:#x}"))
+            .collect();
+        details += &format!(", data [{}]", data.join(" "));
+    }
+    if let Ok(regs) = fd.get_regs() {
+        details += &format!(", guest rip {:#x}", regs.rip);
+    }
+    VcpuEvent::Crashed {
+        index,
+        reason: format!("{reason}: {details}"),
     }
 }
 
