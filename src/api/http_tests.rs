@@ -342,7 +342,12 @@ fn a_request_trickled_one_byte_at_a_time_is_scanned_once() {
             Ok(Parsed::NeedMore { .. })
         ));
     }
-    assert!(parser.looked <= text.len(), "{} of {}", parser.looked, text.len());
+    assert!(
+        parser.looked <= text.len(),
+        "{} of {}",
+        parser.looked,
+        text.len()
+    );
     let Ok(Parsed::Complete { request, consumed }) = parser.parse(&text) else {
         panic!("not complete");
     };
@@ -356,7 +361,10 @@ fn a_request_trickled_one_byte_at_a_time_is_scanned_once() {
     let Ok(Parsed::Complete { request, .. }) = parser.parse(&two[consumed..]) else {
         panic!("second not complete");
     };
-    assert_eq!((request.method.as_str(), request.path.as_str()), ("GET", "/"));
+    assert_eq!(
+        (request.method.as_str(), request.path.as_str()),
+        ("GET", "/")
+    );
 }
 
 #[test]
