@@ -1,7 +1,7 @@
 //! The HTTP/1.1 server on the API's Unix socket.
 //!
 //! Threads: one thread named `api` accepts connections; each connection is
-//! served by its own thread named `api-conn` ([`conn`]). A thread per
+//! served by its own thread named `api-conn` (`conn`). A thread per
 //! connection, rather than one epoll loop, because each request ends in a
 //! blocking wait for the VMM's answer (a synchronous shutdown can take tens
 //! of seconds while memory is freed), the clients are few and local, and
@@ -10,16 +10,17 @@
 //!
 //! Who may connect: the peer's credentials (`SO_PEERCRED`) are read on
 //! accept; a peer that is neither root nor teravm's own uid gets a 403 and
-//! is closed ([`peer`]).
+//! is closed (`peer`).
 //!
 //! Slots: at most [`ServerLimits::max_connections`] connections hold a slot
-//! ([`slots`]). When all are taken, a new client takes the slot of the
+//! (`slots`). When all are taken, a new client takes the slot of the
 //! connection idle the longest (closed quietly: it had no request under
-//! way), else of a connection whose request has been arriving for longer
-//! than [`ServerLimits::request_timeout_under_pressure`] (answered 503). If
-//! every slot is busy with a request, the new client gets a 503 with a
-//! `fault_message`, written without blocking, and is closed: never a silent
-//! close. So idle or trickling clients cannot pin the API.
+//! way), else of a connection that has been receiving a request or writing
+//! a reply for longer than [`ServerLimits::request_timeout_under_pressure`]
+//! (a request under way is answered 503). If every slot is busy with a
+//! request, the new client gets a 503 with a `fault_message`, written
+//! without blocking (`refused`): never a silent close. So idle, trickling
+//! or non-reading clients cannot pin the API.
 //!
 //! A request travels: the connection thread parses it ([`super::http`]),
 //! routes it and checks its body ([`super::routing`]), sends an
@@ -31,12 +32,11 @@
 //! Timeouts: a connection with no request under way is closed after
 //! [`ServerLimits::idle_timeout`] (or sooner when its slot is needed); a
 //! request must arrive whole within [`ServerLimits::request_timeout`] of its
-//! first byte (else 408 and close);
-//! a reply write that blocks longer than [`ServerLimits::write_timeout`]
-//! closes the connection. The wait for the VMM has no timeout: if the VMM
+//! first byte (else 408 and close); a reply write that blocks longer than
+//! [`ServerLimits::write_timeout`] closes the connection. The wait for the VMM has no timeout: if the VMM
 //! goes away (its receiver or the reply sender is dropped) the answer is 503.
 //!
-//! The socket file ([`socket`]) is created at mode 0600 without following a
+//! The socket file (`socket`) is created at mode 0600 without following a
 //! symbolic link, and a socket file already there is probed without
 //! blocking: a live or unresponsive listener is refused, a stale file
 //! replaced.
@@ -172,7 +172,7 @@ pub struct ApiServer {
 impl ApiServer {
     /// Binds the socket at `path` (mode 0600 whatever the umask; a stale
     /// socket file is replaced; any other file, a symbolic link, or a socket
-    /// with a live listener is refused) and spawns the `api` thread. Each
+    /// with a live or unresponsive listener is refused) and spawns the `api` thread. Each
     /// request is sent over `to_vmm`, then `wake` is written to wake the
     /// VMM's event loop.
     pub fn start(

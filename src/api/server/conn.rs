@@ -84,7 +84,7 @@ fn close_with(stream: &mut UnixStream, mut response: Response) {
 fn lost_slot(stream: &mut UnixStream, shared: &Shared) {
     let _ = stream.set_write_timeout(Some(LOST_SLOT_WRITE_TIMEOUT));
     let message = format!(
-        "all {} API connections were in use and this one was slow: it was closed to make room for another client; retry",
+        "all {} API connections were in use and this one had been slow: it was closed to make room for another client; retry",
         shared.limits.max_connections
     );
     close_with(stream, Response::fault(503, &message));
