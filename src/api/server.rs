@@ -15,9 +15,9 @@
 //! Slots: at most [`ServerLimits::max_connections`] connections hold a slot
 //! (`slots`). When all are taken, a new client takes the slot of the
 //! connection idle the longest (closed quietly: it had no request under
-//! way), else of a connection that has been receiving a request or writing
-//! a reply for longer than [`ServerLimits::request_timeout_under_pressure`]
-//! (a request under way is answered 503). If every slot is busy with a
+//! way, or only a reply being written), else of a connection that has been
+//! receiving a request for longer than
+//! [`ServerLimits::request_timeout_under_pressure`] (answered 503). If every slot is busy with a
 //! request, the new client gets a 503 with a `fault_message`, written
 //! without blocking (`refused`): never a silent close. So idle, trickling
 //! or non-reading clients cannot pin the API.

@@ -124,10 +124,13 @@ pub(super) fn serve_connection(mut stream: UnixStream, shared: &Shared, id: u64)
                 shared.in_flight.fetch_add(1, Ordering::SeqCst);
                 let mut response = shared.handle(&request);
                 response.close |= !request.keep_alive;
-                // The VMM is done: if writing the reply blocks for long (a
-                // client that does not read), the slot may go to another
-                // client, so no client can pin one that way either.
-                activity = Activity::Replying;
+                // The VMM is done: the slot may go to another client from
+                // here (see `slots`); the reply is still written whole.
+                activity = if start < buf.len() {
+                    Activity::Receiving
+                } else {
+                    Activity::Idle
+                };
                 shared.slots.set(id, activity);
                 let written = stream.write_all(&response.to_bytes());
                 shared.in_flight.fetch_sub(1, Ordering::SeqCst);

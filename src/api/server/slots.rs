@@ -6,11 +6,15 @@
 //! and frees the slot when it ends ([`Slots::release`]). When every slot is
 //! taken, a new client takes the slot of the connection that has been idle
 //! longest (a kept-alive connection with no request bytes), or else of the
-//! one that has been receiving a request or writing a reply for longer than
-//! the pressure timeout (a client trickling its request, or not reading its
-//! replies); [`victim`] is that choice, a pure function. The loser's socket
-//! is shut down, which wakes its thread (its `poll` sees end of input, a
-//! blocked write fails); the thread sees it no longer holds a slot and ends
+//! one that has been receiving a request for longer than the pressure
+//! timeout (a client trickling its request); [`victim`] is that choice, a
+//! pure function. A connection counts as idle (or receiving, if more bytes
+//! follow) from the moment its reply is ready, before it is written: so a
+//! client that does not read its replies, whose thread blocks in the write,
+//! does not hold its slot either. The loser's reading side is shut down,
+//! which wakes its thread (its `poll` sees end of input) and fails its
+//! client's further writes; a reply being written is still written whole
+//! (or times out). The thread then sees it no longer holds a slot and ends
 //! (see `conn`), answering 503 to a request it had begun to receive. A
 //! connection whose request is with the VMM is never chosen. With no victim
 //! the new client is refused with 503.
@@ -29,9 +33,6 @@ pub(super) enum Activity {
     Receiving,
     /// A request is with the VMM.
     Handling,
-    /// A reply is being written (the write blocks while the client does
-    /// not read).
-    Replying,
 }
 
 /// One slot: a connection and what it does since when.
@@ -59,25 +60,25 @@ pub(super) struct Slots {
 }
 
 /// Which slot a new client takes when all `slots` (activity and since when)
-/// are taken at `now`: the longest idle, else the longest receiving or
-/// replying one if it has been so for at least `pressure_timeout`, else none.
+/// are taken at `now`: the longest idle, else the longest receiving one if
+/// its request has been arriving for at least `pressure_timeout`, else none.
 pub(super) fn victim(
     slots: &[(Activity, Instant)],
     now: Instant,
     pressure_timeout: Duration,
 ) -> Option<usize> {
-    let oldest = |wanted: &[Activity]| {
+    let oldest = |wanted: Activity| {
         slots
             .iter()
             .enumerate()
-            .filter(|(_, (a, _))| wanted.contains(a))
+            .filter(|(_, (a, _))| *a == wanted)
             .min_by_key(|(_, (_, since))| *since)
             .map(|(i, (_, since))| (i, *since))
     };
-    if let Some((i, _)) = oldest(&[Activity::Idle]) {
+    if let Some((i, _)) = oldest(Activity::Idle) {
         return Some(i);
     }
-    match oldest(&[Activity::Receiving, Activity::Replying]) {
+    match oldest(Activity::Receiving) {
         Some((i, since)) if now.saturating_duration_since(since) >= pressure_timeout => Some(i),
         _ => None,
     }
@@ -113,13 +114,9 @@ impl Slots {
                 "API server: a {:?} connection gives its slot to a new client",
                 lost.activity
             );
-            // Wakes the connection's thread; its client cannot send more.
-            // A receiving one may still answer 503; a blocked reply fails.
-            let how = match lost.activity {
-                Activity::Receiving => Shutdown::Read,
-                _ => Shutdown::Both,
-            };
-            let _ = lost.stream.shutdown(how);
+            // Wakes the connection's thread; its client cannot send more,
+            // and it may still write (a reply under way, or a 503).
+            let _ = lost.stream.shutdown(Shutdown::Read);
         }
         let id = inner.next_id;
         inner.next_id += 1;
@@ -193,14 +190,6 @@ mod tests {
         assert_eq!(victim(&table, now, grace), Some(2));
         let table = [(Receiving, at(4500)), (Receiving, at(4200))];
         assert_eq!(victim(&table, now, grace), None);
-        // A reply blocked for long counts like a slow request.
-        let table = [
-            (Receiving, at(3000)),
-            (Replying, at(2000)),
-            (Handling, at(0)),
-        ];
-        assert_eq!(victim(&table, now, grace), Some(1));
-        assert_eq!(victim(&[(Replying, at(4900))], now, grace), None);
         // A request with the VMM keeps its slot however long it takes.
         assert_eq!(victim(&[(Handling, at(0))], now, grace), None);
         assert_eq!(victim(&[], now, grace), None);
