@@ -1,13 +1,45 @@
 //! `parse_request` over arbitrary bytes: never panics, and what it returns
 //! is consistent: a complete request lies within the input, within every
 //! limit, and is found the same way in any longer buffer, while every
-//! shorter prefix of it only asks for more bytes.
+//! shorter prefix of it only asks for more bytes. And the incremental
+//! `RequestParser`, fed the same bytes in pieces (their sizes drawn from the
+//! input), answers exactly as `parse_request` does on each prefix.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use teravm::api::http::{parse_request, Parsed, MAX_BODY_BYTES, MAX_HEADERS, MAX_LINE_BYTES};
+use teravm::api::http::{
+    parse_request, Parsed, RequestParser, MAX_BODY_BYTES, MAX_HEADERS, MAX_LINE_BYTES,
+};
+
+/// Feeds `data` to a `RequestParser` in pieces of 1 to 64 bytes (sizes
+/// taken from the data itself) and checks its answers against
+/// `parse_request` on the same prefix: the final one always, and those on
+/// the way at about 16 points (checking each would make every input cost
+/// time quadratic in its length).
+fn check_incremental(data: &[u8]) {
+    let mut parser = RequestParser::new();
+    let check_every = data.len() / 16 + 1;
+    let mut next_check = check_every;
+    let mut end = 0;
+    let mut i = 0;
+    loop {
+        let step = data.get(i).map_or(1, |b| usize::from(b % 64) + 1);
+        i += 1;
+        end = (end + step).min(data.len());
+        let got = parser.parse(&data[..end]);
+        let last = !matches!(got, Ok(Parsed::NeedMore { .. })) || end == data.len();
+        if last || end >= next_check {
+            assert_eq!(got, parse_request(&data[..end]), "after {end} bytes");
+            next_check = end + check_every;
+        }
+        if last {
+            return;
+        }
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
+    check_incremental(data);
     let result = parse_request(data);
     match &result {
         Err(e) => {

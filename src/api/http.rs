@@ -122,23 +122,6 @@ pub enum Parsed {
     },
 }
 
-/// Where the next line ends: `Ok(Some(end))` with `buf[start..end]` the line
-/// without its CRLF, `Ok(None)` if the line is not complete yet.
-fn line_end(buf: &[u8], start: usize) -> Result<Option<usize>, RequestError> {
-    let rest = buf.get(start..).unwrap_or(&[]);
-    let window = &rest[..rest.len().min(MAX_LINE_BYTES)];
-    match window.iter().position(|&b| b == b'\n') {
-        Some(i) => {
-            if i == 0 || window[i - 1] != b'\r' {
-                return Err(RequestError::BadHeader("a line ends in a bare LF"));
-            }
-            Ok(Some(start + i - 1))
-        }
-        None if rest.len() >= MAX_LINE_BYTES => Err(RequestError::LineTooLong),
-        None => Ok(None),
-    }
-}
-
 /// `tchar` of RFC 9110: the bytes of a method or header name.
 fn is_token(s: &[u8]) -> bool {
     !s.is_empty()
@@ -209,107 +192,257 @@ fn parse_header(line: &[u8]) -> Result<(String, String), RequestError> {
     ))
 }
 
-/// Parses the request at the front of `buf`. See the module doc.
+/// Parses the request at the front of `buf` from scratch. See the module
+/// doc; a server that reads a request in pieces uses a [`RequestParser`],
+/// which gives the same answers without looking at a byte twice.
 pub fn parse_request(buf: &[u8]) -> Result<Parsed, RequestError> {
-    const MORE: Result<Parsed, RequestError> = Ok(Parsed::NeedMore {
-        expect_continue: false,
-    });
-    // Ignore empty lines before a request (RFC 9112 2.2), within the limit.
-    let mut start = 0;
-    while buf.get(start..start + 2) == Some(b"\r\n") {
-        start += 2;
-        if start >= MAX_LINE_BYTES {
+    RequestParser::new().parse(buf)
+}
+
+/// Where a [`RequestParser`] is in the request at the front of the buffer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Phase {
+    /// Skipping empty lines before the request line.
+    #[default]
+    Leading,
+    /// Looking for the end of the request line.
+    RequestLine,
+    /// Looking for the end of the next header line (or the empty line).
+    Headers,
+    /// The head is parsed: waiting for the body's bytes.
+    Body {
+        /// Where the body starts in the buffer.
+        start: usize,
+        /// The body's length (`Content-Length`, else 0).
+        len: usize,
+        /// Whether the connection stays open after the reply.
+        keep_alive: bool,
+        /// The client asked for `100 Continue`.
+        expect_continue: bool,
+    },
+}
+
+/// The incremental form of [`parse_request`], for a buffer that grows.
+///
+/// Call [`RequestParser::parse`] with the bytes received so far each time
+/// more arrive; between calls the buffer may only grow at its end. The
+/// parser remembers where it stopped: how far it searched the current line
+/// for its end, the request line and header fields already parsed, and once
+/// the head is complete just how many body bytes it still needs. So each
+/// byte is scanned once for a line end and then parsed once with its line,
+/// and a request trickled in one byte per read costs time linear in its
+/// size instead of quadratic. The answers are exactly those of
+/// [`parse_request`] on the same bytes.
+///
+/// After it answers [`Parsed::Complete`] or an error it starts afresh: the
+/// caller drops the consumed bytes from the front of the buffer (or closes
+/// the connection) before the next call. A buffer shorter than the last one
+/// also starts it afresh.
+#[derive(Debug, Clone, Default)]
+pub struct RequestParser {
+    phase: Phase,
+    /// Start of the line being looked for (or of the empty lines skipped).
+    line_start: usize,
+    /// The current line has been searched for its LF up to here.
+    scanned: usize,
+    /// The buffer's length at the last call.
+    seen: usize,
+    method: String,
+    path: String,
+    version: Option<Version>,
+    headers: Vec<(String, String)>,
+    /// Bytes searched for a line end, in all (tests check it stays linear).
+    #[cfg(test)]
+    looked: usize,
+}
+
+impl RequestParser {
+    /// A parser at the start of a request.
+    pub fn new() -> RequestParser {
+        RequestParser::default()
+    }
+
+    /// Parses what `buf` holds of the request at its front, continuing from
+    /// the last call. See the type's doc.
+    pub fn parse(&mut self, buf: &[u8]) -> Result<Parsed, RequestError> {
+        if buf.len() < self.seen {
+            *self = RequestParser::new();
+        }
+        self.seen = buf.len();
+        let result = self.advance(buf);
+        if !matches!(result, Ok(Parsed::NeedMore { .. })) {
+            *self = RequestParser::new();
+        }
+        result
+    }
+
+    fn advance(&mut self, buf: &[u8]) -> Result<Parsed, RequestError> {
+        const MORE: Result<Parsed, RequestError> = Ok(Parsed::NeedMore {
+            expect_continue: false,
+        });
+        loop {
+            match self.phase {
+                Phase::Leading => match buf.get(self.line_start..self.line_start + 2) {
+                    // Ignore empty lines before a request (RFC 9112 2.2),
+                    // within the limit.
+                    Some(b"\r\n") => {
+                        self.line_start += 2;
+                        self.scanned = self.line_start;
+                        if self.line_start >= MAX_LINE_BYTES {
+                            return Err(RequestError::LineTooLong);
+                        }
+                    }
+                    Some(_) => self.phase = Phase::RequestLine,
+                    // One byte: it may still become an empty line, unless
+                    // it is a bare LF.
+                    None if buf.get(self.line_start) == Some(&b'\n') => {
+                        return Err(RequestError::BadHeader("a line ends in a bare LF"));
+                    }
+                    None => return MORE,
+                },
+                Phase::RequestLine => {
+                    let Some(end) = self.next_line(buf)? else {
+                        return MORE;
+                    };
+                    let line = &buf[self.line_start..end];
+                    if line.contains(&b'\r') {
+                        return Err(RequestError::BadRequestLine("a bare CR"));
+                    }
+                    let (method, path, version) = parse_request_line(line)?;
+                    (self.method, self.path, self.version) = (method, path, Some(version));
+                    self.start_line(end + 2);
+                    self.phase = Phase::Headers;
+                }
+                Phase::Headers => {
+                    let Some(end) = self.next_line(buf)? else {
+                        return MORE;
+                    };
+                    let line = &buf[self.line_start..end];
+                    self.start_line(end + 2);
+                    if line.is_empty() {
+                        self.phase = self.head_done(end + 2)?;
+                        continue;
+                    }
+                    if line.contains(&b'\r') {
+                        return Err(RequestError::BadHeader("a bare CR"));
+                    }
+                    if self.headers.len() == MAX_HEADERS {
+                        return Err(RequestError::TooManyHeaders);
+                    }
+                    self.headers.push(parse_header(line)?);
+                }
+                Phase::Body {
+                    start,
+                    len,
+                    keep_alive,
+                    expect_continue,
+                } => {
+                    let Some(body) = buf.get(start..start + len) else {
+                        return Ok(Parsed::NeedMore {
+                            expect_continue: expect_continue && len > 0,
+                        });
+                    };
+                    let request = Request {
+                        method: std::mem::take(&mut self.method),
+                        path: std::mem::take(&mut self.path),
+                        version: self.version.unwrap_or(Version::Http11),
+                        keep_alive,
+                        headers: std::mem::take(&mut self.headers),
+                        body: body.to_vec(),
+                    };
+                    return Ok(Parsed::Complete {
+                        request,
+                        consumed: start + len,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The next line starts at `at`.
+    fn start_line(&mut self, at: usize) {
+        self.line_start = at;
+        self.scanned = at;
+    }
+
+    /// Where the current line ends: `Ok(Some(end))` with
+    /// `buf[line_start..end]` the line without its CRLF, `Ok(None)` if the
+    /// line is not complete yet. Searches only bytes it has not searched.
+    fn next_line(&mut self, buf: &[u8]) -> Result<Option<usize>, RequestError> {
+        let limit = buf.len().min(self.line_start + MAX_LINE_BYTES);
+        let from = self.scanned.max(self.line_start);
+        if from < limit {
+            #[cfg(test)]
+            {
+                self.looked += limit - from;
+            }
+            if let Some(i) = buf[from..limit].iter().position(|&b| b == b'\n') {
+                let lf = from + i;
+                if lf == self.line_start || buf[lf - 1] != b'\r' {
+                    return Err(RequestError::BadHeader("a line ends in a bare LF"));
+                }
+                return Ok(Some(lf - 1));
+            }
+            self.scanned = limit;
+        }
+        if buf.len() - self.line_start >= MAX_LINE_BYTES {
             return Err(RequestError::LineTooLong);
         }
-    }
-    let Some(end) = line_end(buf, start)? else {
-        return MORE;
-    };
-    if buf[start..end].contains(&b'\r') {
-        return Err(RequestError::BadRequestLine("a bare CR"));
-    }
-    let (method, path, version) = parse_request_line(&buf[start..end])?;
-    let mut pos = end + 2;
-
-    let mut headers = Vec::new();
-    loop {
-        let Some(end) = line_end(buf, pos)? else {
-            return MORE;
-        };
-        let line = &buf[pos..end];
-        pos = end + 2;
-        if line.is_empty() {
-            break;
-        }
-        if line.contains(&b'\r') {
-            return Err(RequestError::BadHeader("a bare CR"));
-        }
-        if headers.len() == MAX_HEADERS {
-            return Err(RequestError::TooManyHeaders);
-        }
-        headers.push(parse_header(line)?);
+        Ok(None)
     }
 
-    let mut content_length = None;
-    let mut keep_alive = version == Version::Http11;
-    let mut expect_continue = false;
-    for (name, value) in &headers {
-        match name.as_str() {
-            "content-length" => {
-                if content_length.is_some() {
-                    return Err(RequestError::BadContentLength("given twice"));
+    /// The head ended before `body_start`: the headers that matter, checked.
+    fn head_done(&self, body_start: usize) -> Result<Phase, RequestError> {
+        let version = self.version.unwrap_or(Version::Http11);
+        let mut content_length = None;
+        let mut keep_alive = version == Version::Http11;
+        let mut expect_continue = false;
+        for (name, value) in &self.headers {
+            match name.as_str() {
+                "content-length" => {
+                    if content_length.is_some() {
+                        return Err(RequestError::BadContentLength("given twice"));
+                    }
+                    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+                        return Err(RequestError::BadContentLength("not a decimal number"));
+                    }
+                    // Too many digits to parse is simply too large.
+                    let n = value.parse::<usize>().unwrap_or(usize::MAX);
+                    if n > MAX_BODY_BYTES {
+                        return Err(RequestError::BodyTooLarge);
+                    }
+                    content_length = Some(n);
                 }
-                if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(RequestError::BadContentLength("not a decimal number"));
+                "transfer-encoding" => return Err(RequestError::TransferEncoding),
+                "connection"
+                    if value
+                        .split(',')
+                        .any(|t| t.trim().eq_ignore_ascii_case("keep-alive")) =>
+                {
+                    keep_alive = true;
                 }
-                // Too many digits to parse is simply too large.
-                let n = value.parse::<usize>().unwrap_or(usize::MAX);
-                if n > MAX_BODY_BYTES {
-                    return Err(RequestError::BodyTooLarge);
+                "expect" => {
+                    if !value.eq_ignore_ascii_case("100-continue") {
+                        return Err(RequestError::BadExpect);
+                    }
+                    expect_continue = version == Version::Http11;
                 }
-                content_length = Some(n);
+                _ => {}
             }
-            "transfer-encoding" => return Err(RequestError::TransferEncoding),
-            "connection"
-                if value
-                    .split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("keep-alive")) =>
-            {
-                keep_alive = true;
-            }
-            "expect" => {
-                if !value.eq_ignore_ascii_case("100-continue") {
-                    return Err(RequestError::BadExpect);
-                }
-                expect_continue = version == Version::Http11;
-            }
-            _ => {}
         }
-    }
-    // `close` wins over `keep-alive` whatever their order.
-    if headers.iter().any(|(n, v)| {
-        n == "connection" && v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))
-    }) {
-        keep_alive = false;
-    }
-
-    let body_len = content_length.unwrap_or(0);
-    let Some(body) = buf.get(pos..pos + body_len) else {
-        return Ok(Parsed::NeedMore {
-            expect_continue: expect_continue && body_len > 0,
-        });
-    };
-    Ok(Parsed::Complete {
-        request: Request {
-            method,
-            path,
-            version,
+        // `close` wins over `keep-alive` whatever their order.
+        if self.headers.iter().any(|(n, v)| {
+            n == "connection" && v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))
+        }) {
+            keep_alive = false;
+        }
+        Ok(Phase::Body {
+            start: body_start,
+            len: content_length.unwrap_or(0),
             keep_alive,
-            headers,
-            body: body.to_vec(),
-        },
-        consumed: pos + body_len,
-    })
+            expect_continue,
+        })
+    }
 }
 
 /// The reason phrase of a status code this server uses.
@@ -320,6 +453,7 @@ pub fn reason_phrase(status: u16) -> &'static str {
         202 => "Accepted",
         204 => "No Content",
         400 => "Bad Request",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",

@@ -1,13 +1,26 @@
 //! The HTTP/1.1 server on the API's Unix socket.
 //!
 //! Threads: one thread named `api` accepts connections; each connection is
-//! served by its own thread named `api-conn`, at most
-//! [`ServerLimits::max_connections`] at once (a connection beyond that is
-//! closed at once). A thread per connection, rather than one epoll loop,
-//! because each request ends in a blocking wait for the VMM's answer (a
-//! synchronous shutdown can take tens of seconds while memory is freed), the
-//! clients are few and local, and blocking code with a bounded thread count
-//! is the simplest thing that keeps one slow client from holding up another.
+//! served by its own thread named `api-conn` (`conn`). A thread per
+//! connection, rather than one epoll loop, because each request ends in a
+//! blocking wait for the VMM's answer (a synchronous shutdown can take tens
+//! of seconds while memory is freed), the clients are few and local, and
+//! blocking code with a bounded thread count is the simplest thing that
+//! keeps one slow client from holding up another.
+//!
+//! Who may connect: the peer's credentials (`SO_PEERCRED`) are read on
+//! accept; a peer that is neither root nor teravm's own uid gets a 403 and
+//! is closed (`peer`).
+//!
+//! Slots: at most [`ServerLimits::max_connections`] connections hold a slot
+//! (`slots`). When all are taken, a new client takes the slot of the
+//! connection idle the longest (closed quietly: it had no request under
+//! way, or only a reply being written), else of a connection that has been
+//! receiving a request for longer than
+//! [`ServerLimits::request_timeout_under_pressure`] (answered 503). If every slot is busy with a
+//! request, the new client gets a 503 with a `fault_message`, written
+//! without blocking (`refused`): never a silent close. So idle, trickling
+//! or non-reading clients cannot pin the API.
 //!
 //! A request travels: the connection thread parses it ([`super::http`]),
 //! routes it and checks its body ([`super::routing`]), sends an
@@ -17,11 +30,16 @@
 //! requests are answered in order; keep-alive is the HTTP/1.1 default.
 //!
 //! Timeouts: a connection with no request under way is closed after
-//! [`ServerLimits::idle_timeout`]; a request must arrive whole within
-//! [`ServerLimits::request_timeout`] of its first byte (else 408 and close);
-//! a reply write that blocks longer than [`ServerLimits::write_timeout`]
-//! closes the connection. The wait for the VMM has no timeout: if the VMM
+//! [`ServerLimits::idle_timeout`] (or sooner when its slot is needed); a
+//! request must arrive whole within [`ServerLimits::request_timeout`] of its
+//! first byte (else 408 and close); a reply write that blocks longer than
+//! [`ServerLimits::write_timeout`] closes the connection. The wait for the VMM has no timeout: if the VMM
 //! goes away (its receiver or the reply sender is dropped) the answer is 503.
+//!
+//! The socket file (`socket`) is created at mode 0600 without following a
+//! symbolic link, and a socket file already there is probed without
+//! blocking: a live or unresponsive listener is refused, a stale file
+//! replaced.
 //!
 //! Stopping: dropping the [`ApiServer`] signals a stop [`EventFd`] that the
 //! accept thread and every connection thread poll on, joins the accept
@@ -29,23 +47,29 @@
 //! one may be waiting on the VMM, which may be the thread doing the drop.
 
 use std::fs;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::action::{ApiRequest, VmmActionError, VmmData};
-use super::http::{self, Parsed, Request, Response};
-use super::routing::{self, RouteError};
+use super::action::ApiRequest;
+
+mod conn;
+mod peer;
+mod refused;
+mod slots;
+mod socket;
+
+use refused::Refused;
+use slots::Slots;
 
 /// Errors of starting the API server.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +80,9 @@ pub enum ApiServerError {
     /// A live process listens on the socket already.
     #[error("API socket {0} is in use by a running process")]
     InUse(PathBuf),
+    /// A process listens on the socket but does not accept connections.
+    #[error("API socket {0} belongs to a running process that accepts no connections (its backlog is full); stop it or choose another path")]
+    Unresponsive(PathBuf),
     /// Something other than a socket is at the path.
     #[error("refusing to create the API socket at {path}: a {kind} is there; remove it or choose another path")]
     NotASocket {
@@ -92,7 +119,8 @@ pub enum ApiServerError {
 /// [`ApiServer::start`] uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerLimits {
-    /// Most connections served at once; more are closed at once.
+    /// Most connections served at once. A new client beyond takes the slot
+    /// of an idle (or too slow) connection, else gets a 503.
     pub max_connections: usize,
     /// A connection with no request under way is closed after this.
     pub idle_timeout: Duration,
@@ -100,6 +128,9 @@ pub struct ServerLimits {
     pub request_timeout: Duration,
     /// A reply write blocked this long closes the connection.
     pub write_timeout: Duration,
+    /// When every slot is taken and none is idle, a request that has been
+    /// arriving for this long loses its slot to a new client (503).
+    pub request_timeout_under_pressure: Duration,
 }
 
 impl Default for ServerLimits {
@@ -109,6 +140,7 @@ impl Default for ServerLimits {
             idle_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
+            request_timeout_under_pressure: Duration::from_secs(1),
         }
     }
 }
@@ -118,7 +150,9 @@ struct Shared {
     to_vmm: Sender<ApiRequest>,
     wake: EventFd,
     stop: EventFd,
-    live: AtomicUsize,
+    slots: Slots,
+    /// Connection threads alive (those that lost their slot included).
+    threads: AtomicUsize,
     /// Requests handed to the VMM whose reply is not written yet.
     in_flight: Arc<AtomicUsize>,
     limits: ServerLimits,
@@ -138,7 +172,7 @@ pub struct ApiServer {
 impl ApiServer {
     /// Binds the socket at `path` (mode 0600 whatever the umask; a stale
     /// socket file is replaced; any other file, a symbolic link, or a socket
-    /// with a live listener is refused) and spawns the `api` thread. Each
+    /// with a live or unresponsive listener is refused) and spawns the `api` thread. Each
     /// request is sent over `to_vmm`, then `wake` is written to wake the
     /// VMM's event loop.
     pub fn start(
@@ -158,12 +192,12 @@ impl ApiServer {
     ) -> Result<ApiServer, ApiServerError> {
         let stop = EventFd::new(EFD_NONBLOCK).map_err(ApiServerError::StopEvent)?;
         let stop_handle = Arc::new(stop.try_clone().map_err(ApiServerError::StopEvent)?);
-        clear_path(path)?;
+        socket::clear_path(path)?;
         let bind_err = |source| ApiServerError::Bind {
             path: path.to_path_buf(),
             source,
         };
-        let listener = bind_listener(path)?;
+        let listener = socket::bind_listener(path)?;
         let meta = fs::symlink_metadata(path).map_err(bind_err)?;
         let file_id = (meta.dev(), meta.ino());
         let in_flight = Arc::new(AtomicUsize::new(0));
@@ -171,7 +205,11 @@ impl ApiServer {
             to_vmm,
             wake,
             stop,
-            live: AtomicUsize::new(0),
+            slots: Slots::new(
+                limits.max_connections,
+                limits.request_timeout_under_pressure,
+            ),
+            threads: AtomicUsize::new(0),
             in_flight: Arc::clone(&in_flight),
             limits,
         });
@@ -228,173 +266,58 @@ impl Drop for ApiServer {
     }
 }
 
-fn file_kind(ft: fs::FileType) -> &'static str {
-    if ft.is_symlink() {
-        "symbolic link"
-    } else if ft.is_dir() {
-        "directory"
-    } else if ft.is_file() {
-        "regular file"
-    } else if ft.is_fifo() {
-        "FIFO"
-    } else if ft.is_block_device() || ft.is_char_device() {
-        "device"
-    } else {
-        "file that is not a socket"
+/// A `pollfd` waiting for input on `fd`.
+fn pollin(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
     }
 }
 
-/// Makes room for the socket: nothing there, or a stale socket (removed).
-fn clear_path(path: &Path) -> Result<(), ApiServerError> {
-    let stale = |source| ApiServerError::Stale {
-        path: path.to_path_buf(),
-        source,
-    };
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(stale(e)),
-    };
-    if !meta.file_type().is_socket() {
-        return Err(ApiServerError::NotASocket {
-            path: path.to_path_buf(),
-            kind: file_kind(meta.file_type()),
-        });
-    }
-    match UnixStream::connect(path) {
-        Ok(_) => Err(ApiServerError::InUse(path.to_path_buf())),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-            log::info!("replacing stale API socket {}", path.display());
-            fs::remove_file(path).map_err(stale)
-        }
-        Err(e) => Err(stale(e)),
-    }
+/// Milliseconds until `deadline` for `poll` (rounded up; -1 for none).
+fn poll_timeout(deadline: Option<Instant>) -> libc::c_int {
+    deadline.map_or(-1, |d| {
+        let left = d.saturating_duration_since(Instant::now());
+        left.as_millis().saturating_add(1).min(i32::MAX as u128) as libc::c_int
+    })
 }
 
-/// `socket`, `fchmod(0600)`, `bind`, `chmod(0600)`, `listen`: the file is
-/// created no more open than 0600 (the socket's own mode, masked by the
-/// umask), then set to exactly 0600.
-fn bind_listener(path: &Path) -> Result<UnixListener, ApiServerError> {
-    let err = |source| ApiServerError::Bind {
-        path: path.to_path_buf(),
-        source,
-    };
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain old data; all zeroes is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
-        return Err(ApiServerError::BadPath(path.to_path_buf()));
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: plain syscall with constant arguments; the result is checked.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(err(io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` is a new descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: `fd` is a valid descriptor owned here; the result is checked.
-    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } < 0 {
-        return Err(err(io::Error::last_os_error()));
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
-    // SAFETY: `addr` is a valid sockaddr_un, `len` is within its size (checked
-    // above) and covers the NUL-terminated path; the result is checked.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            &addr as *const libc::sockaddr_un as *const libc::sockaddr,
-            len as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::AddrInUse {
-            return Err(ApiServerError::InUse(path.to_path_buf()));
-        }
-        return Err(err(e));
-    }
-    let listener = UnixListener::from(fd);
-    let finish = || -> io::Result<()> {
-        fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
-        // SAFETY: the listener's descriptor is valid; the result is checked.
-        if unsafe { libc::listen(listener.as_raw_fd(), 128) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        listener.set_nonblocking(true)
-    };
-    if let Err(e) = finish() {
-        let _ = fs::remove_file(path);
-        return Err(err(e));
-    }
-    Ok(listener)
-}
-
-/// What [`wait_readable`] saw.
-#[derive(Debug, PartialEq, Eq)]
-enum Wait {
-    Ready,
-    Stop,
-    Timeout,
-}
-
-/// Waits until `fd` is readable (or hung up), the stop event is signalled,
-/// or `deadline` passes.
-fn wait_readable(fd: RawFd, stop: RawFd, deadline: Option<Instant>) -> io::Result<Wait> {
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    let own_uid = peer::own_uid();
+    let mut refusals = peer::RefusalLog::default();
+    let max = shared.limits.max_connections;
+    // Threads that lost their slot end at once; this bounds them anyway.
+    let max_threads = max.saturating_mul(2);
+    let busy = format!("all {max} API connections are busy with requests; retry later");
+    let mut full_logged = false;
+    let mut refused = Refused::new(max);
+    let mut fds = Vec::new();
     loop {
-        let timeout_ms = match deadline {
-            None => -1,
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Ok(Wait::Timeout);
-                }
-                // Round up so a sub-millisecond rest does not spin.
-                left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32
-            }
-        };
-        let mut fds = [
-            libc::pollfd {
-                fd: stop,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfd for the whole call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        // The stop event, the listener, and the refused connections that
+        // linger; woken at the latest when the first of those is due.
+        fds.clear();
+        fds.push(pollin(shared.stop.as_raw_fd()));
+        fds.push(pollin(listener.as_raw_fd()));
+        fds.extend(refused.fds().map(pollin));
+        let timeout = poll_timeout(refused.next_deadline());
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd for the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(e);
+            log::error!("API server: poll failed, stopping: {e}");
+            return;
         }
         if fds[0].revents != 0 {
-            return Ok(Wait::Stop);
+            return;
         }
-        if fds[1].revents != 0 {
-            return Ok(Wait::Ready);
-        }
-    }
-}
-
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
-    loop {
-        match wait_readable(listener.as_raw_fd(), shared.stop.as_raw_fd(), None) {
-            Ok(Wait::Ready) | Ok(Wait::Timeout) => {}
-            Ok(Wait::Stop) => return,
-            Err(e) => {
-                log::error!("API server: poll failed, stopping: {e}");
-                return;
-            }
+        let ready: Vec<bool> = fds[2..].iter().map(|p| p.revents != 0).collect();
+        refused.service(&ready);
+        if fds[1].revents == 0 {
+            continue;
         }
         let stream = match listener.accept() {
             Ok((s, _)) => s,
@@ -413,148 +336,76 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        if shared.live.fetch_add(1, Ordering::SeqCst) >= shared.limits.max_connections {
-            shared.live.fetch_sub(1, Ordering::SeqCst);
-            log::warn!("API server: too many connections, closing a new one");
-            continue;
+        match peer::peer_cred(&stream) {
+            Ok(p) if peer::peer_allowed(p.uid, own_uid) => {}
+            Ok(p) => {
+                refusals.refused(p, own_uid);
+                let message = format!("only root and uid {own_uid} may use this API socket");
+                refused.refuse(stream, 403, &message);
+                continue;
+            }
+            Err(e) => {
+                log::warn!("API server: cannot read a peer's credentials, closing: {e}");
+                refused.refuse(stream, 403, "the peer's credentials could not be read");
+                continue;
+            }
         }
+        let admitted = if shared.threads.load(Ordering::SeqCst) >= max_threads {
+            None
+        } else {
+            stream.try_clone().ok().and_then(|c| shared.slots.admit(c))
+        };
+        let Some(id) = admitted else {
+            if !full_logged {
+                log::warn!("API server: {busy}: answering new clients 503");
+                full_logged = true;
+            }
+            refused.refuse(stream, 503, &busy);
+            continue;
+        };
+        full_logged = false;
+        shared.threads.fetch_add(1, Ordering::SeqCst);
         let conn_shared = Arc::clone(&shared);
         let spawned = thread::Builder::new()
             .name("api-conn".into())
             .stack_size(256 * 1024)
             .spawn(move || {
-                serve_connection(stream, &conn_shared);
-                conn_shared.live.fetch_sub(1, Ordering::SeqCst);
+                let _slot = SlotGuard {
+                    shared: &conn_shared,
+                    id,
+                };
+                conn::serve_connection(stream, &conn_shared, id);
             });
         if let Err(e) = spawned {
-            shared.live.fetch_sub(1, Ordering::SeqCst);
+            shared.slots.release(id);
+            shared.threads.fetch_sub(1, Ordering::SeqCst);
             log::warn!("API server: cannot spawn a connection thread: {e}");
         }
+    }
+}
+
+/// Frees a connection's slot and thread count when its thread ends, even by
+/// a panic.
+struct SlotGuard<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.slots.release(self.id);
+        self.shared.threads.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 /// How long dropping the server waits for replies under way to be written.
 const IN_FLIGHT_GRACE: Duration = Duration::from_secs(2);
 
-const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
-
-fn serve_connection(mut stream: UnixStream, shared: &Shared) {
-    let limits = shared.limits;
-    if stream.set_nonblocking(false).is_err()
-        || stream
-            .set_write_timeout(Some(limits.write_timeout))
-            .is_err()
-    {
-        return;
-    }
-    let mut buf: Vec<u8> = Vec::with_capacity(4096);
-    let mut chunk = vec![0u8; 16 * 1024];
-    let mut sent_continue = false;
-    let mut idle_since = Instant::now();
-    let mut request_started: Option<Instant> = None;
-    loop {
-        match http::parse_request(&buf) {
-            Ok(Parsed::Complete { request, consumed }) => {
-                buf.drain(..consumed);
-                sent_continue = false;
-                shared.in_flight.fetch_add(1, Ordering::SeqCst);
-                let mut response = shared.handle(&request);
-                response.close |= !request.keep_alive;
-                let written = stream.write_all(&response.to_bytes());
-                shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-                if written.is_err() || response.close {
-                    return;
-                }
-                idle_since = Instant::now();
-                request_started = (!buf.is_empty()).then_some(idle_since);
-                continue;
-            }
-            Ok(Parsed::NeedMore { expect_continue }) => {
-                if expect_continue && !sent_continue {
-                    if stream.write_all(CONTINUE).is_err() {
-                        return;
-                    }
-                    sent_continue = true;
-                }
-            }
-            Err(e) => {
-                log::debug!("API server: bad request: {e}");
-                let mut response = Response::fault(e.status(), &e.to_string());
-                response.close = true;
-                let _ = stream.write_all(&response.to_bytes());
-                return;
-            }
-        }
-        let deadline = match request_started {
-            Some(t) => t + limits.request_timeout,
-            None => idle_since + limits.idle_timeout,
-        };
-        match wait_readable(stream.as_raw_fd(), shared.stop.as_raw_fd(), Some(deadline)) {
-            Ok(Wait::Ready) => {}
-            Ok(Wait::Timeout) => {
-                if request_started.is_some() {
-                    let mut r = Response::fault(408, "the request did not arrive in time");
-                    r.close = true;
-                    let _ = stream.write_all(&r.to_bytes());
-                }
-                return;
-            }
-            Ok(Wait::Stop) | Err(_) => return,
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => return,
-            Ok(n) => {
-                if buf.is_empty() {
-                    request_started = Some(Instant::now());
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
-                ) => {}
-            Err(_) => return,
-        }
-    }
-}
-
-impl Shared {
-    /// Routes one request, has the VMM do it, and makes the response.
-    fn handle(&self, request: &Request) -> Response {
-        let action = match routing::route(&request.method, &request.path, &request.body) {
-            Ok(a) => a,
-            Err(e) => {
-                let mut r = Response::fault(e.status(), &e.to_string());
-                if let RouteError::MethodNotAllowed { allow, .. } = e {
-                    r.allow = Some(allow);
-                }
-                return r;
-            }
-        };
-        let shutting_down = || {
-            let mut r = Response::fault(503, "the VMM is shutting down");
-            r.close = true;
-            r
-        };
-        let (reply, answer) = mpsc::channel();
-        if self.to_vmm.send(ApiRequest { action, reply }).is_err() {
-            return shutting_down();
-        }
-        if let Err(e) = self.wake.write(1) {
-            log::warn!("API server: cannot wake the VMM: {e}");
-        }
-        match answer.recv() {
-            Ok(Ok(VmmData::Empty)) => Response::no_content(),
-            Ok(Ok(VmmData::Json(v))) => Response::json(200, v.to_string()),
-            Ok(Ok(VmmData::Accepted(v))) => Response::json(202, v.to_string()),
-            Ok(Err(VmmActionError::BadRequest(m))) => Response::fault(400, &m),
-            Ok(Err(VmmActionError::Internal(m))) => Response::fault(500, &m),
-            Err(_) => shutting_down(),
-        }
-    }
-}
-
+#[cfg(test)]
+#[path = "server/limits_tests.rs"]
+mod limits_tests;
+#[cfg(test)]
+mod test_support;
 #[cfg(test)]
 #[path = "server_tests.rs"]
 mod tests;

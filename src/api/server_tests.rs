@@ -1,154 +1,22 @@
 //! Tests of the server over a real Unix socket, with a fake VMM at the other
 //! end of the channel that waits on the wake `EventFd` like the real one.
 
-use std::os::unix::fs::{symlink, PermissionsExt};
-use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::Receiver;
-use std::sync::Mutex;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{symlink, FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
+use vmm_sys_util::eventfd::EventFd;
 
+use super::test_support::*;
 use super::*;
-use crate::api::action::{ActionResult, ReclaimMode, VmmAction};
+use crate::api::action::{ReclaimMode, VmmAction};
 use crate::api::client::{self, Connection};
 use crate::config::{MachineConfig, ReclaimConfig};
-
-static DIRS: AtomicUsize = AtomicUsize::new(0);
-
-/// A fresh directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        let n = DIRS.fetch_add(1, Ordering::SeqCst);
-        let p = std::env::temp_dir().join(format!("teravm-api-{}-{n}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn sock(&self) -> PathBuf {
-        self.0.join("api.sock")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The canned answer of the fake VMM to each action.
-fn answer(action: &VmmAction) -> ActionResult {
-    match action {
-        VmmAction::GetInstanceInfo => {
-            Ok(VmmData::Json(json!({"id": "fake", "state": "Not started"})))
-        }
-        VmmAction::GetMachineConfig => Ok(VmmData::Json(
-            serde_json::to_value(MachineConfig::default()).unwrap(),
-        )),
-        VmmAction::PutReclaim(c) => Ok(VmmData::Json(serde_json::to_value(c).unwrap())),
-        VmmAction::SendCtrlAltDel => Err(VmmActionError::BadRequest(
-            "the guest is not running".into(),
-        )),
-        VmmAction::Shutdown(ReclaimMode::Async) => {
-            Ok(VmmData::Accepted(json!({"state": "reclaiming"})))
-        }
-        VmmAction::Shutdown(ReclaimMode::Sync) => Ok(VmmData::Json(json!({"freed_bytes": 0}))),
-        VmmAction::GetVmConfig => Err(VmmActionError::Internal("config lost".into())),
-        _ => Ok(VmmData::Empty),
-    }
-}
-
-/// A fake VMM thread: blocks on the wake event, then answers every request
-/// in the channel.
-struct FakeVmm {
-    wake: EventFd,
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<VmmAction>>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl FakeVmm {
-    fn start(rx: Receiver<ApiRequest>, wake: &EventFd) -> FakeVmm {
-        let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::default());
-        let (stop2, seen2): (_, Arc<Mutex<Vec<VmmAction>>>) =
-            (Arc::clone(&stop), Arc::clone(&seen));
-        let wake2 = wake.try_clone().unwrap();
-        let thread = thread::spawn(move || loop {
-            wake2.read().unwrap();
-            if stop2.load(Ordering::SeqCst) {
-                return;
-            }
-            while let Ok(req) = rx.try_recv() {
-                seen2.lock().unwrap().push(req.action.clone());
-                let _ = req.reply.send(answer(&req.action));
-            }
-        });
-        FakeVmm {
-            wake: wake.try_clone().unwrap(),
-            stop,
-            seen,
-            thread: Some(thread),
-        }
-    }
-
-    fn seen(&self) -> Vec<VmmAction> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-impl Drop for FakeVmm {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = self.wake.write(1);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// A server on a fresh socket with a fake VMM behind it.
-struct Setup {
-    server: ApiServer,
-    vmm: FakeVmm,
-    _dir: TempDir,
-}
-
-impl Setup {
-    fn new() -> Setup {
-        Setup::with_limits(ServerLimits::default())
-    }
-    fn with_limits(limits: ServerLimits) -> Setup {
-        let dir = TempDir::new();
-        let (tx, rx) = mpsc::channel();
-        let wake = EventFd::new(0).unwrap();
-        let vmm = FakeVmm::start(rx, &wake);
-        let server = ApiServer::start_with_limits(&dir.sock(), tx, wake, limits).unwrap();
-        Setup {
-            server,
-            vmm,
-            _dir: dir,
-        }
-    }
-    fn sock(&self) -> &Path {
-        self.server.path()
-    }
-    fn conn(&self) -> Connection {
-        Connection::open(self.sock()).unwrap()
-    }
-}
-
-fn fault(body: &str) -> String {
-    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{body}: {e}"));
-    v["fault_message"].as_str().unwrap().to_string()
-}
-
-/// Sends raw bytes on a new connection and reads one reply.
-fn raw(s: &Setup, bytes: &[u8]) -> client::Reply {
-    let mut c = s.conn();
-    c.send_raw(bytes).unwrap();
-    c.read_reply().unwrap()
-}
 
 #[test]
 fn statuses_for_vmm_answers() {
@@ -414,27 +282,25 @@ fn expect_continue_gets_100_then_the_reply() {
 }
 
 #[test]
-fn connections_beyond_the_limit_are_closed() {
+fn a_new_client_takes_the_slot_of_the_longest_idle() {
     let s = Setup::with_limits(ServerLimits {
         max_connections: 2,
         ..ServerLimits::default()
     });
+    // Both connected, neither has sent a byte: both idle, `a` the longest.
     let mut a = s.conn();
     let mut b = s.conn();
-    assert_eq!(a.request("GET", "/", None).unwrap().0, 200);
-    assert_eq!(b.request("GET", "/", None).unwrap().0, 200);
     let mut c = s.conn();
-    assert!(c.request("GET", "/", None).is_err());
-    drop(a);
-    // The slot frees once the thread notices the close.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Ok((200, _)) = client::request(s.sock(), "GET", "/", None) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the slot never freed");
-        thread::sleep(Duration::from_millis(10));
-    }
+    assert_eq!(c.request("GET", "/", None).unwrap().0, 200);
+    // `a` was closed without a word: it had no request under way.
+    let mut byte = [0u8; 1];
+    assert_eq!(a.stream().read(&mut byte).unwrap(), 0);
+    assert!(a.request("GET", "/", None).is_err());
+    // `b` kept its slot (`c` was idle longer when `d` came).
+    assert_eq!(b.request("GET", "/", None).unwrap().0, 200);
+    let mut d = s.conn();
+    assert_eq!(d.request("GET", "/", None).unwrap().0, 200);
+    assert_eq!(c.stream().read(&mut byte).unwrap(), 0);
     assert_eq!(b.request("GET", "/", None).unwrap().0, 200);
 }
 
@@ -471,11 +337,6 @@ fn socket_file_mode_threads_and_removal() {
     assert_eq!(c.stream().read(&mut byte).unwrap(), 0);
     assert!(UnixStream::connect(&path).is_err());
     drop(vmm);
-}
-
-fn start_at(path: &Path) -> Result<ApiServer, ApiServerError> {
-    let (tx, _rx) = mpsc::channel();
-    ApiServer::start(path, tx, EventFd::new(0).unwrap())
 }
 
 #[test]
