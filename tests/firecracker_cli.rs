@@ -230,3 +230,17 @@ fn a_log_fifo_nobody_reads_never_blocks_teravm() {
     assert!(summary(&stderr).0 > 0, "{stderr}");
     assert!(Path::new(&fifo).exists());
 }
+
+#[test]
+fn http_api_max_payload_size_bounds_request_bodies() {
+    let (vmm, sock, _dir) = start_api("payload", &["--http-api-max-payload-size", "64"]);
+    let small = r#"{"vcpu_count": 1, "mem_size_mib": 128}"#;
+    assert!(small.len() <= 64);
+    put_ok(&sock, "/machine-config", small);
+    let big = format!(r#"{{"boot_args": "{}"}}"#, "x".repeat(100));
+    let (status, body) = put(&sock, "/boot-source", &big);
+    assert_fault(status, &body, 413, "64 bytes");
+    // Nothing changed, and the server still answers.
+    assert_eq!(get(&sock, "/vm/config")["boot-source"]["boot_args"], "");
+    drop(vmm);
+}

@@ -36,9 +36,10 @@ pub enum RequestError {
     /// `Content-Length` is not a single decimal number.
     #[error("invalid Content-Length: {0}")]
     BadContentLength(&'static str),
-    /// The body is larger than [`MAX_BODY_BYTES`].
-    #[error("the body is larger than {MAX_BODY_BYTES} bytes")]
-    BodyTooLarge,
+    /// The body is larger than the limit ([`MAX_BODY_BYTES`] unless the
+    /// server was given another with `--http-api-max-payload-size`).
+    #[error("the body is larger than {0} bytes")]
+    BodyTooLarge(usize),
     /// `Transfer-Encoding` (chunked or any other) is not supported.
     #[error("Transfer-Encoding is not supported; send a Content-Length")]
     TransferEncoding,
@@ -54,7 +55,7 @@ impl RequestError {
     /// The HTTP status code to answer with.
     pub fn status(&self) -> u16 {
         match self {
-            RequestError::BodyTooLarge => 413,
+            RequestError::BodyTooLarge(_) => 413,
             RequestError::TransferEncoding => 501,
             RequestError::BadExpect => 417,
             RequestError::UnsupportedVersion => 505,
@@ -238,8 +239,10 @@ enum Phase {
 /// caller drops the consumed bytes from the front of the buffer (or closes
 /// the connection) before the next call. A buffer shorter than the last one
 /// also starts it afresh.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RequestParser {
+    /// The largest body accepted.
+    max_body_bytes: usize,
     phase: Phase,
     /// Start of the line being looked for (or of the empty lines skipped).
     line_start: usize,
@@ -256,22 +259,50 @@ pub struct RequestParser {
     looked: usize,
 }
 
+impl Default for RequestParser {
+    fn default() -> Self {
+        RequestParser::new()
+    }
+}
+
 impl RequestParser {
-    /// A parser at the start of a request.
+    /// A parser at the start of a request, taking bodies of up to
+    /// [`MAX_BODY_BYTES`].
     pub fn new() -> RequestParser {
-        RequestParser::default()
+        RequestParser::with_max_body(MAX_BODY_BYTES)
+    }
+
+    /// A parser taking bodies of up to `max_body_bytes`.
+    pub fn with_max_body(max_body_bytes: usize) -> RequestParser {
+        RequestParser {
+            max_body_bytes,
+            phase: Phase::default(),
+            line_start: 0,
+            scanned: 0,
+            seen: 0,
+            method: String::new(),
+            path: String::new(),
+            version: None,
+            headers: Vec::new(),
+            #[cfg(test)]
+            looked: 0,
+        }
+    }
+
+    fn restart(&mut self) {
+        *self = RequestParser::with_max_body(self.max_body_bytes);
     }
 
     /// Parses what `buf` holds of the request at its front, continuing from
     /// the last call. See the type's doc.
     pub fn parse(&mut self, buf: &[u8]) -> Result<Parsed, RequestError> {
         if buf.len() < self.seen {
-            *self = RequestParser::new();
+            self.restart();
         }
         self.seen = buf.len();
         let result = self.advance(buf);
         if !matches!(result, Ok(Parsed::NeedMore { .. })) {
-            *self = RequestParser::new();
+            self.restart();
         }
         result
     }
@@ -408,8 +439,8 @@ impl RequestParser {
                     }
                     // Too many digits to parse is simply too large.
                     let n = value.parse::<usize>().unwrap_or(usize::MAX);
-                    if n > MAX_BODY_BYTES {
-                        return Err(RequestError::BodyTooLarge);
+                    if n > self.max_body_bytes {
+                        return Err(RequestError::BodyTooLarge(self.max_body_bytes));
                     }
                     content_length = Some(n);
                 }

@@ -271,9 +271,12 @@ fn content_length_rules() {
         MAX_BODY_BYTES + 1
     )
     .as_bytes());
-    assert_eq!((e.clone(), e.status()), (RequestError::BodyTooLarge, 413));
+    assert_eq!(
+        (e.clone(), e.status()),
+        (RequestError::BodyTooLarge(MAX_BODY_BYTES), 413)
+    );
     let e = err(b"PUT / HTTP/1.1\r\nContent-Length: 99999999999999999999999999\r\n\r\n");
-    assert_eq!(e, RequestError::BodyTooLarge);
+    assert_eq!(e, RequestError::BodyTooLarge(MAX_BODY_BYTES));
     // Exactly the limit is fine.
     let mut text =
         format!("PUT / HTTP/1.1\r\nContent-Length: {MAX_BODY_BYTES}\r\n\r\n").into_bytes();

@@ -131,6 +131,8 @@ pub struct ServerLimits {
     /// When every slot is taken and none is idle, a request that has been
     /// arriving for this long loses its slot to a new client (503).
     pub request_timeout_under_pressure: Duration,
+    /// The largest request body (`--http-api-max-payload-size`).
+    pub max_body_bytes: usize,
 }
 
 impl Default for ServerLimits {
@@ -141,6 +143,7 @@ impl Default for ServerLimits {
             request_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
             request_timeout_under_pressure: Duration::from_secs(1),
+            max_body_bytes: super::http::MAX_BODY_BYTES,
         }
     }
 }

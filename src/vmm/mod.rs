@@ -270,7 +270,14 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         Some(path) => {
             let (tx, rx) = channel();
             let wake = api_evt.try_clone().map_err(VmmError::EventFd)?;
-            (Some(ApiServer::start(path, tx, wake)?), Some(rx))
+            let limits = crate::api::ServerLimits {
+                max_body_bytes: opts.api_max_payload_bytes,
+                ..crate::api::ServerLimits::default()
+            };
+            (
+                Some(ApiServer::start_with_limits(path, tx, wake, limits)?),
+                Some(rx),
+            )
         }
         None => (None, None),
     };

@@ -106,7 +106,7 @@ pub(super) fn serve_connection(mut stream: UnixStream, shared: &Shared, id: u64)
     // dropped before the next read, so each byte is moved at most once.
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut start = 0;
-    let mut parser = RequestParser::new();
+    let mut parser = RequestParser::with_max_body(limits.max_body_bytes);
     let mut chunk = vec![0u8; 16 * 1024];
     let mut sent_continue = false;
     let mut activity = Activity::Idle;
