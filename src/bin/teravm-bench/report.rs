@@ -332,11 +332,12 @@ pub fn reply_text(samples: &[Sample]) -> String {
             }
             let _ = writeln!(
                 out,
-                "  {method} {case}: p50 {} ms, p99 {} ms, max {} ms ({} runs)",
+                "  {method} {case}: p50 {} ms, p99 {} ms, max {} ms ({} run{})",
                 ms(50.0),
                 ms(99.0),
                 ms(100.0),
-                v.len()
+                v.len(),
+                if v.len() == 1 { "" } else { "s" }
             );
         }
     }

@@ -238,6 +238,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let _ = write!(out, "{}", report::table(&rows, &unavailable));
     let _ = write!(out, "{}", report::reply_text(&samples));
     let _ = write!(out, "{}", report::phases_text(&samples));
+    let mut notes = Vec::new();
     if cases
         .iter()
         .any(|c| c.pages == Pages::Thp && c.backing == Backing::Memfd)
@@ -250,6 +251,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             .and_then(|t| shmem_thp_note(&t))
         {
             let _ = writeln!(out, "{note}");
+            notes.push(note);
         }
     }
     if host.nodes_with_memory().len() > 1 {
@@ -261,10 +263,10 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     }
     if let Some(path) = &args.svg {
         let title = format!(
-            "Freeing {} GiB of touched memory, {} run(s) each",
+            "Freeing {} GiB of touched memory, median of {} run(s) each",
             args.size_gib, args.runs
         );
-        write_file(path, &svg::plot(&rows, &title))?;
+        write_file(path, &svg::plot(&rows, &title, &notes))?;
     }
     Ok(())
 }

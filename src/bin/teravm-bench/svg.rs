@@ -24,8 +24,11 @@ const PAD_TOP: f64 = 34.0;
 const PAD_BOTTOM: f64 = 48.0;
 const TITLE_H: f64 = 64.0;
 const MARGIN: f64 = 10.0;
-const LEGEND_ROW_H: f64 = 20.0;
-const LEGEND_COL_W: f64 = 290.0;
+const LEGEND_ROW_H: f64 = 19.0;
+/// The legend's two groups side by side from this width on, else stacked.
+const LEGEND_SIDE_BY_SIDE_W: f64 = 800.0;
+/// The legend's ink for what is measured (the colour says the baseline).
+const INK: &str = "#333";
 
 /// Which baseline a ratio is to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,13 +58,11 @@ impl Baseline {
     }
 
     /// The baseline's name for an in-process or a `--vm` method.
-    fn name(self, vm: bool) -> &'static str {
-        match (self, vm) {
-            (Baseline::Munmap, _) => "munmap",
-            (Baseline::Exit, false) => "exit",
-            (Baseline::Exit, true) => "vm-kill",
-            (Baseline::Mrelease, false) => "mrelease",
-            (Baseline::Mrelease, true) => "vm-mrelease",
+    fn label(self) -> &'static str {
+        match self {
+            Baseline::Munmap => "munmap",
+            Baseline::Exit => "exit (vm-kill for a microVM)",
+            Baseline::Mrelease => "mrelease (vm-mrelease for a microVM)",
         }
     }
 }
@@ -87,14 +88,12 @@ impl Kind {
         }
     }
 
-    fn label(self, baseline: Baseline) -> String {
-        let vm = self != Kind::Executor;
-        let what = match self {
-            Kind::Executor => "teravm-w (executor)",
-            Kind::EndToEnd => "vm-teravm-w (sync, end to end)",
-            Kind::Async => "vm-async-w (until exit)",
-        };
-        format!("{what} vs {}", baseline.name(vm))
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Executor => "teravm-w: the executor, in process",
+            Kind::EndToEnd => "vm-teravm-w: microVM, sync Shutdown",
+            Kind::Async => "vm-async-w: microVM, async Shutdown, until exit",
+        }
     }
 
     fn dash(self) -> Option<&'static str> {
@@ -332,8 +331,33 @@ fn panel(s: &mut String, rows: &[Row], case: Case, workers: &[u32], px: f64, py:
     }
 }
 
-/// The plot of the rows as an SVG document. `title` goes above the panels.
-pub fn plot(rows: &[Row], title: &str) -> String {
+/// One legend entry: a short line (or a marker alone) and its text.
+fn legend_entry(s: &mut String, x: f64, y: f64, kind: Kind, colour: &str, text: &str) {
+    if kind != Kind::Async {
+        let dash = kind
+            .dash()
+            .map_or(String::new(), |d| format!(" stroke-dasharray=\"{d}\""));
+        let _ = writeln!(
+            s,
+            "<line x1=\"{x:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{colour}\" \
+             stroke-width=\"2\"{dash}/>",
+            x + 28.0
+        );
+    }
+    marker(s, kind, x + 14.0, y, colour);
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+        x + 36.0,
+        y + 4.0,
+        escape(text)
+    );
+}
+
+/// The plot of the rows as an SVG document: `title` above the panels,
+/// `notes` (e.g. that THP memfd is backed by 4 KiB pages here) below the
+/// legend.
+pub fn plot(rows: &[Row], title: &str, notes: &[String]) -> String {
     let cases = cases(rows);
     let mut workers: Vec<u32> = rows
         .iter()
@@ -344,20 +368,30 @@ pub fn plot(rows: &[Row], title: &str) -> String {
     if workers.is_empty() {
         workers.push(1);
     }
-    // The legend: every (kind, baseline) drawn in some panel.
-    let mut legend: Vec<(Kind, Baseline)> = Vec::new();
+    // The legend: the baselines (colours) and kinds (line styles) drawn.
+    let (mut baselines, mut kinds): (Vec<Baseline>, Vec<Kind>) = (Vec::new(), Vec::new());
     for &case in &cases {
         for se in series(rows, case) {
-            if !legend.contains(&(se.kind, se.baseline)) {
-                legend.push((se.kind, se.baseline));
+            if !baselines.contains(&se.baseline) {
+                baselines.push(se.baseline);
+            }
+            if !kinds.contains(&se.kind) {
+                kinds.push(se.kind);
             }
         }
     }
+    baselines.retain(|b| Baseline::ALL.contains(b));
+    baselines.sort_by_key(|b| Baseline::ALL.iter().position(|x| x == b));
     let cols = if cases.len() > 1 { 2 } else { 1 };
     let panel_rows = cases.len().div_ceil(cols).max(1);
     let width = MARGIN * 2.0 + PANEL_W * cols as f64;
-    let legend_cols = ((width - 2.0 * MARGIN) / LEGEND_COL_W).floor().max(1.0) as usize;
-    let legend_h = LEGEND_ROW_H * legend.len().div_ceil(legend_cols) as f64 + 16.0;
+    let side_by_side = width >= LEGEND_SIDE_BY_SIDE_W;
+    let legend_lines = if side_by_side {
+        1 + baselines.len().max(kinds.len())
+    } else {
+        2 + baselines.len() + kinds.len()
+    };
+    let legend_h = LEGEND_ROW_H * (legend_lines + notes.len()) as f64 + 12.0;
     let height = TITLE_H + PANEL_H * panel_rows as f64 + legend_h + MARGIN;
 
     let mut s = String::new();
@@ -379,8 +413,7 @@ pub fn plot(rows: &[Row], title: &str) -> String {
     let _ = writeln!(
         s,
         "<text x=\"{:.1}\" y=\"48\" text-anchor=\"middle\" fill=\"#444\">speedup = median time \
-         of the baseline / median time of the method, same run; above 1x: faster than the \
-         baseline</text>",
+         of the baseline / median time of the method, same run; above 1x: faster</text>",
         width / 2.0
     );
     for (i, &case) in cases.iter().enumerate() {
@@ -388,29 +421,43 @@ pub fn plot(rows: &[Row], title: &str) -> String {
         let py = TITLE_H + PANEL_H * (i / cols) as f64;
         panel(&mut s, rows, case, &workers, px, py);
     }
+    // Legend: colours (what a line is compared with) and styles (what is
+    // measured), side by side or one above the other.
     let ly0 = TITLE_H + PANEL_H * panel_rows as f64 + 8.0;
-    for (i, &(kind, baseline)) in legend.iter().enumerate() {
-        let x = MARGIN + 20.0 + LEGEND_COL_W * (i % legend_cols) as f64;
-        let y = ly0 + LEGEND_ROW_H * (i / legend_cols) as f64;
-        let colour = baseline.colour();
-        if kind != Kind::Async {
-            let dash = kind
-                .dash()
-                .map_or(String::new(), |d| format!(" stroke-dasharray=\"{d}\""));
-            let _ = writeln!(
-                s,
-                "<line x1=\"{x:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{colour}\" \
-                 stroke-width=\"2\"{dash}/>",
-                x + 28.0
-            );
-        }
-        marker(&mut s, kind, x + 14.0, y, colour);
+    let x_left = MARGIN + 20.0;
+    let (x_kinds, y_kinds) = if side_by_side {
+        (MARGIN + width / 2.0, ly0)
+    } else {
+        (x_left, ly0 + LEGEND_ROW_H * (1 + baselines.len()) as f64)
+    };
+    let heading = |s: &mut String, x: f64, y: f64, text: &str| {
         let _ = writeln!(
             s,
-            "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-            x + 36.0,
-            y + 4.0,
-            escape(&kind.label(baseline))
+            "<text x=\"{x:.1}\" y=\"{:.1}\" font-weight=\"bold\">{text}</text>",
+            y + 4.0
+        );
+    };
+    if !baselines.is_empty() {
+        heading(&mut s, x_left, ly0, "colour: compared with");
+    }
+    for (i, b) in baselines.iter().enumerate() {
+        let y = ly0 + LEGEND_ROW_H * (i + 1) as f64;
+        legend_entry(&mut s, x_left, y, Kind::Executor, b.colour(), b.label());
+    }
+    if !kinds.is_empty() {
+        heading(&mut s, x_kinds, y_kinds, "line: what is measured");
+    }
+    for (i, k) in kinds.iter().enumerate() {
+        let y = y_kinds + LEGEND_ROW_H * (i + 1) as f64;
+        legend_entry(&mut s, x_kinds, y, *k, INK, k.label());
+    }
+    let y_notes = ly0 + LEGEND_ROW_H * legend_lines as f64;
+    for (i, note) in notes.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "<text x=\"{x_left:.1}\" y=\"{:.1}\" fill=\"#444\">{}</text>",
+            y_notes + LEGEND_ROW_H * i as f64 + 4.0,
+            escape(note)
         );
     }
     s.push_str("</svg>\n");
@@ -479,7 +526,11 @@ mod tests {
 
     #[test]
     fn one_panel_per_case_with_a_line_per_baseline() {
-        let text = plot(&rows(&samples(false)), "reclaim of 8 GiB <test>");
+        let text = plot(
+            &rows(&samples(false)),
+            "reclaim of 8 GiB <test>",
+            &["a note".to_string()],
+        );
         well_formed(&text);
         // 3 cases x (vs munmap, vs exit, vs mrelease).
         assert_eq!(text.matches("<polyline").count(), 9);
@@ -488,7 +539,10 @@ mod tests {
         }
         assert!(text.contains("workers per NUMA node"));
         assert!(text.contains("speedup (baseline time / time)"));
-        assert!(text.contains("teravm-w (executor) vs mrelease"));
+        assert!(text.contains("mrelease (vm-mrelease for a microVM)"));
+        assert!(text.contains("teravm-w: the executor, in process"));
+        assert!(!text.contains("vm-teravm-w"));
+        assert!(text.contains(">a note</text>"));
         assert!(text.contains("&lt;test&gt;"));
     }
 
@@ -496,7 +550,7 @@ mod tests {
     fn thp_gets_its_own_scale() {
         // THP is ten times faster in absolute terms but has the same
         // speedups here: its points sit as high in its panel as 4k's in theirs.
-        let text = plot(&rows(&samples(false)), "t");
+        let text = plot(&rows(&samples(false)), "t", &[]);
         let firsts: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("<polyline"))
@@ -516,20 +570,20 @@ mod tests {
 
     #[test]
     fn vm_methods_are_drawn_dashed_with_async_markers() {
-        let text = plot(&rows(&samples(true)), "t");
+        let text = plot(&rows(&samples(true)), "t", &[]);
         well_formed(&text);
         // Per case: 3 executor lines, vm-teravm vs vm-kill and vs vm-mrelease.
         assert_eq!(text.matches("<polyline").count(), 3 * 5);
-        assert_eq!(text.matches("stroke-dasharray=\"7,4\"").count(), 3 * 2 + 2);
+        assert_eq!(text.matches("stroke-dasharray=\"7,4\"").count(), 3 * 2 + 1);
         // vm-async against vm-kill and vm-mrelease, in 3 panels, plus legend.
-        assert_eq!(text.matches("<polygon").count(), 3 * 2 + 2);
-        assert!(text.contains("vm-teravm-w (sync, end to end) vs vm-kill"));
-        assert!(text.contains("vm-async-w (until exit) vs vm-mrelease"));
+        assert_eq!(text.matches("<polygon").count(), 3 * 2 + 1);
+        assert!(text.contains("vm-teravm-w: microVM, sync Shutdown"));
+        assert!(text.contains("vm-async-w: microVM, async Shutdown, until exit"));
     }
 
     #[test]
     fn polyline_points_are_ordered_by_workers() {
-        let text = plot(&rows(&samples(false)), "t");
+        let text = plot(&rows(&samples(false)), "t", &[]);
         let line = text.lines().find(|l| l.starts_with("<polyline")).unwrap();
         let points = line.split("points=\"").nth(1).unwrap();
         let xs: Vec<f64> = points
@@ -547,8 +601,8 @@ mod tests {
             .into_iter()
             .filter(|s| s.method.workers() == 1 || s.method == Method::VmAsync(4))
             .collect();
-        well_formed(&plot(&rows(&one), "t"));
-        well_formed(&plot(&[], "t"));
+        well_formed(&plot(&rows(&one), "t", &[]));
+        well_formed(&plot(&[], "t", &[]));
     }
 
     #[test]
