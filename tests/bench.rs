@@ -190,7 +190,7 @@ fn vm_runs_a_real_microvm_killed_reaped_and_shut_down() {
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(table_row.trim_end().ends_with('x'), "{table_row}");
     let plot = std::fs::read_to_string(&svg).unwrap();
-    assert!(plot.contains("vm-teravm-w (sync, end to end) vs vm-kill"));
+    assert!(plot.contains("vm-teravm-w: microVM, sync Shutdown"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
