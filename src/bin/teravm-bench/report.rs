@@ -211,10 +211,9 @@ const TABLE_HEADER: [&str; 11] = [
 
 /// The cells of a row that ran.
 fn row_cells(r: &Row) -> [String; 11] {
-    let workers = if r.method.is_baseline() {
-        "-".to_string()
-    } else {
-        r.method.workers().to_string()
+    let workers = match r.method {
+        Method::Exit | Method::Mrelease | Method::VmKill | Method::VmMrelease => "-".to_string(),
+        m => m.workers().to_string(),
     };
     [
         r.method.to_string(),
