@@ -19,10 +19,14 @@
 //! tree is private to the binary. Who uses whom (no circle):
 //!
 //! ```text
-//! main → cli → args, runner, child, host
-//! runner → args, child, held, vm, mrelease, report, svg, stats, model
-//! vm → args, client, host, mrelease, model      child → args, held, mrelease, model
-//! report → stats, model     svg → report, model     held, args → model
+//! main    → cli
+//! cli     → args, child, host, runner
+//! runner  → args, child, held, model, mrelease, report, stats, svg, vm
+//! vm      → args, client, host, model, mrelease
+//! child   → args, held, model, mrelease
+//! held    → args, model          args → model        mrelease → model
+//! report  → model, stats         svg  → model, report
+//! model   → host                 client, host, stats → nothing here
 //! ```
 //!
 //! [`client`] and [`host`] have no dependency on the rest: the integration
