@@ -106,19 +106,26 @@ pub struct Summary {
 }
 
 /// Parses `teravm: reclaimed <MiB> MiB in <ms> ms (<x> GiB/s, <w> workers,
-/// <n> nodes)`; text before it (a guest's partial line) is skipped.
+/// <n> nodes)`; text before it (a guest's partial line) is skipped. The
+/// worker and node counts are found by the word after them (`worker(s)`,
+/// `node(s)`), so that more fields in the parentheses do not break it.
 pub fn parse_summary(line: &str) -> Option<Summary> {
     let at = line.find(SUMMARY_PREFIX)?;
     let words: Vec<&str> = line[at..].split_whitespace().collect();
-    let word = |i: usize| words.get(i).copied();
-    if word(3) != Some("MiB") || word(4) != Some("in") || word(10) != Some("workers,") {
+    if words.get(3) != Some(&"MiB") || words.get(4) != Some(&"in") {
         return None;
     }
+    let count_before = |unit: &str| {
+        words
+            .windows(2)
+            .find(|w| w[1].starts_with(unit))
+            .and_then(|w| w[0].parse().ok())
+    };
     Some(Summary {
-        mib: word(2)?.parse().ok()?,
-        ms: word(5)?.parse().ok()?,
-        workers: word(9)?.parse().ok()?,
-        nodes: word(11)?.parse().ok()?,
+        mib: words[2].parse().ok()?,
+        ms: words.get(5)?.parse().ok()?,
+        workers: count_before("worker")?,
+        nodes: count_before("node")?,
     })
 }
 

@@ -47,6 +47,9 @@ fn summary_line_is_parsed_and_others_are_not() {
     assert_eq!((s.mib, s.ms, s.workers, s.nodes), (1021, 140, 2, 1));
     assert_eq!(parse_summary(&format!("guest half line{line}")), Some(s));
     assert_eq!(parse_summary("teravm: reclaimed lots"), None);
+    let more = "teravm: reclaimed 8 MiB in 2 ms (4.0 GiB/s, 1 worker, 1 node, 3 bytes dropped)";
+    let m = parse_summary(more).unwrap();
+    assert_eq!((m.mib, m.ms, m.workers, m.nodes), (8, 2, 1, 1));
     assert_eq!(parse_summary("teravm firmware: idle"), None);
     let lines = ["a", line, "b"];
     assert_eq!(find_summary(lines), Some(s));
