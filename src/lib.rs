@@ -10,7 +10,6 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod api;
-pub mod bench;
 pub mod config;
 pub mod devices;
 pub mod faults;

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::Value;
-use teravm::api::client::{request, Connection};
 
 use common::api::*;
+use common::client::{request, Connection};
 use common::*;
 
 // 1.
@@ -389,7 +389,7 @@ fn http_errors_over_the_real_socket() {
         "a".repeat(teravm::api::http::MAX_BODY_BYTES)
     );
     let mut c = Connection::open(&sock).unwrap();
-    c.send_raw(teravm::api::client::format_request("PUT", "/boot-source", Some(&big)).as_bytes())
+    c.send_raw(common::client::format_request("PUT", "/boot-source", Some(&big)).as_bytes())
         .unwrap();
     let reply = c.read_reply().unwrap();
     assert_fault(reply.status, &reply.body, 413, "larger than");

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use teravm::api::client::{request, Connection};
+use common::client::{request, Connection};
 
 use common::api::*;
 use common::*;

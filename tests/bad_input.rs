@@ -9,8 +9,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::client::{request, Connection};
 use common::*;
-use teravm::api::client::{request, Connection};
 
 const T: Duration = Duration::from_secs(60);
 

@@ -1,18 +1,47 @@
 //! Runs the built `teravm-bench` on 1 GiB, one run per method, and checks
-//! its CSV and SVG: every method of every default page size and backing is
-//! there, with a positive time. No assertion on speed.
+//! its table, CSV and SVG: every method of every page size and backing is
+//! there with a positive time, or marked unavailable where this kernel lacks
+//! it (`process_mrelease`). No assertion on speed.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
+
+use common::{kvm_or_skip, temp_dir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_teravm-bench");
 
-/// A fresh directory under the system temp dir, one per test.
-fn temp_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("teravm-bench-test-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// The CSV's header: the eight columns of earlier versions first.
+const CSV_HEADER: &str = "method,pages,backing,size_gib,workers,chunk_mib,run,seconds,\
+vs_munmap,vs_exit,vs_mrelease,reply_ms,reply_p50_ms,reply_p99_ms,reply_max_ms,\
+stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms";
+
+/// The CSV's rows, each checked: every column there, a positive time, the
+/// size and run asked for.
+fn csv_rows(text: &str) -> Vec<Vec<String>> {
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(CSV_HEADER));
+    let rows: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    for row in &rows {
+        assert_eq!(row.len(), 19, "{row:?}");
+        let seconds: f64 = row[7].parse().unwrap();
+        assert!(seconds > 0.0, "{row:?}");
+        assert_eq!((row[3].as_str(), row[6].as_str()), ("1", "1"), "{row:?}");
+        for field in &row[8..] {
+            assert!(field.is_empty() || field.parse::<f64>().is_ok(), "{row:?}");
+        }
+    }
+    rows
+}
+
+/// Whether the table marks `method` unavailable, with the reason below it.
+fn marked_unavailable(stdout: &str, method: &str) -> bool {
+    stdout
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(method) && l.contains("unavailable"))
+        && stdout.contains(&format!("{method}: unavailable here: "))
 }
 
 #[test]
@@ -39,37 +68,51 @@ fn one_gib_run_writes_every_row_and_a_plot() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.starts_with("method"), "{stdout}");
+    assert!(
+        stdout.lines().next().unwrap().ends_with("vs mrelease"),
+        "{stdout}"
+    );
 
     let text = std::fs::read_to_string(&csv).unwrap();
-    let mut lines = text.lines();
-    assert_eq!(
-        lines.next(),
-        Some("method,pages,backing,size_gib,workers,chunk_mib,run,seconds")
-    );
-    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    for row in &rows {
-        assert_eq!(row.len(), 8, "{row:?}");
-        let seconds: f64 = row[7].parse().unwrap();
-        assert!(seconds > 0.0, "{row:?}");
-        assert_eq!(row[3], "1");
-        assert_eq!(row[6], "1");
+    let rows = csv_rows(&text);
+    let mrelease = !marked_unavailable(&stdout, "mrelease");
+    let mut methods = vec!["munmap", "exit", "teravm-1", "teravm-2"];
+    if mrelease {
+        methods.push("mrelease");
     }
     for pages in ["4k", "thp"] {
         for backing in ["anonymous", "memfd"] {
-            for method in ["munmap", "exit", "teravm-1", "teravm-2"] {
+            for method in &methods {
                 let n = rows
                     .iter()
-                    .filter(|r| r[0] == method && r[1] == pages && r[2] == backing)
+                    .filter(|r| r[0] == *method && r[1] == pages && r[2] == backing)
                     .count();
                 assert_eq!(n, 1, "{method} {pages} {backing} in\n{text}");
+                let table_row = format!("{method} ");
+                assert!(
+                    stdout.lines().any(|l| l.starts_with(&table_row)
+                        && l.contains(pages)
+                        && l.contains(backing)),
+                    "no table row {method} {pages} {backing} in\n{stdout}"
+                );
             }
         }
     }
-    assert_eq!(rows.len(), 16);
+    assert_eq!(rows.len(), 4 * methods.len());
+    // teravm's rows are compared with munmap and exit (and mrelease).
+    for row in rows.iter().filter(|r| r[0].starts_with("teravm-")) {
+        assert!(!row[8].is_empty() && !row[9].is_empty(), "{row:?}");
+        assert_eq!(row[10].is_empty(), !mrelease, "{row:?}");
+    }
 
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.starts_with("<svg"));
-    assert_eq!(plot.matches("<polyline").count(), 4);
+    // One panel per page size and backing, a line per baseline in each.
+    let baselines = if mrelease { 3 } else { 2 };
+    assert_eq!(plot.matches("<polyline").count(), 4 * baselines);
+    for panel in ["4k anonymous", "4k memfd", "thp anonymous", "thp memfd"] {
+        assert!(plot.contains(&format!(">{panel} (munmap ")), "{panel}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -91,53 +134,64 @@ fn bad_input_is_one_line_and_exit_1() {
 }
 
 #[test]
-fn vm_runs_a_real_microvm_killed_and_shut_down() {
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        eprintln!("SKIPPED vm_runs_a_real_microvm: /dev/kvm is not usable here ({e})");
+fn vm_runs_a_real_microvm_killed_reaped_and_shut_down() {
+    if !kvm_or_skip("vm_runs_a_real_microvm") {
         return;
     }
     let dir = temp_dir("vm");
     let csv = dir.join("bench.csv");
+    let svg = dir.join("bench.svg");
     let out = Command::new(BIN)
-        .args([
-            "--size-gib",
-            "1",
-            "--runs",
-            "1",
-            "--workers",
-            "2",
-            "--pages",
-            "thp",
-            "--backing",
-            "anonymous",
-            "--vm",
-            "--csv",
-        ])
+        .args(["--size-gib", "1", "--runs", "1", "--workers", "1,2"])
+        .args(["--pages", "thp", "--backing", "anonymous", "--vm", "--csv"])
         .arg(&csv)
+        .arg("--svg")
+        .arg(&svg)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     let text = std::fs::read_to_string(&csv).unwrap();
-    for method in ["vm-kill", "vm-teravm-2"] {
-        let row = text
-            .lines()
-            .find(|l| l.starts_with(&format!("{method},thp,anonymous,1,")))
-            .unwrap_or_else(|| panic!("no {method} row in {text}"));
-        let seconds: f64 = row.rsplit(',').next().unwrap().parse().unwrap();
-        assert!(seconds > 0.0, "{row}");
+    let rows = csv_rows(&text);
+    let row = |method: &str| {
+        rows.iter()
+            .find(|r| r[0] == method && r[1] == "thp" && r[2] == "anonymous")
+            .unwrap_or_else(|| panic!("no {method} row in {text}"))
+    };
+    let mrelease = !marked_unavailable(&stdout, "vm-mrelease");
+    let mut methods = vec!["vm-kill", "vm-teravm-1", "vm-teravm-2", "vm-async-2"];
+    if mrelease {
+        methods.push("vm-mrelease");
     }
+    for method in &methods {
+        row(method);
+        assert!(
+            stdout.lines().any(|l| l.starts_with(&format!("{method} "))),
+            "no table row {method} in\n{stdout}"
+        );
+    }
+    // Compared with the same microVM killed (and reaped), from the same run.
+    let sync = row("vm-teravm-2");
+    assert!(!sync[9].is_empty(), "{sync:?}");
+    assert_eq!(sync[10].is_empty(), !mrelease, "{sync:?}");
+    // The async run has its reply latency, and the report summarises it.
+    let a = row("vm-async-2");
+    let reply_ms: f64 = a[11].parse().unwrap();
+    assert!(reply_ms > 0.0, "{a:?}");
+    assert!(a[12..15].iter().all(|v| v.parse::<f64>().is_ok()), "{a:?}");
+    assert!(
+        stdout.contains("vm-async-2 thp anonymous: p50 "),
+        "no reply latency line in\n{stdout}"
+    );
     let table_row = stdout
         .lines()
         .find(|l| l.starts_with("vm-teravm-2"))
         .unwrap_or_else(|| panic!("{stdout}"));
-    // Compared with the same microVM killed, from the same run.
     assert!(table_row.trim_end().ends_with('x'), "{table_row}");
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.contains("vm-teravm-w: microVM, sync Shutdown"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

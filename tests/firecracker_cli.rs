@@ -9,9 +9,9 @@ mod common;
 use std::path::Path;
 
 use common::api::*;
+use common::client::request;
 use common::*;
 use serde_json::Value;
-use teravm::api::client::request;
 
 /// A run that must fail at once with one line naming `needle`, exit 1.
 fn refused(args: &[&str], needle: &str) {

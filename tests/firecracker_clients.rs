@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::api::*;
+use common::client::request;
 use common::*;
 use serde_json::Value;
-use teravm::api::client::request;
 
 /// Makes a FIFO, as go-sdk's `createFifo` does (mode 0700).
 fn mkfifo(path: &Path) {

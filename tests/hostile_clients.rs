@@ -15,8 +15,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::api::*;
+use common::client::Connection;
 use common::*;
-use teravm::api::client::Connection;
 
 /// The server's connection limit (`ServerLimits::default`).
 const SLOTS: usize = 64;

@@ -1,7 +1,11 @@
 //! Long runs: many launch–touch–shutdown cycles of a small microVM, one
-//! after another and 8 at once, with no file descriptor, thread or memory
-//! left behind in the long-lived parent (this test process). Alone in its
-//! own test binary, so that no other test opens files or threads meanwhile.
+//! after another and 8 at once, with no file descriptor, thread or child
+//! process left behind in the long-lived parent (this test process), and
+//! every teravm giving back what its guest touched: its resident size is
+//! read while the guest idles, and its reclaim's summary must account for
+//! the touched memory. Only teravm's own processes are measured, never the
+//! host's MemAvailable, which any other program changes. Alone in its own
+//! test binary, so that no other test opens files or threads meanwhile.
 //!
 //! CI runs a reduced count (40 cycles); the full run is
 //! `TERAVM_LONG_CYCLES=200 cargo test --release --test long_runs`.
@@ -18,20 +22,51 @@ fn count_dir(path: &str) -> usize {
     std::fs::read_dir(path).map(|d| d.count()).unwrap_or(0)
 }
 
-fn mem_available_kib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+/// What one teravm process held and gave back.
+#[derive(Debug, Clone, Copy)]
+struct Cycle {
+    /// MiB the firmware touched.
+    touched_mib: u64,
+    /// teravm's resident size while the guest idled, before the shutdown.
+    rss_bytes: u64,
+    /// MiB teravm's reclaim reported freed.
+    freed_mib: u64,
 }
 
-fn one_cycle(cfg: &std::path::Path) {
-    let (code, stdout, stderr) = run(&["--config-file", cfg.to_str().unwrap(), "--no-api"], T);
+/// Launches the microVM, waits until its firmware has touched its memory
+/// and idles, reads teravm's resident size, then shuts it down (SIGTERM)
+/// and reads what its reclaim freed.
+fn one_cycle(cfg: &std::path::Path) -> Cycle {
+    let mut vmm = Vmm::spawn(&["--config-file", cfg.to_str().unwrap(), "--no-api"]);
+    let touched_mib = touched_mib(&vmm.wait_line("teravm firmware: touched ", T));
+    vmm.wait_line("teravm firmware: idle", T);
+    let rss_bytes = vmm.rss_bytes();
+    vmm.signal(libc::SIGTERM);
+    let (code, _, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "{stderr}");
-    let (mib, _, _) = summary(&stderr);
-    assert!(mib >= 14, "{stdout:?}");
+    let (freed_mib, _, _) = summary(&stderr);
+    let cycle = Cycle {
+        touched_mib,
+        rss_bytes,
+        freed_mib,
+    };
+    // The memory was teravm's, and its reclaim gave it back.
+    assert!(touched_mib >= 16, "{cycle:?}");
+    assert!(rss_bytes >= touched_mib << 20, "{cycle:?}");
+    assert!(freed_mib * 10 >= touched_mib * 9, "{cycle:?}");
+    cycle
+}
+
+/// The children of this process not yet reaped (none once every teravm has
+/// been waited for).
+fn children() -> Vec<String> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(text.split_whitespace().map(str::to_string));
+        }
+    }
+    out
 }
 
 #[test]
@@ -45,15 +80,15 @@ fn long_runs_leave_nothing_behind() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(40);
     let dir = temp_dir("long");
-    let cfg = config_file(&dir, &config_json(1, 128, "touch=16 then=reset", ""));
+    let cfg = config_file(&dir, &config_json(1, 128, "touch=16 then=idle", ""));
     // Warm up once, so lazily created things of the test process exist.
-    one_cycle(&cfg);
+    let first = one_cycle(&cfg);
     let fds = count_dir("/proc/self/fd");
     let threads = count_dir("/proc/self/task");
-    let avail = mem_available_kib();
     let start = Instant::now();
+    let mut cycles_seen = Vec::with_capacity(cycles);
     for _ in 0..cycles {
-        one_cycle(&cfg);
+        cycles_seen.push(one_cycle(&cfg));
     }
     let sequential = start.elapsed();
     let rounds = (cycles / 25).max(1);
@@ -65,30 +100,44 @@ fn long_runs_leave_nothing_behind() {
             })
             .collect();
         for w in workers {
-            w.join().unwrap();
+            cycles_seen.push(w.join().unwrap());
         }
     }
-    std::thread::sleep(Duration::from_millis(200));
-    let fds_after = count_dir("/proc/self/fd");
-    let threads_after = count_dir("/proc/self/task");
-    let avail_after = mem_available_kib();
+    // The output readers of the last teravm end when its pipes close, a
+    // moment after it was reaped: wait for that, with a deadline.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (fds_after, threads_after) = loop {
+        let now = (count_dir("/proc/self/fd"), count_dir("/proc/self/task"));
+        if (now.0 <= fds && now.1 <= threads) || Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let max_rss = cycles_seen.iter().map(|c| c.rss_bytes).max().unwrap_or(0);
+    let freed: u64 = cycles_seen.iter().map(|c| c.freed_mib).sum();
+    let touched: u64 = cycles_seen.iter().map(|c| c.touched_mib).sum();
     eprintln!(
         "long runs: {cycles} sequential cycles in {sequential:?}, {rounds} rounds of 8 at once; \
-         fds {fds} -> {fds_after}, threads {threads} -> {threads_after}, \
-         MemAvailable {} -> {} MiB",
-        avail >> 10,
-        avail_after >> 10
+         fds {fds} -> {fds_after}, threads {threads} -> {threads_after}; \
+         teravm resident before shutdown: first {} MiB, max {} MiB; \
+         freed {freed} MiB of {touched} MiB touched",
+        first.rss_bytes >> 20,
+        max_rss >> 20
     );
     assert_eq!(fds_after, fds, "file descriptors leaked");
     assert!(
         threads_after <= threads,
         "threads leaked: {threads} -> {threads_after}"
     );
-    // Tolerance: 256 MiB, for page cache and per-CPU free lists.
+    assert!(children().is_empty(), "unreaped children: {:?}", children());
+    // A teravm holds what its guest touched plus its own small footprint,
+    // the same in every cycle: no cycle's process grows (64 MiB of slack
+    // for 8 at once competing for the page cache of the binary).
     assert!(
-        avail_after + (256 << 10) >= avail,
-        "MemAvailable fell by {} MiB",
-        (avail - avail_after) >> 10
+        max_rss <= first.rss_bytes + (64 << 20),
+        "a teravm held {} MiB before shutdown, the first {} MiB",
+        max_rss >> 20,
+        first.rss_bytes >> 20
     );
     let leftover: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert_eq!(leftover.len(), 1, "files left behind: {leftover:?}");

@@ -29,10 +29,6 @@ fn spawn_cfg(json: &str, env: &[(&str, &str)]) -> Vmm {
     Vmm::spawn_env(&args, env)
 }
 
-fn touched_mib(line: &str) -> u64 {
-    line.split_whitespace().nth(3).unwrap().parse().unwrap()
-}
-
 #[test]
 fn guest_writing_an_unknown_port_forever_is_logged_once_and_stops() {
     if !kvm_or_skip("unknown_port_loop") {

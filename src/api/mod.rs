@@ -9,11 +9,16 @@
 //! - [`routing`]: method and path to an action; bodies parsed and validated.
 //! - [`server`]: the `api` thread on the Unix socket, talking to the VMM
 //!   through an `mpsc` channel and an `EventFd`.
-//! - [`client`]: a minimal HTTP client for tests and the benchmark.
-//! - [`shapes`]: the JSON shapes of the memory module's reports.
+//! - [`shapes`]: the JSON shapes of the memory module's and a shutdown's
+//!   reports.
 
 pub mod action;
-pub mod client;
+// The HTTP client lives with the benchmark (src/bin/teravm-bench); the
+// server's unit tests use that same file.
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../bin/teravm-bench/client.rs"]
+mod client;
 pub mod http;
 pub mod routing;
 pub mod server;

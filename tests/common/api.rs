@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::client::request;
 use serde_json::Value;
-use teravm::api::client::request;
 
 use super::*;
 
@@ -78,12 +78,7 @@ pub fn assert_fault(status: u16, body: &str, code: u16, needle: &str) {
 
 /// The N of the firmware's `touched N MiB in ...` line, in bytes.
 pub fn touched_bytes(line: &str) -> u64 {
-    let mib: u64 = line
-        .strip_prefix("teravm firmware: touched ")
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("not a touched line: {line:?}"));
-    mib * MIB
+    touched_mib(line) * MIB
 }
 
 pub fn u(v: &Value, key: &str) -> u64 {

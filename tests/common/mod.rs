@@ -2,9 +2,17 @@
 //! dirs, config files, output capture with deadlines, and a lock that keeps
 //! the big-memory KVM tests of one test binary from running at once (cargo
 //! runs test binaries one after another, so one lock per binary suffices).
+//!
+//! The HTTP client ([`client`]) and the parsers of `/proc` and of teravm's
+//! output ([`host`]) are the benchmark's own files, included here, so that
+//! there is one copy of each.
 #![allow(dead_code)]
 
 pub mod api;
+#[path = "../../src/bin/teravm-bench/client.rs"]
+pub mod client;
+#[path = "../../src/bin/teravm-bench/host.rs"]
+pub mod host;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -21,14 +29,10 @@ pub fn teravm() -> &'static str {
 
 /// Whether /dev/kvm can be used; prints why a test is skipped when not.
 pub fn kvm_or_skip(test: &str) -> bool {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => true,
+    match teravm::vstate::vm::Vm::available() {
+        Ok(()) => true,
         Err(e) => {
-            eprintln!("SKIPPED {test}: /dev/kvm is not usable here ({e})");
+            eprintln!("SKIPPED {test}: {e}");
             false
         }
     }
@@ -183,15 +187,9 @@ impl Vmm {
         assert_eq!(unsafe { libc::kill(self.child.id() as i32, signo) }, 0);
     }
 
-    /// The resident set of the running process, in bytes.
+    /// The resident set of the running process, in bytes (0 once it is gone).
     pub fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb << 10)
+        host::rss_bytes(self.child.id()).unwrap_or(0)
     }
 
     /// Waits for exit; returns (code, all stdout lines, all of stderr).
@@ -243,7 +241,7 @@ impl Drop for Vmm {
 pub fn wait_for_api(sock: &Path, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
-        match teravm::api::client::request(sock, "GET", "/", None) {
+        match client::request(sock, "GET", "/", None) {
             Ok((200, _)) => return,
             Ok((status, body)) => panic!("GET / answered {status}: {body}"),
             Err(e) if Instant::now() > deadline => {
@@ -279,14 +277,12 @@ fn read_lines(from: impl Read + Send + 'static) -> Receiver<String> {
 /// nodes). Only a line that starts with it counts: the guest's console is
 /// stdout, and nothing it prints can pass for teravm's summary.
 pub fn summary(stderr: &str) -> (u64, u32, u32) {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("teravm: reclaimed "))
+    let s = host::find_summary(stderr.lines())
         .unwrap_or_else(|| panic!("no summary line in stderr: {stderr}"));
-    let words: Vec<&str> = line.split_whitespace().collect();
-    // teravm: reclaimed <MiB> MiB in <ms> ms (<x> GiB/s, <w> workers, <n> nodes)
-    let mib = words[2].parse().unwrap();
-    let workers = words[9].parse().unwrap();
-    let nodes = words[11].parse().unwrap();
-    (mib, workers, nodes)
+    (s.mib, s.workers, s.nodes)
+}
+
+/// The N of the firmware's `touched N MiB in ...` line.
+pub fn touched_mib(line: &str) -> u64 {
+    host::parse_touched_mib(line).unwrap_or_else(|| panic!("not a touched line: {line:?}"))
 }

@@ -1,27 +1,23 @@
 //! The benchmark loop: for each page size and backing, `--runs` rounds of
 //! every method in turn (A B C A B C ...), each on freshly mapped and fully
-//! touched memory, the touching untimed; then the table, the per-node
-//! results, the CSV and the SVG.
+//! touched memory, the touching untimed; then the table, the async reply
+//! latencies, the shutdown phases, the per-node results, the CSV and the
+//! SVG.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::child::{child_args, ExitChild};
-use super::cli::Args;
-use super::stats::median;
-use super::{backing_name, report, svg, BenchError, Case, Method, Pages, Sample};
-use crate::config::Backing;
-use crate::memory::{
-    host_has_node, GuestMemory, HostTopology, MemoryOptions, NumaPolicy, PageSize,
-    PopulateProgress, ReclaimOptions, ReclaimProgress,
-};
+use teravm::config::Backing;
+use teravm::memory::{ReclaimOptions, ReclaimProgress};
 
-/// Guest memory mapped and populated, with the topology it was placed on.
-pub struct Held {
-    guest: GuestMemory,
-    topology: HostTopology,
-}
+use crate::args::Args;
+use crate::child::{child_args, ExitChild};
+use crate::held::{host_binds, map_populated, memory_err, topology};
+use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, Sample, Unavailable};
+use crate::mrelease::Reap;
+use crate::stats::median;
+use crate::{mrelease, report, svg, vm};
 
 /// How long one node's part of a teravm run took.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -36,60 +32,6 @@ pub struct NodeTime {
     pub seconds: f64,
 }
 
-fn memory_err(what: &str, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Memory(format!("{what}: {e}"))
-}
-
-/// Reads the host topology under the sysfs root.
-pub fn topology(sysfs_root: &Path) -> Result<HostTopology, BenchError> {
-    HostTopology::from_sysfs(sysfs_root).map_err(|e| BenchError::Topology(e.to_string()))
-}
-
-/// Populate workers per node: `--populate-workers`, or the CPUs of a node.
-fn populate_workers(args: &Args, topology: &HostTopology) -> u32 {
-    args.populate_workers.unwrap_or_else(|| {
-        let cpus = topology
-            .nodes
-            .iter()
-            .map(|n| n.cpus.len())
-            .max()
-            .unwrap_or(1);
-        u32::try_from(cpus.clamp(1, 64)).unwrap_or(1)
-    })
-}
-
-/// Maps guest memory of `--size-gib` for the case and touches every page.
-pub fn map_populated(case: Case, args: &Args) -> Result<Held, BenchError> {
-    let topology = topology(&args.sysfs_root)?;
-    let memory = MemoryOptions {
-        mem_bytes: args.size_gib << 30,
-        page_size: match case.pages {
-            Pages::FourK => PageSize::Small,
-            Pages::Thp => PageSize::Transparent,
-        },
-        backing: case.backing.into(),
-        host_nodes: None,
-        // Bound to their nodes, unless the topology (a fake sysfs root)
-        // names nodes this host lacks: then placed by the kernel.
-        policy: if topology.nodes.iter().all(|n| host_has_node(n.id)) {
-            NumaPolicy::Bind
-        } else {
-            NumaPolicy::None
-        },
-        populate: false,
-    };
-    let guest = GuestMemory::new(&memory, &topology).map_err(|e| memory_err("map", e))?;
-    guest
-        .populate(
-            populate_workers(args, &topology),
-            &topology,
-            &PopulateProgress::new(),
-            &std::sync::atomic::AtomicBool::new(false),
-        )
-        .map_err(|e| memory_err("populate", e))?;
-    Ok(Held { guest, topology })
-}
-
 /// The binaries a run needs: the bench itself (the `exit` child) and, with
 /// `--vm`, teravm and whether its microVMs bind memory to host nodes.
 struct Binaries {
@@ -97,24 +39,48 @@ struct Binaries {
     teravm: Option<(PathBuf, bool)>,
 }
 
-/// One timed run of `method`: seconds, and per node for teravm.
+/// What one timed run measured.
+struct Measured {
+    seconds: f64,
+    nodes: Vec<NodeTime>,
+    reply_ms: Option<f64>,
+    phases: Phases,
+}
+
+impl Measured {
+    fn seconds(seconds: f64) -> Measured {
+        Measured {
+            seconds,
+            nodes: Vec::new(),
+            reply_ms: None,
+            phases: [None; 4],
+        }
+    }
+}
+
+/// One timed run of `method`.
 fn measure(
     method: Method,
     case: Case,
     args: &Args,
     bins: &Binaries,
-) -> Result<(f64, Vec<NodeTime>), BenchError> {
+) -> Result<Measured, BenchError> {
     let exe = bins.exe.as_path();
     match method {
-        Method::Exit => {
+        Method::Exit | Method::Mrelease => {
             let child = ExitChild::spawn(exe, &child_args(case, args))?;
-            Ok((child.kill_and_wait()?.as_secs_f64(), Vec::new()))
+            let reap = if method == Method::Exit {
+                Reap::Wait
+            } else {
+                Reap::Mrelease
+            };
+            Ok(Measured::seconds(child.kill_and_reap(reap)?.as_secs_f64()))
         }
         Method::Munmap => {
             let held = map_populated(case, args)?;
             let start = Instant::now();
             drop(held.guest);
-            Ok((start.elapsed().as_secs_f64(), Vec::new()))
+            Ok(Measured::seconds(start.elapsed().as_secs_f64()))
         }
         Method::Teravm(workers) => {
             let held = map_populated(case, args)?;
@@ -130,8 +96,8 @@ fn measure(
                 .guest
                 .reclaim(&opts, &held.topology, &progress)
                 .map_err(|e| memory_err("reclaim", e))?;
-            let seconds = start.elapsed().as_secs_f64();
-            let nodes = report
+            let mut measured = Measured::seconds(start.elapsed().as_secs_f64());
+            measured.nodes = report
                 .nodes
                 .iter()
                 .map(|n| NodeTime {
@@ -141,15 +107,20 @@ fn measure(
                     seconds: n.elapsed_ms as f64 / 1000.0,
                 })
                 .collect();
-            Ok((seconds, nodes))
+            Ok(measured)
         }
-        Method::VmKill | Method::VmShutdown(_) => {
+        Method::VmKill | Method::VmMrelease | Method::VmShutdown(_) | Method::VmAsync(_) => {
             let (teravm, bind) = bins
                 .teravm
                 .as_ref()
                 .ok_or_else(|| BenchError::Vm(format!("{method} needs --vm")))?;
-            let seconds = super::vm::measure_vm(method, case, args, teravm, *bind)?;
-            Ok((seconds, Vec::new()))
+            let run = vm::measure_vm(method, case, args, teravm, *bind)?;
+            Ok(Measured {
+                seconds: run.seconds,
+                nodes: Vec::new(),
+                reply_ms: run.reply_ms,
+                phases: run.phases,
+            })
         }
     }
 }
@@ -181,9 +152,13 @@ impl Progress {
     }
 }
 
-/// The methods of one round, baselines first.
-pub fn methods(workers: &[u32]) -> Vec<Method> {
+/// The methods of one round, baselines first (`mrelease` where the kernel
+/// has it).
+pub fn methods(workers: &[u32], mrelease: bool) -> Vec<Method> {
     let mut out = vec![Method::Munmap, Method::Exit];
+    if mrelease {
+        out.push(Method::Mrelease);
+    }
     out.extend(workers.iter().map(|&w| Method::Teravm(w)));
     out
 }
@@ -205,12 +180,25 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let host = topology(&args.sysfs_root)?;
     let exe = std::env::current_exe()
         .map_err(|e| BenchError::Child(format!("cannot find the bench binary: {e}")))?;
-    let mut methods = methods(&args.workers);
+    let mrelease = mrelease::available();
+    let mut methods = methods(&args.workers, mrelease.is_ok());
+    let mut unavailable = Vec::new();
+    if let Err(reason) = &mrelease {
+        unavailable.push(Unavailable {
+            method: Method::Mrelease,
+            reason: reason.clone(),
+        });
+    }
     let mut bins = Binaries { exe, teravm: None };
     if args.vm {
-        let bind = host.nodes.iter().all(|n| host_has_node(n.id));
-        bins.teravm = Some((super::vm::teravm_binary()?, bind));
-        methods.extend(super::vm::vm_methods(&args.workers));
+        bins.teravm = Some((vm::teravm_binary()?, host_binds(&host)));
+        methods.extend(vm::vm_methods(&args.workers, mrelease.is_ok()));
+        if let Err(reason) = &mrelease {
+            unavailable.push(Unavailable {
+                method: Method::VmMrelease,
+                reason: reason.clone(),
+            });
+        }
     }
     let cases = cases(args);
     let mut progress = Progress {
@@ -227,7 +215,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     "{case}, {} GiB, run {run}/{}: {method}",
                     args.size_gib, args.runs
                 ));
-                let (seconds, nodes) = measure(method, case, args, &bins)?;
+                let m = measure(method, case, args, &bins)?;
                 progress.done += 1;
                 samples.push(Sample {
                     case,
@@ -235,9 +223,11 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     size_gib: args.size_gib,
                     chunk_mib: (!method.is_baseline()).then_some(args.chunk_mib),
                     run,
-                    seconds,
+                    seconds: m.seconds,
+                    reply_ms: m.reply_ms,
+                    phases: m.phases,
                 });
-                node_times.extend(nodes.into_iter().map(|n| (case, method, n)));
+                node_times.extend(m.nodes.into_iter().map(|n| (case, method, n)));
             }
         }
     }
@@ -245,7 +235,10 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
 
     let rows = report::rows(&samples);
     let mut out = std::io::stdout().lock();
-    let _ = write!(out, "{}", report::table(&rows));
+    let _ = write!(out, "{}", report::table(&rows, &unavailable));
+    let _ = write!(out, "{}", report::reply_text(&samples));
+    let _ = write!(out, "{}", report::phases_text(&samples));
+    let mut notes = Vec::new();
     if cases
         .iter()
         .any(|c| c.pages == Pages::Thp && c.backing == Backing::Memfd)
@@ -258,6 +251,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             .and_then(|t| shmem_thp_note(&t))
         {
             let _ = writeln!(out, "{note}");
+            notes.push(note);
         }
     }
     if host.nodes_with_memory().len() > 1 {
@@ -269,10 +263,10 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     }
     if let Some(path) = &args.svg {
         let title = format!(
-            "Freeing {} GiB of touched memory, {} run(s) each",
+            "Freeing {} GiB of touched memory, median of {} run(s) each",
             args.size_gib, args.runs
         );
-        write_file(path, &svg::plot(&rows, &title))?;
+        write_file(path, &svg::plot(&rows, &title, &notes))?;
     }
     Ok(())
 }
@@ -361,13 +355,18 @@ mod tests {
     #[test]
     fn rounds_alternate_baselines_and_worker_counts() {
         assert_eq!(
-            methods(&[1, 4]),
+            methods(&[1, 4], true),
             [
                 Method::Munmap,
                 Method::Exit,
+                Method::Mrelease,
                 Method::Teravm(1),
                 Method::Teravm(4)
             ]
+        );
+        assert_eq!(
+            methods(&[2], false),
+            [Method::Munmap, Method::Exit, Method::Teravm(2)]
         );
     }
 

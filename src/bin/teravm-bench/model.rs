@@ -1,34 +1,12 @@
-//! The reclaim benchmark: baselines and teravm side by side, statistics, CSV and SVG output.
-//!
-//! `teravm-bench` measures, in one run and side by side, how long it takes to
-//! give fully touched guest memory back to the host:
-//!
-//! - `munmap`: one thread unmaps the region (what a VMM's `Drop` does);
-//! - `exit`: a child process holding the memory is killed with `SIGKILL`,
-//!   timed from the kill until `waitpid` returns;
-//! - `teravm-<w>`: teravm's parallel reclaim with `w` workers per node;
-//! - with `--vm`, end to end: `vm-kill` (a microVM killed with `SIGKILL`) and
-//!   `vm-teravm-<w>` (the same microVM shut down through teravm's API).
-//!
-//! The methods alternate run by run so that drift hits them all alike. The
-//! module owns the command line ([`cli`]), the statistics ([`stats`]), the
-//! CSV, table ([`report`]) and SVG ([`svg`]) outputs, the child process of the
-//! `exit` baseline ([`child`]) and the loop that runs it all ([`runner`]).
-//! Everything runs in the calling thread except the reclaim and populate
-//! workers of the memory module and the `exit` child, which is a separate
-//! process (the bench binary re-executed), talked to through its stdout.
-
-pub mod child;
-pub mod cli;
-pub mod report;
-pub mod runner;
-pub mod stats;
-pub mod svg;
-pub mod vm;
+//! The benchmark's vocabulary, shared by every other module and depending on
+//! none of them: its error, the page sizes, backings and methods, a case
+//! (page size and backing) and one timed run ([`Sample`]).
 
 use std::fmt;
 
-use crate::config::Backing;
+use teravm::config::Backing;
+
+use crate::host::HostError;
 
 /// Errors of the benchmark.
 #[derive(Debug, thiserror::Error)]
@@ -53,22 +31,20 @@ pub enum BenchError {
         usable_mib: u64,
     },
     /// `/proc/meminfo` could not be read or has no MemAvailable line.
-    #[error("cannot read MemAvailable from {path}: {reason}")]
-    Meminfo {
-        /// The file read.
-        path: String,
-        /// Why it failed.
-        reason: String,
-    },
+    #[error(transparent)]
+    Host(#[from] HostError),
     /// The host topology could not be read.
     #[error("cannot read the host topology: {0}")]
     Topology(String),
     /// Mapping, populating or reclaiming guest memory failed.
     #[error("guest memory: {0}")]
     Memory(String),
-    /// The child process of the `exit` baseline failed.
-    #[error("exit baseline child: {0}")]
+    /// The child process of the `exit` or `mrelease` baseline failed.
+    #[error("baseline child: {0}")]
     Child(String),
+    /// `pidfd_open` or `process_mrelease` failed on a process being reaped.
+    #[error("{0}")]
+    Mrelease(String),
     /// An output file could not be written.
     #[error("cannot write {path}: {source}")]
     Write {
@@ -142,34 +118,56 @@ pub fn parse_backing(text: &str) -> Result<Backing, String> {
     }
 }
 
-/// How guest memory is given back to the host.
+/// How guest memory is given back to the host. The order of the variants is
+/// the order of the table's rows within a case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Method {
     /// One thread unmaps the region (and closes the memfd).
     Munmap,
-    /// A process holding the memory is killed.
+    /// A process holding the memory is killed, timed until `waitpid`.
     Exit,
+    /// A process holding the memory is killed and reaped from the parent
+    /// with `process_mrelease(pidfd)`, timed until `waitpid`.
+    Mrelease,
     /// teravm's reclaim executor with this many workers per node, then unmap.
     Teravm(u32),
     /// `--vm`: a teravm microVM killed with `SIGKILL`, timed until `waitpid`.
     VmKill,
+    /// `--vm`: the same microVM killed and reaped with `process_mrelease`.
+    VmMrelease,
     /// `--vm`: a teravm microVM shut down through its API (sync), with `w`
     /// workers per node, timed until the reply.
     VmShutdown(u32),
+    /// `--vm`: the same with `"reclaim": "async"`, timed from the request
+    /// until the process is gone (`waitpid`); the reply's latency is kept
+    /// apart.
+    VmAsync(u32),
 }
 
 impl Method {
     /// Worker threads per node the method uses (1 for the baselines).
     pub fn workers(self) -> u32 {
         match self {
-            Method::Munmap | Method::Exit | Method::VmKill => 1,
-            Method::Teravm(w) | Method::VmShutdown(w) => w,
+            Method::Teravm(w) | Method::VmShutdown(w) | Method::VmAsync(w) => w,
+            _ => 1,
         }
     }
 
-    /// Whether this is one of the baselines.
+    /// Whether this is one of the baselines (a teardown without teravm's
+    /// reclaim).
     pub fn is_baseline(self) -> bool {
-        !matches!(self, Method::Teravm(_) | Method::VmShutdown(_))
+        !matches!(
+            self,
+            Method::Teravm(_) | Method::VmShutdown(_) | Method::VmAsync(_)
+        )
+    }
+
+    /// Whether this runs a real microVM (`--vm`).
+    pub fn is_vm(self) -> bool {
+        matches!(
+            self,
+            Method::VmKill | Method::VmMrelease | Method::VmShutdown(_) | Method::VmAsync(_)
+        )
     }
 }
 
@@ -178,9 +176,12 @@ impl fmt::Display for Method {
         match self {
             Method::Munmap => f.write_str("munmap"),
             Method::Exit => f.write_str("exit"),
+            Method::Mrelease => f.write_str("mrelease"),
             Method::Teravm(w) => write!(f, "teravm-{w}"),
             Method::VmKill => f.write_str("vm-kill"),
+            Method::VmMrelease => f.write_str("vm-mrelease"),
             Method::VmShutdown(w) => write!(f, "vm-teravm-{w}"),
+            Method::VmAsync(w) => write!(f, "vm-async-{w}"),
         }
     }
 }
@@ -215,4 +216,28 @@ pub struct Sample {
     pub run: u32,
     /// Seconds the method took.
     pub seconds: f64,
+    /// `vm-async`: milliseconds from sending the `Shutdown` request until its
+    /// reply (202) arrived.
+    pub reply_ms: Option<f64>,
+    /// `vm-teravm`: the shutdown's phases, as teravm's sync reply gave them.
+    pub phases: Phases,
+}
+
+/// The names of a shutdown's phases in teravm's sync `Shutdown` reply
+/// (`"phases": {"stop_vcpus_ms": .., ...}`), in the order they run.
+pub const PHASE_NAMES: [&str; 4] = ["stop_vcpus_ms", "close_vm_ms", "reclaim_ms", "unmap_ms"];
+
+/// A shutdown's phase timings in milliseconds, in the order of
+/// [`PHASE_NAMES`]; `None` where teravm's reply has no such phase (teravm
+/// versions before the phases were reported have none).
+pub type Phases = [Option<f64>; 4];
+
+/// A method this host cannot run (e.g. `process_mrelease` on a kernel
+/// without it), shown in the table rather than silently left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable {
+    /// The method.
+    pub method: Method,
+    /// Why, in a few words.
+    pub reason: String,
 }

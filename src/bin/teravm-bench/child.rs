@@ -1,5 +1,6 @@
-//! The `exit` baseline: a child process that holds fully touched guest memory
-//! and is killed with `SIGKILL`.
+//! The `exit` and `mrelease` baselines: a child process that holds fully
+//! touched guest memory and is killed with `SIGKILL` (and, for `mrelease`,
+//! reaped from the parent with `process_mrelease`).
 //!
 //! The child is the bench binary itself, re-executed with the hidden
 //! `--exit-child` flag (no `fork()` in a threaded process). It maps and
@@ -10,13 +11,13 @@
 //! end-of-file on stdin and exits.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::cli::Args;
-use super::{backing_name, BenchError, Case};
+use crate::args::Args;
+use crate::model::{backing_name, BenchError, Case};
+use crate::mrelease::{kill_and_reap, Reap};
 
 /// The line the child prints once its memory is populated.
 pub const READY: &str = "ready";
@@ -87,29 +88,10 @@ impl ExitChild {
         })
     }
 
-    /// The child's process id.
-    pub fn id(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Sends `SIGKILL` and waits for the child; the time from the kill until
-    /// `waitpid` returns.
-    pub fn kill_and_wait(mut self) -> Result<Duration, BenchError> {
-        let start = Instant::now();
-        self.child
-            .kill()
-            .map_err(|e| BenchError::Child(format!("kill: {e}")))?;
-        let status = self
-            .child
-            .wait()
-            .map_err(|e| BenchError::Child(format!("waitpid: {e}")))?;
-        let elapsed = start.elapsed();
-        if status.signal() != Some(libc::SIGKILL) {
-            return Err(BenchError::Child(format!(
-                "it ended with {status} instead of being killed"
-            )));
-        }
-        Ok(elapsed)
+    /// Sends `SIGKILL` and reaps the child as `reap` says; the time from
+    /// the kill until `waitpid` returns.
+    pub fn kill_and_reap(mut self, reap: Reap) -> Result<Duration, BenchError> {
+        kill_and_reap(&mut self.child, reap)
     }
 }
 
@@ -120,7 +102,7 @@ pub fn child_main(args: &Args) -> Result<(), BenchError> {
         pages: args.pages[0],
         backing: args.backing[0],
     };
-    let held = super::runner::map_populated(case, args)?;
+    let held = crate::held::map_populated(case, args)?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{READY}")
         .and_then(|()| stdout.flush())
@@ -143,8 +125,7 @@ mod tests {
         // `sh` stands in for the bench binary: it says ready and waits.
         let args = vec!["-c".to_string(), "echo ready; exec cat".to_string()];
         let child = ExitChild::spawn(Path::new("/bin/sh"), &args).unwrap();
-        assert!(child.id() > 0);
-        let elapsed = child.kill_and_wait().unwrap();
+        let elapsed = child.kill_and_reap(Reap::Wait).unwrap();
         assert!(elapsed > Duration::ZERO);
     }
 
@@ -171,8 +152,8 @@ mod tests {
         use clap::Parser;
         let args = Args::try_parse_from(["b", "--size-gib", "3", "--sysfs-root", "/x"]).unwrap();
         let case = Case {
-            pages: super::super::Pages::Thp,
-            backing: crate::config::Backing::Memfd,
+            pages: crate::model::Pages::Thp,
+            backing: teravm::config::Backing::Memfd,
         };
         let v = child_args(case, &args);
         assert_eq!(

@@ -1,15 +1,12 @@
-//! The command line of `teravm-bench`, its checks (size against the host's
-//! available memory, `--vm`), and the entry point the binary calls.
+//! The command line of `teravm-bench` ([`Args`]) and its checks: what clap
+//! cannot check, and the size against the host's available memory.
 
-use std::ffi::OsString;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::path::PathBuf;
 
 use clap::Parser;
+use teravm::config::{Backing, ReclaimConfig};
 
-use super::{parse_backing, BenchError, Pages};
-use crate::config::{Backing, ReclaimConfig};
+use crate::model::{parse_backing, BenchError, Pages};
 
 /// Kept free of the host's MemAvailable: this much, plus a twentieth of it.
 pub const MARGIN_BYTES: u64 = 1 << 30;
@@ -28,7 +25,7 @@ pub struct Args {
         long,
         value_delimiter = ',',
         default_value = "1,2,4",
-        value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::config::MAX_WORKERS_PER_NODE))
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(teravm::config::MAX_WORKERS_PER_NODE))
     )]
     pub workers: Vec<u32>,
     /// Page sizes, comma-separated: 4k, thp.
@@ -58,8 +55,9 @@ pub struct Args {
     /// Also measure end to end against a real teravm microVM.
     #[arg(long)]
     pub vm: bool,
-    /// Internal: be the child of the `exit` baseline (map, populate, print
-    /// "ready", wait to be killed) for the first --pages and --backing.
+    /// Internal: be the child of the `exit` and `mrelease` baselines (map,
+    /// populate, print "ready", wait to be killed) for the first --pages and
+    /// --backing.
     #[arg(long, hide = true)]
     pub exit_child: bool,
 }
@@ -89,11 +87,6 @@ impl Args {
         }
         Ok(())
     }
-
-    /// Guest memory size in bytes.
-    pub fn size_bytes(&self) -> u64 {
-        self.size_gib << 30
-    }
 }
 
 fn dedup_in_order<T: PartialEq + Copy>(values: &mut Vec<T>) {
@@ -106,18 +99,6 @@ fn dedup_in_order<T: PartialEq + Copy>(values: &mut Vec<T>) {
             true
         }
     });
-}
-
-/// MemAvailable, in bytes, from the text of `/proc/meminfo`.
-pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let mut fields = line.split_whitespace().skip(1);
-    let value: u64 = fields.next()?.parse().ok()?;
-    match fields.next() {
-        Some("kB") => value.checked_mul(1024),
-        None => Some(value),
-        Some(_) => None,
-    }
 }
 
 /// Refuses a size larger than `available_bytes` less the margin
@@ -134,74 +115,6 @@ pub fn check_size(size_gib: u64, available_bytes: u64) -> Result<(), BenchError>
         });
     }
     Ok(())
-}
-
-/// Reads MemAvailable from a meminfo file.
-pub fn read_mem_available(path: &Path) -> Result<u64, BenchError> {
-    let err = |reason: String| BenchError::Meminfo {
-        path: path.display().to_string(),
-        reason,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    parse_mem_available(&text).ok_or_else(|| err("no MemAvailable line".into()))
-}
-
-/// clap's error text on one line: its first line, plus the possible values
-/// when it lists them.
-fn one_line(text: &str) -> String {
-    let mut line = text
-        .lines()
-        .next()
-        .unwrap_or("invalid arguments")
-        .trim_start_matches("error: ")
-        .to_string();
-    if let Some(values) = text
-        .lines()
-        .map(str::trim)
-        .find(|l| l.starts_with("[possible values:"))
-    {
-        line.push(' ');
-        line.push_str(values);
-    }
-    line
-}
-
-/// Parses the command line and runs the benchmark (or the `exit` child);
-/// errors are printed as one line on stderr.
-pub fn main_with<I, T>(args: I) -> ExitCode
-where
-    I: IntoIterator<Item = T>,
-    T: Into<OsString> + Clone,
-{
-    let mut args = match Args::try_parse_from(args) {
-        Ok(a) => a,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("teravm-bench: {}", one_line(&e.to_string()));
-            return ExitCode::from(1);
-        }
-    };
-    let result = args.validate().and_then(|()| {
-        if args.exit_child {
-            super::child::child_main(&args)
-        } else {
-            let available = read_mem_available(Path::new("/proc/meminfo"))?;
-            check_size(args.size_gib, available)?;
-            super::runner::run(&args)
-        }
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let _ = std::io::stdout().flush();
-            eprintln!("teravm-bench: {e}");
-            ExitCode::from(e.exit_code())
-        }
-    }
 }
 
 #[cfg(test)]
@@ -260,23 +173,6 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }
-    }
-
-    #[test]
-    fn clap_errors_fit_on_one_line() {
-        let e = Args::try_parse_from(["b", "--pages", "x"]).unwrap_err();
-        let line = one_line(&e.to_string());
-        assert!(!line.contains('\n'));
-        assert!(line.starts_with("invalid value 'x' for '--pages"), "{line}");
-        assert!(line.ends_with("[possible values: 4k, thp]"), "{line}");
-    }
-
-    #[test]
-    fn mem_available_is_parsed_in_bytes() {
-        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
-        assert_eq!(parse_mem_available(text), Some(20_000_000 * 1024));
-        assert_eq!(parse_mem_available("MemTotal: 1 kB\n"), None);
-        assert_eq!(parse_mem_available("MemAvailable: x kB\n"), None);
     }
 
     #[test]

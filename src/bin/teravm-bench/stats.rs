@@ -44,6 +44,20 @@ pub fn median(values: &[f64]) -> Option<f64> {
     }
 }
 
+/// The `p`-th percentile of `values` (0 < `p` ≤ 100) by the nearest-rank
+/// method: the smallest value with at least `p`% of the values at or below
+/// it (so the 99th percentile of fewer than 100 values is the largest);
+/// `None` when empty.
+pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
+    if values.is_empty() || !(p > 0.0 && p <= 100.0) {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
 /// The smallest and largest of `values`; `None` when empty.
 pub fn min_max(values: &[f64]) -> Option<(f64, f64)> {
     let first = *values.first()?;
@@ -98,6 +112,18 @@ mod tests {
         assert_eq!(median(&[]), None);
         assert_eq!(min_max(&[]), None);
         assert_eq!(Summary::of(&[]), None);
+    }
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50.0));
+        assert_eq!(percentile(&v, 99.0), Some(99.0));
+        assert_eq!(percentile(&v, 100.0), Some(100.0));
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 50.0), Some(2.0));
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 99.0), Some(3.0));
+        assert_eq!(percentile(&[], 50.0), None);
+        assert_eq!(percentile(&[1.0], 0.0), None);
     }
 
     #[test]

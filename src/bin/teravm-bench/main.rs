@@ -1,0 +1,60 @@
+//! `teravm-bench`: how fast fully touched guest memory goes back to the
+//! host, the teardowns a user can reach today and teravm's parallel reclaim
+//! side by side.
+//!
+//! Methods (see `docs/bench/README.md`):
+//!
+//! - `munmap`: one thread unmaps the region (what a VMM's `Drop` does);
+//! - `exit`: a child process holding the memory is killed with `SIGKILL`,
+//!   timed from the kill until `waitpid` returns;
+//! - `mrelease`: the same child killed and reaped from the parent with
+//!   `process_mrelease(pidfd)`, timed until `waitpid` returns;
+//! - `teravm-<w>`: teravm's reclaim executor with `w` workers per node;
+//! - with `--vm`, end to end against a real microVM: `vm-kill`,
+//!   `vm-mrelease`, `vm-teravm-<w>` (sync `Shutdown` through the API) and
+//!   `vm-async-<w>` (async `Shutdown`, timed until the process is gone; its
+//!   reply latency is reported apart).
+//!
+//! The benchmark is a tool, not part of the library it measures: this module
+//! tree is private to the binary. Who uses whom (no circle):
+//!
+//! ```text
+//! main    → cli
+//! cli     → args, child, host, runner
+//! runner  → args, child, held, model, mrelease, report, stats, svg, vm
+//! vm      → args, client, host, model, mrelease
+//! child   → args, held, model, mrelease
+//! held    → args, model          args → model        mrelease → model
+//! report  → model, stats         svg  → model, report
+//! model   → host                 client, host, stats → nothing here
+//! ```
+//!
+//! [`client`] and [`host`] have no dependency on the rest: the integration
+//! tests include the same files (`tests/common`).
+#![deny(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod args;
+mod child;
+mod cli;
+// Shared with the integration tests, which use all of it; the bench uses a part.
+#[allow(dead_code)]
+mod client;
+mod held;
+#[allow(dead_code)]
+mod host;
+#[cfg(test)]
+mod host_tests;
+mod model;
+mod mrelease;
+mod report;
+mod runner;
+mod stats;
+mod svg;
+mod vm;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    cli::main_with(std::env::args_os())
+}

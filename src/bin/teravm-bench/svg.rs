@@ -1,0 +1,617 @@
+//! The SVG plot: speedup against workers per node, one panel per page size
+//! and backing, each with its own y scale (so that THP, freed ten times
+//! faster than 4 KiB pages, is not flattened against the axis).
+//!
+//! In a panel, the colour says which baseline a line is compared with
+//! (`munmap`, `exit`/`vm-kill`, `mrelease`/`vm-mrelease`) and the line style
+//! says what is measured: solid for teravm's executor in process
+//! (`teravm-<w>`), dashed for a microVM end to end (`vm-teravm-<w>`); a
+//! triangle marks `vm-async-<w>`. A grey line marks 1x (as fast as the
+//! baseline). Written by hand: a pure function from the table rows to the
+//! text.
+
+use std::fmt::Write as _;
+
+use crate::model::{Case, Method};
+use crate::report::Row;
+
+const PANEL_W: f64 = 440.0;
+const PANEL_H: f64 = 310.0;
+/// Inside a panel: room for the y labels, the title, the x labels.
+const PAD_LEFT: f64 = 62.0;
+const PAD_RIGHT: f64 = 18.0;
+const PAD_TOP: f64 = 34.0;
+const PAD_BOTTOM: f64 = 48.0;
+const TITLE_H: f64 = 64.0;
+const MARGIN: f64 = 10.0;
+const LEGEND_ROW_H: f64 = 19.0;
+/// The legend's two groups side by side from this width on, else stacked.
+const LEGEND_SIDE_BY_SIDE_W: f64 = 800.0;
+/// The legend's ink for what is measured (the colour says the baseline).
+const INK: &str = "#333";
+
+/// Which baseline a ratio is to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Baseline {
+    Munmap,
+    Exit,
+    Mrelease,
+}
+
+impl Baseline {
+    const ALL: [Baseline; 3] = [Baseline::Munmap, Baseline::Exit, Baseline::Mrelease];
+
+    fn colour(self) -> &'static str {
+        match self {
+            Baseline::Munmap => "#1f77b4",
+            Baseline::Exit => "#d95f02",
+            Baseline::Mrelease => "#1b9e77",
+        }
+    }
+
+    fn of(self, r: &Row) -> Option<f64> {
+        match self {
+            Baseline::Munmap => r.vs_munmap,
+            Baseline::Exit => r.vs_exit,
+            Baseline::Mrelease => r.vs_mrelease,
+        }
+    }
+
+    /// The baseline's name for an in-process or a `--vm` method.
+    fn label(self) -> &'static str {
+        match self {
+            Baseline::Munmap => "munmap",
+            Baseline::Exit => "exit (vm-kill for a microVM)",
+            Baseline::Mrelease => "mrelease (vm-mrelease for a microVM)",
+        }
+    }
+}
+
+/// What a series plots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `teravm-<w>`: a polyline, solid.
+    Executor,
+    /// `vm-teravm-<w>`: a polyline, dashed.
+    EndToEnd,
+    /// `vm-async-<w>`: triangles, no line.
+    Async,
+}
+
+impl Kind {
+    fn of(method: Method) -> Option<(Kind, u32)> {
+        match method {
+            Method::Teravm(w) => Some((Kind::Executor, w)),
+            Method::VmShutdown(w) => Some((Kind::EndToEnd, w)),
+            Method::VmAsync(w) => Some((Kind::Async, w)),
+            _ => None,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Executor => "teravm-w: the executor, in process",
+            Kind::EndToEnd => "vm-teravm-w: microVM, sync Shutdown",
+            Kind::Async => "vm-async-w: microVM, async Shutdown, until exit",
+        }
+    }
+
+    fn dash(self) -> Option<&'static str> {
+        match self {
+            Kind::Executor => None,
+            Kind::EndToEnd => Some("7,4"),
+            Kind::Async => None,
+        }
+    }
+}
+
+/// One line (or set of markers) in a panel: (workers, speedup) points.
+struct Series {
+    kind: Kind,
+    baseline: Baseline,
+    points: Vec<(u32, f64)>,
+}
+
+/// The series of one case, in a fixed order; those without points left out.
+fn series(rows: &[Row], case: Case) -> Vec<Series> {
+    let mut out = Vec::new();
+    for kind in [Kind::Executor, Kind::EndToEnd, Kind::Async] {
+        for baseline in Baseline::ALL {
+            // An end-to-end run against munmap says little: not drawn.
+            if kind != Kind::Executor && baseline == Baseline::Munmap {
+                continue;
+            }
+            let mut points: Vec<(u32, f64)> = rows
+                .iter()
+                .filter(|r| r.case == case)
+                .filter_map(|r| match Kind::of(r.method) {
+                    Some((k, w)) if k == kind => {
+                        baseline.of(r).filter(|v| v.is_finite()).map(|v| (w, v))
+                    }
+                    _ => None,
+                })
+                .collect();
+            points.sort_by_key(|p| p.0);
+            if !points.is_empty() {
+                out.push(Series {
+                    kind,
+                    baseline,
+                    points,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Escapes text for an XML text node or attribute.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A round step near `span / 5`: 1, 2 or 5 times a power of ten.
+fn nice_step(span: f64) -> f64 {
+    if !(span.is_finite() && span > 0.0) {
+        return 1.0;
+    }
+    let raw = span / 5.0;
+    let power = 10f64.powf(raw.log10().floor());
+    let fraction = raw / power;
+    let nice = if fraction <= 1.0 {
+        1.0
+    } else if fraction <= 2.0 {
+        2.0
+    } else if fraction <= 5.0 {
+        5.0
+    } else {
+        10.0
+    };
+    nice * power
+}
+
+/// A tick label without trailing zeros.
+fn trim_number(v: f64) -> String {
+    let text = format!("{v:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text.is_empty() {
+        "0".to_string()
+    } else {
+        text.to_string()
+    }
+}
+
+/// The cases of the rows, in order of first appearance.
+fn cases(rows: &[Row]) -> Vec<Case> {
+    let mut out: Vec<Case> = Vec::new();
+    for r in rows {
+        if !out.contains(&r.case) {
+            out.push(r.case);
+        }
+    }
+    out
+}
+
+/// A marker at (x, y): a circle for the executor, a square end to end, a
+/// triangle for async.
+fn marker(s: &mut String, kind: Kind, x: f64, y: f64, colour: &str) {
+    let _ = match kind {
+        Kind::Executor => writeln!(
+            s,
+            "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"3.5\" fill=\"{colour}\"/>"
+        ),
+        Kind::EndToEnd => writeln!(
+            s,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"7\" height=\"7\" fill=\"white\" \
+             stroke=\"{colour}\" stroke-width=\"1.5\"/>",
+            x - 3.5,
+            y - 3.5
+        ),
+        Kind::Async => writeln!(
+            s,
+            "<polygon points=\"{x:.1},{:.1} {:.1},{:.1} {:.1},{:.1}\" fill=\"white\" \
+             stroke=\"{colour}\" stroke-width=\"1.5\"/>",
+            y - 5.0,
+            x - 4.5,
+            y + 3.5,
+            x + 4.5,
+            y + 3.5
+        ),
+    };
+}
+
+/// One panel with its top-left corner at (`px`, `py`).
+fn panel(s: &mut String, rows: &[Row], case: Case, workers: &[u32], px: f64, py: f64) {
+    let all = series(rows, case);
+    let y_data = all
+        .iter()
+        .flat_map(|se| se.points.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max);
+    let y_step = nice_step(y_data * 1.1);
+    let y_max = ((y_data * 1.1 / y_step).ceil()).max(1.0) * y_step;
+    let (x0, x1) = (px + PAD_LEFT, px + PANEL_W - PAD_RIGHT);
+    let (y0, y1) = (py + PANEL_H - PAD_BOTTOM, py + PAD_TOP);
+    // Workers on a log2 scale: 1, 2, 4, 8 ... evenly apart.
+    let lx = |w: u32| f64::from(w.max(1)).log2();
+    let (mut lo, mut hi) = (lx(workers[0]), lx(workers[workers.len() - 1]));
+    if hi - lo < 1e-9 {
+        lo -= 0.5;
+        hi += 0.5;
+    }
+    let pad = 0.08 * (x1 - x0);
+    let x_of = |w: u32| x0 + pad + (lx(w) - lo) / (hi - lo) * (x1 - x0 - 2.0 * pad);
+    let y_of = |v: f64| y0 - (v / y_max) * (y0 - y1);
+
+    // Title: the case and the absolute time of its munmap, for scale.
+    let munmap = rows
+        .iter()
+        .find(|r| r.case == case && r.method == Method::Munmap)
+        .map(|r| format!(" (munmap {:.3} s)", r.summary.median_s))
+        .unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"14\" \
+         font-weight=\"bold\">{}{}</text>",
+        (x0 + x1) / 2.0,
+        py + 20.0,
+        escape(&case.to_string()),
+        escape(&munmap)
+    );
+    // Grid and y ticks.
+    let ticks = (y_max / y_step).round() as u32;
+    for i in 0..=ticks {
+        let v = f64::from(i) * y_step;
+        let y = y_of(v);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{x0:.1}\" y1=\"{y:.1}\" x2=\"{x1:.1}\" y2=\"{y:.1}\" stroke=\"#e6e6e6\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}x</text>",
+            x0 - 6.0,
+            y + 4.0,
+            trim_number(v)
+        );
+    }
+    // 1x: as fast as the baseline.
+    let y = y_of(1.0);
+    let _ = writeln!(
+        s,
+        "<line x1=\"{x0:.1}\" y1=\"{y:.1}\" x2=\"{x1:.1}\" y2=\"{y:.1}\" stroke=\"#888\" \
+         stroke-width=\"1.2\" stroke-dasharray=\"2,3\"/>"
+    );
+    let _ = writeln!(
+        s,
+        "<g stroke=\"black\"><line x1=\"{x0:.1}\" y1=\"{y0:.1}\" x2=\"{x1:.1}\" y2=\"{y0:.1}\"/>\
+         <line x1=\"{x0:.1}\" y1=\"{y0:.1}\" x2=\"{x0:.1}\" y2=\"{y1:.1}\"/></g>"
+    );
+    for &w in workers {
+        let x = x_of(w);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{x:.1}\" y1=\"{y0:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"black\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{w}</text>",
+            y0 + 5.0,
+            y0 + 19.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">workers per NUMA node</text>",
+        (x0 + x1) / 2.0,
+        y0 + 38.0
+    );
+    let (lx_, ly_) = (px + 16.0, (y0 + y1) / 2.0);
+    let _ = writeln!(
+        s,
+        "<text x=\"{lx_:.1}\" y=\"{ly_:.1}\" text-anchor=\"middle\" \
+         transform=\"rotate(-90 {lx_:.1} {ly_:.1})\">speedup (baseline time / time)</text>"
+    );
+    for se in &all {
+        let colour = se.baseline.colour();
+        if se.kind != Kind::Async {
+            let coords: Vec<String> = se
+                .points
+                .iter()
+                .map(|&(w, v)| format!("{:.1},{:.1}", x_of(w), y_of(v)))
+                .collect();
+            let dash = se
+                .kind
+                .dash()
+                .map_or(String::new(), |d| format!(" stroke-dasharray=\"{d}\""));
+            let _ = writeln!(
+                s,
+                "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\"{dash} points=\"{}\"/>",
+                coords.join(" ")
+            );
+        }
+        for &(w, v) in &se.points {
+            marker(s, se.kind, x_of(w), y_of(v), colour);
+        }
+    }
+}
+
+/// One legend entry: a short line (or a marker alone) and its text.
+fn legend_entry(s: &mut String, x: f64, y: f64, kind: Kind, colour: &str, text: &str) {
+    if kind != Kind::Async {
+        let dash = kind
+            .dash()
+            .map_or(String::new(), |d| format!(" stroke-dasharray=\"{d}\""));
+        let _ = writeln!(
+            s,
+            "<line x1=\"{x:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{colour}\" \
+             stroke-width=\"2\"{dash}/>",
+            x + 28.0
+        );
+    }
+    marker(s, kind, x + 14.0, y, colour);
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+        x + 36.0,
+        y + 4.0,
+        escape(text)
+    );
+}
+
+/// The plot of the rows as an SVG document: `title` above the panels,
+/// `notes` (e.g. that THP memfd is backed by 4 KiB pages here) below the
+/// legend.
+pub fn plot(rows: &[Row], title: &str, notes: &[String]) -> String {
+    let cases = cases(rows);
+    let mut workers: Vec<u32> = rows
+        .iter()
+        .filter_map(|r| Kind::of(r.method).map(|(_, w)| w))
+        .collect();
+    workers.sort_unstable();
+    workers.dedup();
+    if workers.is_empty() {
+        workers.push(1);
+    }
+    // The legend: the baselines (colours) and kinds (line styles) drawn.
+    let (mut baselines, mut kinds): (Vec<Baseline>, Vec<Kind>) = (Vec::new(), Vec::new());
+    for &case in &cases {
+        for se in series(rows, case) {
+            if !baselines.contains(&se.baseline) {
+                baselines.push(se.baseline);
+            }
+            if !kinds.contains(&se.kind) {
+                kinds.push(se.kind);
+            }
+        }
+    }
+    baselines.retain(|b| Baseline::ALL.contains(b));
+    baselines.sort_by_key(|b| Baseline::ALL.iter().position(|x| x == b));
+    let cols = if cases.len() > 1 { 2 } else { 1 };
+    let panel_rows = cases.len().div_ceil(cols).max(1);
+    let width = MARGIN * 2.0 + PANEL_W * cols as f64;
+    let side_by_side = width >= LEGEND_SIDE_BY_SIDE_W;
+    let legend_lines = if side_by_side {
+        1 + baselines.len().max(kinds.len())
+    } else {
+        2 + baselines.len() + kinds.len()
+    };
+    let legend_h = LEGEND_ROW_H * (legend_lines + notes.len()) as f64 + 12.0;
+    let height = TITLE_H + PANEL_H * panel_rows as f64 + legend_h + MARGIN;
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"12\">"
+    );
+    let _ = writeln!(
+        s,
+        "<rect x=\"0\" y=\"0\" width=\"{width}\" height=\"{height}\" fill=\"white\"/>"
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"26\" text-anchor=\"middle\" font-size=\"16\">{}</text>",
+        width / 2.0,
+        escape(title)
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"48\" text-anchor=\"middle\" fill=\"#444\">speedup = median time \
+         of the baseline / median time of the method, same run; above 1x: faster</text>",
+        width / 2.0
+    );
+    for (i, &case) in cases.iter().enumerate() {
+        let px = MARGIN + PANEL_W * (i % cols) as f64;
+        let py = TITLE_H + PANEL_H * (i / cols) as f64;
+        panel(&mut s, rows, case, &workers, px, py);
+    }
+    // Legend: colours (what a line is compared with) and styles (what is
+    // measured), side by side or one above the other.
+    let ly0 = TITLE_H + PANEL_H * panel_rows as f64 + 8.0;
+    let x_left = MARGIN + 20.0;
+    let (x_kinds, y_kinds) = if side_by_side {
+        (MARGIN + width / 2.0, ly0)
+    } else {
+        (x_left, ly0 + LEGEND_ROW_H * (1 + baselines.len()) as f64)
+    };
+    let heading = |s: &mut String, x: f64, y: f64, text: &str| {
+        let _ = writeln!(
+            s,
+            "<text x=\"{x:.1}\" y=\"{:.1}\" font-weight=\"bold\">{text}</text>",
+            y + 4.0
+        );
+    };
+    if !baselines.is_empty() {
+        heading(&mut s, x_left, ly0, "colour: compared with");
+    }
+    for (i, b) in baselines.iter().enumerate() {
+        let y = ly0 + LEGEND_ROW_H * (i + 1) as f64;
+        legend_entry(&mut s, x_left, y, Kind::Executor, b.colour(), b.label());
+    }
+    if !kinds.is_empty() {
+        heading(&mut s, x_kinds, y_kinds, "line: what is measured");
+    }
+    for (i, k) in kinds.iter().enumerate() {
+        let y = y_kinds + LEGEND_ROW_H * (i + 1) as f64;
+        legend_entry(&mut s, x_kinds, y, *k, INK, k.label());
+    }
+    let y_notes = ly0 + LEGEND_ROW_H * legend_lines as f64;
+    for (i, note) in notes.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "<text x=\"{x_left:.1}\" y=\"{:.1}\" fill=\"#444\">{}</text>",
+            y_notes + LEGEND_ROW_H * i as f64 + 4.0,
+            escape(note)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Pages, Sample};
+    use crate::report::rows;
+    use teravm::config::Backing;
+
+    fn samples(vm: bool) -> Vec<Sample> {
+        let mut v = Vec::new();
+        for (pages, backing, scale) in [
+            (Pages::FourK, Backing::Anonymous, 1.0),
+            (Pages::Thp, Backing::Anonymous, 0.1),
+            (Pages::FourK, Backing::Memfd, 1.5),
+        ] {
+            let case = Case { pages, backing };
+            let mut methods = vec![
+                (Method::Munmap, 2.0),
+                (Method::Exit, 1.8),
+                (Method::Mrelease, 1.0),
+                (Method::Teravm(1), 2.1),
+                (Method::Teravm(2), 1.2),
+                (Method::Teravm(4), 0.7),
+            ];
+            if vm {
+                methods.extend([
+                    (Method::VmKill, 3.0),
+                    (Method::VmMrelease, 2.0),
+                    (Method::VmShutdown(1), 2.5),
+                    (Method::VmShutdown(2), 1.6),
+                    (Method::VmShutdown(4), 1.1),
+                    (Method::VmAsync(4), 1.2),
+                ]);
+            }
+            for (method, t) in methods {
+                v.push(Sample {
+                    case,
+                    method,
+                    size_gib: 8,
+                    chunk_mib: None,
+                    run: 1,
+                    seconds: t * scale,
+                    reply_ms: None,
+                    phases: [None; 4],
+                });
+            }
+        }
+        v
+    }
+
+    fn well_formed(text: &str) {
+        assert!(text.starts_with("<svg"));
+        assert!(text.trim_end().ends_with("</svg>"));
+        assert!(!text.contains("NaN") && !text.contains("inf"), "{text}");
+        assert_eq!(text.matches('<').count(), text.matches('>').count());
+        assert_eq!(
+            text.matches("<text").count(),
+            text.matches("</text>").count()
+        );
+    }
+
+    #[test]
+    fn one_panel_per_case_with_a_line_per_baseline() {
+        let text = plot(
+            &rows(&samples(false)),
+            "reclaim of 8 GiB <test>",
+            &["a note".to_string()],
+        );
+        well_formed(&text);
+        // 3 cases x (vs munmap, vs exit, vs mrelease).
+        assert_eq!(text.matches("<polyline").count(), 9);
+        for case in ["4k anonymous", "thp anonymous", "4k memfd"] {
+            assert!(text.contains(&format!(">{case} (munmap ")), "{case}");
+        }
+        assert!(text.contains("workers per NUMA node"));
+        assert!(text.contains("speedup (baseline time / time)"));
+        assert!(text.contains("mrelease (vm-mrelease for a microVM)"));
+        assert!(text.contains("teravm-w: the executor, in process"));
+        assert!(!text.contains("vm-teravm-w"));
+        assert!(text.contains(">a note</text>"));
+        assert!(text.contains("&lt;test&gt;"));
+    }
+
+    #[test]
+    fn thp_gets_its_own_scale() {
+        // THP is ten times faster in absolute terms but has the same
+        // speedups here: its points sit as high in its panel as 4k's in theirs.
+        let text = plot(&rows(&samples(false)), "t", &[]);
+        let firsts: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("<polyline"))
+            .map(|l| {
+                l.split("points=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap()
+            })
+            .collect();
+        let y = |p: &str| p.split(',').nth(1).unwrap().parse::<f64>().unwrap();
+        // Panels 0 and 1 (4k and THP anonymous) are side by side.
+        assert!((y(firsts[0]) - y(firsts[3])).abs() < 0.5, "{firsts:?}");
+    }
+
+    #[test]
+    fn vm_methods_are_drawn_dashed_with_async_markers() {
+        let text = plot(&rows(&samples(true)), "t", &[]);
+        well_formed(&text);
+        // Per case: 3 executor lines, vm-teravm vs vm-kill and vs vm-mrelease.
+        assert_eq!(text.matches("<polyline").count(), 3 * 5);
+        assert_eq!(text.matches("stroke-dasharray=\"7,4\"").count(), 3 * 2 + 1);
+        // vm-async against vm-kill and vm-mrelease, in 3 panels, plus legend.
+        assert_eq!(text.matches("<polygon").count(), 3 * 2 + 1);
+        assert!(text.contains("vm-teravm-w: microVM, sync Shutdown"));
+        assert!(text.contains("vm-async-w: microVM, async Shutdown, until exit"));
+    }
+
+    #[test]
+    fn polyline_points_are_ordered_by_workers() {
+        let text = plot(&rows(&samples(false)), "t", &[]);
+        let line = text.lines().find(|l| l.starts_with("<polyline")).unwrap();
+        let points = line.split("points=\"").nth(1).unwrap();
+        let xs: Vec<f64> = points
+            .trim_end_matches("\"/>")
+            .split(' ')
+            .map(|p| p.split(',').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(xs.len(), 3);
+        assert!(xs.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn plot_of_a_single_worker_count_or_no_rows_is_still_a_document() {
+        let one: Vec<Sample> = samples(true)
+            .into_iter()
+            .filter(|s| s.method.workers() == 1 || s.method == Method::VmAsync(4))
+            .collect();
+        well_formed(&plot(&rows(&one), "t", &[]));
+        well_formed(&plot(&[], "t", &[]));
+    }
+
+    #[test]
+    fn nice_steps() {
+        assert_eq!(nice_step(10.0), 2.0);
+        assert_eq!(nice_step(2.3), 0.5);
+        assert_eq!(nice_step(0.0), 1.0);
+        assert_eq!(trim_number(0.5), "0.5");
+        assert_eq!(trim_number(2.0), "2");
+        assert_eq!(trim_number(0.0), "0");
+    }
+}

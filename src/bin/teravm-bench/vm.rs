@@ -1,0 +1,427 @@
+//! The end-to-end methods (`--vm`): a real teravm microVM whose firmware
+//! dirtied all of its `--size-gib`, then
+//!
+//! - killed with `SIGKILL` (`vm-kill`: what a Firecracker user gets today) or
+//!   killed and reaped with `process_mrelease` (`vm-mrelease`), timed until
+//!   `waitpid` returns;
+//! - shut down through the API with `"reclaim": "sync"` (`vm-teravm-<w>`),
+//!   timed from the request until teravm's reply, once its reclaim is done;
+//!   the reply is checked (state `done`, resident bytes freed ≥ 90% of what
+//!   was touched), and so is teravm's own resident size while it lingers;
+//!   the reply's `phases` (when teravm reports them) are kept;
+//! - shut down with `"reclaim": "async"` (`vm-async-<w>`), timed from the
+//!   request until the process is gone (`waitpid`, teravm started with
+//!   `--linger-ms 0`); the reply's latency (request sent → 202 received) is
+//!   kept apart, and teravm's summary line (stderr, or stdout before teravm
+//!   moved it) must account for the memory touched.
+//!
+//! Guest memory is populated before boot (untimed, and far faster than the
+//! guest's own first touches on a host whose KVM is paging-based), then the
+//! firmware writes every page of it. The guest console (stdout) and teravm's
+//! own lines (stderr) are read by one thread each into one channel.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::time::{Duration, Instant};
+
+use crate::args::Args;
+use crate::client::{request, Connection};
+use crate::host::{find_summary, parse_touched_mib, rss_bytes, SUMMARY_PREFIX, TOUCHED_PREFIX};
+use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, PHASE_NAMES};
+use crate::mrelease::{kill_and_reap, PidFd, Reap};
+
+/// Longest wait for a microVM to boot and touch its memory.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
+/// Longest wait for a microVM shut down with `async` to exit.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
+
+fn vm_err(what: impl Into<String>) -> BenchError {
+    BenchError::Vm(what.into())
+}
+
+/// The teravm binary beside the bench binary; `/dev/kvm` must be usable.
+pub fn teravm_binary() -> Result<PathBuf, BenchError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| vm_err(format!("cannot find the bench binary: {e}")))?;
+    let teravm = exe.with_file_name("teravm");
+    if !teravm.is_file() {
+        return Err(BenchError::VmUnavailable(format!(
+            "--vm needs the teravm binary at {} (build it with cargo build --release)",
+            teravm.display()
+        )));
+    }
+    teravm::vstate::vm::Vm::available()
+        .map_err(|e| BenchError::VmUnavailable(format!("--vm needs /dev/kvm: {e}")))?;
+    Ok(teravm)
+}
+
+/// The microVM's config: 2 vCPUs, all memory touched, then idle.
+pub fn vm_config(case: Case, args: &Args, workers: u32, bind: bool) -> String {
+    let huge_pages = match case.pages {
+        Pages::FourK => "None",
+        Pages::Thp => "Transparent",
+    };
+    format!(
+        r#"{{"machine-config": {{"vcpu_count": 2, "mem_size_mib": {mib}, "huge_pages": "{huge_pages}"}},
+  "boot-source": {{"boot_args": "touch=all then=idle"}},
+  "memory": {{"backing": "{backing}", "numa_policy": "{policy}", "populate": true}},
+  "reclaim": {{"workers_per_node": {workers}, "chunk_mib": {chunk}, "parallel_threshold_mib": 0, "steal": true}}}}"#,
+        mib = args.size_gib << 10,
+        backing = backing_name(case.backing),
+        policy = if bind { "bind" } else { "none" },
+        chunk = args.chunk_mib,
+    )
+}
+
+/// Which of teravm's streams a line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    /// The guest console.
+    Stdout,
+    /// teravm's own lines.
+    Stderr,
+}
+
+struct RunningVm {
+    child: Child,
+    sock: PathBuf,
+    dir: PathBuf,
+    lines: Receiver<(Stream, String)>,
+    /// Every line seen so far, in order.
+    seen: Vec<(Stream, String)>,
+}
+
+/// Reads `from` line by line into `tx`; teravm's own lines other than its
+/// summary are shown on the bench's stderr too (warnings, errors).
+fn forward(from: impl Read + Send + 'static, stream: Stream, tx: Sender<(Stream, String)>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            if stream == Stream::Stderr && !line.contains(SUMMARY_PREFIX) {
+                eprintln!("{line}");
+            }
+            if tx.send((stream, line)).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+impl RunningVm {
+    /// Waits for a guest console line that starts with `prefix`.
+    fn wait_line(&mut self, prefix: &str) -> Result<String, BenchError> {
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok((stream, line)) => {
+                    self.seen.push((stream, line.clone()));
+                    if stream == Stream::Stdout && line.starts_with(prefix) {
+                        return Ok(line);
+                    }
+                }
+                Err(_) => return Err(vm_err(format!("the microVM never printed {prefix:?}"))),
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit (its pidfd becomes
+    /// readable), then reaps it; the moment `waitpid` returned.
+    fn wait_exit(&mut self, pidfd: &PidFd, timeout: Duration) -> Result<Instant, BenchError> {
+        let mut pfd = libc::pollfd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `pfd` is one valid pollfd that lives across the call.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc <= 0 {
+            return Err(vm_err(format!(
+                "teravm did not exit within {timeout:?} after an async Shutdown"
+            )));
+        }
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| vm_err(format!("waitpid: {e}")))?;
+        let end = Instant::now();
+        if !status.success() {
+            return Err(vm_err(format!("teravm ended with {status}")));
+        }
+        Ok(end)
+    }
+
+    /// The lines still to come, once the process is gone (its pipes close).
+    fn drain(&mut self) {
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(line);
+        }
+    }
+}
+
+impl Drop for RunningVm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Starts a microVM and waits until its firmware has touched all its memory.
+/// Returns it and the MiB the firmware touched.
+fn boot(
+    teravm: &Path,
+    config: &str,
+    sysfs_root: &Path,
+    linger_ms: u64,
+) -> Result<(RunningVm, u64), BenchError> {
+    let dir = std::env::temp_dir().join(format!("teravm-bench-vm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| vm_err(format!("{}: {e}", dir.display())))?;
+    let cfg = dir.join("vm.json");
+    std::fs::write(&cfg, config).map_err(|e| vm_err(format!("{}: {e}", cfg.display())))?;
+    let sock = dir.join("api.sock");
+    let mut child = Command::new(teravm)
+        .arg("--api-sock")
+        .arg(&sock)
+        .arg("--config-file")
+        .arg(&cfg)
+        .arg("--sysfs-root")
+        .arg(sysfs_root)
+        .args(["--linger-ms", &linger_ms.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| vm_err(format!("cannot run {}: {e}", teravm.display())))?;
+    let (tx, lines) = channel();
+    if let Some(out) = child.stdout.take() {
+        forward(out, Stream::Stdout, tx.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        forward(err, Stream::Stderr, tx);
+    }
+    let mut vm = RunningVm {
+        child,
+        sock,
+        dir,
+        lines,
+        seen: Vec::new(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while request(&vm.sock, "GET", "/", None).is_err() {
+        if Instant::now() > deadline {
+            return Err(vm_err("the API socket never answered"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let start = r#"{"action_type": "InstanceStart"}"#;
+    match request(&vm.sock, "PUT", "/actions", Some(start)) {
+        Ok((204, _)) => {}
+        Ok((status, body)) => return Err(vm_err(format!("InstanceStart: {status} {body}"))),
+        Err(e) => return Err(vm_err(format!("InstanceStart: {e}"))),
+    }
+    let touched = vm.wait_line(TOUCHED_PREFIX)?;
+    let mib =
+        parse_touched_mib(&touched).ok_or_else(|| vm_err(format!("cannot read {touched:?}")))?;
+    vm.wait_line("teravm firmware: idle")?;
+    Ok((vm, mib))
+}
+
+/// One timed run of a `--vm` method.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VmRun {
+    /// Seconds the method took.
+    pub seconds: f64,
+    /// `vm-async`: the reply's latency, milliseconds.
+    pub reply_ms: Option<f64>,
+    /// `vm-teravm`: the phases of the shutdown, from the reply.
+    pub phases: Phases,
+}
+
+/// The phases in a sync `Shutdown` reply, where it has them.
+pub fn phases_of(reply: &serde_json::Value) -> Phases {
+    PHASE_NAMES.map(|name| reply["phases"][name].as_f64())
+}
+
+/// Whether `freed_bytes` accounts for the `touched_mib` the firmware dirtied
+/// (at least 90% of it).
+fn accounts_for(freed_bytes: u64, touched_mib: u64) -> bool {
+    freed_bytes.saturating_mul(10) >= (touched_mib << 20).saturating_mul(9)
+}
+
+/// One timed run of a `--vm` method.
+pub fn measure_vm(
+    method: Method,
+    case: Case,
+    args: &Args,
+    teravm: &Path,
+    bind: bool,
+) -> Result<VmRun, BenchError> {
+    // An async shutdown is timed until the process is gone: no lingering.
+    let linger_ms = if matches!(method, Method::VmAsync(_)) {
+        0
+    } else {
+        5000
+    };
+    let config = vm_config(case, args, method.workers(), bind);
+    let (mut vm, touched_mib) = boot(teravm, &config, &args.sysfs_root, linger_ms)?;
+    let plain = |seconds: f64| VmRun {
+        seconds,
+        reply_ms: None,
+        phases: [None; 4],
+    };
+    match method {
+        Method::VmKill => Ok(plain(
+            kill_and_reap(&mut vm.child, Reap::Wait)?.as_secs_f64(),
+        )),
+        Method::VmMrelease => Ok(plain(
+            kill_and_reap(&mut vm.child, Reap::Mrelease)?.as_secs_f64(),
+        )),
+        Method::VmShutdown(_) => {
+            let body = r#"{"action_type": "Shutdown", "reclaim": "sync"}"#;
+            let mut conn =
+                Connection::open(&vm.sock).map_err(|e| vm_err(format!("connect: {e}")))?;
+            let start = Instant::now();
+            let (status, reply) = conn
+                .request("PUT", "/actions", Some(body))
+                .map_err(|e| vm_err(format!("Shutdown: {e}")))?;
+            let seconds = start.elapsed().as_secs_f64();
+            if status != 200 {
+                return Err(vm_err(format!("Shutdown: {status} {reply}")));
+            }
+            let report: serde_json::Value =
+                serde_json::from_str(&reply).map_err(|e| vm_err(format!("Shutdown reply: {e}")))?;
+            let freed = report["resident_bytes_freed"].as_u64().unwrap_or(0);
+            if report["state"] != "done" || !accounts_for(freed, touched_mib) {
+                return Err(vm_err(format!(
+                    "the reclaim reply does not account for the {touched_mib} MiB touched: {reply}"
+                )));
+            }
+            // teravm lingers after reclaim: its own resident size must be small now.
+            let rss = rss_bytes(vm.child.id()).unwrap_or(0);
+            if rss > (args.size_gib << 30) / 20 + (64 << 20) {
+                return Err(vm_err(format!(
+                    "teravm still has {} MiB resident after its reclaim",
+                    rss >> 20
+                )));
+            }
+            Ok(VmRun {
+                seconds,
+                reply_ms: None,
+                phases: phases_of(&report),
+            })
+        }
+        Method::VmAsync(_) => {
+            let body = r#"{"action_type": "Shutdown", "reclaim": "async"}"#;
+            let pidfd =
+                PidFd::open(vm.child.id()).map_err(|e| vm_err(format!("pidfd_open: {e}")))?;
+            let mut conn =
+                Connection::open(&vm.sock).map_err(|e| vm_err(format!("connect: {e}")))?;
+            let start = Instant::now();
+            let (status, reply) = conn
+                .request("PUT", "/actions", Some(body))
+                .map_err(|e| vm_err(format!("Shutdown: {e}")))?;
+            let reply_ms = start.elapsed().as_secs_f64() * 1000.0;
+            if status != 202 {
+                return Err(vm_err(format!("async Shutdown: {status} {reply}")));
+            }
+            let end = vm.wait_exit(&pidfd, EXIT_TIMEOUT)?;
+            let seconds = end.duration_since(start).as_secs_f64();
+            vm.drain();
+            // The summary: teravm's stderr, or its stdout before it moved.
+            let summary = find_summary(vm.seen.iter().map(|(_, l)| l.as_str()))
+                .ok_or_else(|| vm_err("no summary line after an async Shutdown"))?;
+            if !accounts_for(summary.mib << 20, touched_mib) {
+                return Err(vm_err(format!(
+                    "teravm reclaimed {} MiB of the {touched_mib} MiB touched",
+                    summary.mib
+                )));
+            }
+            Ok(VmRun {
+                seconds,
+                reply_ms: Some(reply_ms),
+                phases: [None; 4],
+            })
+        }
+        other => Err(vm_err(format!("{other} is not a --vm method"))),
+    }
+}
+
+/// The `--vm` methods, in the order they alternate: the baselines, sync
+/// shutdowns at every worker count, and one async shutdown at the largest.
+pub fn vm_methods(workers: &[u32], mrelease: bool) -> Vec<Method> {
+    let mut out = vec![Method::VmKill];
+    if mrelease {
+        out.push(Method::VmMrelease);
+    }
+    out.extend(workers.iter().map(|&w| Method::VmShutdown(w)));
+    if let Some(&max) = workers.iter().max() {
+        out.push(Method::VmAsync(max));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use teravm::config::{Backing, VmConfig};
+
+    #[test]
+    fn the_vm_config_is_valid() {
+        let args = Args::try_parse_from(["teravm-bench", "--size-gib", "2", "--vm"]).unwrap();
+        for pages in [Pages::FourK, Pages::Thp] {
+            for backing in [Backing::Anonymous, Backing::Memfd] {
+                let text = vm_config(Case { pages, backing }, &args, 2, true);
+                let c = VmConfig::from_json(&text, Path::new("bench")).unwrap();
+                assert_eq!(c.machine_config.mem_size_mib, 2048);
+                assert_eq!(c.reclaim.workers_per_node, 2);
+                assert!(c.memory.populate);
+                assert_eq!(c.memory.backing, backing);
+            }
+        }
+    }
+
+    #[test]
+    fn vm_methods_start_with_the_baselines_and_end_with_async() {
+        assert_eq!(
+            vm_methods(&[1, 2], true),
+            vec![
+                Method::VmKill,
+                Method::VmMrelease,
+                Method::VmShutdown(1),
+                Method::VmShutdown(2),
+                Method::VmAsync(2)
+            ]
+        );
+        assert_eq!(
+            vm_methods(&[4], false),
+            vec![Method::VmKill, Method::VmShutdown(4), Method::VmAsync(4)]
+        );
+    }
+
+    #[test]
+    fn phases_are_read_where_the_reply_has_them() {
+        let reply = serde_json::json!({"state": "done", "phases": {
+            "stop_vcpus_ms": 1.5, "close_vm_ms": 0.25, "reclaim_ms": 300.0, "unmap_ms": 2.0}});
+        assert_eq!(
+            phases_of(&reply),
+            [Some(1.5), Some(0.25), Some(300.0), Some(2.0)]
+        );
+        let partial = serde_json::json!({"phases": {"reclaim_ms": 7}});
+        assert_eq!(phases_of(&partial), [None, None, Some(7.0), None]);
+        assert_eq!(phases_of(&serde_json::json!({"state": "done"})), [None; 4]);
+    }
+
+    #[test]
+    fn freed_memory_must_cover_nine_tenths_of_the_touched() {
+        assert!(accounts_for(1024 << 20, 1024));
+        assert!(accounts_for(922 << 20, 1024));
+        assert!(!accounts_for(900 << 20, 1024));
+        assert!(accounts_for(0, 0));
+    }
+}
