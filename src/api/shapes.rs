@@ -154,8 +154,10 @@ pub struct ShutdownPhases {
     pub console_ms: f64,
     /// Closing the VM fd (KVM's memslots and MMU).
     pub close_vm_ms: f64,
-    /// Freeing guest memory with the per-node workers and unmapping it.
+    /// Freeing guest memory with the per-node workers (the executor).
     pub reclaim_ms: f64,
+    /// Unmapping the emptied mappings and closing their memfds.
+    pub unmap_ms: f64,
     /// From the shutdown request to the memory being back.
     pub total_ms: f64,
 }

@@ -446,7 +446,15 @@ fn reclaim_job(
         }
         Err(e) => report.error = Some(e.to_string()),
     }
-    lap(&mut phases.reclaim_ms);
+    // `reclaim` frees with the executor, then unmaps: the executor's own
+    // clock splits the two.
+    let mut memory_ms = 0.0;
+    lap(&mut memory_ms);
+    phases.reclaim_ms = report
+        .reclaim
+        .as_ref()
+        .map_or(memory_ms, |r| (r.elapsed_us as f64 / 1000.0).min(memory_ms));
+    phases.unmap_ms = ((memory_ms - phases.reclaim_ms) * 1000.0).round() / 1000.0;
     phases.total_ms = ms(accepted.elapsed());
     report.phases = phases;
     log::info!("shutdown phases: {phases:?}");

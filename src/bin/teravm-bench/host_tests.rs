@@ -48,7 +48,8 @@ fn summary_line_is_parsed_and_others_are_not() {
     // Only at the start of a line: a guest's console text is never teravm's.
     assert_eq!(parse_summary(&format!("guest half line{line}")), None);
     assert_eq!(parse_summary("teravm: reclaimed lots"), None);
-    let more = "teravm: reclaimed 8 MiB in 2 ms (4.0 GiB/s, 1 workers, 1 nodes); console dropped 3 bytes";
+    let more =
+        "teravm: reclaimed 8 MiB in 2 ms (4.0 GiB/s, 1 workers, 1 nodes); console dropped 3 bytes";
     let m = parse_summary(more).unwrap();
     assert_eq!((m.mib, m.ms, m.workers, m.nodes), (8, 2, 1, 1));
     assert_eq!(parse_summary("teravm firmware: idle"), None);
