@@ -5,7 +5,7 @@
 //! reading stalls only that thread, which is signalled, never joined.
 
 use std::io::IsTerminal;
-use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use crate::memory::{PopulateProgress, ReclaimReport};
@@ -15,38 +15,63 @@ pub const TICK: Duration = Duration::from_millis(200);
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// How long dropping the line waits for the thread to erase it (the
+/// process may exit right after).
+const ERASE_WAIT: Duration = Duration::from_millis(100);
+
 /// The running progress line; dropping it erases the line.
 pub struct ProgressLine {
     stop: Option<Sender<()>>,
+    /// Disconnected when the thread has drawn its last and erased the line.
+    ended: Option<Receiver<()>>,
 }
 
 impl ProgressLine {
     /// Starts redrawing `render()` on stderr if stderr is a terminal.
     pub fn spawn(render: impl Fn(Duration) -> String + Send + 'static) -> ProgressLine {
         if !std::io::stderr().is_terminal() {
-            return ProgressLine { stop: None };
+            return ProgressLine {
+                stop: None,
+                ended: None,
+            };
         }
         let (stop, stopped) = channel::<()>();
+        let (ended_tx, ended) = channel::<()>();
         let started = Instant::now();
         let spawned = std::thread::Builder::new()
             .name("progress".into())
-            .spawn(move || loop {
-                write_stderr(format!("\r\x1b[K{}", render(started.elapsed())).as_bytes());
-                if !matches!(stopped.recv_timeout(TICK), Err(RecvTimeoutError::Timeout)) {
-                    write_stderr(b"\r\x1b[K");
-                    break;
+            .spawn(move || {
+                let _ended = ended_tx;
+                loop {
+                    write_stderr(format!("\r\x1b[K{}", render(started.elapsed())).as_bytes());
+                    if !matches!(stopped.recv_timeout(TICK), Err(RecvTimeoutError::Timeout)) {
+                        write_stderr(b"\r\x1b[K");
+                        break;
+                    }
                 }
             });
-        ProgressLine {
-            stop: spawned.ok().map(|_| stop),
+        match spawned {
+            Ok(_) => ProgressLine {
+                stop: Some(stop),
+                ended: Some(ended),
+            },
+            Err(_) => ProgressLine {
+                stop: None,
+                ended: None,
+            },
         }
     }
 }
 
 impl Drop for ProgressLine {
     fn drop(&mut self) {
-        // The thread sees the channel close, erases the line and ends.
+        // The thread sees the channel close, erases the line and ends; wait
+        // a little for it (never long: a terminal that stopped reading
+        // stalls only that thread).
         self.stop.take();
+        if let Some(ended) = self.ended.take() {
+            let _ = ended.recv_timeout(ERASE_WAIT);
+        }
     }
 }
 
