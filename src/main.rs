@@ -38,6 +38,9 @@ struct Cli {
     /// When KVM is torn down relative to reclaim (for measuring; the default was measured fastest).
     #[arg(long, value_enum, default_value_t = KvmTeardown::BeforeReclaim, hide = true)]
     kvm_teardown: KvmTeardown,
+    /// Run without seccomp filters (each thread is confined by default).
+    #[arg(long)]
+    no_seccomp: bool,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL", default_value = "warn", value_parser = parse_level)]
     log_level: log::LevelFilter,
@@ -65,6 +68,11 @@ fn run(cli: Cli) -> Result<i32, String> {
     if cli.api_sock.is_none() && !cli.no_api {
         return Err("give --api-sock PATH, or --no-api with --config-file FILE".into());
     }
+    let policy = match cli.no_seccomp {
+        true => teravm::seccomp::Policy::Off,
+        false => teravm::seccomp::Policy::Enforce,
+    };
+    teravm::seccomp::prepare(policy).map_err(|e| e.to_string())?;
     let config = match &cli.config_file {
         Some(path) => VmConfig::from_file(path).map_err(|e| e.to_string())?,
         None => VmConfig::default(),

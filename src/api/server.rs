@@ -387,6 +387,7 @@ fn wait_readable(fd: RawFd, stop: RawFd, deadline: Option<Instant>) -> io::Resul
 }
 
 fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    crate::seccomp::install_thread(crate::seccomp::Role::Api);
     loop {
         match wait_readable(listener.as_raw_fd(), shared.stop.as_raw_fd(), None) {
             Ok(Wait::Ready) | Ok(Wait::Timeout) => {}
@@ -423,6 +424,7 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
             .name("api-conn".into())
             .stack_size(256 * 1024)
             .spawn(move || {
+                crate::seccomp::install_thread(crate::seccomp::Role::ApiConnection);
                 serve_connection(stream, &conn_shared);
                 conn_shared.live.fetch_sub(1, Ordering::SeqCst);
             });

@@ -42,6 +42,8 @@ pub const EXIT_ERROR: i32 = 1;
 pub const EXIT_GUEST_CRASHED: i32 = 3;
 /// Exit code: reclaim reported errors (the memory was still freed).
 pub const EXIT_RECLAIM_FAILED: i32 = 4;
+/// Exit code: a thread made a system call its seccomp filter forbids.
+pub const EXIT_BAD_SYSCALL: i32 = crate::seccomp::EXIT_BAD_SYSCALL;
 
 /// When the KVM VM (its memslots and MMU) is torn down relative to freeing
 /// guest memory. While memslots exist, every `madvise` of guest memory goes
@@ -246,6 +248,7 @@ impl Vmm {
         let done = self.reclaim_evt.try_clone();
         let teardown = self.opts.kvm_teardown;
         let job = move || {
+            crate::seccomp::install_thread(crate::seccomp::Role::Reclaim);
             let start = Instant::now();
             let MicroVm { vm, memory, .. } = microvm;
             let vm = match teardown {
@@ -489,6 +492,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     let mut manager: EventManager<Arc<std::sync::Mutex<Vmm>>> =
         EventManager::new().map_err(VmmError::EventLoop)?;
     manager.add_subscriber(vmm.clone());
+    crate::seccomp::install_thread(crate::seccomp::Role::Vmm);
     loop {
         let wait = vmm.lock().unwrap_or_else(|p| p.into_inner()).exit_in();
         let timeout_ms = match wait {
