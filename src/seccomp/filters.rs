@@ -31,7 +31,8 @@ pub(crate) mod kvm {
     /// `KVM_GET_VCPU_MMAP_SIZE` (the `kvm_run` mapping).
     pub const GET_VCPU_MMAP_SIZE: u64 = kvm_ioc(IOC_NONE, 0x04, 0);
     /// `KVM_GET_SUPPORTED_CPUID`.
-    pub const GET_SUPPORTED_CPUID: u64 = kvm_ioc(IOC_READ | IOC_WRITE, 0x05, size_of::<kvm_cpuid2>());
+    pub const GET_SUPPORTED_CPUID: u64 =
+        kvm_ioc(IOC_READ | IOC_WRITE, 0x05, size_of::<kvm_cpuid2>());
     /// `KVM_CREATE_VCPU`.
     pub const CREATE_VCPU: u64 = kvm_ioc(IOC_NONE, 0x41, 0);
     /// `KVM_SET_USER_MEMORY_REGION`.
@@ -82,7 +83,10 @@ pub(crate) struct Allow {
 }
 
 const fn any(nr: i64) -> Allow {
-    Allow { nr, only: Only::Any }
+    Allow {
+        nr,
+        only: Only::Any,
+    }
 }
 
 const fn one_of(nr: i64, arg: u8, values: &'static [u64]) -> Allow {
@@ -133,6 +137,9 @@ pub(crate) const BASE: &[Allow] = &[
     any(libc::SYS_mremap),         // realloc of large buffers
     any(libc::SYS_brk),            // malloc's main arena
     one_of(libc::SYS_madvise, 2, &[libc::MADV_DONTNEED as u64]), // free(), stacks
+    // The SIGSYS handler reads the name of a thread that installed no filter
+    // of its own (a worker).
+    one_of(libc::SYS_prctl, 0, &[libc::PR_GET_NAME as u64]),
     MMAP_ANON,
     MPROTECT_NO_EXEC,
 ];
@@ -141,7 +148,7 @@ pub(crate) const BASE: &[Allow] = &[
 /// does before it installs its own filter, which runs under this one:
 /// glibc's start (`rseq`, `set_robust_list`, signal mask), Rust's guard
 /// and alternate stack, the name (`PR_SET_NAME`), and the install itself
-/// (`PR_GET_NAME` for the SIGSYS message, `PR_SET_NO_NEW_PRIVS`, `seccomp`).
+/// (`PR_SET_NO_NEW_PRIVS`, `seccomp`).
 const SPAWN: &[Allow] = &[
     any(libc::SYS_clone3),
     any(libc::SYS_rseq),
@@ -150,13 +157,13 @@ const SPAWN: &[Allow] = &[
     one_of(
         libc::SYS_prctl,
         0,
-        &[
-            libc::PR_SET_NAME as u64,
-            libc::PR_GET_NAME as u64,
-            libc::PR_SET_NO_NEW_PRIVS as u64,
-        ],
+        &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64],
     ),
-    one_of(libc::SYS_seccomp, 0, &[libc::SECCOMP_SET_MODE_FILTER as u64]),
+    one_of(
+        libc::SYS_seccomp,
+        0,
+        &[libc::SECCOMP_SET_MODE_FILTER as u64],
+    ),
 ];
 
 /// `vcpu{n}`: the `KVM_RUN` loop and its devices. Guest port I/O is
@@ -181,7 +188,7 @@ const API_CONNECTION: &[Allow] = &[
     any(libc::SYS_poll),     // wait for bytes, a timeout or the stop event
     any(libc::SYS_recvfrom), // UnixStream reads (recv)
     any(libc::SYS_sendto),   // UnixStream writes (send with MSG_NOSIGNAL)
-    one_of(libc::SYS_ioctl, 1, &[libc::FIONBIO as u64]), // set_nonblocking
+    one_of(libc::SYS_ioctl, 1, &[libc::FIONBIO]), // set_nonblocking
     // set_write_timeout / set_read_timeout: SO_SNDTIMEO, SO_RCVTIMEO.
     one_of(libc::SYS_setsockopt, 1, &[libc::SOL_SOCKET as u64]),
     one_of(libc::SYS_getsockopt, 2, &[libc::SO_PEERCRED as u64]),
@@ -226,10 +233,10 @@ const START: &[Allow] = &[
             kvm::SET_REGS,
         ],
     ),
-    MMAP_NO_EXEC,                 // guest memory, memfd slices, kvm_run
-    any(libc::SYS_memfd_create),  // memfd backing
-    any(libc::SYS_ftruncate),     // its size
-    any(libc::SYS_mbind),         // NUMA binding of each slice
+    MMAP_NO_EXEC,                // guest memory, memfd slices, kvm_run
+    any(libc::SYS_memfd_create), // memfd backing
+    any(libc::SYS_ftruncate),    // its size
+    any(libc::SYS_mbind),        // NUMA binding of each slice
     one_of(
         libc::SYS_madvise,
         2,

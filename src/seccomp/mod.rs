@@ -12,7 +12,7 @@
 //!
 //! Filters stack: a thread runs under its own filter and those of the
 //! threads that spawned it after installing theirs. So a spawner's filter
-//! also allows what its children call (see [`Role::allowed`]); the children
+//! also allows what its children call (see [`Role::syscalls`]); the children
 //! narrow it for themselves. Workers (`populate-n*`, `reclaim-n*`) install
 //! nothing: the job thread that spawns them (`start`, `reclaim`) has a
 //! filter that covers them, so `memory` knows nothing of seccomp.
@@ -148,7 +148,7 @@ static PROCESS_POLICY: OnceLock<Policy> = OnceLock::new();
 static PROGRAMS: OnceLock<Result<BTreeMap<Role, BpfProgram>, String>> = OnceLock::new();
 
 thread_local! {
-    /// Whether this thread installed its filter (for the panic hook).
+    /// Whether this thread installed its own filter.
     static FILTERED: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -221,8 +221,8 @@ fn programs() -> Result<&'static BTreeMap<Role, BpfProgram>, SeccompError> {
 
 /// Sets the process's policy for [`install_thread`]; with
 /// [`Policy::Enforce`] also builds every filter, installs the SIGSYS
-/// handler, and makes a panic in a filtered thread print its message
-/// without a backtrace (resolving one reads files that no filter allows).
+/// handler, and makes a panic print its message without a backtrace
+/// (resolving one reads files that no filter allows).
 /// Call it once at startup, before any thread is spawned.
 pub fn prepare(policy: Policy) -> Result<(), SeccompError> {
     let set = *PROCESS_POLICY.get_or_init(|| policy);
@@ -254,19 +254,16 @@ fn fix_malloc_arenas() {
     }
 }
 
+/// Under a filter, the default panic hook's backtrace (RUST_BACKTRACE)
+/// would open and map the binary's debug info, which no filter allows: the
+/// panic would end as a forbidden call instead of being reported. So with
+/// [`Policy::Enforce`] every thread's panic prints the default hook's first
+/// line only (workers cannot tell that they inherited a filter).
 fn install_panic_hook() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if FILTERED.with(Cell::get) {
-            let name = std::thread::current()
-                .name()
-                .unwrap_or("<unnamed>")
-                .to_string();
-            // One line to stderr, like the default hook without a backtrace.
-            eprintln!("\nthread '{name}' panicked at {info}");
-        } else {
-            default(info);
-        }
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        eprintln!("\nthread '{name}' panicked at {info}\n(no backtrace under seccomp; run with --no-seccomp for one)");
     }));
 }
 

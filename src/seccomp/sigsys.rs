@@ -2,10 +2,10 @@
 //! one fixed line to stderr naming the system call and the thread, then ends
 //! the process with [`EXIT_BAD_SYSCALL`]; the kernel frees its memory.
 //!
-//! Async-signal-safe: the handler reads only a thread-local byte array
-//! (filled with the thread's name before its filter was installed), formats
-//! into a stack buffer, and calls `write(2)` and `_exit(2)`, which every
-//! filter allows.
+//! Async-signal-safe: the handler reads a thread-local byte array (filled
+//! with the thread's name before its filter was installed; a worker, which
+//! installs none, asks `prctl(PR_GET_NAME)`), formats into a stack buffer,
+//! and calls `write(2)` and `_exit(2)`; every filter allows these calls.
 
 use std::cell::Cell;
 use std::sync::Once;
@@ -145,7 +145,13 @@ extern "C" fn on_sigsys(_signo: libc::c_int, info: *mut libc::siginfo_t, _ctx: *
         // A SIGSYS sent by someone else (kill -SYS): not a filter's verdict.
         return;
     }
-    let name = THREAD_NAME.with(Cell::get);
+    let mut name = THREAD_NAME.with(Cell::get);
+    if name[0] == 0 {
+        // A thread that installed no filter of its own (a worker, under its
+        // spawner's): ask the kernel; every filter allows PR_GET_NAME.
+        // SAFETY: PR_GET_NAME writes at most 16 bytes into `name` (16).
+        unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    }
     let line = message(i64::from(info.syscall), &name);
     // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is
     // ours and `len` bytes of it are initialised.

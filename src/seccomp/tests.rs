@@ -64,7 +64,12 @@ fn confined_roles_lack_dangerous_calls() {
     }
     // Guest-facing and client-facing threads open nothing, spawn nothing.
     for role in [Role::Vcpu, Role::ApiConnection, Role::Console] {
-        for nr in [libc::SYS_openat, libc::SYS_open, libc::SYS_clone3, libc::SYS_accept4] {
+        for nr in [
+            libc::SYS_openat,
+            libc::SYS_open,
+            libc::SYS_clone3,
+            libc::SYS_accept4,
+        ] {
             assert!(!role.syscalls().contains(&nr), "{role:?} allows {nr}");
         }
     }
@@ -108,7 +113,11 @@ fn an_installed_filter_confines_only_its_thread() {
         assert_eq!(status_field(tid, "NoNewPrivs:"), "1", "{role:?}");
         // SAFETY: gettid takes no arguments.
         let me = unsafe { libc::gettid() };
-        assert_eq!(status_field(me, "Seccomp:"), "0", "the test thread stays free");
+        assert_eq!(
+            status_field(me, "Seccomp:"),
+            "0",
+            "the test thread stays free"
+        );
         go_tx.send(()).unwrap();
         t.join().unwrap();
     }
@@ -130,6 +139,9 @@ fn off_installs_nothing() {
 #[test]
 fn names_of_the_lists() {
     let vcpu = Role::Vcpu.syscall_names();
-    assert!(vcpu.contains(&"ioctl") && vcpu.contains(&"futex"), "{vcpu:?}");
+    assert!(
+        vcpu.contains(&"ioctl") && vcpu.contains(&"futex"),
+        "{vcpu:?}"
+    );
     assert!(Role::Vmm.syscalls().len() > Role::Vcpu.syscalls().len());
 }
