@@ -18,6 +18,8 @@
  *   fault=triple        after the first line, fault with no IDT (a crash)
  *   fault=ports         after touching, write an unknown port forever
  *   keep=writing        after touching, vCPUs other than 0 keep rewriting
+ *   say=<text>          print the rest of the command line as a line after
+ *                       the first (tests: a guest imitating teravm's output)
  *                       their share until the VMM stops them
  */
 
@@ -66,7 +68,15 @@ _start:
         call    put_u64
         mov     al, 10
         call    putc
-
+        mov     rcx, [rip + say_len]
+        test    rcx, rcx
+        jz      1f
+        mov     rsi, [rip + say_ptr]
+        mov     dx, COM1
+        rep outsb
+        mov     al, 10
+        call    putc
+1:
         cmp     byte ptr [rip + opt_fault], 1
         jne     1f
         ud2                             /* no IDT: a triple fault */
@@ -263,6 +273,9 @@ parse_cmdline:
         lea     rdi, [rip + key_keep]
         call    match_key
         jc      .Lkeep_val
+        lea     rdi, [rip + key_say]
+        call    match_key
+        jc      .Lsay_val
 .Lskip:                                 /* unknown word: skip it */
         cmp     rsi, r8
         jae     .Lparsed
@@ -327,6 +340,12 @@ parse_cmdline:
         jnc     .Lbad
         mov     byte ptr [rip + opt_keep], 1
         jmp     .Lword
+.Lsay_val:                              /* the rest of the line is the text */
+        mov     [rip + say_ptr], rsi
+        mov     rax, r8
+        sub     rax, rsi
+        mov     [rip + say_len], rax
+        ret
 .Lbad:
         lea     rsi, [rip + msg_bad]
         call    puts
@@ -422,6 +441,7 @@ key_touch:       .asciz "touch="
 key_then:        .asciz "then="
 key_fault:       .asciz "fault="
 key_keep:        .asciz "keep="
+key_say:         .asciz "say="
 val_all:         .asciz "all"
 val_reset:       .asciz "reset"
 val_idle:        .asciz "idle"
@@ -436,6 +456,8 @@ go:             .long 0
 done_count:     .long 0
         .balign 8
 opt_touch:      .quad 0
+say_ptr:        .quad 0
+say_len:        .quad 0
 touch_bytes:    .quad 0
 t0_ms:          .long 0
 opt_reset:      .byte 0

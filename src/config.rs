@@ -4,8 +4,13 @@
 //!
 //! The spelling follows Firecracker where Firecracker has the item
 //! (`machine-config`, `boot-source`, `vcpu_count`, `mem_size_mib`,
-//! `huge_pages`); `memory` and `reclaim` are teravm's own.
+//! `huge_pages`); `memory` and `reclaim` are teravm's own. Firecracker's
+//! other fields and sections (`smt`, `logger`, `metrics`, `drives`, ...)
+//! are in [`firecracker`].
 
+pub mod firecracker;
+
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -18,6 +23,13 @@ pub const MAX_VCPU_COUNT: u8 = 254;
 pub const MAX_BOOT_ARGS_LEN: usize = 2048;
 /// Most reclaim workers per NUMA node.
 pub const MAX_WORKERS_PER_NODE: u32 = 256;
+/// Largest config file read, in bytes (a config is a few hundred bytes; this
+/// stops `--config-file /dev/zero` from filling memory).
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+
+pub use firecracker::{
+    LoggerConfig, MachineConfigBody, MachineConfigPatch, MetricsConfig, UnsupportedSection,
+};
 
 /// Errors of configuration parsing and validation.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -46,6 +58,9 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A Firecracker section for a device teravm does not have yet.
+    #[error("not supported yet: {0} (teravm has no such device; leave the section empty)")]
+    NotSupported(&'static str),
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -82,16 +97,17 @@ impl HugePages {
     }
 }
 
-/// The `machine-config` section.
+/// The `machine-config` section. It is read and written through
+/// [`MachineConfigBody`], which adds Firecracker's `smt`,
+/// `track_dirty_pages` and `cpu_template` (only their defaults are taken).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "MachineConfigBody", into = "MachineConfigBody")]
 pub struct MachineConfig {
     /// Number of vCPUs, 1 to [`MAX_VCPU_COUNT`].
     pub vcpu_count: u8,
     /// Guest RAM in MiB (the MMIO gap below 4 GiB is not counted).
     pub mem_size_mib: u64,
     /// Page backing of guest RAM.
-    #[serde(default)]
     pub huge_pages: HugePages,
 }
 
@@ -145,31 +161,36 @@ impl MachineConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BootSource {
-    /// A Linux kernel to boot; absent means the built-in firmware.
+    /// A Linux kernel to boot (ELF vmlinux or bzImage); absent means the
+    /// built-in firmware.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_image_path: Option<PathBuf>,
     /// An initrd for the kernel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd_path: Option<PathBuf>,
-    /// The command line (of the firmware, or of the kernel).
+    /// The command line of the firmware, or of the kernel (empty: the
+    /// default kernel command line).
     #[serde(default)]
     pub boot_args: String,
 }
 
 impl BootSource {
-    /// Checks every field.
+    /// Checks every field; a kernel and an initrd are checked cheaply here
+    /// (readable regular file, size, image magic), loaded at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.kernel_image_path.is_some() {
-            return Err(invalid(
-                "boot-source.kernel_image_path",
-                "booting a kernel is not supported yet; omit it to run the built-in firmware",
-            ));
+        use crate::vstate::linux::image::{check_initrd, check_kernel};
+        if let Some(kernel) = &self.kernel_image_path {
+            check_kernel(kernel)
+                .map_err(|e| invalid("boot-source.kernel_image_path", e.to_string()))?;
         }
-        if self.initrd_path.is_some() {
-            return Err(invalid(
-                "boot-source.initrd_path",
-                "an initrd is not supported yet",
-            ));
+        if let Some(initrd) = &self.initrd_path {
+            if self.kernel_image_path.is_none() {
+                return Err(invalid(
+                    "boot-source.initrd_path",
+                    "an initrd needs a kernel_image_path (the built-in firmware takes none)",
+                ));
+            }
+            check_initrd(initrd).map_err(|e| invalid("boot-source.initrd_path", e.to_string()))?;
         }
         if self.boot_args.len() > MAX_BOOT_ARGS_LEN {
             return Err(invalid(
@@ -374,6 +395,30 @@ pub struct VmConfig {
     /// How guest RAM is freed at shutdown.
     #[serde(default)]
     pub reclaim: ReclaimConfig,
+    /// Firecracker's logger settings (applied at launch, like the flags).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logger: Option<LoggerConfig>,
+    /// Firecracker's metrics output (applied at launch, like the flag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsConfig>,
+    /// Firecracker's block devices: only empty.
+    #[serde(default, skip_serializing)]
+    pub drives: UnsupportedSection,
+    /// Firecracker's network devices: only empty.
+    #[serde(rename = "network-interfaces", default, skip_serializing)]
+    pub network_interfaces: UnsupportedSection,
+    /// Firecracker's vsock device: only empty.
+    #[serde(default, skip_serializing)]
+    pub vsock: UnsupportedSection,
+    /// Firecracker's balloon device: only empty.
+    #[serde(default, skip_serializing)]
+    pub balloon: UnsupportedSection,
+    /// Firecracker's metadata service: only empty.
+    #[serde(rename = "mmds-config", default, skip_serializing)]
+    pub mmds_config: UnsupportedSection,
+    /// Firecracker's entropy device: only empty.
+    #[serde(default, skip_serializing)]
+    pub entropy: UnsupportedSection,
 }
 
 impl VmConfig {
@@ -389,12 +434,24 @@ impl VmConfig {
         Ok(config)
     }
 
-    /// Reads, parses and validates a config file.
+    /// Reads (at most [`MAX_CONFIG_FILE_BYTES`]), parses and validates a
+    /// config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+        let read_err = |reason: String| ConfigError::Read {
             path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
+        let mut bytes = Vec::new();
+        file.take(MAX_CONFIG_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| read_err(e.to_string()))?;
+        if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
+            return Err(read_err(format!(
+                "larger than {MAX_CONFIG_FILE_BYTES} bytes"
+            )));
+        }
+        let text = String::from_utf8(bytes).map_err(|_| read_err("not UTF-8 text".into()))?;
         Self::from_json(&text, path)
     }
 
@@ -403,148 +460,139 @@ impl VmConfig {
         self.machine_config.validate()?;
         self.boot_source.validate()?;
         self.memory.validate()?;
-        self.reclaim.validate()
+        self.reclaim.validate()?;
+        if let Some(logger) = &self.logger {
+            logger.validate()?;
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.validate()?;
+        }
+        self.drives.check("drives")?;
+        self.network_interfaces.check("network-interfaces")?;
+        self.vsock.check("vsock")?;
+        self.balloon.check("balloon")?;
+        self.mmds_config.check("mmds-config")?;
+        self.entropy.check("entropy")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Conversions to memory options: the config file's serde types stay here;
+// `memory` takes its own option types.
+
+impl From<HugePages> for crate::memory::PageSize {
+    fn from(h: HugePages) -> Self {
+        match h {
+            HugePages::None => crate::memory::PageSize::Small,
+            HugePages::Transparent => crate::memory::PageSize::Transparent,
+            HugePages::Huge2M => crate::memory::PageSize::Huge2M,
+            HugePages::Huge1G => crate::memory::PageSize::Huge1G,
+        }
+    }
+}
+
+impl From<Backing> for crate::memory::Backing {
+    fn from(b: Backing) -> Self {
+        match b {
+            Backing::Anonymous => crate::memory::Backing::Anonymous,
+            Backing::Memfd => crate::memory::Backing::Memfd,
+        }
+    }
+}
+
+impl From<NumaPolicy> for crate::memory::NumaPolicy {
+    fn from(p: NumaPolicy) -> Self {
+        match p {
+            NumaPolicy::Bind => crate::memory::NumaPolicy::Bind,
+            NumaPolicy::Preferred => crate::memory::NumaPolicy::Preferred,
+            NumaPolicy::None => crate::memory::NumaPolicy::None,
+        }
+    }
+}
+
+impl From<&VmConfig> for crate::memory::MemoryOptions {
+    /// `machine-config` (size, page size) and `memory` (backing, nodes,
+    /// policy, populate) together.
+    fn from(c: &VmConfig) -> Self {
+        crate::memory::MemoryOptions {
+            mem_bytes: c.machine_config.mem_bytes(),
+            page_size: c.machine_config.huge_pages.into(),
+            backing: c.memory.backing.into(),
+            host_nodes: c.memory.host_nodes.clone(),
+            policy: c.memory.numa_policy.into(),
+            populate: c.memory.populate,
+        }
+    }
+}
+
+impl From<&ReclaimConfig> for crate::memory::ReclaimOptions {
+    fn from(c: &ReclaimConfig) -> Self {
+        crate::memory::ReclaimOptions {
+            workers_per_node: c.workers_per_node,
+            chunk_bytes: c.chunk_mib.saturating_mul(1 << 20),
+            parallel_threshold_bytes: c.parallel_threshold_mib.saturating_mul(1 << 20),
+            steal: c.steal,
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
+mod tests;
+
+#[cfg(test)]
+mod conversion_tests {
     use super::*;
-
-    fn parse(text: &str) -> Result<VmConfig, ConfigError> {
-        VmConfig::from_json(text, Path::new("t.json"))
-    }
+    use crate::memory;
 
     #[test]
-    fn full_example_parses() {
-        let c = parse(
-            r#"{
-             "machine-config": {"vcpu_count": 2, "mem_size_mib": 4096, "huge_pages": "Transparent"},
-             "boot-source": {"boot_args": "touch=all then=reset"},
-             "memory": {"backing": "anonymous", "host_nodes": null, "numa_policy": "bind", "populate": false},
-             "reclaim": {"workers_per_node": 1, "chunk_mib": 1024, "parallel_threshold_mib": 1024, "steal": true}
-           }"#,
-        )
-        .unwrap();
-        assert_eq!(c.machine_config.vcpu_count, 2);
-        assert_eq!(c.machine_config.mem_bytes(), 4 << 30);
-        assert_eq!(c.boot_source.boot_args, "touch=all then=reset");
-        assert_eq!(c.reclaim.workers_per_node, 1);
-        assert_eq!(c.memory.numa_policy, NumaPolicy::Bind);
-    }
-
-    #[test]
-    fn sections_default() {
-        let c = parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 128}}"#).unwrap();
-        assert_eq!(c.machine_config.huge_pages, HugePages::Transparent);
-        assert_eq!(c.memory, MemoryConfig::default());
-        assert_eq!(c.reclaim, ReclaimConfig::default());
-        let m: MachineConfig =
-            serde_json::from_str(r#"{"vcpu_count":1,"mem_size_mib":64,"huge_pages":"2M"}"#)
-                .unwrap();
-        assert_eq!(m.huge_pages, HugePages::Huge2M);
-    }
-
-    #[test]
-    fn unknown_fields_are_refused() {
-        let e = parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 128, "vcpus": 2}}"#)
-            .unwrap_err();
-        assert!(e.to_string().contains("unknown field `vcpus`"), "{e}");
-        let e = parse(r#"{"network": {}}"#).unwrap_err();
-        assert!(e.to_string().contains("unknown field `network`"), "{e}");
-    }
-
-    #[test]
-    fn wrong_types_are_refused() {
-        let e =
-            parse(r#"{"machine-config": {"vcpu_count": "two", "mem_size_mib": 128}}"#).unwrap_err();
-        assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
-        let e = parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": -1}}"#).unwrap_err();
-        assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
-        let e = parse(
-            r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "4K"}}"#,
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("huge_pages") || e.to_string().contains("4K"),
-            "{e}"
+    fn reclaim_options_from_config() {
+        let o = memory::ReclaimOptions::from(&ReclaimConfig::default());
+        assert_eq!(o, memory::ReclaimOptions::default(), "the same defaults");
+        assert_eq!(
+            o,
+            memory::ReclaimOptions {
+                workers_per_node: 2,
+                chunk_bytes: 1 << 30,
+                parallel_threshold_bytes: 1 << 30,
+                steal: true
+            }
         );
     }
 
     #[test]
-    fn ranges_are_checked_and_named() {
-        let cases = [
-            (
-                r#"{"machine-config": {"vcpu_count": 0, "mem_size_mib": 128}}"#,
-                "machine-config.vcpu_count",
-            ),
-            (
-                r#"{"machine-config": {"vcpu_count": 255, "mem_size_mib": 128}}"#,
-                "machine-config.vcpu_count",
-            ),
-            (
-                r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 0}}"#,
-                "machine-config.mem_size_mib",
-            ),
-            (
-                r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 1099511627776}}"#,
-                "machine-config.mem_size_mib",
-            ),
-            (
-                r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 1025, "huge_pages": "1G"}}"#,
-                "machine-config.mem_size_mib",
-            ),
-            (
-                r#"{"boot-source": {"kernel_image_path": "/vmlinux"}}"#,
-                "boot-source.kernel_image_path",
-            ),
-            (
-                r#"{"boot-source": {"boot_args": "a\u0000b"}}"#,
-                "boot-source.boot_args",
-            ),
-            (r#"{"memory": {"host_nodes": []}}"#, "memory.host_nodes"),
-            (
-                r#"{"memory": {"host_nodes": [0, 1, 0]}}"#,
-                "memory.host_nodes",
-            ),
-            (
-                r#"{"reclaim": {"workers_per_node": 0}}"#,
-                "reclaim.workers_per_node",
-            ),
-            (r#"{"reclaim": {"chunk_mib": 0}}"#, "reclaim.chunk_mib"),
-            (r#"{"reclaim": {"chunk_mib": 3}}"#, "reclaim.chunk_mib"),
-        ];
-        for (text, field) in cases {
-            match parse(text) {
-                Err(ConfigError::InvalidField { field: f, .. }) => assert_eq!(f, field, "{text}"),
-                other => panic!("{text}: expected an invalid {field}, got {other:?}"),
+    fn memory_options_from_config() {
+        let mut c = VmConfig::default();
+        c.machine_config.mem_size_mib = 4096;
+        c.machine_config.huge_pages = HugePages::Huge2M;
+        c.memory = MemoryConfig {
+            backing: Backing::Memfd,
+            host_nodes: Some(vec![1, 0]),
+            numa_policy: NumaPolicy::Preferred,
+            populate: true,
+        };
+        let o = memory::MemoryOptions::from(&c);
+        assert_eq!(
+            o,
+            memory::MemoryOptions {
+                mem_bytes: 4 << 30,
+                page_size: memory::PageSize::Huge2M,
+                backing: memory::Backing::Memfd,
+                host_nodes: Some(vec![1, 0]),
+                policy: memory::NumaPolicy::Preferred,
+                populate: true,
             }
+        );
+        for (h, p) in [
+            (HugePages::None, memory::PageSize::Small),
+            (HugePages::Transparent, memory::PageSize::Transparent),
+            (HugePages::Huge1G, memory::PageSize::Huge1G),
+        ] {
+            assert_eq!(memory::PageSize::from(h), p);
+            assert_eq!(h.hugetlb_page_bytes(), p.hugetlb_bytes());
         }
-    }
-
-    #[test]
-    fn errors_are_one_line() {
-        let e = parse("{\n\"machine-config\": [1,\n2]}").unwrap_err();
-        assert!(!e.to_string().contains('\n'), "{e}");
-        // Found by fuzzing (config_file): serde echoes an unknown variant or
-        // field name as written, so an escaped newline in it made a
-        // multi-line error.
-        let e = parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "Tr\nsparent"}}"#)
-            .unwrap_err();
-        assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
-        assert!(!e.to_string().contains(['\r', '\n']), "{e}");
-        let e = parse("{\"reclaim\": {\"a\\r\\nb\": 1}}").unwrap_err();
-        assert!(e.to_string().contains("unknown field `a  b`"), "{e}");
-        let e = VmConfig::from_file(Path::new("/nonexistent/teravm.json")).unwrap_err();
-        assert!(matches!(e, ConfigError::Read { .. }));
-        assert!(!e.to_string().contains('\n'));
-    }
-
-    #[test]
-    fn round_trips() {
-        let c = VmConfig::default();
-        let text = serde_json::to_string(&c).unwrap();
-        assert_eq!(parse(&text).unwrap(), c);
-        assert!(text.contains("\"machine-config\""));
+        assert_eq!(
+            memory::NumaPolicy::from(NumaPolicy::None),
+            memory::NumaPolicy::None
+        );
     }
 }

@@ -1,45 +1,423 @@
-//! A minimal `log` backend: one line per record on stderr, with the time
-//! since start, the level and the thread's name (`vcpu0`, `reclaim-n1-0`).
+//! teravm's `log` backend and its settings (Firecracker's `--level`,
+//! `--log-path`, `--show-level`, `--show-log-origin`, `--module` and
+//! `PUT /logger`), and [`LineSink`], the non-blocking line writer that the
+//! log file and the metrics file share.
+//!
+//! Without a log path, lines go to stderr as
+//! `[   1.234s INFO  vcpu0] message` (time since start, level, thread).
+//! With one, they go to that file or FIFO in Firecracker's shape,
+//! `2024-01-02T03:04:05.123456789 [id:thread:LEVEL:file:line] message`
+//! (level and origin as configured), so tools that read Firecracker's log
+//! read teravm's. A log path is opened non-blocking: a FIFO nobody reads, or
+//! reads slowly, never blocks a thread of teravm; a line that does not fit
+//! is dropped and counted ([`missed_lines`], the metrics'
+//! `logger.missed_log_count`).
 
-use std::io::Write;
-use std::sync::OnceLock;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-struct StderrLogger {
-    start: Instant,
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::config::LoggerConfig;
+
+/// Longest log line written to a log path, newline included: a FIFO write
+/// of at most `PIPE_BUF` bytes is atomic, so lines never interleave.
+const MAX_LINE_BYTES: usize = 4096;
+
+/// Errors of logger configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum LoggerError {
+    /// The log path could not be opened.
+    #[error("cannot open the log path {path}: {source}")]
+    Open {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A level name that is not one of the accepted spellings.
+    #[error(
+        "{0:?} is not a log level; use one of Off, Error, Warning (Warn), Info, Debug, Trace \
+         (any case)"
+    )]
+    Level(String),
 }
 
-impl log::Log for StderrLogger {
+/// A log level as Firecracker's clients spell it: `Off`, `Error`, `Warn` or
+/// `Warning`, `Info`, `Debug`, `Trace`, in any case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogLevel(pub log::LevelFilter);
+
+impl FromStr for LogLevel {
+    type Err = LoggerError;
+
+    fn from_str(s: &str) -> Result<Self, LoggerError> {
+        let filter = match s.to_ascii_lowercase().as_str() {
+            "off" => log::LevelFilter::Off,
+            "error" => log::LevelFilter::Error,
+            "warn" | "warning" => log::LevelFilter::Warn,
+            "info" => log::LevelFilter::Info,
+            "debug" => log::LevelFilter::Debug,
+            "trace" => log::LevelFilter::Trace,
+            _ => return Err(LoggerError::Level(s.to_string())),
+        };
+        Ok(LogLevel(filter))
+    }
+}
+
+impl<'de> Deserialize<'de> for LogLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for LogLevel {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self.0 {
+            log::LevelFilter::Off => "Off",
+            log::LevelFilter::Error => "Error",
+            log::LevelFilter::Warn => "Warn",
+            log::LevelFilter::Info => "Info",
+            log::LevelFilter::Debug => "Debug",
+            log::LevelFilter::Trace => "Trace",
+        })
+    }
+}
+
+/// A file or FIFO written one line at a time without ever blocking: opened
+/// `O_NONBLOCK`; a line the reader has no room for is dropped (the caller
+/// counts it); the tail of a line written in part is kept and sent before
+/// the next line, so lines are never cut or interleaved.
+#[derive(Debug)]
+pub struct LineSink {
+    file: File,
+    path: PathBuf,
+    pending: Vec<u8>,
+}
+
+impl LineSink {
+    /// Opens `path` for appending (created with mode 0600 if missing). A
+    /// FIFO with no reader yet is opened read-write, as Firecracker does, so
+    /// that the open does not fail and writes wait for a reader in the
+    /// pipe's buffer.
+    pub fn open(path: &Path) -> io::Result<LineSink> {
+        let open = |read: bool| {
+            OpenOptions::new()
+                .read(read)
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(path)
+        };
+        let file = match open(false) {
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => open(true)?,
+            other => other?,
+        };
+        Ok(LineSink {
+            file,
+            path: path.to_path_buf(),
+            pending: Vec::new(),
+        })
+    }
+
+    /// The path it writes to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `line` (which ends with a newline); false if it was dropped.
+    pub fn write_line(&mut self, line: &[u8]) -> bool {
+        if !self.pending.is_empty() {
+            match self.file.write(&self.pending) {
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(_) => return false,
+            }
+            if !self.pending.is_empty() {
+                return false;
+            }
+        }
+        match self.file.write(line) {
+            Ok(n) if n == line.len() => true,
+            Ok(n) => {
+                self.pending.extend_from_slice(&line[n..]);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+struct Settings {
+    sink: Option<LineSink>,
+    show_level: bool,
+    show_origin: bool,
+    module: Option<String>,
+    instance_id: String,
+}
+
+struct Logger {
+    start: Instant,
+    settings: Mutex<Settings>,
+}
+
+static MISSED_LINES: AtomicU64 = AtomicU64::new(0);
+
+/// Log lines dropped so far because the log path had no room for them.
+pub fn missed_lines() -> u64 {
+    MISSED_LINES.load(Ordering::Relaxed)
+}
+
+/// The wall-clock time in the local time zone, as Firecracker writes it
+/// (`%Y-%m-%dT%H:%M:%S.%9f`).
+fn local_time() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = libc::time_t::try_from(now.as_secs()).unwrap_or(0);
+    // SAFETY: `tm` is plain data that localtime_r fills; both pointers are
+    // to live locals; the result is checked.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&secs, &mut tm).is_null() {
+            return format!("{}.{:09}", now.as_secs(), now.subsec_nanos());
+        }
+        tm
+    };
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:09}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec,
+        now.subsec_nanos()
+    )
+}
+
+impl Logger {
+    /// Writes one record (through the module filter when `filtered`).
+    fn write(&self, record: &log::Record, filtered: bool) {
+        let mut s = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        if let (true, Some(module)) = (filtered, &s.module) {
+            if !record.module_path().is_some_and(|m| m.starts_with(module)) {
+                return;
+            }
+        }
+        let thread = std::thread::current();
+        let thread = thread.name().unwrap_or("-");
+        let origin = || {
+            format!(
+                "{}:{}",
+                record.file().unwrap_or("?"),
+                record.line().unwrap_or(0)
+            )
+        };
+        if s.sink.is_none() {
+            let t = self.start.elapsed();
+            let mut tag = format!("{:>4}.{:03}s", t.as_secs(), t.subsec_millis());
+            if s.show_level {
+                tag.push_str(&format!(" {:<5}", record.level()));
+            }
+            tag.push(' ');
+            tag.push_str(thread);
+            if s.show_origin {
+                tag.push(' ');
+                tag.push_str(&origin());
+            }
+            let _ = writeln!(io::stderr().lock(), "[{tag}] {}", record.args());
+            return;
+        }
+        let mut tag = format!("{}:{thread}", s.instance_id);
+        if s.show_level {
+            tag.push_str(&format!(":{}", record.level()));
+        }
+        if s.show_origin {
+            tag.push(':');
+            tag.push_str(&origin());
+        }
+        let mut line = format!("{} [{tag}] {}", local_time(), record.args());
+        line.retain(|c| c != '\n' && c != '\r');
+        if line.len() >= MAX_LINE_BYTES {
+            let mut cut = MAX_LINE_BYTES - 1;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+        }
+        line.push('\n');
+        if let Some(sink) = s.sink.as_mut() {
+            if !sink.write_line(line.as_bytes()) {
+                MISSED_LINES.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl log::Log for Logger {
     fn enabled(&self, metadata: &log::Metadata) -> bool {
         metadata.level() <= log::max_level()
     }
 
     fn log(&self, record: &log::Record) {
-        if !self.enabled(record.metadata()) {
-            return;
+        if self.enabled(record.metadata()) {
+            self.write(record, true);
         }
-        let t = self.start.elapsed();
-        let thread = std::thread::current();
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "[{:>4}.{:03}s {:<5} {}] {}",
-            t.as_secs(),
-            t.subsec_millis(),
-            record.level(),
-            thread.name().unwrap_or("?"),
-            record.args()
-        );
     }
 
     fn flush(&self) {}
 }
 
+fn logger() -> &'static Logger {
+    static LOGGER: OnceLock<Logger> = OnceLock::new();
+    LOGGER.get_or_init(|| Logger {
+        start: Instant::now(),
+        settings: Mutex::new(Settings {
+            sink: None,
+            show_level: true,
+            show_origin: false,
+            module: None,
+            instance_id: "anonymous-instance".into(),
+        }),
+    })
+}
+
+/// When the logger was installed: the start of the process, for the log's
+/// timestamps and the boot timer.
+pub fn process_start() -> Instant {
+    logger().start
+}
+
 /// Installs the logger at `level` (once; later calls only change the level).
 pub fn init(level: log::LevelFilter) {
-    static LOGGER: OnceLock<StderrLogger> = OnceLock::new();
-    let logger = LOGGER.get_or_init(|| StderrLogger {
-        start: Instant::now(),
-    });
-    let _ = log::set_logger(logger);
+    let _ = log::set_logger(logger());
     log::set_max_level(level);
+}
+
+/// The instance id shown in the lines written to a log path.
+pub fn set_instance_id(id: &str) {
+    logger()
+        .settings
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .instance_id = id.to_string();
+}
+
+/// Applies `config` (the flags, the config file's `logger` section or
+/// `PUT /logger`): absent fields keep their value. The log path is opened
+/// before anything changes, so a bad path changes nothing.
+pub fn configure(config: &LoggerConfig) -> Result<(), LoggerError> {
+    let sink = match &config.log_path {
+        Some(path) => Some(LineSink::open(path).map_err(|source| LoggerError::Open {
+            path: path.clone(),
+            source,
+        })?),
+        None => None,
+    };
+    let logger = logger();
+    let _ = log::set_logger(logger);
+    let mut s = logger.settings.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(sink) = sink {
+        s.sink = Some(sink);
+    }
+    if let Some(show) = config.show_level {
+        s.show_level = show;
+    }
+    if let Some(show) = config.show_log_origin {
+        s.show_origin = show;
+    }
+    if let Some(module) = &config.module {
+        s.module = Some(module.clone());
+    }
+    let changed_target = config.log_path.is_some();
+    drop(s);
+    if let Some(level) = config.level {
+        log::set_max_level(level.0);
+    }
+    if changed_target {
+        // The first line of a new log target, whatever the level and module
+        // filter (as Firecracker's header line).
+        logger.write(
+            &log::Record::builder()
+                .args(format_args!(
+                    "Running teravm v{}",
+                    env!("CARGO_PKG_VERSION")
+                ))
+                .level(log::Level::Info)
+                .target(module_path!())
+                .module_path(Some(module_path!()))
+                .file(Some(file!()))
+                .line(Some(line!()))
+                .build(),
+            false,
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_in_every_spelling() {
+        for (s, f) in [
+            ("Off", log::LevelFilter::Off),
+            ("ERROR", log::LevelFilter::Error),
+            ("Warning", log::LevelFilter::Warn),
+            ("WARN", log::LevelFilter::Warn),
+            ("warn", log::LevelFilter::Warn),
+            ("Info", log::LevelFilter::Info),
+            ("Debug", log::LevelFilter::Debug),
+            ("trace", log::LevelFilter::Trace),
+        ] {
+            assert_eq!(s.parse::<LogLevel>().unwrap(), LogLevel(f), "{s}");
+        }
+        let e = "loud".parse::<LogLevel>().unwrap_err().to_string();
+        assert!(e.contains("\"loud\"") && e.contains("Warning"), "{e}");
+        let l: LogLevel = serde_json::from_str("\"Debug\"").unwrap();
+        assert_eq!(serde_json::to_string(&l).unwrap(), "\"Debug\"");
+        assert!(serde_json::from_str::<LogLevel>("3").is_err());
+    }
+
+    #[test]
+    fn local_time_has_firecrackers_shape() {
+        let t = local_time();
+        assert_eq!(t.len(), "2024-01-02T03:04:05.123456789".len(), "{t}");
+        assert_eq!(&t[4..5], "-");
+        assert_eq!(&t[10..11], "T");
+        assert_eq!(&t[19..20], ".");
+    }
+
+    #[test]
+    fn a_fifo_nobody_reads_drops_lines_instead_of_blocking() {
+        let dir = std::env::temp_dir().join(format!("teravm-logger-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let fifo = dir.join("log.fifo");
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; the result is checked.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let mut sink = LineSink::open(&fifo).unwrap();
+        let line = [b'x'; 1023]
+            .iter()
+            .copied()
+            .chain([b'\n'])
+            .collect::<Vec<u8>>();
+        // A pipe holds 64 KiB by default: well before 1,000 lines of 1 KiB
+        // the writes must start failing, and none of them may block.
+        let written = (0..1000).filter(|_| sink.write_line(&line)).count();
+        assert!(written > 0 && written < 1000, "{written}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

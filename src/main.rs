@@ -1,59 +1,102 @@
-//! `teravm`: parse the command line, set up logging, run one microVM, exit
-//! with its code.
+//! `teravm`: parse the command line (teravm's flags and Firecracker's), set
+//! up logging and metrics, run one microVM, exit with its code.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use teravm::config::VmConfig;
-use teravm::vmm::{self, KvmTeardown, VmmOptions, EXIT_ERROR};
+use teravm::config::{LoggerConfig, MetricsConfig, VmConfig};
+use teravm::logger::LogLevel;
+use teravm::vmm::{self, VmmOptions, EXIT_ERROR};
+
+/// The longest instance id, as in Firecracker.
+const MAX_ID_LEN: usize = 64;
 
 /// A minimal KVM VMM for microVMs with very large memory, which frees guest
 /// memory at shutdown with worker threads pinned to each host NUMA node.
+/// Firecracker's flags are accepted with their meaning (docs/firecracker.md).
 #[derive(Debug, Parser)]
 #[command(name = "teravm", version)]
 struct Cli {
     /// Serve the HTTP API on this Unix socket (mode 0600; it grants full control of the microVM).
     #[arg(long, value_name = "PATH")]
     api_sock: Option<PathBuf>,
-    /// Configure the microVM from this JSON file.
+    /// Configure the microVM from this JSON file (at most 1 MiB) and start it at once (with or without an API socket, as Firecracker does).
     #[arg(long, value_name = "FILE")]
     config_file: Option<PathBuf>,
     /// Run from the config file alone, without an API socket, starting at once.
     #[arg(long, requires = "config_file", conflicts_with = "api_sock")]
     no_api: bool,
-    /// Instance id, shown by `GET /`.
+    /// Instance id, shown by `GET /` and in log lines: 1 to 64 letters, digits and '-'.
     #[arg(long, default_value = "teravm")]
     id: String,
     /// Where the host NUMA topology is read from (`<DIR>/devices/system/node`).
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     sysfs_root: PathBuf,
-    /// Also write the guest's serial console to this file.
+    /// Also write the guest's serial console to this file (created with mode 0600; never through a symlink).
     #[arg(long, value_name = "FILE")]
     serial_file: Option<PathBuf>,
-    /// With an API socket: milliseconds the final state is served after reclaim, before exiting.
+    /// Write at most this many bytes to the serial file.
+    #[arg(long, value_name = "BYTES", requires = "serial_file")]
+    serial_file_max_bytes: Option<u64>,
+    /// With an API socket: milliseconds the final state is served after an API `Shutdown`, before exiting.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     linger_ms: u64,
-    /// When KVM is torn down relative to reclaim (for measuring; the default was measured fastest).
-    #[arg(long, value_enum, default_value_t = KvmTeardown::BeforeReclaim, hide = true)]
-    kvm_teardown: KvmTeardown,
-    /// Run without seccomp filters (each thread is confined by default).
+    /// Log level: Off, Error, Warning, Info, Debug, Trace (any case; default Warning).
+    #[arg(long = "level", visible_alias = "log-level", value_name = "LEVEL")]
+    level: Option<String>,
+    /// Write log lines to this file or FIFO (Firecracker's line format) instead of stderr.
+    #[arg(long, value_name = "PATH")]
+    log_path: Option<PathBuf>,
+    /// Show the level in log lines.
+    #[arg(long)]
+    show_level: bool,
+    /// Show the source file and line in log lines.
+    #[arg(long)]
+    show_log_origin: bool,
+    /// Only log records of modules whose path starts with this (e.g. `teravm::vmm`).
+    #[arg(long, value_name = "MODULE")]
+    module: Option<String>,
+    /// Write metrics (one JSON object per line) to this file or FIFO.
+    #[arg(long, value_name = "PATH")]
+    metrics_path: Option<PathBuf>,
+    /// Log the guest's boot time.
+    #[arg(long)]
+    boot_timer: bool,
+    /// The most bytes an API request body may have.
+    #[arg(long, value_name = "BYTES", default_value_t = teravm::api::http::MAX_BODY_BYTES)]
+    http_api_max_payload_size: usize,
+    /// The jailer's process start time (CLOCK_MONOTONIC, microseconds).
+    #[arg(long, value_name = "US")]
+    start_time_us: Option<u64>,
+    /// The jailer's process start CPU time (microseconds).
+    #[arg(long, value_name = "US")]
+    start_time_cpu_us: Option<u64>,
+    /// The CPU time the jailer (the parent) used (microseconds).
+    #[arg(long, value_name = "US")]
+    parent_cpu_time_us: Option<u64>,
+    /// Run without seccomp filters (not recommended).
     #[arg(long)]
     no_seccomp: bool,
-    /// Log level: error, warn, info, debug, trace.
-    #[arg(long, value_name = "LEVEL", default_value = "warn", value_parser = parse_level)]
-    log_level: log::LevelFilter,
-}
-
-fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
-    s.parse()
-        .map_err(|_| format!("{s:?} is not one of off, error, warn, info, debug, trace"))
+    /// Refused: Firecracker's MMDS contents (teravm has no metadata service).
+    #[arg(long, value_name = "FILE", hide = true)]
+    metadata: Option<OsString>,
+    /// Refused: a Firecracker seccomp BPF file (teravm builds its own filters).
+    #[arg(long, value_name = "FILE", hide = true)]
+    seccomp_filter: Option<OsString>,
+    /// Refused: the MMDS size limit (teravm has no metadata service).
+    #[arg(long, value_name = "BYTES", hide = true)]
+    mmds_size_limit: Option<OsString>,
+    /// Refused: PCI devices (teravm has none).
+    #[arg(long, hide = true)]
+    enable_pci: bool,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    teravm::logger::init(cli.log_level);
+    teravm::logger::init(log::LevelFilter::Warn);
     let code = match run(cli) {
         Ok(code) => code,
         Err(message) => {
@@ -64,27 +107,114 @@ fn main() -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
+/// Firecracker's rule for instance ids.
+fn check_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(format!(
+            "invalid --id: {} bytes; it must be 1 to {MAX_ID_LEN} letters, digits and '-'",
+            id.len()
+        ));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-'))
+    {
+        return Err(format!(
+            "invalid --id: {c:?} is not allowed; only letters, digits and '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// A Firecracker flag whose feature teravm lacks.
+fn refused_flag(cli: &Cli) -> Option<&'static str> {
+    if cli.metadata.is_some() {
+        Some("--metadata is not supported: teravm has no metadata service (MMDS)")
+    } else if cli.seccomp_filter.is_some() {
+        Some(
+            "--seccomp-filter is not supported: teravm installs its own per-thread filters \
+             (turn them off with --no-seccomp)",
+        )
+    } else if cli.mmds_size_limit.is_some() {
+        Some("--mmds-size-limit is not supported: teravm has no metadata service (MMDS)")
+    } else if cli.enable_pci {
+        Some("--enable-pci is not supported: teravm has no PCI devices")
+    } else {
+        None
+    }
+}
+
 fn run(cli: Cli) -> Result<i32, String> {
+    if let Some(message) = refused_flag(&cli) {
+        return Err(message.into());
+    }
+    check_id(&cli.id)?;
+    teravm::logger::set_instance_id(&cli.id);
+    let level = match &cli.level {
+        Some(s) => Some(s.parse::<LogLevel>().map_err(|e| format!("--level: {e}"))?),
+        None => None,
+    };
+    if cli.http_api_max_payload_size == 0 {
+        return Err("--http-api-max-payload-size must be at least 1".into());
+    }
+    let flags_logger = LoggerConfig {
+        log_path: cli.log_path.clone(),
+        level,
+        show_level: cli.show_level.then_some(true),
+        show_log_origin: cli.show_log_origin.then_some(true),
+        module: cli.module.clone(),
+    };
+    flags_logger.validate().map_err(|e| e.to_string())?;
+    teravm::logger::configure(&flags_logger).map_err(|e| e.to_string())?;
+    if let Some(path) = &cli.metrics_path {
+        let metrics = MetricsConfig {
+            metrics_path: path.clone(),
+        };
+        metrics.validate().map_err(|e| e.to_string())?;
+        teravm::metrics::configure(&metrics).map_err(|e| e.to_string())?;
+    }
     if cli.api_sock.is_none() && !cli.no_api {
         return Err("give --api-sock PATH, or --no-api with --config-file FILE".into());
     }
-    let policy = match cli.no_seccomp {
-        true => teravm::seccomp::Policy::Off,
-        false => teravm::seccomp::Policy::Enforce,
-    };
-    teravm::seccomp::prepare(policy).map_err(|e| e.to_string())?;
-    let config = match &cli.config_file {
+    let mut config = match &cli.config_file {
         Some(path) => VmConfig::from_file(path).map_err(|e| e.to_string())?,
         None => VmConfig::default(),
     };
+    // The config file's logger and metrics sections act like the flags.
+    if let Some(logger) = config.logger.take() {
+        teravm::logger::configure(&logger).map_err(|e| format!("config file logger: {e}"))?;
+    }
+    if let Some(metrics) = config.metrics.take() {
+        teravm::metrics::configure(&metrics).map_err(|e| format!("config file metrics: {e}"))?;
+    }
+    report_startup_time(&cli);
     let opts = VmmOptions {
         id: cli.id,
         sysfs_root: cli.sysfs_root,
         api_sock: cli.api_sock,
         serial_file: cli.serial_file,
         linger: Duration::from_millis(cli.linger_ms),
-        start_at_once: cli.no_api,
-        kvm_teardown: cli.kvm_teardown,
+        start_at_once: cli.config_file.is_some(),
+        serial_file_max_bytes: cli.serial_file_max_bytes,
+        boot_timer: cli.boot_timer,
+        seccomp: !cli.no_seccomp,
+        api_max_payload_bytes: cli.http_api_max_payload_size,
     };
     vmm::run(config, opts).map_err(|e| e.to_string())
+}
+
+/// Logs (and puts in the metrics) the start-up time the jailer's flags let
+/// teravm compute, as Firecracker does.
+fn report_startup_time(cli: &Cli) {
+    let (wall_us, cpu_us) = teravm::metrics::process_startup_times(
+        cli.start_time_us,
+        cli.start_time_cpu_us,
+        cli.parent_cpu_time_us,
+    );
+    if let Some(us) = wall_us {
+        log::info!("process start-up took {us} us since the jailer's start time");
+    }
+    if let Some(us) = cpu_us {
+        log::info!("process start-up used {us} us of CPU (with the parent's)");
+    }
 }

@@ -33,7 +33,7 @@ fn boot_and_reset(vcpus: u32) {
     );
     assert!(fw[1].ends_with(" ms"), "{}", fw[1]);
     assert_eq!(fw[2], "teravm firmware: reset");
-    let (mib, _, nodes) = summary(&stdout);
+    let (mib, _, nodes) = summary(&stderr);
     assert!(
         mib >= 58,
         "reclaimed only {mib} MiB of 64 touched: {stdout:?}"
@@ -63,7 +63,7 @@ fn idle_then_signal(signo: i32) {
     vmm.signal(signo);
     let (code, stdout, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "stderr: {stderr}");
-    let (mib, _, _) = summary(&stdout);
+    let (mib, _, _) = summary(&stderr);
     assert!(mib >= 28, "reclaimed {mib} MiB: {stdout:?}");
 }
 
@@ -91,7 +91,7 @@ fn triple_fault_is_reported_as_a_crash_and_memory_is_freed() {
     let (code, stdout, stderr) = run(&["--config-file", cfg.to_str().unwrap(), "--no-api"], T);
     assert_eq!(code, 3, "stdout {stdout:?} stderr {stderr}");
     assert!(stderr.contains("triple-faulted"), "{stderr}");
-    summary(&stdout);
+    summary(&stderr);
 }
 
 #[test]
@@ -110,7 +110,7 @@ fn terabyte_sparse_guest_launches_and_shuts_down() {
         fw[1].starts_with("teravm firmware: touched 64 MiB"),
         "{fw:?}"
     );
-    let (mib, _, _) = summary(&stdout);
+    let (mib, _, _) = summary(&stderr);
     assert!(
         (58..1024).contains(&mib),
         "reclaimed {mib} MiB of a 64 MiB touch"
@@ -133,7 +133,7 @@ fn four_gib_guest_dirties_everything_and_gets_it_back() {
     );
     let (code, stdout, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "stderr: {stderr}");
-    let (mib, workers, nodes) = summary(&stdout);
+    let (mib, workers, nodes) = summary(&stderr);
     assert!(
         mib >= 4096 * 9 / 10,
         "reclaimed {mib} MiB of 4 GiB: {stdout:?}"
@@ -168,7 +168,7 @@ fn four_fake_nodes(by_signal: bool) {
     }
     let (code, stdout, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "stderr: {stderr}");
-    let (mib, workers, nodes) = summary(&stdout);
+    let (mib, workers, nodes) = summary(&stderr);
     assert_eq!(nodes, 4, "{stdout:?}");
     assert_eq!(workers, 8, "{stdout:?}");
     assert!(
@@ -210,14 +210,14 @@ fn populate_makes_memory_resident_before_the_firmware_runs() {
     let rss = vmm.rss_bytes();
     vmm.wait_line("teravm firmware: idle", T);
     vmm.signal(libc::SIGTERM);
-    let (code, stdout, stderr) = vmm.wait(T);
+    let (code, _, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "stderr: {stderr}");
     assert!(
         rss >= 1000 << 20,
         "resident {} MiB at the firmware's first line",
         rss >> 20
     );
-    let (mib, _, _) = summary(&stdout);
+    let (mib, _, _) = summary(&stderr);
     assert!(
         mib >= 1000,
         "reclaimed {mib} MiB of a populated 1 GiB guest"

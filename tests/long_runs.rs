@@ -30,7 +30,7 @@ fn mem_available_kib() -> u64 {
 fn one_cycle(cfg: &std::path::Path) {
     let (code, stdout, stderr) = run(&["--config-file", cfg.to_str().unwrap(), "--no-api"], T);
     assert_eq!(code, 0, "{stderr}");
-    let (mib, _, _) = summary(&stdout);
+    let (mib, _, _) = summary(&stderr);
     assert!(mib >= 14, "{stdout:?}");
 }
 

@@ -11,7 +11,10 @@ use std::sync::mpsc::Sender;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{BootSource, MachineConfig, MemoryConfig, ReclaimConfig};
+use crate::config::{
+    BootSource, LoggerConfig, MachineConfig, MachineConfigPatch, MemoryConfig, MetricsConfig,
+    ReclaimConfig,
+};
 
 /// When a `Shutdown` action replies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -51,6 +54,43 @@ pub enum VmmAction {
     Shutdown(ReclaimMode),
     /// `GET /vm/config`: the whole configuration.
     GetVmConfig,
+    /// `GET /version`: Firecracker's `{"firecracker_version": ...}`.
+    GetVersion,
+    /// `PATCH /machine-config` (fields checked alone; checked as a whole
+    /// against the configuration in force by the VMM).
+    PatchMachineConfig(MachineConfigPatch),
+    /// `PUT /logger` (already validated).
+    PutLogger(LoggerConfig),
+    /// `PUT /metrics` (already validated).
+    PutMetrics(MetricsConfig),
+    /// `PUT /actions` `{"action_type": "FlushMetrics"}`.
+    FlushMetrics,
+}
+
+impl VmmAction {
+    /// The method and resource of the request that makes this action, for
+    /// the per-resource API metrics.
+    pub fn method_and_path(&self) -> (&'static str, &'static str) {
+        match self {
+            VmmAction::GetInstanceInfo => ("GET", "/"),
+            VmmAction::GetMachineConfig => ("GET", "/machine-config"),
+            VmmAction::PutMachineConfig(_) => ("PUT", "/machine-config"),
+            VmmAction::PatchMachineConfig(_) => ("PATCH", "/machine-config"),
+            VmmAction::PutBootSource(_) => ("PUT", "/boot-source"),
+            VmmAction::GetMemory => ("GET", "/memory"),
+            VmmAction::PutMemory(_) => ("PUT", "/memory"),
+            VmmAction::GetReclaim => ("GET", "/reclaim"),
+            VmmAction::PutReclaim(_) => ("PUT", "/reclaim"),
+            VmmAction::InstanceStart
+            | VmmAction::SendCtrlAltDel
+            | VmmAction::Shutdown(_)
+            | VmmAction::FlushMetrics => ("PUT", "/actions"),
+            VmmAction::GetVmConfig => ("GET", "/vm/config"),
+            VmmAction::GetVersion => ("GET", "/version"),
+            VmmAction::PutLogger(_) => ("PUT", "/logger"),
+            VmmAction::PutMetrics(_) => ("PUT", "/metrics"),
+        }
+    }
 }
 
 /// A successful answer of the VMM.

@@ -10,12 +10,14 @@
 //! - [`server`]: the `api` thread on the Unix socket, talking to the VMM
 //!   through an `mpsc` channel and an `EventFd`.
 //! - [`client`]: a minimal HTTP client for tests and the benchmark.
+//! - [`shapes`]: the JSON shapes of the memory module's reports.
 
 pub mod action;
 pub mod client;
 pub mod http;
 pub mod routing;
 pub mod server;
+pub mod shapes;
 
 pub use action::{ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData};
 pub use server::{ApiServer, ApiServerError, ServerLimits};

@@ -4,12 +4,21 @@
 //!
 //! Every body error is one line that names the field or the problem, e.g.
 //! `invalid machine-config body: machine-config.vcpu_count: invalid type: ...`.
+//!
+//! Firecracker's resources for devices teravm does not have (`/drives`,
+//! `/network-interfaces`, `/vsock`, `/balloon`, `/mmds`, `/snapshot/*`,
+//! `/entropy`, `/cpu-config`, `PATCH /vm`) answer 400 with a
+//! `fault_message` that names the missing feature, so a Firecracker
+//! client's log says why. Every request is counted in [`crate::metrics`].
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::action::{ReclaimMode, VmmAction};
-use crate::config::{BootSource, ConfigError, MachineConfig, MemoryConfig, ReclaimConfig};
+use crate::config::{
+    BootSource, ConfigError, LoggerConfig, MachineConfig, MachineConfigPatch, MemoryConfig,
+    MetricsConfig, ReclaimConfig,
+};
 
 /// Why a request does not make an action.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,6 +39,16 @@ pub enum RouteError {
     /// The body is missing, malformed or invalid (400).
     #[error("{0}")]
     BadBody(String),
+    /// A Firecracker resource for a feature teravm does not have (400).
+    #[error("{method} {path}: {feature} not supported by teravm")]
+    NotSupported {
+        /// The method asked for.
+        method: String,
+        /// The resource.
+        path: String,
+        /// What is missing, e.g. "block devices (drives) are".
+        feature: &'static str,
+    },
 }
 
 impl RouteError {
@@ -38,9 +57,40 @@ impl RouteError {
         match self {
             RouteError::NotFound(_) => 404,
             RouteError::MethodNotAllowed { .. } => 405,
-            RouteError::BadBody(_) => 400,
+            RouteError::BadBody(_) | RouteError::NotSupported { .. } => 400,
         }
     }
+}
+
+/// The feature behind a Firecracker resource teravm lacks, if `path` is one.
+fn unsupported(method: &str, path: &str) -> Option<&'static str> {
+    let under = |prefix: &str| {
+        path == prefix
+            || path
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
+    Some(if under("/drives") {
+        "block devices (drives) are"
+    } else if under("/network-interfaces") {
+        "network interfaces are"
+    } else if under("/vsock") {
+        "vsock devices are"
+    } else if under("/balloon") {
+        "the balloon device is"
+    } else if under("/mmds") {
+        "the metadata service (MMDS) is"
+    } else if under("/snapshot") {
+        "snapshots are"
+    } else if under("/entropy") {
+        "the entropy device is"
+    } else if under("/cpu-config") {
+        "custom CPU templates are"
+    } else if path == "/vm" && method != "GET" {
+        "pausing and resuming (PATCH /vm) are"
+    } else {
+        return None;
+    })
 }
 
 /// The body of `PUT /actions`.
@@ -57,20 +107,39 @@ enum ActionType {
     InstanceStart,
     SendCtrlAltDel,
     Shutdown,
+    FlushMetrics,
 }
 
 /// The methods each resource takes.
 fn allowed(path: &str) -> Option<&'static str> {
     Some(match path {
-        "/" | "/vm/config" => "GET",
-        "/machine-config" | "/memory" | "/reclaim" => "GET, PUT",
-        "/boot-source" | "/actions" => "PUT",
+        "/" | "/vm/config" | "/version" => "GET",
+        "/memory" | "/reclaim" => "GET, PUT",
+        "/machine-config" => "GET, PUT, PATCH",
+        "/boot-source" | "/actions" | "/logger" | "/metrics" => "PUT",
         _ => return None,
     })
 }
 
-/// Maps one request to its action. See the module doc.
+/// Maps one request to its action (and counts it in the API metrics). See
+/// the module doc.
 pub fn route(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, RouteError> {
+    crate::metrics::record_request(method, path);
+    let result = route_request(method, path, body);
+    if result.is_err() {
+        crate::metrics::record_failure(method, path);
+    }
+    result
+}
+
+fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, RouteError> {
+    if let Some(feature) = unsupported(method, path) {
+        return Err(RouteError::NotSupported {
+            method: method.to_string(),
+            path: path.to_string(),
+            feature,
+        });
+    }
     let allow = allowed(path).ok_or_else(|| RouteError::NotFound(path.to_string()))?;
     let not_allowed = || RouteError::MethodNotAllowed {
         method: method.to_string(),
@@ -91,6 +160,7 @@ pub fn route(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, RouteEr
                 "/memory" => VmmAction::GetMemory,
                 "/reclaim" => VmmAction::GetReclaim,
                 "/vm/config" => VmmAction::GetVmConfig,
+                "/version" => VmmAction::GetVersion,
                 _ => return Err(not_allowed()),
             })
         }
@@ -116,8 +186,28 @@ pub fn route(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, RouteEr
                 Ok(VmmAction::PutReclaim(c))
             }
             "/actions" => action(body),
+            "/logger" => {
+                let c: LoggerConfig = section(body, "logger")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutLogger(c))
+            }
+            "/metrics" => {
+                let c: MetricsConfig = section(body, "metrics")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutMetrics(c))
+            }
             _ => Err(not_allowed()),
         },
+        "PATCH" => {
+            let p: MachineConfigPatch = section(body, "machine-config")?;
+            if p.is_empty() {
+                return Err(RouteError::BadBody(
+                    "the machine-config PATCH changes nothing: give at least one field".into(),
+                ));
+            }
+            checked(p.validate())?;
+            Ok(VmmAction::PatchMachineConfig(p))
+        }
         _ => Err(not_allowed()),
     }
 }
@@ -131,6 +221,7 @@ fn action(body: &[u8]) -> Result<VmmAction, RouteError> {
         )),
         (ActionType::InstanceStart, None) => Ok(VmmAction::InstanceStart),
         (ActionType::SendCtrlAltDel, None) => Ok(VmmAction::SendCtrlAltDel),
+        (ActionType::FlushMetrics, None) => Ok(VmmAction::FlushMetrics),
     }
 }
 
@@ -223,3 +314,7 @@ pub(crate) fn key_at(text: &[u8], line: usize, column: usize) -> Option<String> 
 #[cfg(test)]
 #[path = "routing_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "routing_fc_tests.rs"]
+mod fc_tests;

@@ -227,7 +227,10 @@ fn statuses_for_bad_requests() {
         .unwrap()
         .exchange("DELETE", "/machine-config", None)
         .unwrap();
-    assert_eq!((r.status, r.header("allow")), (405, Some("GET, PUT")));
+    assert_eq!(
+        (r.status, r.header("allow")),
+        (405, Some("GET, PUT, PATCH"))
+    );
     fault(&r.body);
 
     let cases: [(&[u8], u16); 6] = [

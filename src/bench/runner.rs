@@ -11,8 +11,11 @@ use super::child::{child_args, ExitChild};
 use super::cli::Args;
 use super::stats::median;
 use super::{backing_name, report, svg, BenchError, Case, Method, Pages, Sample};
-use crate::config::{Backing, HugePages, MachineConfig, MemoryConfig, NumaPolicy};
-use crate::memory::{GuestMemory, HostTopology, ReclaimOptions, ReclaimProgress};
+use crate::config::Backing;
+use crate::memory::{
+    host_has_node, GuestMemory, HostTopology, MemoryOptions, NumaPolicy, PageSize,
+    PopulateProgress, ReclaimOptions, ReclaimProgress,
+};
 
 /// Guest memory mapped and populated, with the topology it was placed on.
 pub struct Held {
@@ -55,39 +58,34 @@ fn populate_workers(args: &Args, topology: &HostTopology) -> u32 {
     })
 }
 
-/// Whether the real host has NUMA node `node` (a host without NUMA
-/// information in sysfs has node 0).
-pub(crate) fn host_has_node(node: u32) -> bool {
-    let dir = Path::new("/sys/devices/system/node");
-    dir.join(format!("node{node}")).is_dir() || (node == 0 && !dir.is_dir())
-}
-
 /// Maps guest memory of `--size-gib` for the case and touches every page.
 pub fn map_populated(case: Case, args: &Args) -> Result<Held, BenchError> {
     let topology = topology(&args.sysfs_root)?;
-    let machine = MachineConfig {
-        vcpu_count: 1,
-        mem_size_mib: args.size_gib << 10,
-        huge_pages: match case.pages {
-            Pages::FourK => HugePages::None,
-            Pages::Thp => HugePages::Transparent,
+    let memory = MemoryOptions {
+        mem_bytes: args.size_gib << 30,
+        page_size: match case.pages {
+            Pages::FourK => PageSize::Small,
+            Pages::Thp => PageSize::Transparent,
         },
-    };
-    let memory = MemoryConfig {
-        backing: case.backing,
+        backing: case.backing.into(),
         host_nodes: None,
         // Bound to their nodes, unless the topology (a fake sysfs root)
         // names nodes this host lacks: then placed by the kernel.
-        numa_policy: if topology.nodes.iter().all(|n| host_has_node(n.id)) {
+        policy: if topology.nodes.iter().all(|n| host_has_node(n.id)) {
             NumaPolicy::Bind
         } else {
             NumaPolicy::None
         },
         populate: false,
     };
-    let guest = GuestMemory::new(&machine, &memory, &topology).map_err(|e| memory_err("map", e))?;
+    let guest = GuestMemory::new(&memory, &topology).map_err(|e| memory_err("map", e))?;
     guest
-        .populate(populate_workers(args, &topology), &topology)
+        .populate(
+            populate_workers(args, &topology),
+            &topology,
+            &PopulateProgress::new(),
+            &std::sync::atomic::AtomicBool::new(false),
+        )
         .map_err(|e| memory_err("populate", e))?;
     Ok(Held { guest, topology })
 }

@@ -17,6 +17,10 @@ const CMD_RESET: u8 = 0xfe;
 const STATUS_OUTPUT_FULL: u8 = 0x01;
 /// Ctrl down, Alt down, Del down (extended), as set-1 scancodes.
 const CTRL_ALT_DEL: [u8; 4] = [0x1d, 0x38, 0xe0, 0x53];
+/// Bytes the output queue holds: a few key sequences the guest has not read
+/// yet. A client that sends Ctrl-Alt-Del faster than the guest reads gets no
+/// more queued (the guest has one to act on already).
+pub const I8042_QUEUE_BYTES: usize = 4 * CTRL_ALT_DEL.len();
 
 /// The i8042 device.
 #[derive(Debug, Default)]
@@ -30,9 +34,14 @@ impl I8042 {
         Self::default()
     }
 
-    /// Queues the Ctrl-Alt-Del key sequence for the guest.
-    pub fn send_ctrl_alt_del(&mut self) {
+    /// Queues the Ctrl-Alt-Del key sequence for the guest; `false` when the
+    /// queue is full (the guest has not read the ones before).
+    pub fn send_ctrl_alt_del(&mut self) -> bool {
+        if self.output.len() + CTRL_ALT_DEL.len() > I8042_QUEUE_BYTES {
+            return false;
+        }
         self.output.extend(CTRL_ALT_DEL);
+        true
     }
 }
 
@@ -83,5 +92,18 @@ mod tests {
             seen.push(b[0]);
         }
         assert_eq!(seen, CTRL_ALT_DEL);
+    }
+
+    #[test]
+    fn the_queue_is_bounded() {
+        let mut d = I8042::new();
+        let accepted = (0..10_000).filter(|_| d.send_ctrl_alt_del()).count();
+        assert_eq!(accepted, I8042_QUEUE_BYTES / CTRL_ALT_DEL.len());
+        assert_eq!(d.output.len(), I8042_QUEUE_BYTES);
+        let mut b = [0u8];
+        d.read(DATA, &mut b);
+        assert_eq!(b[0], CTRL_ALT_DEL[0]);
+        // Room for one more only once the guest read a whole sequence.
+        assert!(!d.send_ctrl_alt_del());
     }
 }

@@ -1,9 +1,12 @@
 //! Devices on the port I/O bus: COM1 (vm-superio), the i8042 reset line, and
 //! teravm's own firmware ports (clock, park, error). vCPU threads call the
 //! bus; devices answer in place and may return a [`BusEvent`] for the vCPU
-//! loop to act on (a reset request, a park, a firmware error).
+//! loop to act on (a reset request, a park, a firmware error). The guest
+//! console's bytes leave through [`console`]: a bounded buffer drained by the
+//! `console` thread, so no device ever waits on the host.
 
 pub mod bus;
+pub mod console;
 pub mod i8042;
 pub mod ports;
 pub mod serial;
@@ -12,15 +15,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub use bus::{BusError, BusEvent, PioBus, PioDevice};
+pub use console::{ConsoleBuffer, ConsoleOut, ConsoleSink, ConsoleStats, ConsoleWriter};
 pub use i8042::I8042;
 pub use ports::FirmwarePorts;
-pub use serial::{SerialConsole, SerialOut};
+pub use serial::{SerialConsole, SerialIrq};
 
 /// The microVM's port I/O bus: COM1, the i8042 and the firmware's ports
 /// (clock counting from `boot`). The callers keep handles to the devices
 /// they talk to (the i8042 for Ctrl-Alt-Del, the serial console in tests).
-pub fn microvm_bus(
-    serial: Arc<Mutex<SerialConsole>>,
+pub fn microvm_bus<W: std::io::Write + Send + 'static>(
+    serial: Arc<Mutex<SerialConsole<W>>>,
     i8042: Arc<Mutex<I8042>>,
     boot: Instant,
 ) -> Result<PioBus, BusError> {

@@ -1,107 +1,81 @@
-//! COM1 at 0x3f8: a vm-superio 16550A UART whose output goes to teravm's
-//! stdout and, when asked, to a file. No interrupt line: the firmware polls
-//! nothing and only writes; a guest kernel will need an irqfd here.
+//! COM1 at 0x3f8: a vm-superio 16550A UART. Its output goes into the
+//! console's bounded buffer ([`super::console`]), so a vCPU writing to it
+//! never waits on the host. Its interrupt line is pluggable: none for the
+//! firmware, which only writes; an `EventFd` registered as an irqfd for a
+//! guest kernel, which needs the interrupt for input and output.
 
-use std::fs::File;
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use vm_superio::serial::NoEvents;
 use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::bus::{BusEvent, PioDevice};
+use super::console::ConsoleOut;
 
 /// First port of COM1.
 pub const COM1_BASE: u16 = 0x3f8;
 /// Ports COM1 spans.
 pub const COM1_LEN: u16 = 8;
 
-/// An interrupt line that goes nowhere (no irqchip is set up for the firmware).
+/// The UART's interrupt line.
 #[derive(Debug, Default)]
-pub struct NoInterrupt;
+pub enum SerialIrq {
+    /// No line (the firmware polls nothing and only writes).
+    #[default]
+    None,
+    /// An `EventFd` the VMM registers with KVM as an irqfd.
+    EventFd(EventFd),
+}
 
-impl Trigger for NoInterrupt {
+impl Trigger for SerialIrq {
     type E = io::Error;
     fn trigger(&self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Whether the guest left teravm's stdout in the middle of a line (so that
-/// teravm's own summary line starts on a fresh one).
-static STDOUT_MID_LINE: AtomicBool = AtomicBool::new(false);
-
-/// Whether the guest's last byte on stdout was not a newline.
-pub fn stdout_mid_line() -> bool {
-    STDOUT_MID_LINE.load(Ordering::Relaxed)
-}
-
-/// Where the guest's serial output goes.
-pub enum SerialOut {
-    /// teravm's stdout.
-    Stdout,
-    /// stdout and a file.
-    StdoutAndFile(File),
-    /// A buffer (tests).
-    Buffer(Vec<u8>),
-}
-
-impl Write for SerialOut {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            SerialOut::Stdout => io::stdout().write_all(buf)?,
-            SerialOut::StdoutAndFile(f) => {
-                io::stdout().write_all(buf)?;
-                f.write_all(buf)?;
-            }
-            SerialOut::Buffer(v) => {
-                v.extend_from_slice(buf);
-                return Ok(buf.len());
-            }
-        }
-        if let Some(&last) = buf.last() {
-            STDOUT_MID_LINE.store(last != b'\n', Ordering::Relaxed);
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            SerialOut::Stdout => io::stdout().flush(),
-            SerialOut::StdoutAndFile(f) => {
-                io::stdout().flush()?;
-                f.flush()
-            }
-            SerialOut::Buffer(_) => Ok(()),
+            SerialIrq::None => Ok(()),
+            SerialIrq::EventFd(fd) => fd.write(1),
         }
     }
 }
 
-/// COM1 on the bus.
-pub struct SerialConsole {
-    serial: Serial<NoInterrupt, NoEvents, SerialOut>,
+/// COM1 on the bus, writing into `W` (the console buffer; a `Vec` in tests).
+pub struct SerialConsole<W: Write + Send = ConsoleOut> {
+    serial: Serial<SerialIrq, NoEvents, W>,
     write_failed: bool,
 }
 
-impl SerialConsole {
-    /// A UART writing to `out`.
-    pub fn new(out: SerialOut) -> Self {
+impl<W: Write + Send> SerialConsole<W> {
+    /// A UART writing to `out`, with no interrupt line.
+    pub fn new(out: W) -> Self {
+        Self::with_irq(out, SerialIrq::None)
+    }
+
+    /// A UART writing to `out` that raises `irq`.
+    pub fn with_irq(out: W, irq: SerialIrq) -> Self {
         SerialConsole {
-            serial: Serial::new(NoInterrupt, out),
+            serial: Serial::new(irq, out),
             write_failed: false,
         }
     }
 
-    /// What was written so far, for a [`SerialOut::Buffer`].
-    pub fn buffer(&self) -> Option<&[u8]> {
-        match self.serial.writer() {
-            SerialOut::Buffer(v) => Some(v),
-            _ => None,
+    /// Bytes for the guest to read (console input); returns how many fit in
+    /// the UART's receive FIFO.
+    pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
+        let room = self.serial.fifo_capacity();
+        let n = room.min(bytes.len());
+        if n > 0 && self.serial.enqueue_raw_bytes(&bytes[..n]).is_err() {
+            return 0;
         }
+        n
+    }
+
+    /// What the UART wrote into.
+    pub fn writer(&self) -> &W {
+        self.serial.writer()
     }
 }
 
-impl PioDevice for SerialConsole {
+impl<W: Write + Send> PioDevice for SerialConsole<W> {
     fn read(&mut self, offset: u16, data: &mut [u8]) {
         data.fill(0);
         if let (Some(first), Ok(offset)) = (data.first_mut(), u8::try_from(offset)) {
@@ -119,9 +93,6 @@ impl PioDevice for SerialConsole {
                 self.write_failed = true;
             }
         }
-        if value == b'\n' && offset == 0 {
-            let _ = self.serial.writer_mut().flush();
-        }
         None
     }
 }
@@ -132,11 +103,11 @@ mod tests {
 
     #[test]
     fn bytes_reach_the_output() {
-        let mut s = SerialConsole::new(SerialOut::Buffer(Vec::new()));
+        let mut s = SerialConsole::new(Vec::new());
         for b in b"hi\n" {
             assert_eq!(s.write(0, &[*b]), None);
         }
-        assert_eq!(s.buffer().unwrap(), b"hi\n");
+        assert_eq!(s.writer(), b"hi\n");
         let mut lsr = [0u8];
         s.read(5, &mut lsr);
         assert_ne!(lsr[0] & 0x20, 0, "transmitter holding register empty");

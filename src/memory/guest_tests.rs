@@ -1,17 +1,27 @@
 //! Tests of guest memory mappings (no KVM).
 
-use vm_memory::{Bytes, GuestMemoryBackend as _};
+use std::path::Path;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend as _};
 
 use super::super::numa::HostNode;
+use super::super::options::Backing;
+use super::super::plan::NodeSlice;
 use super::super::progress::ReclaimState;
+use super::super::sys;
 use super::*;
 
-fn machine(mem_size_mib: u64, huge_pages: HugePages) -> MachineConfig {
-    MachineConfig {
-        vcpu_count: 1,
-        mem_size_mib,
-        huge_pages,
+/// Options for `mem_size_mib` MiB of `page_size` pages, defaults otherwise.
+fn opts(mem_size_mib: u64, page_size: PageSize) -> MemoryOptions {
+    MemoryOptions {
+        mem_bytes: mem_size_mib << 20,
+        page_size,
+        ..MemoryOptions::default()
     }
+}
+
+fn no_cancel() -> AtomicBool {
+    AtomicBool::new(false)
 }
 
 fn real() -> HostTopology {
@@ -21,38 +31,35 @@ fn real() -> HostTopology {
 fn resident(m: &GuestMemory) -> u64 {
     m.slices()
         .iter()
-        .map(|s| sys::resident_bytes(s.host_addr, s.slice.len as usize, &mut Vec::new()).unwrap())
+        .map(|s| {
+            sys::resident_bytes(s.host_addr(), s.slice().len as usize, &mut Vec::new()).unwrap()
+        })
         .sum()
 }
 
 #[test]
 fn anonymous_transparent_256_mib() {
-    let m = GuestMemory::new(
-        &machine(256, HugePages::Transparent),
-        &MemoryConfig::default(),
-        &real(),
-    )
-    .unwrap();
+    let m = GuestMemory::new(&opts(256, PageSize::Transparent), &real()).unwrap();
     assert_eq!(m.mem_bytes(), 256 << 20);
     assert_eq!(m.slices().len(), 1);
     let s = &m.slices()[0];
     assert_eq!(
-        s.slice,
+        s.slice(),
         NodeSlice {
             node: 0,
             guest_addr: 0,
             len: 256 << 20
         }
     );
-    assert!(s.memfd.is_none());
-    assert_eq!(s.host_addr % 4096, 0);
+    assert!(s.stripes().is_empty());
+    assert_eq!(s.host_addr() % 4096, 0);
     assert_eq!(resident(&m), 0, "nothing touched yet");
-    let view = m.vm_memory();
+    let view = m.view();
     assert_eq!(view.num_regions(), 1);
     view.write_obj(0x1234_5678u32, GuestAddress(0x1000))
         .unwrap();
     // SAFETY: inside the slice's mapping.
-    let host = unsafe { ((s.host_addr + 0x1000) as *const u32).read_volatile() };
+    let host = unsafe { ((s.host_addr() + 0x1000) as *const u32).read_volatile() };
     assert_eq!(host, 0x1234_5678);
     assert!(
         view.write_obj(0u8, GuestAddress(256 << 20)).is_err(),
@@ -62,15 +69,16 @@ fn anonymous_transparent_256_mib() {
 
 #[test]
 fn memfd_slices_have_their_own_file() {
-    let mem = MemoryConfig {
+    let mem = MemoryOptions {
         backing: Backing::Memfd,
-        ..MemoryConfig::default()
+        ..opts(128, PageSize::Small)
     };
-    let m = GuestMemory::new(&machine(128, HugePages::None), &mem, &real()).unwrap();
+    let m = GuestMemory::new(&mem, &real()).unwrap();
     let s = &m.slices()[0];
-    let file = s.memfd.as_ref().unwrap();
+    assert_eq!(s.stripes().len(), 1);
+    let file = &s.stripes()[0].file;
     assert_eq!(file.metadata().unwrap().len(), 128 << 20);
-    m.vm_memory().write_obj(7u64, GuestAddress(0)).unwrap();
+    m.view().write_obj(7u64, GuestAddress(0)).unwrap();
     assert!(std::os::unix::fs::MetadataExt::blocks(&file.metadata().unwrap()) > 0);
 }
 
@@ -85,12 +93,12 @@ fn fake_nodes_split_the_guest_without_binding() {
             })
             .collect(),
     };
-    let mem = MemoryConfig {
-        numa_policy: NumaPolicy::None,
-        ..MemoryConfig::default()
+    let mem = MemoryOptions {
+        policy: NumaPolicy::None,
+        ..opts(256, PageSize::Small)
     };
-    let m = GuestMemory::new(&machine(256, HugePages::None), &mem, &topo).unwrap();
-    let got: Vec<NodeSlice> = m.slices().iter().map(|s| s.slice).collect();
+    let m = GuestMemory::new(&mem, &topo).unwrap();
+    let got: Vec<NodeSlice> = m.slices().iter().map(|s| s.slice()).collect();
     assert_eq!(
         got,
         vec![
@@ -106,31 +114,26 @@ fn fake_nodes_split_the_guest_without_binding() {
             },
         ]
     );
-    assert_eq!(m.vm_memory().num_regions(), 2);
+    assert_eq!(m.view().num_regions(), 2);
     // Binding to a node this host lacks is an error (unless the host has it).
-    let bind = MemoryConfig::default();
-    if !Path::new("/sys/devices/system/node/node1").exists() {
-        let e = GuestMemory::new(&machine(256, HugePages::None), &bind, &topo).unwrap_err();
+    let bind = opts(256, PageSize::Small);
+    if !super::super::numa::host_has_node(1) {
+        let e = GuestMemory::new(&bind, &topo).unwrap_err();
         assert!(matches!(e, GuestMemoryError::HostLacksNode(1)), "{e}");
     }
-    let unknown = MemoryConfig {
+    let unknown = MemoryOptions {
         host_nodes: Some(vec![0, 7]),
-        ..MemoryConfig::default()
+        ..opts(256, PageSize::Small)
     };
-    let e = GuestMemory::new(&machine(256, HugePages::None), &unknown, &topo).unwrap_err();
+    let e = GuestMemory::new(&unknown, &topo).unwrap_err();
     assert!(matches!(e, GuestMemoryError::UnknownNode(7)), "{e}");
 }
 
 #[test]
 fn a_terabyte_guest_maps_across_the_gap_and_unmaps() {
-    let m = GuestMemory::new(
-        &machine(1 << 20, HugePages::Transparent),
-        &MemoryConfig::default(),
-        &real(),
-    )
-    .unwrap();
+    let m = GuestMemory::new(&opts(1 << 20, PageSize::Transparent), &real()).unwrap();
     assert_eq!(m.mem_bytes(), 1 << 40);
-    let slices: Vec<NodeSlice> = m.slices().iter().map(|s| s.slice).collect();
+    let slices: Vec<NodeSlice> = m.slices().iter().map(|s| s.slice()).collect();
     assert_eq!(slices.len(), 2);
     assert_eq!(
         slices[0],
@@ -145,7 +148,7 @@ fn a_terabyte_guest_maps_across_the_gap_and_unmaps() {
     let addrs: Vec<(usize, usize)> = m
         .slices()
         .iter()
-        .map(|s| (s.host_addr, s.slice.len as usize))
+        .map(|s| (s.host_addr(), s.slice().len as usize))
         .collect();
     drop(m);
     let mut buf = Vec::new();
@@ -165,31 +168,36 @@ fn hugetlb_without_reserved_pages_fails_cleanly() {
         return;
     }
     for backing in [Backing::Anonymous, Backing::Memfd] {
-        let mem = MemoryConfig {
+        let mem = MemoryOptions {
             backing,
-            ..MemoryConfig::default()
+            ..opts(64, PageSize::Huge2M)
         };
-        let e = GuestMemory::new(&machine(64, HugePages::Huge2M), &mem, &real()).unwrap_err();
-        assert!(matches!(e, GuestMemoryError::HugePages { .. }), "{e}");
+        // Refused by admission (no free huge pages) before anything is mapped.
+        let e = GuestMemory::new(&mem, &real()).unwrap_err();
+        assert!(matches!(e, GuestMemoryError::Admission(_)), "{e}");
         assert!(e.to_string().contains("huge pages"), "{e}");
+        assert!(e.to_string().contains("32 huge pages of 2 MiB"), "{e}");
     }
 }
 
 #[test]
 fn populate_then_reclaim() {
     for (backing, pages) in [
-        (Backing::Anonymous, HugePages::None),
-        (Backing::Anonymous, HugePages::Transparent),
-        (Backing::Memfd, HugePages::None),
+        (Backing::Anonymous, PageSize::Small),
+        (Backing::Anonymous, PageSize::Transparent),
+        (Backing::Memfd, PageSize::Small),
     ] {
-        let mem = MemoryConfig {
+        let mem = MemoryOptions {
             backing,
-            ..MemoryConfig::default()
+            ..opts(128, pages)
         };
         let topo = real();
-        let m = GuestMemory::new(&machine(128, pages), &mem, &topo).unwrap();
-        let stats = m.populate(2, &topo).unwrap();
+        let m = GuestMemory::new(&mem, &topo).unwrap();
+        let progress = PopulateProgress::new();
+        let stats = m.populate(2, &topo, &progress, &no_cancel()).unwrap();
         assert_eq!(stats.bytes, 128 << 20);
+        assert!(!stats.cancelled);
+        assert_eq!(progress.bytes_done(), 128 << 20);
         assert_eq!(resident(&m), 128 << 20);
         let opts = ReclaimOptions {
             workers_per_node: 2,
@@ -209,14 +217,9 @@ fn populate_then_reclaim() {
 #[test]
 fn reclaim_with_bad_options_still_unmaps() {
     let topo = real();
-    let m = GuestMemory::new(
-        &machine(16, HugePages::None),
-        &MemoryConfig::default(),
-        &topo,
-    )
-    .unwrap();
-    let addr = m.slices()[0].host_addr;
-    m.vm_memory().write_obj(1u8, GuestAddress(0)).unwrap();
+    let m = GuestMemory::new(&opts(16, PageSize::Small), &topo).unwrap();
+    let addr = m.slices()[0].host_addr();
+    m.view().write_obj(1u8, GuestAddress(0)).unwrap();
     let opts = ReclaimOptions {
         workers_per_node: 0,
         ..ReclaimOptions::default()
@@ -229,7 +232,128 @@ fn reclaim_with_bad_options_still_unmaps() {
 }
 
 #[test]
-fn guest_memory_is_send() {
+fn guest_memory_and_views_are_send() {
     fn check<T: Send>() {}
     check::<GuestMemory>();
+    fn check_sync<T: Send + Sync>() {}
+    check_sync::<GuestView>();
+}
+
+#[test]
+fn a_held_view_refuses_reclaim_and_keeps_the_memory_until_dropped() {
+    let topo = real();
+    let m = GuestMemory::new(&opts(64, PageSize::Small), &topo).unwrap();
+    let addr = m.slices()[0].host_addr();
+    let view = m.view();
+    // Anything cloned from the view keeps the mappings alive too, even the
+    // inner vm-memory `GuestMemoryMmap`.
+    let region = view.mem().clone();
+    drop(view);
+    let progress = ReclaimProgress::new();
+    let e = m
+        .reclaim(&ReclaimOptions::default(), &topo, &progress)
+        .unwrap_err();
+    assert!(matches!(e, ReclaimError::ViewStillHeld { views: 1 }), "{e}");
+    assert!(e.to_string().contains("still held"), "{e}");
+    assert_eq!(
+        progress.snapshot().state,
+        ReclaimState::Idle,
+        "nothing was freed"
+    );
+    // Still mapped and readable through what is held.
+    region.write_obj(5u32, GuestAddress(8)).unwrap();
+    assert_eq!(region.read_obj::<u32>(GuestAddress(8)).unwrap(), 5);
+    assert!(sys::resident_bytes(addr, 4096, &mut Vec::new()).is_ok());
+    // The last holder unmaps it: nothing leaks.
+    drop(region);
+    assert!(
+        sys::resident_bytes(addr, 4096, &mut Vec::new()).is_err(),
+        "unmapped with the last view"
+    );
+}
+
+#[test]
+fn views_dropped_before_reclaim_do_not_count() {
+    let topo = real();
+    let m = GuestMemory::new(&opts(32, PageSize::Small), &topo).unwrap();
+    let views: Vec<GuestView> = (0..4).map(|_| m.view()).collect();
+    views[3].write_obj(9u64, GuestAddress(0x100)).unwrap();
+    drop(views);
+    let r = m
+        .reclaim(&ReclaimOptions::default(), &topo, &ReclaimProgress::new())
+        .unwrap();
+    assert_eq!(r.state, ReclaimState::Done);
+    assert_eq!(r.resident_bytes_freed, 4096);
+}
+
+#[test]
+fn guest_memory_is_not_dumped() {
+    let m = GuestMemory::new(
+        &MemoryOptions {
+            backing: Backing::Memfd,
+            ..opts(2048 + 64, PageSize::Small)
+        },
+        &real(),
+    )
+    .unwrap();
+    let anon = GuestMemory::new(&opts(64, PageSize::Transparent), &real()).unwrap();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut checked = 0;
+    for (start, len) in m
+        .slices()
+        .iter()
+        .chain(anon.slices())
+        .map(|s| (s.host_addr(), s.slice().len as usize))
+    {
+        // Every VMA inside the guest ranges (one per memfd stripe) has `dd`.
+        for vma in smaps_vmas(&smaps) {
+            if vma.0 >= start && vma.1 <= start + len {
+                assert!(
+                    vma.2.split_whitespace().any(|f| f == "dd"),
+                    "{:#x}: {}",
+                    vma.0,
+                    vma.2
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked >= 4,
+        "3 stripes and one anonymous slice, got {checked}"
+    );
+}
+
+/// `(start, end, VmFlags)` of each VMA of an smaps text.
+fn smaps_vmas(smaps: &str) -> Vec<(usize, usize, String)> {
+    let mut out = Vec::new();
+    let mut range = None;
+    for line in smaps.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some((a, b)) = range.take() {
+                out.push((a, b, flags.trim().to_string()));
+            }
+        } else if let Some((r, _)) = line.split_once(' ') {
+            if let Some((a, b)) = r.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    range = Some((a, b));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn slots_are_one_per_slice_here() {
+    let m = GuestMemory::new(&opts(4096, PageSize::Transparent), &real()).unwrap();
+    let slots = m.slots();
+    assert_eq!(slots.len(), m.slices().len());
+    for (slot, s) in slots.iter().zip(m.slices()) {
+        assert_eq!(
+            (slot.guest_addr, slot.len, slot.host_addr),
+            (s.slice().guest_addr, s.slice().len, s.host_addr() as u64)
+        );
+    }
 }

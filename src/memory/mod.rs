@@ -1,27 +1,43 @@
 //! Guest memory: the guest physical map ([`layout`]), the host NUMA topology
 //! ([`numa`]), the partition of guest RAM into per-node slices and chunks
-//! ([`plan`]), their mappings ([`guest`]), and the parallel per-node
-//! [`populate`] and [`reclaim`] executors.
+//! ([`plan`]), its own option types ([`options`]), admission against what
+//! the process may get ([`admission`]), the owned mappings ([`mapping`]) and
+//! their owner ([`guest`]) with its vm-memory view ([`view`]) and memslots
+//! ([`slots`]), and the parallel per-node [`populate`] and [`reclaim`]
+//! executors. It knows no file format: the config file's types are
+//! converted into [`MemoryOptions`] and [`ReclaimOptions`] by `config`, and
+//! its reports into the API's JSON by `api::shapes`.
 //!
 //! Threads: populate and reclaim run scoped worker threads
 //! (`populate-n{node}-{i}`, `reclaim-n{node}-{i}`) pinned to their node's
 //! CPUs; they share only atomic chunk queues and the atomic
-//! [`ReclaimProgress`], which another thread may read while a reclaim runs.
-//! Worker errors and panics come back to the caller at join.
+//! [`PopulateProgress`] / [`ReclaimProgress`], which another thread may read
+//! while they run (and a cancel flag for populate). Worker errors and panics
+//! come back to the caller at join.
 
+pub mod admission;
 pub mod guest;
 pub mod layout;
+pub mod mapping;
 pub mod numa;
+pub mod options;
 pub mod plan;
 pub mod populate;
 pub mod progress;
 pub mod reclaim;
+pub mod slots;
 mod sys;
+pub mod view;
 mod workers;
 
-pub use guest::{GuestMemory, GuestMemoryError, SliceMapping};
-pub use numa::{HostNode, HostTopology, NumaError};
+pub use admission::AdmissionError;
+pub use guest::{GuestMemory, GuestMemoryError};
+pub use mapping::{SliceMapping, Stripe};
+pub use numa::{host_has_node, HostNode, HostTopology, NumaError};
+pub use options::{Backing, MemoryOptions, NumaPolicy, PageSize};
 pub use plan::{NodeSlice, PlanError};
-pub use populate::{PopulateError, PopulateStats};
+pub use populate::{PopulateError, PopulateProgress, PopulateStats};
 pub use progress::{NodeReport, ReclaimProgress, ReclaimReport, ReclaimState};
 pub use reclaim::{FreeMethod, HostRange, ReclaimError, ReclaimOptions};
+pub use slots::{GuestSlot, MAX_SLOT_BYTES};
+pub use view::GuestView;

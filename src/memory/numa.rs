@@ -90,6 +90,13 @@ impl HostTopology {
         self.nodes.iter().find(|n| n.id == id)
     }
 
+    /// Whether guest memory can be bound to `node`: the topology has it and
+    /// the running kernel lets this process place memory there (see
+    /// [`host_has_node`]).
+    pub fn can_bind(&self, node: u32) -> bool {
+        self.node(node).is_some() && host_has_node(node)
+    }
+
     /// Nodes with memory (the default selection), in id order.
     pub fn nodes_with_memory(&self) -> Vec<u32> {
         self.nodes
@@ -98,6 +105,38 @@ impl HostTopology {
             .map(|n| n.id)
             .collect()
     }
+}
+
+/// `MPOL_F_MEMS_ALLOWED` of `get_mempolicy(2)`.
+const MPOL_F_MEMS_ALLOWED: libc::c_ulong = 1 << 2;
+
+/// Whether the running kernel lets this process place memory on `node`: the
+/// node is in the process's `mems_allowed` (`get_mempolicy` with
+/// `MPOL_F_MEMS_ALLOWED`), the set `mbind` checks against. This is asked of
+/// the kernel, never of a sysfs tree: a topology read from a fake root (tests,
+/// `--sysfs-root`) may name nodes that this host lacks, and binding to them
+/// must fail early with a clear error, not at `mbind`. A kernel without NUMA
+/// support (`ENOSYS`) has node 0 only.
+pub fn host_has_node(node: u32) -> bool {
+    const WORDS: usize = 16;
+    let mut mask = [0u64; WORDS];
+    // SAFETY: the kernel writes at most `maxnode` bits (1024, the size of
+    // `mask`) into `mask`; no other memory is touched.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            std::ptr::null_mut::<libc::c_int>(),
+            mask.as_mut_ptr(),
+            (WORDS * 64) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            MPOL_F_MEMS_ALLOWED,
+        )
+    };
+    if ret != 0 {
+        return node == 0;
+    }
+    let n = node as usize;
+    n < WORDS * 64 && mask[n / 64] & (1 << (n % 64)) != 0
 }
 
 fn read(path: &Path) -> Result<String, NumaError> {
@@ -361,6 +400,40 @@ mod tests {
         assert!(!n.cpus.is_empty());
         assert!(n.mem_total_bytes > 0);
         assert_eq!(topo.nodes_with_memory(), vec![0]);
+    }
+
+    #[test]
+    fn the_kernel_says_which_nodes_exist() {
+        // Node 0 exists on every Linux host; node 1023 on none of ours.
+        assert!(host_has_node(0));
+        assert!(!host_has_node(1023));
+        assert!(!host_has_node(5000));
+        let real = HostTopology::from_sysfs(Path::new("/sys")).unwrap();
+        for n in &real.nodes {
+            assert_eq!(
+                host_has_node(n.id),
+                Path::new(&format!("/sys/devices/system/node/node{}", n.id)).is_dir() || n.id == 0,
+                "node {}",
+                n.id
+            );
+        }
+        // A fake tree naming nodes the host lacks: they are in the topology
+        // but cannot be bound.
+        let t = tree(
+            "0-3",
+            &[
+                (0, "0", GIB_KB),
+                (1, "0", GIB_KB),
+                (2, "0", GIB_KB),
+                (3, "0", GIB_KB),
+            ],
+        );
+        let fake = HostTopology::from_sysfs(&t.0).unwrap();
+        assert!(fake.can_bind(0));
+        for id in 1..4 {
+            assert_eq!(fake.can_bind(id), host_has_node(id));
+        }
+        assert!(!fake.can_bind(4), "not in the topology");
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub enum PlanError {
 
 /// A contiguous piece of guest RAM placed on one host node; it never crosses
 /// the MMIO gap, and is backed by one mapping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeSlice {
     /// The host node.
     pub node: u32,

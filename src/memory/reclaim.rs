@@ -39,6 +39,14 @@ pub enum ReclaimError {
         /// The statistics of the reclaim as it ended.
         report: Box<ReclaimReport>,
     },
+    /// A view of guest memory ([`crate::memory::GuestView`]) is still held,
+    /// so the memory cannot be taken back and freed in parallel; it is
+    /// unmapped (in one thread) when the last view is dropped.
+    #[error("{views} view(s) of guest memory are still held; the memory is unmapped when the last one is dropped")]
+    ViewStillHeld {
+        /// How many views were held (at the time of the refusal).
+        views: usize,
+    },
     /// A mapping could not be unmapped after it was freed.
     #[error("munmap of {addr:#x}+{len:#x} failed: {source}")]
     Unmap {
@@ -92,17 +100,6 @@ pub struct ReclaimOptions {
     pub steal: bool,
 }
 
-impl From<&crate::config::ReclaimConfig> for ReclaimOptions {
-    fn from(c: &crate::config::ReclaimConfig) -> Self {
-        ReclaimOptions {
-            workers_per_node: c.workers_per_node,
-            chunk_bytes: c.chunk_mib.saturating_mul(1 << 20),
-            parallel_threshold_bytes: c.parallel_threshold_mib.saturating_mul(1 << 20),
-            steal: c.steal,
-        }
-    }
-}
-
 impl ReclaimOptions {
     /// How many workers a reclaim of `total_bytes` over `nodes` nodes runs:
     /// `(in all, per node)`. Below the threshold the caller's thread does it
@@ -121,8 +118,16 @@ impl ReclaimOptions {
 }
 
 impl Default for ReclaimOptions {
+    /// 2 workers per node, 1 GiB chunks, parallel from 1 GiB, stealing: the
+    /// measured defaults (the config file's `reclaim` section documents how
+    /// they were measured).
     fn default() -> Self {
-        Self::from(&crate::config::ReclaimConfig::default())
+        ReclaimOptions {
+            workers_per_node: 2,
+            chunk_bytes: 1 << 30,
+            parallel_threshold_bytes: 1 << 30,
+            steal: true,
+        }
     }
 }
 

@@ -412,20 +412,6 @@ fn bad_options_and_reused_progress() {
 }
 
 #[test]
-fn options_from_config() {
-    let o = ReclaimOptions::from(&crate::config::ReclaimConfig::default());
-    assert_eq!(
-        o,
-        ReclaimOptions {
-            workers_per_node: 2,
-            chunk_bytes: 1 << 30,
-            parallel_threshold_bytes: 1 << 30,
-            steal: true
-        }
-    );
-}
-
-#[test]
 fn progress_is_readable_while_running() {
     let m = Map::anon(32 * MIB);
     m.touch();
@@ -466,24 +452,51 @@ fn progress_is_readable_while_running() {
     });
 }
 
-/// The cost of counting resident pages with mincore on a touched 1 GiB
-/// chunk of 4 KiB pages (run by hand: it touches 1 GiB).
+/// The share of reclaim time that progress accounting costs, at 4 KiB and
+/// THP (run by hand: it touches 2 GiB at a time).
 #[test]
 #[ignore]
-fn mincore_cost_on_one_gib() {
-    let m = Map::anon(1 << 30);
-    m.touch();
-    let mut buf = Vec::new();
-    let start = std::time::Instant::now();
-    let resident = sys::resident_bytes(m.addr, m.len, &mut buf).unwrap();
-    let first = start.elapsed();
-    let start = std::time::Instant::now();
-    sys::resident_bytes(m.addr, m.len, &mut buf).unwrap();
-    let again = start.elapsed();
-    let range = m.range(0);
-    let start = std::time::Instant::now();
-    // SAFETY: our own mapping.
-    unsafe { sys::madvise(range.host_addr, m.len, libc::MADV_DONTNEED) }.unwrap();
-    let free = start.elapsed();
-    eprintln!("mincore 1 GiB: {first:?} (buffer reused: {again:?}), resident {resident}; MADV_DONTNEED: {free:?}");
+fn accounting_share() {
+    // The share of reclaim time spent on progress accounting, chunk by chunk
+    // as the executor does it: `mincore` of a 1 GiB chunk, then its free.
+    // Run: cargo test --release --lib accounting_share -- --ignored --nocapture
+    const GIB: usize = 1 << 30;
+    for (name, advice) in [("4k", libc::MADV_NOHUGEPAGE), ("thp", libc::MADV_HUGEPAGE)] {
+        let mut shares = Vec::new();
+        let (mut acc_total, mut free_total) = (0f64, 0f64);
+        for _ in 0..3 {
+            let m = Map::anon(2 * GIB);
+            // SAFETY: our own fresh mapping; advice keeps contents.
+            unsafe { sys::madvise(m.addr, m.len, advice) }.unwrap();
+            // SAFETY: as above; populate only faults pages in.
+            unsafe { sys::madvise(m.addr, m.len, libc::MADV_POPULATE_WRITE) }.unwrap();
+            let mut buf = Vec::new();
+            let (mut acc, mut free) = (0f64, 0f64);
+            for c in 0..2 {
+                let addr = m.addr + c * GIB;
+                let t = std::time::Instant::now();
+                let r = sys::resident_bytes(addr, GIB, &mut buf).unwrap();
+                acc += t.elapsed().as_secs_f64();
+                assert_eq!(r, GIB as u64);
+                let t = std::time::Instant::now();
+                // SAFETY: our own mapping.
+                unsafe { sys::madvise(addr, GIB, libc::MADV_DONTNEED) }.unwrap();
+                free += t.elapsed().as_secs_f64();
+            }
+            shares.push(acc / (acc + free));
+            acc_total += acc;
+            free_total += free;
+        }
+        shares.sort_by(f64::total_cmp);
+        eprintln!(
+            "{name}: accounting {:.2} ms/GiB, free {:.2} ms/GiB, share median {:.1}% (runs {:?})",
+            acc_total * 1e3 / 6.0,
+            free_total * 1e3 / 6.0,
+            shares[1] * 100.0,
+            shares
+                .iter()
+                .map(|s| format!("{:.1}%", s * 100.0))
+                .collect::<Vec<_>>()
+        );
+    }
 }

@@ -21,7 +21,10 @@ const IOC_READ: u64 = 2;
 /// KVM ioctls teravm makes (numbers as in `linux/kvm.h`).
 pub(crate) mod kvm {
     use super::{kvm_ioc, IOC_NONE, IOC_READ, IOC_WRITE};
-    use kvm_bindings::{kvm_cpuid2, kvm_fpu, kvm_regs, kvm_sregs, kvm_userspace_memory_region};
+    use kvm_bindings::{
+        kvm_cpuid2, kvm_fpu, kvm_irqfd, kvm_lapic_state, kvm_msrs, kvm_pit_config, kvm_regs,
+        kvm_sregs, kvm_userspace_memory_region,
+    };
     use std::mem::size_of;
 
     /// `KVM_CREATE_VM` (on `/dev/kvm`).
@@ -50,6 +53,20 @@ pub(crate) mod kvm {
     pub const SET_FPU: u64 = kvm_ioc(IOC_WRITE, 0x8d, size_of::<kvm_fpu>());
     /// `KVM_SET_CPUID2`.
     pub const SET_CPUID2: u64 = kvm_ioc(IOC_WRITE, 0x90, size_of::<kvm_cpuid2>());
+    /// `KVM_SET_TSS_ADDR` (Linux guests).
+    pub const SET_TSS_ADDR: u64 = kvm_ioc(IOC_NONE, 0x47, 0);
+    /// `KVM_CREATE_IRQCHIP` (Linux guests).
+    pub const CREATE_IRQCHIP: u64 = kvm_ioc(IOC_NONE, 0x60, 0);
+    /// `KVM_IRQFD` (`Vm::register_irqfd`, for Linux guests' interrupts).
+    pub const IRQFD: u64 = kvm_ioc(IOC_WRITE, 0x76, size_of::<kvm_irqfd>());
+    /// `KVM_CREATE_PIT2` (Linux guests).
+    pub const CREATE_PIT2: u64 = kvm_ioc(IOC_WRITE, 0x77, size_of::<kvm_pit_config>());
+    /// `KVM_SET_MSRS` (Linux guests' boot MSRs).
+    pub const SET_MSRS: u64 = kvm_ioc(IOC_WRITE, 0x89, size_of::<kvm_msrs>());
+    /// `KVM_GET_LAPIC` (Linux guests).
+    pub const GET_LAPIC: u64 = kvm_ioc(IOC_READ, 0x8e, size_of::<kvm_lapic_state>());
+    /// `KVM_SET_LAPIC` (Linux guests).
+    pub const SET_LAPIC: u64 = kvm_ioc(IOC_WRITE, 0x8f, size_of::<kvm_lapic_state>());
 }
 
 /// What an allowed call may be given.
@@ -128,6 +145,7 @@ pub(crate) const BASE: &[Allow] = &[
     any(libc::SYS_exit),           // thread exit
     any(libc::SYS_exit_group),     // process exit (also the SIGSYS handler's _exit)
     any(libc::SYS_gettid),         // panic messages name the thread id
+    any(libc::SYS_getrandom),      // a thread's first HashMap (RandomState keys)
     any(libc::SYS_clock_gettime),  // Instant::now where the vDSO falls back
     any(libc::SYS_sched_yield),    // spin loops in locks
     any(libc::SYS_rt_sigreturn),   // return from a signal handler (vCPU kick)
@@ -194,9 +212,14 @@ const API_CONNECTION: &[Allow] = &[
     one_of(libc::SYS_getsockopt, 2, &[libc::SO_PEERCRED as u64]),
 ];
 
-/// `console`: drains the guest console buffer to stdout and the serial
-/// file (`write` in [`BASE`]; a vectored write where it batches).
-const CONSOLE: &[Allow] = &[any(libc::SYS_writev)];
+/// `console`: drains the guest console buffer to stdout and the serial file
+/// and waits for more: `write`, `futex`, and `clock_gettime` of the process
+/// CPU time for the boot timer, all in [`BASE`].
+const CONSOLE: &[Allow] = &[];
+
+/// `progress`: writes a line to stderr every tick and waits on a channel
+/// with a timeout (`write`, `futex` in [`BASE`]).
+const PROGRESS: &[Allow] = &[];
 
 /// `start` (and the main thread while the start runs on it): the KVM VM,
 /// guest memory (anonymous, memfd or hugetlb mappings; THP advice; NUMA
@@ -214,7 +237,9 @@ const START: &[Allow] = &[
             (libc::O_RDONLY | libc::O_CLOEXEC) as u64,
         ],
     ),
-    any(libc::SYS_read),  // those files
+    // Those files, and the kernel image and initrd of a Linux guest.
+    any(libc::SYS_read),
+    any(libc::SYS_lseek),
     any(libc::SYS_statx), // std's read_to_string sizes its buffer
     one_of(
         libc::SYS_ioctl,
@@ -231,12 +256,21 @@ const START: &[Allow] = &[
             kvm::GET_SREGS,
             kvm::SET_SREGS,
             kvm::SET_REGS,
+            kvm::SET_TSS_ADDR,
+            kvm::CREATE_IRQCHIP,
+            kvm::IRQFD,
+            kvm::CREATE_PIT2,
+            kvm::SET_MSRS,
+            kvm::GET_LAPIC,
+            kvm::SET_LAPIC,
+            libc::TCGETS, // the progress line: is stderr a terminal?
         ],
     ),
-    MMAP_NO_EXEC,                // guest memory, memfd slices, kvm_run
-    any(libc::SYS_memfd_create), // memfd backing
-    any(libc::SYS_ftruncate),    // its size
-    any(libc::SYS_mbind),        // NUMA binding of each slice
+    MMAP_NO_EXEC,                 // guest memory, memfd slices, kvm_run
+    any(libc::SYS_memfd_create),  // memfd backing
+    any(libc::SYS_ftruncate),     // its size
+    any(libc::SYS_mbind),         // NUMA binding of each slice
+    any(libc::SYS_get_mempolicy), // the binding as the kernel took it
     one_of(
         libc::SYS_madvise,
         2,
@@ -262,6 +296,13 @@ const START: &[Allow] = &[
 const RECLAIM: &[Allow] = &[
     any(libc::SYS_mincore),           // resident bytes of each chunk
     any(libc::SYS_sched_setaffinity), // workers pin themselves
+    // Stop the vCPUs first: the kick signal, then join.
+    any(libc::SYS_getpid),
+    Allow {
+        nr: libc::SYS_tgkill,
+        only: Only::KickSignal { arg: 2 },
+    },
+    one_of(libc::SYS_ioctl, 1, &[libc::TCGETS]), // the progress line
     // Hole punch of memfd/hugetlb slices: PUNCH_HOLE | KEEP_SIZE only.
     one_of(
         libc::SYS_fallocate,
@@ -269,6 +310,9 @@ const RECLAIM: &[Allow] = &[
         &[(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u64],
     ),
 ];
+
+/// `LineSink::open`'s flags besides the access mode.
+const LINE_SINK: i32 = libc::O_CREAT | libc::O_APPEND | libc::O_NONBLOCK | libc::O_CLOEXEC;
 
 /// The main thread `teravm` once its event loop runs: wait on the event
 /// sources, read them, answer the API, kick the vCPUs (`tgkill`), start the
@@ -284,13 +328,17 @@ const VMM: &[Allow] = &[
             libc::EPOLL_CTL_MOD as u64,
         ],
     ),
-    any(libc::SYS_read), // eventfds and the signalfd
-    any(libc::SYS_getpid),
-    // The vCPU kick.
-    Allow {
-        nr: libc::SYS_tgkill,
-        only: Only::KickSignal { arg: 2 },
-    },
+    any(libc::SYS_read), // eventfds, the signalfd, the metrics timerfd
+    // PUT /logger, PUT /metrics: LineSink::open of a file (created 0600) or
+    // a FIFO (read-write when it has no reader yet), appending, non-blocking.
+    one_of(
+        libc::SYS_openat,
+        2,
+        &[
+            (libc::O_WRONLY | LINE_SINK) as u64,
+            (libc::O_RDWR | LINE_SINK) as u64,
+        ],
+    ),
     any(libc::SYS_clock_nanosleep), // waits for in-flight API replies at exit
     any(libc::SYS_statx),           // the socket is still ours before unlink
     any(libc::SYS_unlink),          // remove the API socket
@@ -308,6 +356,7 @@ impl Role {
             Role::Console => CONSOLE,
             Role::Start => START,
             Role::Reclaim => RECLAIM,
+            Role::Progress => PROGRESS,
         }
     }
 
@@ -320,8 +369,10 @@ impl Role {
     /// filter: they run under it, so it must allow what they call.
     pub(crate) fn children(self) -> &'static [Role] {
         match self {
-            Role::Vmm => &[Role::Vcpu, Role::Console, Role::Start, Role::Reclaim],
+            Role::Vmm => &[Role::Console, Role::Start, Role::Reclaim],
             Role::Api => &[Role::ApiConnection],
+            Role::Start => &[Role::Vcpu, Role::Progress],
+            Role::Reclaim => &[Role::Progress],
             _ => &[],
         }
     }

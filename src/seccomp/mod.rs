@@ -55,13 +55,17 @@ pub enum Role {
     Console,
     /// `start`: the KVM VM, guest memory, memslots, populate workers, vCPUs.
     Start,
-    /// `reclaim`: frees guest memory with the per-node workers.
+    /// `reclaim`: stops the vCPUs, closes the VM, frees guest memory with
+    /// the per-node workers.
     Reclaim,
+    /// `progress`: redraws the populate or reclaim progress line on a
+    /// terminal's stderr.
+    Progress,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 7] = [
+    pub const ALL: [Role; 8] = [
         Role::Vmm,
         Role::Api,
         Role::ApiConnection,
@@ -69,6 +73,7 @@ impl Role {
         Role::Console,
         Role::Start,
         Role::Reclaim,
+        Role::Progress,
     ];
 
     /// The role's name, as in the thread names and docs/seccomp.md.
@@ -81,6 +86,16 @@ impl Role {
             Role::Console => "console",
             Role::Start => "start",
             Role::Reclaim => "reclaim",
+            Role::Progress => "progress",
+        }
+    }
+
+    /// The role of a job thread named `name` (`vmm::jobs`): `start` is
+    /// [`Role::Start`]; any other job is [`Role::Reclaim`].
+    pub fn of_job(name: &str) -> Role {
+        match name {
+            "start" => Role::Start,
+            _ => Role::Reclaim,
         }
     }
 
@@ -110,6 +125,17 @@ pub enum Policy {
     Enforce,
     /// No filters (`--no-seccomp`).
     Off,
+}
+
+impl Policy {
+    /// [`Policy::Enforce`] if `enabled` (`VmmOptions::seccomp`), else [`Policy::Off`].
+    pub fn from_enabled(enabled: bool) -> Policy {
+        if enabled {
+            Policy::Enforce
+        } else {
+            Policy::Off
+        }
+    }
 }
 
 /// Errors of building and installing filters.
@@ -234,9 +260,20 @@ pub fn prepare(policy: Policy) -> Result<(), SeccompError> {
     }
     programs()?;
     fix_malloc_arenas();
+    // SAFETY: tzset reads the TZ variable and /etc/localtime into libc's
+    // own state; no memory of ours is touched.
+    unsafe { tzset() };
     sigsys::install_handler()?;
     install_panic_hook();
     Ok(())
+}
+
+extern "C" {
+    /// POSIX `tzset(3)`: loads the local time zone (the libc crate lacks it).
+    /// Called before any filter: otherwise the first `localtime_r` (the
+    /// logger's timestamps) opens /etc/localtime in whichever thread logs
+    /// first, as the strace of the main thread showed.
+    fn tzset();
 }
 
 /// Sets glibc's limit on malloc arenas now. Left unset, glibc computes it

@@ -85,7 +85,7 @@ pub(super) fn install_handler() -> Result<(), SeccompError> {
 
 /// A fixed-size line being written without allocating.
 struct Line {
-    buf: [u8; 160],
+    buf: [u8; 256],
     len: usize,
 }
 
@@ -97,6 +97,21 @@ impl Line {
                 self.len += 1;
             }
         }
+    }
+
+    fn push_hex(&mut self, mut v: u64) {
+        self.push(b"0x");
+        let mut digits = [0u8; 16];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b"0123456789abcdef"[(v & 0xf) as usize];
+            v >>= 4;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
     }
 
     fn push_number(&mut self, n: i64) {
@@ -118,10 +133,11 @@ impl Line {
     }
 }
 
-/// The message for a forbidden call `nr` made by thread `name`.
-fn message(nr: i64, name: &[u8; NAME_LEN]) -> Line {
+/// The message for a forbidden call `nr` with its first three arguments
+/// made by thread `name`.
+fn message(nr: i64, args: [u64; 3], name: &[u8; NAME_LEN]) -> Line {
     let mut line = Line {
-        buf: [0; 160],
+        buf: [0; 256],
         len: 0,
     };
     let name_len = name.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
@@ -131,13 +147,39 @@ fn message(nr: i64, name: &[u8; NAME_LEN]) -> Line {
     line.push_number(nr);
     line.push(b" (");
     line.push(syscall_names::name(nr).as_bytes());
-    line.push(b"); exiting with code ");
+    line.push(b") with arguments ");
+    for (i, arg) in args.into_iter().enumerate() {
+        if i > 0 {
+            line.push(b", ");
+        }
+        line.push_hex(arg);
+    }
+    line.push(b"; exiting with code ");
     line.push_number(i64::from(EXIT_BAD_SYSCALL));
     line.push(b"\n");
     line
 }
 
-extern "C" fn on_sigsys(_signo: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+/// The first three arguments of the trapped call, from the registers the
+/// kernel saved (`rdi`, `rsi`, `rdx`): an `ioctl`'s request number, a
+/// `prctl`'s option, an `mmap`'s protection.
+fn trapped_args(ctx: *mut libc::c_void) -> [u64; 3] {
+    #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
+    {
+        // SAFETY: a SA_SIGINFO handler's third argument is the interrupted
+        // context, a valid `ucontext_t`; we only read its saved registers.
+        let gregs = unsafe { &(*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
+        let reg = |r: libc::c_int| gregs[r as usize] as u64;
+        [reg(libc::REG_RDI), reg(libc::REG_RSI), reg(libc::REG_RDX)]
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_env = "gnu")))]
+    {
+        let _ = ctx;
+        [0; 3]
+    }
+}
+
+extern "C" fn on_sigsys(_signo: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel hands a SA_SIGINFO handler a valid siginfo_t, whose
     // layout for SIGSYS starts as `SigsysInfo` (the kernel's `_sigsys`).
     let info = unsafe { &*info.cast::<SigsysInfo>() };
@@ -152,7 +194,7 @@ extern "C" fn on_sigsys(_signo: libc::c_int, info: *mut libc::siginfo_t, _ctx: *
         // SAFETY: PR_GET_NAME writes at most 16 bytes into `name` (16).
         unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
     }
-    let line = message(i64::from(info.syscall), &name);
+    let line = message(i64::from(info.syscall), trapped_args(ctx), &name);
     // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is
     // ours and `len` bytes of it are initialised.
     unsafe {
@@ -169,16 +211,20 @@ mod tests {
     fn the_message_names_the_call_and_the_thread() {
         let mut name = [0u8; NAME_LEN];
         name[..5].copy_from_slice(b"vcpu0");
-        let line = message(libc::SYS_socket, &name);
+        let line = message(libc::SYS_ioctl, [13, 0xae80, 0], &name);
         assert_eq!(
             std::str::from_utf8(&line.buf[..line.len]).unwrap(),
-            "teravm: seccomp: thread vcpu0 made a forbidden system call 41 (socket); \
-             exiting with code 148\n"
+            "teravm: seccomp: thread vcpu0 made a forbidden system call 16 (ioctl) with \
+             arguments 0xd, 0xae80, 0x0; exiting with code 148\n"
         );
-        let line = message(-7, &[b'x'; NAME_LEN]);
+        let line = message(-7, [u64::MAX; 3], &[b'x'; NAME_LEN]);
         let text = std::str::from_utf8(&line.buf[..line.len]).unwrap();
         assert!(text.contains("thread xxxxxxxxxxxxxxxx made"), "{text}");
-        assert!(text.contains("call -7 (?)"), "{text}");
+        assert!(
+            text.contains("call -7 (?) with arguments 0xffffffffffffffff,"),
+            "{text}"
+        );
+        assert!(text.ends_with("exiting with code 148\n"), "{text}");
     }
 
     #[test]

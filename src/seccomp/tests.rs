@@ -145,3 +145,13 @@ fn names_of_the_lists() {
     );
     assert!(Role::Vmm.syscalls().len() > Role::Vcpu.syscalls().len());
 }
+
+/// Prints every role's list and size (docs/seccomp.md points here).
+#[test]
+fn print_lists() {
+    for role in Role::ALL {
+        let names = role.syscall_names();
+        assert!(!names.contains(&"?"), "{role:?}: {names:?}");
+        println!("{} ({}): {}", role.name(), names.len(), names.join(" "));
+    }
+}

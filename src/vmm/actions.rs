@@ -1,13 +1,19 @@
 //! API actions on the VMM: each checked against the VMM's state, done, and
 //! answered on the request's own reply channel. A sync `Shutdown` is
-//! answered later, when reclaim is done.
+//! answered later, when reclaim is done. Failed actions are counted in
+//! [`crate::metrics`]; `FlushMetrics` writes a metrics line.
+
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
 use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
+use super::phase::Phase;
 use super::{ShutdownReason, VmState, Vmm};
-use crate::api::{ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData};
+use crate::api::{
+    shapes, ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData,
+};
 
 fn to_json<T: serde::Serialize>(value: &T) -> ActionResult {
     serde_json::to_value(value)
@@ -25,20 +31,54 @@ fn refused(what: &str, state: VmState) -> ActionResult {
 impl Vmm {
     pub(super) fn handle_request(&mut self, request: ApiRequest) {
         let ApiRequest { action, reply } = request;
-        if let VmmAction::Shutdown(ReclaimMode::Sync) = action {
-            if self.state == VmState::Running {
-                self.sync_waiters.push(reply);
-                self.begin_shutdown(ShutdownReason::Api);
-                return;
+        let state = self.state();
+        match action {
+            // Answered when the start ends.
+            VmmAction::InstanceStart if state == VmState::NotStarted => {
+                return self.start(Some(reply));
             }
+            // Answered when the memory is back.
+            VmmAction::Shutdown(ReclaimMode::Sync)
+                if matches!(state, VmState::Starting | VmState::Running) =>
+            {
+                self.sync_waiters.push(reply);
+                return self.begin_shutdown(ShutdownReason::Api, Instant::now());
+            }
+            _ => {}
         }
+        let (method, path) = action.method_and_path();
         let result = self.do_action(action);
+        if result.is_err() {
+            crate::metrics::record_failure(method, path);
+        }
         // The client may have gone away: nothing to do about it.
         let _ = reply.send(result);
     }
 
+    /// Writes a metrics line (if metrics are set up) with the VM's state and
+    /// its reclaim report; a failure is logged, never fatal.
+    pub(super) fn flush_metrics(&self) -> Result<bool, crate::metrics::MetricsError> {
+        let report = shapes::ReclaimReport::from(&self.reclaim_report());
+        let console_dropped_bytes = match &self.phase {
+            super::phase::Phase::Running(m) => m.console.buffer().stats().dropped_bytes,
+            _ => self
+                .last_report
+                .as_ref()
+                .map_or(0, |r| r.console.dropped_bytes),
+        };
+        let result = crate::metrics::flush(&crate::metrics::VmmSnapshot {
+            state: self.state().as_str(),
+            reclaim: &report,
+            console_dropped_bytes,
+        });
+        if let Err(e) = &result {
+            log::warn!("metrics: {e}");
+        }
+        result
+    }
+
     fn do_action(&mut self, action: VmmAction) -> ActionResult {
-        let state = self.state;
+        let state = self.state();
         let not_started = state == VmState::NotStarted;
         match action {
             VmmAction::GetInstanceInfo => Ok(VmmData::Json(json!({
@@ -52,7 +92,15 @@ impl Vmm {
                 self.config.machine_config = m;
                 Ok(VmmData::Empty)
             }
-            VmmAction::PutMachineConfig(_) => refused("changing the machine configuration", state),
+            VmmAction::PatchMachineConfig(p) if not_started => {
+                self.config.machine_config = p
+                    .apply(&self.config.machine_config)
+                    .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutMachineConfig(_) | VmmAction::PatchMachineConfig(_) => {
+                refused("changing the machine configuration", state)
+            }
             VmmAction::PutBootSource(b) if not_started => {
                 self.config.boot_source = b;
                 Ok(VmmData::Empty)
@@ -65,6 +113,13 @@ impl Vmm {
                     let slices = serde_json::to_value(&self.slices)
                         .map_err(|e| VmmActionError::Internal(e.to_string()))?;
                     map.insert("slices".into(), slices);
+                    if self.config.memory.populate && state != VmState::NotStarted {
+                        let progress = serde_json::to_value(shapes::PopulateProgress::from(
+                            self.populate.as_ref(),
+                        ))
+                        .map_err(|e| VmmActionError::Internal(e.to_string()))?;
+                        map.insert("populate_progress".into(), progress);
+                    }
                 }
                 Ok(VmmData::Json(value))
             }
@@ -83,42 +138,56 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutMemory(_) => refused("changing the memory configuration", state),
-            VmmAction::GetReclaim => to_json(&self.reclaim_report()),
+            VmmAction::GetReclaim => to_json(&shapes::ReclaimReport::from(&self.reclaim_report())),
             VmmAction::PutReclaim(r) if matches!(state, VmState::NotStarted | VmState::Running) => {
                 self.config.reclaim = r;
                 Ok(VmmData::Empty)
             }
             VmmAction::PutReclaim(_) => refused("changing the reclaim configuration", state),
-            VmmAction::InstanceStart if not_started => self
-                .start()
-                .map(|()| VmmData::Empty)
-                .map_err(|e| VmmActionError::BadRequest(format!("cannot start the microVM: {e}"))),
             VmmAction::InstanceStart => refused("InstanceStart", state),
-            VmmAction::SendCtrlAltDel => match (&self.microvm, state) {
-                (Some(microvm), VmState::Running) => {
-                    microvm
+            VmmAction::SendCtrlAltDel => match &self.phase {
+                Phase::Running(microvm) => {
+                    let queued = microvm
                         .i8042
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .send_ctrl_alt_del();
-                    microvm.control.wake_all();
+                    if !queued {
+                        log::info!("SendCtrlAltDel: the guest has not read the ones before; not queued again");
+                    }
+                    microvm.vcpus.control().wake_all();
                     Ok(VmmData::Empty)
                 }
                 _ => refused("SendCtrlAltDel", state),
             },
-            VmmAction::Shutdown(mode) if state == VmState::Running => {
-                self.begin_shutdown(ShutdownReason::Api);
-                let report = self.reclaim_report();
-                match mode {
-                    ReclaimMode::Async => serde_json::to_value(&report)
-                        .map(VmmData::Accepted)
-                        .map_err(|e| VmmActionError::Internal(e.to_string())),
-                    // Handled in `handle_request`; kept total for safety.
-                    ReclaimMode::Sync => to_json(&report),
-                }
+            // The async reply: at once, before the vCPUs stop, with the plan
+            // the `reclaim` job will run.
+            VmmAction::Shutdown(ReclaimMode::Async)
+                if matches!(state, VmState::Starting | VmState::Running) =>
+            {
+                let plan = shapes::ReclaimReport::from(&self.planned_report());
+                self.begin_shutdown(ShutdownReason::Api, Instant::now());
+                to_json(&plan).map(|d| match d {
+                    VmmData::Json(v) => VmmData::Accepted(v),
+                    other => other,
+                })
             }
             VmmAction::Shutdown(_) => refused("Shutdown", state),
             VmmAction::GetVmConfig => to_json(&self.config),
+            VmmAction::GetVersion => Ok(VmmData::Json(json!({
+                "firecracker_version": env!("CARGO_PKG_VERSION"),
+            }))),
+            VmmAction::PutLogger(c) => crate::logger::configure(&c)
+                .map(|()| VmmData::Empty)
+                .map_err(|e| VmmActionError::BadRequest(e.to_string())),
+            VmmAction::PutMetrics(c) => crate::metrics::configure(&c)
+                .map(|()| VmmData::Empty)
+                .map_err(|e| VmmActionError::BadRequest(e.to_string())),
+            // As in Firecracker, a flush without a metrics path does nothing.
+            VmmAction::FlushMetrics => self
+                .flush_metrics()
+                .map(|_| VmmData::Empty)
+                .map_err(|e| VmmActionError::Internal(e.to_string())),
         }
     }
 
@@ -140,9 +209,9 @@ impl Vmm {
 
     /// `GET /reclaim`: the executor's progress, or the plan while it has not
     /// begun yet during a shutdown.
-    fn reclaim_report(&self) -> ReclaimReport {
+    pub(super) fn reclaim_report(&self) -> ReclaimReport {
         let report = self.progress.snapshot();
-        let shutting_down = matches!(self.state, VmState::ShuttingDown | VmState::Reclaiming);
+        let shutting_down = matches!(self.state(), VmState::ShuttingDown | VmState::Reclaiming);
         if report.state == ReclaimState::Idle && shutting_down {
             self.planned_report()
         } else {

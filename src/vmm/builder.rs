@@ -1,9 +1,13 @@
-//! Builds and starts a microVM from a validated [`VmConfig`]: the KVM VM,
-//! guest memory (per-node slices, bound, optionally populated), memslots,
-//! the firmware's boot state, the port I/O bus and its devices, and the vCPU
-//! threads. Anything built before a failure is torn down by `Drop` (guest
-//! memory is unmapped, started vCPUs are stopped).
+//! Builds and starts a microVM from a validated [`VmConfig`], on the `start`
+//! job's thread: the KVM VM, guest memory (per-node slices, bound,
+//! optionally populated), memslots, the boot state (the firmware's, or a
+//! Linux kernel's with the in-kernel irqchip and PIT), the port I/O bus and
+//! its devices, and the vCPU threads. A shutdown during start cuts it short
+//! at the next step and hands what was built to reclaim. Anything built
+//! before a failure is torn down by `Drop` (started vCPUs are stopped first,
+//! then guest memory is unmapped).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -11,14 +15,16 @@ use std::time::Instant;
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::progress_line::{self, ProgressLine};
 use crate::config::{NumaPolicy, VmConfig};
 use crate::devices::bus::BusError;
-use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
+use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, I8042};
 use crate::memory::layout::ram_regions;
-use crate::memory::{GuestMemory, HostTopology, PopulateStats};
+use crate::memory::{GuestMemory, HostTopology, MemoryOptions, PopulateProgress};
 use crate::vstate::boot::{write_boot_state, BootError};
+use crate::vstate::linux::{self, params::kernel_cmdline, KernelSpec, LinuxError};
 use crate::vstate::vcpu::{
-    configure_vcpu, stop_vcpus, VcpuControl, VcpuError, VcpuEvent, VcpuHandle,
+    configure_vcpu, GuestEntry, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus,
 };
 use crate::vstate::vm::{MemorySlot, Vm, VmError};
 
@@ -37,12 +43,18 @@ pub enum StartError {
     /// The firmware's boot state could not be written.
     #[error("boot: {0}")]
     Boot(#[from] BootError),
+    /// The Linux kernel could not be loaded.
+    #[error("kernel: {0}")]
+    Linux(#[from] LinuxError),
     /// A device could not be put on the bus.
     #[error("devices: {0}")]
     Bus(#[from] BusError),
     /// A vCPU could not be set up or started.
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
+    /// The `start` job panicked (what it built was dropped as it unwound).
+    #[error("{0}")]
+    Panicked(String),
 }
 
 /// One slice of guest RAM as `GET /memory` shows it.
@@ -59,128 +71,219 @@ pub struct SliceInfo {
 }
 
 /// A running microVM.
+///
+/// Fields drop in declaration order, so whatever path drops a `MicroVm` (an
+/// error return, a panic) stops and joins its vCPUs first, then closes the
+/// VM fd, and only then unmaps guest memory.
 pub struct MicroVm {
+    /// The vCPU threads (stopped and joined when dropped).
+    pub vcpus: Vcpus,
+    /// The guest console's writer thread.
+    pub console: ConsoleWriter,
     /// The KVM VM.
     pub vm: Vm,
     /// Guest RAM.
     pub memory: GuestMemory,
-    /// The vCPU threads.
-    pub vcpus: Vec<VcpuHandle>,
-    /// Stop and wake requests for the vCPUs.
-    pub control: Arc<VcpuControl>,
     /// The keyboard controller, to send Ctrl-Alt-Del.
     pub i8042: Arc<Mutex<I8042>>,
     /// The slices, for `GET /memory`.
     pub slices: Vec<SliceInfo>,
-    /// What populate did, if asked.
-    pub populate: Option<PopulateStats>,
 }
 
-impl MicroVm {
-    /// Stops and joins the vCPU threads; returns how many panicked.
-    pub fn stop_vcpus(&mut self) -> usize {
-        stop_vcpus(&self.control, std::mem::take(&mut self.vcpus))
+/// What a shutdown takes apart, in this order: the vCPUs, the console, the
+/// VM fd, then guest memory (freed in parallel). A start cut short by a
+/// shutdown has built only some of it.
+pub struct Teardown {
+    /// The vCPUs, if they were started.
+    pub vcpus: Option<Vcpus>,
+    /// The console, if it was started.
+    pub console: Option<ConsoleWriter>,
+    /// The VM, if it was made.
+    pub vm: Option<Vm>,
+    /// Guest RAM.
+    pub memory: GuestMemory,
+}
+
+impl From<MicroVm> for Teardown {
+    fn from(m: MicroVm) -> Self {
+        Teardown {
+            vcpus: Some(m.vcpus),
+            console: Some(m.console),
+            vm: Some(m.vm),
+            memory: m.memory,
+        }
     }
 }
 
-/// Builds the microVM described by `config` and starts its vCPUs.
-pub fn start_microvm(
-    config: &VmConfig,
-    topology: &HostTopology,
-    serial_out: SerialOut,
-    events: Sender<VcpuEvent>,
-    events_ready: &EventFd,
-) -> Result<MicroVm, StartError> {
+/// Everything the `start` job needs, moved into it.
+pub struct StartContext {
+    /// The configuration to start.
+    pub config: VmConfig,
+    /// The host topology.
+    pub topology: HostTopology,
+    /// The console's writer, already running.
+    pub console: ConsoleWriter,
+    /// Where vCPUs report that they ended the VM.
+    pub events: Sender<VcpuEvent>,
+    /// Written after each vCPU event.
+    pub events_ready: EventFd,
+    /// Set by a shutdown during start: the job stops at its next check.
+    pub cancel: Arc<AtomicBool>,
+    /// Populate's progress, for the API.
+    pub populate: Arc<PopulateProgress>,
+}
+
+/// How a start ended.
+pub enum Started {
+    /// The microVM runs.
+    Running(MicroVm),
+    /// A shutdown came during start; what was built, to be reclaimed.
+    Cancelled(Teardown),
+}
+
+/// Builds the microVM described by `ctx.config` and starts its vCPUs,
+/// checking `ctx.cancel` between the long steps.
+pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
+    let StartContext {
+        config,
+        topology,
+        console,
+        events,
+        events_ready,
+        cancel,
+        populate,
+    } = ctx;
+    let cancelled = || cancel.load(Ordering::Acquire);
     let machine = &config.machine_config;
     let vm = Vm::new()?;
-    let memory = GuestMemory::new(machine, &config.memory, topology)?;
-    let populate = if config.memory.populate {
-        let stats = memory.populate(config.reclaim.workers_per_node, topology)?;
+    let memory = GuestMemory::new(&MemoryOptions::from(&config), &topology)?;
+    let teardown = |vm, memory, console| {
+        Ok(Started::Cancelled(Teardown {
+            vcpus: None,
+            console: Some(console),
+            vm: Some(vm),
+            memory,
+        }))
+    };
+    if cancelled() {
+        return teardown(vm, memory, console);
+    }
+    if config.memory.populate {
+        let shown = populate.clone();
+        let _line = ProgressLine::spawn(move |t| progress_line::populate_text(&shown, t));
+        let stats = memory.populate(
+            config.reclaim.workers_per_node,
+            &topology,
+            &populate,
+            &cancel,
+        )?;
         log::info!(
             "populated {} MiB in {} ms with {} workers",
             stats.bytes >> 20,
             stats.elapsed_ms,
             stats.workers
         );
-        Some(stats)
-    } else {
-        None
-    };
+        if cancelled() {
+            return teardown(vm, memory, console);
+        }
+    }
     let slots: Vec<MemorySlot> = memory
-        .slices()
+        .slots()
         .iter()
         .map(|s| MemorySlot {
-            guest_addr: s.slice.guest_addr,
-            size: s.slice.len,
-            host_addr: s.host_addr as u64,
+            guest_addr: s.guest_addr,
+            size: s.len,
+            host_addr: s.host_addr,
         })
         .collect();
     // SAFETY: the mappings live in `memory`, which the MicroVm keeps until
     // the vCPUs are stopped; reclaim unmaps them only after that, and KVM
     // follows an munmap through its MMU notifier.
     unsafe { vm.register_memory(&slots) }?;
-    let regions: Vec<(u64, u64)> = ram_regions(machine.mem_bytes())
-        .iter()
-        .map(|r| (r.guest_addr, r.len))
-        .collect();
-    let layout = write_boot_state(
-        memory.vm_memory(),
-        &regions,
-        usize::from(machine.vcpu_count),
-        machine.mem_size_mib,
-        &config.boot_source.boot_args,
-    )?;
+    let entry = match &config.boot_source.kernel_image_path {
+        None => {
+            let regions: Vec<(u64, u64)> = ram_regions(machine.mem_bytes())
+                .iter()
+                .map(|r| (r.guest_addr, r.len))
+                .collect();
+            GuestEntry::Firmware(write_boot_state(
+                memory.view().mem(),
+                &regions,
+                usize::from(machine.vcpu_count),
+                machine.mem_size_mib,
+                &config.boot_source.boot_args,
+            )?)
+        }
+        Some(kernel) => {
+            vm.setup_irqchip()?;
+            let spec = KernelSpec {
+                kernel: kernel.clone(),
+                initrd: config.boot_source.initrd_path.clone(),
+                cmdline: kernel_cmdline(&config.boot_source.boot_args).to_string(),
+            };
+            let mut slices: Vec<(u64, u64)> = memory
+                .slices()
+                .iter()
+                .map(|s| (s.slice().guest_addr, s.slice().len))
+                .collect();
+            slices.sort_unstable();
+            let (entry, map) =
+                linux::load(memory.view().mem(), &spec, &slices, machine.vcpu_count)?;
+            log::info!(
+                "kernel {} ({:?}) entered at {:#x}; command line: {}",
+                kernel.display(),
+                entry.format,
+                entry.entry,
+                spec.cmdline
+            );
+            for e in &map {
+                log::info!("e820: {}", e.linux_line());
+            }
+            GuestEntry::Linux(entry)
+        }
+    };
 
     let i8042 = Arc::new(Mutex::new(I8042::new()));
-    let serial = Arc::new(Mutex::new(SerialConsole::new(serial_out)));
+    let serial = Arc::new(Mutex::new(SerialConsole::new(ConsoleOut::new(
+        console.buffer().clone(),
+    ))));
     let bus = Arc::new(microvm_bus(serial, i8042.clone(), Instant::now())?);
 
     let slices = memory
         .slices()
         .iter()
         .map(|s| SliceInfo {
-            guest_addr: s.slice.guest_addr,
-            size_bytes: s.slice.len,
-            host_node: s.slice.node,
+            guest_addr: s.slice().guest_addr,
+            size_bytes: s.slice().len,
+            host_node: s.slice().node,
             policy: config.memory.numa_policy,
         })
         .collect();
     let cpuid = vm.supported_cpuid()?;
-    let control = Arc::new(VcpuControl::new());
     let mut microvm = MicroVm {
+        vcpus: Vcpus::new(Arc::new(VcpuControl::new())),
+        console,
         vm,
         memory,
-        vcpus: Vec::new(),
-        control,
         i8042,
         slices,
-        populate,
     };
     for index in 0..machine.vcpu_count {
-        let started = (|| {
-            let fd = microvm.vm.create_vcpu(index)?;
-            configure_vcpu(&fd, index, &cpuid, &layout)?;
-            let ready = events_ready
-                .try_clone()
-                .map_err(|source| VcpuError::Spawn { index, source })?;
-            Ok::<_, StartError>(VcpuHandle::spawn(
-                index,
-                fd,
-                bus.clone(),
-                microvm.control.clone(),
-                events.clone(),
-                ready,
-            )?)
-        })();
-        match started {
-            Ok(handle) => microvm.vcpus.push(handle),
-            Err(e) => {
-                // Stop the vCPUs already running; dropping `microvm` then
-                // unmaps guest memory.
-                microvm.stop_vcpus();
-                return Err(e);
-            }
-        }
+        // On an error, dropping `microvm` stops the vCPUs already running,
+        // then unmaps guest memory.
+        let fd = microvm.vm.create_vcpu(index)?;
+        configure_vcpu(&fd, index, &cpuid, &entry)?;
+        let ready = events_ready
+            .try_clone()
+            .map_err(|source| VcpuError::Spawn { index, source })?;
+        microvm.vcpus.push(VcpuHandle::spawn(
+            index,
+            fd,
+            bus.clone(),
+            microvm.vcpus.control().clone(),
+            events.clone(),
+            ready,
+        )?);
     }
-    Ok(microvm)
+    Ok(Started::Running(microvm))
 }

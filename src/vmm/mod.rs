@@ -1,37 +1,46 @@
 //! The VMM: one microVM's life, driven by an `event-manager` loop on the main
-//! thread.
+//! thread that only moves between phases ([`phase`]) and never waits on a
+//! guest, a client or the host.
 //!
-//! The loop waits on four `EventFd`-like sources: vCPU events (a vCPU ended
-//! the VM: reset, crash), SIGTERM/SIGINT (a signalfd), API requests (an mpsc
-//! channel plus an `EventFd`, each request with its own reply channel) and
-//! the end of reclaim. Every way of shutting down (guest reset, signal, API
-//! `Shutdown`, guest crash) takes the same path: stop and join the vCPUs,
-//! hand guest memory to a `reclaim` thread that frees it with per-node
-//! workers, keep answering the API (`GET /reclaim` shows live progress)
-//! while it runs, then print the summary and exit.
+//! The loop waits on `EventFd`-like sources: vCPU events (a vCPU ended the
+//! VM: reset, crash), SIGTERM/SIGINT/SIGHUP (a signalfd), API requests (an
+//! mpsc channel plus an `EventFd`, each request with its own reply channel),
+//! and the end of the `start` and `reclaim` jobs ([`jobs`]). Every way of
+//! shutting down (guest reset, signal, API `Shutdown`, guest crash) takes the
+//! same path: the microVM goes to the `reclaim` job, which stops the vCPUs,
+//! closes KVM and frees guest memory with per-node workers while the API
+//! keeps answering (`GET /reclaim` shows live progress); then the summary
+//! goes to stderr and the process exits.
+//!
+//! Module graph: `main` → `vmm` → (`api` contract, `config`, `vstate`,
+//! `devices`, `memory`); `api` → `config`; `vstate` → `devices`; `memory`
+//! and `devices` depend on nothing of teravm's above them.
 
 mod actions;
 pub mod builder;
+pub mod jobs;
+pub mod phase;
+pub mod progress_line;
+pub mod report;
 pub mod signals;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::api::{ActionResult, ApiRequest, ApiServer, ApiServerError, VmmActionError, VmmData};
+use crate::api::{ActionResult, ApiRequest, ApiServer, ApiServerError};
 use crate::config::VmConfig;
-use crate::devices::SerialOut;
-use crate::memory::{
-    HostTopology, NumaError, ReclaimError, ReclaimOptions, ReclaimProgress, ReclaimReport,
-};
+use crate::memory::{HostTopology, NumaError, PopulateProgress, ReclaimProgress};
 use crate::vstate::vcpu::VcpuEvent;
-use builder::{start_microvm, MicroVm, SliceInfo, StartError};
+use builder::SliceInfo;
+pub use phase::VmState;
+use phase::{Phase, ShutdownReason};
+use report::ShutdownReport;
 use signals::{signal_name, ShutdownSignals, SignalError};
 
 /// Exit code: the microVM shut down normally (reset, signal, API).
@@ -45,28 +54,19 @@ pub const EXIT_RECLAIM_FAILED: i32 = 4;
 /// Exit code: a thread made a system call its seccomp filter forbids.
 pub const EXIT_BAD_SYSCALL: i32 = crate::seccomp::EXIT_BAD_SYSCALL;
 
-/// When the KVM VM (its memslots and MMU) is torn down relative to freeing
-/// guest memory. While memslots exist, every `madvise` of guest memory goes
-/// through KVM's MMU notifier, which zaps the range's shadow/EPT entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum KvmTeardown {
-    /// Close the VM fd first, then free memory: measured ~4x faster for a
-    /// 1 TiB sparse guest (each `madvise` otherwise walks the memslot in KVM's
-    /// MMU notifier) and equal for a 4 GiB one; see CHANGELOG.
-    #[default]
-    BeforeReclaim,
-    /// Free memory with the VM still alive, then close it.
-    AfterReclaim,
-}
-
 const TOKEN_VCPU: u32 = 1;
 const TOKEN_SIGNAL: u32 = 2;
 const TOKEN_API: u32 = 3;
 const TOKEN_RECLAIM: u32 = 4;
+const TOKEN_START: u32 = 5;
+const TOKEN_METRICS: u32 = 6;
 
 /// Errors that end the VMM before or outside the microVM's life.
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
+    /// The seccomp filters could not be prepared.
+    #[error("seccomp: {0}")]
+    Seccomp(#[from] crate::seccomp::SeccompError),
     /// Signals could not be set up.
     #[error(transparent)]
     Signals(#[from] SignalError),
@@ -79,10 +79,14 @@ pub enum VmmError {
     /// An `EventFd` could not be made.
     #[error("cannot create an eventfd: {0}")]
     EventFd(std::io::Error),
+    /// The metrics timer could not be made.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     /// The event loop failed.
     #[error("event loop: {0:?}")]
     EventLoop(event_manager::Error),
-    /// The serial output file could not be opened.
+    /// The serial output file could not be opened (it must not be a
+    /// symlink; it is created with mode 0600).
     #[error("cannot open the serial output file {path}: {source}")]
     SerialFile {
         /// The file.
@@ -90,50 +94,6 @@ pub enum VmmError {
         /// Why.
         source: std::io::Error,
     },
-    /// The microVM could not start.
-    #[error("cannot start the microVM: {0}")]
-    Start(#[from] StartError),
-}
-
-/// Where the microVM is in its life, as `GET /` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VmState {
-    /// Configured (or not yet), waiting for `InstanceStart`.
-    NotStarted,
-    /// vCPUs running.
-    Running,
-    /// Stopping the vCPUs.
-    ShuttingDown,
-    /// Freeing guest memory.
-    Reclaiming,
-    /// Memory freed; the process is about to exit.
-    Stopped,
-}
-
-impl VmState {
-    /// The API's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VmState::NotStarted => "Not started",
-            VmState::Running => "Running",
-            VmState::ShuttingDown => "Shutting down",
-            VmState::Reclaiming => "Reclaiming",
-            VmState::Stopped => "Stopped",
-        }
-    }
-}
-
-/// Why the microVM is shutting down.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ShutdownReason {
-    /// The guest asked for a reset.
-    GuestReset,
-    /// SIGTERM or SIGINT.
-    Signal(i32),
-    /// The API's `Shutdown` action.
-    Api,
-    /// The guest or its vCPU failed.
-    GuestCrashed(String),
 }
 
 /// How to run the VMM, from the command line.
@@ -149,18 +109,18 @@ pub struct VmmOptions {
     pub serial_file: Option<PathBuf>,
     /// With an API socket: how long the final state is served after reclaim.
     pub linger: Duration,
-    /// Start the microVM at once (`--no-api`), without waiting for `InstanceStart`.
+    /// Start the microVM at once, without waiting for `InstanceStart`: a
+    /// config file was given, as Firecracker does.
     pub start_at_once: bool,
-    /// When KVM is torn down relative to reclaim.
-    pub kvm_teardown: KvmTeardown,
-}
-
-/// How a reclaim ended: its report (also when it had failures, since the
-/// memory is freed all the same) and its error, if any.
-type ReclaimOutcome = (Option<ReclaimReport>, Option<String>);
-
-struct ReclaimJob {
-    thread: JoinHandle<ReclaimOutcome>,
+    /// At most this many bytes go to the serial file.
+    pub serial_file_max_bytes: Option<u64>,
+    /// Firecracker's `--boot-timer`: log the guest's boot time.
+    pub boot_timer: bool,
+    /// Seccomp filters on (default); `--no-seccomp` turns them off.
+    pub seccomp: bool,
+    /// Firecracker's `--http-api-max-payload-size`: the most bytes a request
+    /// body may have (for `ServerLimits`).
+    pub api_max_payload_bytes: usize,
 }
 
 /// The VMM of one microVM.
@@ -169,8 +129,7 @@ pub struct Vmm {
     serial_file: Option<std::fs::File>,
     config: VmConfig,
     topology: HostTopology,
-    state: VmState,
-    microvm: Option<MicroVm>,
+    phase: Phase,
     slices: Vec<SliceInfo>,
     vcpu_tx: Sender<VcpuEvent>,
     vcpu_rx: Receiver<VcpuEvent>,
@@ -178,164 +137,20 @@ pub struct Vmm {
     signals: ShutdownSignals,
     api_rx: Option<Receiver<ApiRequest>>,
     api_evt: EventFd,
+    start_evt: EventFd,
+    metrics_timer: crate::metrics::FlushTimer,
+    populate: Arc<PopulateProgress>,
     progress: Arc<ReclaimProgress>,
-    reclaim: Option<ReclaimJob>,
     reclaim_evt: EventFd,
     sync_waiters: Vec<Sender<ActionResult>>,
+    last_report: Option<ShutdownReport>,
     exit_code: i32,
+    /// Whether the final state is served for `opts.linger` after reclaim.
+    linger: bool,
     finished_at: Option<Instant>,
 }
 
 impl Vmm {
-    /// Starts the microVM now.
-    fn start(&mut self) -> Result<(), StartError> {
-        // The file was opened by `run`, so a bad path failed before anything
-        // started; a clone shares its append offset.
-        let serial = match self.serial_file.as_ref().map(std::fs::File::try_clone) {
-            Some(Ok(f)) => SerialOut::StdoutAndFile(f),
-            Some(Err(e)) => {
-                log::warn!("serial file: {e}; writing to stdout only");
-                SerialOut::Stdout
-            }
-            None => SerialOut::Stdout,
-        };
-        let microvm = start_microvm(
-            &self.config,
-            &self.topology,
-            serial,
-            self.vcpu_tx.clone(),
-            &self.vcpu_evt,
-        )?;
-        self.slices = microvm.slices.clone();
-        log::info!(
-            "microVM {} started: {} vCPUs, {} MiB over {} slices",
-            self.opts.id,
-            self.config.machine_config.vcpu_count,
-            self.config.machine_config.mem_size_mib,
-            self.slices.len()
-        );
-        self.microvm = Some(microvm);
-        self.state = VmState::Running;
-        Ok(())
-    }
-
-    /// Stops the vCPUs and starts reclaiming guest memory on a `reclaim`
-    /// thread. Does nothing unless the microVM is running.
-    fn begin_shutdown(&mut self, reason: ShutdownReason) {
-        if self.state != VmState::Running {
-            return;
-        }
-        match &reason {
-            ShutdownReason::GuestCrashed(why) => {
-                log::error!("guest crashed: {why}; shutting down");
-                self.exit_code = EXIT_GUEST_CRASHED;
-            }
-            other => log::info!("shutting down: {other:?}"),
-        }
-        self.state = VmState::ShuttingDown;
-        let Some(mut microvm) = self.microvm.take() else {
-            return;
-        };
-        let panicked = microvm.stop_vcpus();
-        if panicked > 0 {
-            log::error!("{panicked} vCPU threads panicked");
-            self.exit_code = EXIT_GUEST_CRASHED;
-        }
-        self.state = VmState::Reclaiming;
-        let opts = ReclaimOptions::from(&self.config.reclaim);
-        let topology = self.topology.clone();
-        let progress = self.progress.clone();
-        let done = self.reclaim_evt.try_clone();
-        let teardown = self.opts.kvm_teardown;
-        let job = move || {
-            crate::seccomp::install_thread(crate::seccomp::Role::Reclaim);
-            let start = Instant::now();
-            let MicroVm { vm, memory, .. } = microvm;
-            let vm = match teardown {
-                KvmTeardown::BeforeReclaim => {
-                    drop(vm);
-                    None
-                }
-                KvmTeardown::AfterReclaim => Some(vm),
-            };
-            let kvm_closed = start.elapsed();
-            let result = match memory.reclaim(&opts, &topology, &progress) {
-                Ok(report) => (Some(report), None),
-                Err(ReclaimError::Failed { failures, report }) => {
-                    (Some(*report), Some(failures.join("; ")))
-                }
-                Err(e) => (None, Some(e.to_string())),
-            };
-            drop(vm);
-            log::info!(
-                "teardown ({teardown:?}): {} ms in all, of which {} ms closing KVM before reclaim",
-                start.elapsed().as_millis(),
-                kvm_closed.as_millis()
-            );
-            if let Ok(done) = done {
-                let _ = done.write(1);
-            }
-            result
-        };
-        match std::thread::Builder::new()
-            .name("reclaim".into())
-            .spawn(job)
-        {
-            Ok(thread) => self.reclaim = Some(ReclaimJob { thread }),
-            Err(e) => {
-                // The job was moved into the failed spawn and dropped with it:
-                // dropping guest memory unmaps it, so nothing leaks.
-                log::error!(
-                    "cannot spawn the reclaim thread ({e}); memory was unmapped in one thread"
-                );
-                self.exit_code = self.exit_code.max(EXIT_RECLAIM_FAILED);
-                self.finish((None, Some(format!("cannot spawn the reclaim thread: {e}"))));
-            }
-        }
-    }
-
-    fn reclaim_done(&mut self) {
-        let Some(job) = self.reclaim.take() else {
-            return;
-        };
-        let outcome = job.thread.join().unwrap_or_else(|_| {
-            // Guest memory was dropped (unmapped) while the thread unwound.
-            (None, Some("the reclaim thread panicked".to_string()))
-        });
-        self.finish(outcome);
-    }
-
-    fn finish(&mut self, (report, error): ReclaimOutcome) {
-        if let Some(report) = &report {
-            if crate::devices::serial::stdout_mid_line() {
-                // The guest stopped mid-line: start the summary on a fresh one.
-                println!();
-            }
-            println!("{}", report.summary_line());
-            log::info!("{}", report.summary_line());
-        }
-        let reply: ActionResult = match (&report, &error) {
-            (Some(report), None) => serde_json::to_value(report)
-                .map(VmmData::Json)
-                .map_err(|e| VmmActionError::Internal(e.to_string())),
-            (_, Some(e)) => {
-                log::error!("reclaim failed: {e} (what the workers left was freed on the reclaim thread, then unmapped)");
-                if self.exit_code == EXIT_OK {
-                    self.exit_code = EXIT_RECLAIM_FAILED;
-                }
-                Err(VmmActionError::Internal(format!("reclaim failed: {e}")))
-            }
-            (None, None) => Err(VmmActionError::Internal(
-                "reclaim ended without a report".into(),
-            )),
-        };
-        for waiter in self.sync_waiters.drain(..) {
-            let _ = waiter.send(reply.clone());
-        }
-        self.state = VmState::Stopped;
-        self.finished_at = Some(Instant::now());
-    }
-
     fn on_vcpu_event(&mut self, event: VcpuEvent) {
         let reason = match event {
             VcpuEvent::Reset { index } => {
@@ -352,36 +167,31 @@ impl Vmm {
                 ShutdownReason::GuestCrashed(format!("vcpu{index}: {error}"))
             }
         };
-        self.begin_shutdown(reason);
+        self.begin_shutdown(reason, Instant::now());
     }
 
     fn on_signal(&mut self, signo: i32) {
-        match self.state {
-            VmState::Running => {
-                log::info!("{} received", signal_name(signo));
-                self.begin_shutdown(ShutdownReason::Signal(signo));
-            }
-            VmState::NotStarted => {
-                log::info!("{} received before start; exiting", signal_name(signo));
-                self.state = VmState::Stopped;
-                self.finished_at = Some(Instant::now());
-            }
+        let name = signal_name(signo);
+        match self.state() {
             VmState::Stopped => {
-                log::info!("{} received after reclaim; exiting now", signal_name(signo));
-                self.opts.linger = Duration::ZERO;
+                log::info!("{name} received after reclaim; exiting now");
+                self.linger = false;
             }
-            state => log::warn!(
-                "{} received while {}: reclaim continues, the process exits when memory is back",
-                signal_name(signo),
-                state.as_str()
-            ),
+            VmState::ShuttingDown | VmState::Reclaiming => {
+                log::warn!("{name} received during reclaim: the process exits when memory is back");
+                self.linger = false;
+            }
+            state => {
+                log::info!("{name} received while {}", state.as_str());
+                self.begin_shutdown(ShutdownReason::Signal(signo), Instant::now());
+            }
         }
     }
 
     /// Whether the process should exit now; `Some(wait)` while lingering.
     fn exit_in(&self) -> Option<Duration> {
         let finished = self.finished_at?;
-        if self.api_rx.is_none() {
+        if self.api_rx.is_none() || !self.linger {
             return Some(Duration::ZERO);
         }
         Some(self.opts.linger.saturating_sub(finished.elapsed()))
@@ -416,16 +226,26 @@ impl MutEventSubscriber for Vmm {
                 let _ = self.reclaim_evt.read();
                 self.reclaim_done();
             }
+            TOKEN_START => {
+                let _ = self.start_evt.read();
+                self.start_done();
+            }
+            TOKEN_METRICS => {
+                self.metrics_timer.ack();
+                let _ = self.flush_metrics();
+            }
             other => log::warn!("event for unknown token {other}"),
         }
     }
 
     fn init(&mut self, ops: &mut EventOps) {
-        let sources: [(i32, u32); 4] = [
+        let sources: [(i32, u32); 6] = [
             (self.vcpu_evt.as_raw_fd(), TOKEN_VCPU),
             (self.signals.as_raw_fd(), TOKEN_SIGNAL),
             (self.api_evt.as_raw_fd(), TOKEN_API),
             (self.reclaim_evt.as_raw_fd(), TOKEN_RECLAIM),
+            (self.start_evt.as_raw_fd(), TOKEN_START),
+            (self.metrics_timer.as_raw_fd(), TOKEN_METRICS),
         ];
         for (fd, token) in sources {
             if let Err(e) = ops.add(Events::with_data_raw(fd, token, EventSet::IN)) {
@@ -437,19 +257,16 @@ impl MutEventSubscriber for Vmm {
 
 /// Runs one microVM to its end and returns the process exit code.
 pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
+    crate::seccomp::prepare(crate::seccomp::Policy::from_enabled(opts.seccomp))?;
     // Before any thread exists, so that every thread inherits the mask.
     let signals = ShutdownSignals::new()?;
     let topology = HostTopology::from_sysfs(&opts.sysfs_root)?;
     let serial_file = match &opts.serial_file {
         Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|source| VmmError::SerialFile {
-                    path: path.clone(),
-                    source,
-                })?,
+            open_serial_file(path).map_err(|source| VmmError::SerialFile {
+                path: path.clone(),
+                source,
+            })?,
         ),
         None => None,
     };
@@ -469,8 +286,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         serial_file,
         config,
         topology,
-        state: VmState::NotStarted,
-        microvm: None,
+        phase: Phase::Configuring,
         slices: Vec::new(),
         vcpu_tx,
         vcpu_rx,
@@ -478,15 +294,19 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         signals,
         api_rx,
         api_evt,
+        start_evt: new_evt()?,
+        metrics_timer: crate::metrics::FlushTimer::new(crate::metrics::FLUSH_PERIOD)?,
+        populate: Arc::new(PopulateProgress::new()),
         progress: Arc::new(ReclaimProgress::new()),
-        reclaim: None,
         reclaim_evt: new_evt()?,
         sync_waiters: Vec::new(),
+        last_report: None,
         exit_code: EXIT_OK,
+        linger: false,
         finished_at: None,
     };
     if vmm.opts.start_at_once {
-        vmm.start()?;
+        vmm.start(None);
     }
     let vmm = Arc::new(std::sync::Mutex::new(vmm));
     let mut manager: EventManager<Arc<std::sync::Mutex<Vmm>>> =
@@ -513,4 +333,23 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     drop(vmm);
     drop(api);
     Ok(code)
+}
+
+/// Opens the serial output file for appending: never through a symlink
+/// (`O_NOFOLLOW`), created with mode 0600, and only a regular file or a FIFO.
+fn open_serial_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !(kind.is_file() || kind.is_fifo() || kind.is_char_device()) {
+        return Err(std::io::Error::other(
+            "not a regular file, FIFO or character device",
+        ));
+    }
+    Ok(file)
 }

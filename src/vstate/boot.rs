@@ -9,7 +9,7 @@
 //! works on VMX/SVM hosts.
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 /// The firmware image, assembled from `firmware/firmware.S` by `build.rs`.
 pub static FIRMWARE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/firmware.bin"));
@@ -120,8 +120,8 @@ pub fn page_table_bytes(top: u64) -> u64 {
 /// Writes the GDT, page tables, boot-info block, command line and firmware
 /// into guest memory. `regions` are the guest RAM regions `(address, bytes)`
 /// in ascending order; the first must start at 0.
-pub fn write_boot_state(
-    mem: &GuestMemoryMmap,
+pub fn write_boot_state<M: GuestMemoryBackend>(
+    mem: &M,
     regions: &[(u64, u64)],
     vcpu_count: usize,
     mem_mib: u64,

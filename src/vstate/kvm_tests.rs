@@ -9,9 +9,11 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRe
 use vmm_sys_util::eventfd::EventFd;
 
 use super::boot::write_boot_state;
-use super::vcpu::{configure_vcpu, stop_vcpus, VcpuControl, VcpuEvent, VcpuHandle};
+use super::vcpu::{
+    configure_vcpu, GuestEntry, VcpuControl, VcpuEvent, VcpuHandle, VcpuStopReport, Vcpus,
+};
 use super::vm::{MemorySlot, Vm};
-use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
+use crate::devices::{microvm_bus, SerialConsole, I8042};
 
 struct Run {
     serial: String,
@@ -40,19 +42,17 @@ fn boot(vcpus: u8, mib: u64, cmdline: &str, wait: Duration) -> Option<Run> {
     unsafe { vm.register_memory(&slots) }.unwrap();
     let layout =
         write_boot_state(&mem, &[(0, mib << 20)], usize::from(vcpus), mib, cmdline).unwrap();
-    let serial = Arc::new(Mutex::new(SerialConsole::new(
-        SerialOut::Buffer(Vec::new()),
-    )));
+    let serial = Arc::new(Mutex::new(SerialConsole::new(Vec::new())));
     let i8042 = Arc::new(Mutex::new(I8042::new()));
     let bus = Arc::new(microvm_bus(serial.clone(), i8042, Instant::now()).unwrap());
     let control = Arc::new(VcpuControl::new());
     let (tx, rx) = channel();
     let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     let cpuid = vm.supported_cpuid().unwrap();
-    let mut handles = Vec::new();
+    let mut handles = Vcpus::new(control.clone());
     for i in 0..vcpus {
         let fd = vm.create_vcpu(i).unwrap();
-        configure_vcpu(&fd, i, &cpuid, &layout).unwrap();
+        configure_vcpu(&fd, i, &cpuid, &GuestEntry::Firmware(layout)).unwrap();
         handles.push(
             VcpuHandle::spawn(
                 i,
@@ -66,8 +66,11 @@ fn boot(vcpus: u8, mib: u64, cmdline: &str, wait: Duration) -> Option<Run> {
         );
     }
     let event = rx.recv_timeout(wait).ok();
-    assert_eq!(stop_vcpus(&control, handles), 0);
-    let serial = String::from_utf8(serial.lock().unwrap().buffer().unwrap().to_vec()).unwrap();
+    assert_eq!(
+        handles.stop(Duration::from_secs(10)),
+        VcpuStopReport::default()
+    );
+    let serial = String::from_utf8(serial.lock().unwrap().writer().clone()).unwrap();
     drop(vm);
     Some(Run { serial, event })
 }

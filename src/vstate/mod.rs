@@ -3,6 +3,7 @@
 //! event loop through an mpsc channel plus an `EventFd`.
 
 pub mod boot;
+pub mod linux;
 pub mod vcpu;
 pub mod vm;
 

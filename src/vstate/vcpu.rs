@@ -10,9 +10,10 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_fpu, kvm_run, CpuId};
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -20,6 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::boot::{initial_regs, setup_sregs, BootLayout};
+use super::linux::LinuxEntry;
 use crate::devices::{BusEvent, PioBus};
 
 /// Offset from `SIGRTMIN` of the signal that kicks a vCPU out of `KVM_RUN`.
@@ -41,6 +43,9 @@ pub enum VcpuError {
     /// The kick signal handler could not be installed.
     #[error("cannot install the vCPU kick signal handler: {0}")]
     Signal(vmm_sys_util::errno::Error),
+    /// A Linux vCPU could not be set up.
+    #[error(transparent)]
+    Linux(#[from] super::linux::cpu::CpuError),
     /// The thread could not be spawned.
     #[error("cannot spawn the thread of vCPU {index}: {source}")]
     Spawn {
@@ -231,13 +236,35 @@ fn install_kick_handler() -> Result<(), VcpuError> {
     }
 }
 
+/// What a vCPU starts: the built-in firmware at CPL3, or a Linux kernel at
+/// its 64-bit entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestEntry {
+    /// The firmware, with its boot layout.
+    Firmware(BootLayout),
+    /// A Linux kernel.
+    Linux(LinuxEntry),
+}
+
 /// Sets CPUID, FPU, special and general registers of vCPU `index`.
 pub fn configure_vcpu(
     fd: &VcpuFd,
     index: u8,
     cpuid: &CpuId,
-    layout: &BootLayout,
+    entry: &GuestEntry,
 ) -> Result<(), VcpuError> {
+    let layout = match entry {
+        GuestEntry::Firmware(layout) => layout,
+        GuestEntry::Linux(linux) => {
+            return Ok(super::linux::cpu::configure(
+                fd,
+                index,
+                linux.vcpus,
+                cpuid,
+                linux.entry,
+            )?)
+        }
+    };
     let setup = |what: &'static str, r: Result<(), kvm_ioctls::Error>| {
         r.map_err(|source| VcpuError::Setup {
             index,
@@ -269,6 +296,9 @@ pub fn configure_vcpu(
 pub struct VcpuHandle {
     index: u8,
     thread: Option<JoinHandle<()>>,
+    /// Disconnected when the thread ends (its sender drops with it), so the
+    /// VMM can wait for it with a deadline.
+    ended: Receiver<()>,
 }
 
 impl VcpuHandle {
@@ -282,10 +312,12 @@ impl VcpuHandle {
         events_ready: EventFd,
     ) -> Result<VcpuHandle, VcpuError> {
         install_kick_handler()?;
+        let (ended_tx, ended) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
             .spawn(move || {
                 crate::seccomp::install_thread(crate::seccomp::Role::Vcpu);
+                let _ended = ended_tx;
                 let run = std::panic::AssertUnwindSafe(|| run_loop(index, fd, &bus, &control));
                 let event = std::panic::catch_unwind(run).unwrap_or_else(|_| {
                     Some(VcpuEvent::Crashed {
@@ -304,6 +336,7 @@ impl VcpuHandle {
         Ok(VcpuHandle {
             index,
             thread: Some(thread),
+            ended,
         })
     }
 
@@ -318,14 +351,111 @@ impl VcpuHandle {
         }
     }
 
-    /// Waits for the thread; `false` if it panicked.
-    pub fn join(mut self) -> bool {
+    /// Waits for the thread until `deadline`.
+    fn join_until(mut self, deadline: Instant) -> JoinOutcome {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.ended.recv_timeout(left) {
+            Err(RecvTimeoutError::Disconnected) => {}
+            Ok(()) | Err(RecvTimeoutError::Timeout) => {
+                log::error!(
+                    "vcpu{} did not stop in time; leaving its thread behind",
+                    self.index
+                );
+                return JoinOutcome::Stuck;
+            }
+        }
         match self.thread.take().map(JoinHandle::join) {
             Some(Err(_)) => {
                 log::error!("vcpu{} panicked", self.index);
-                false
+                JoinOutcome::Panicked
             }
-            _ => true,
+            _ => JoinOutcome::Ended,
+        }
+    }
+}
+
+enum JoinOutcome {
+    Ended,
+    Panicked,
+    Stuck,
+}
+
+/// How long stopping the vCPUs may take before the VMM goes on without the
+/// ones that did not stop (a kicked vCPU leaves `KVM_RUN` in microseconds;
+/// one that does not is stuck in the host kernel).
+pub const VCPU_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What stopping the vCPUs found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VcpuStopReport {
+    /// vCPU threads that panicked.
+    pub panicked: usize,
+    /// vCPU threads that did not end before the deadline (left behind).
+    pub stuck: usize,
+}
+
+/// A microVM's vCPU threads, stopped and joined (with a deadline) when
+/// dropped: whatever path drops them, no vCPU outlives its group, and a
+/// [`crate::vmm`] that owns the group before the VM and its memory stops the
+/// vCPUs before those go.
+pub struct Vcpus {
+    control: Arc<VcpuControl>,
+    handles: Vec<VcpuHandle>,
+}
+
+impl Vcpus {
+    /// An empty group sharing `control`.
+    pub fn new(control: Arc<VcpuControl>) -> Self {
+        Vcpus {
+            control,
+            handles: Vec::new(),
+        }
+    }
+
+    /// Adds a started vCPU.
+    pub fn push(&mut self, handle: VcpuHandle) {
+        self.handles.push(handle);
+    }
+
+    /// How many vCPUs run.
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Whether the group has no vCPU.
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+
+    /// The stop and wake requests of the group.
+    pub fn control(&self) -> &Arc<VcpuControl> {
+        &self.control
+    }
+
+    /// Stops every vCPU: request, kick, join, waiting at most `timeout` in
+    /// all. Idempotent.
+    pub fn stop(&mut self, timeout: Duration) -> VcpuStopReport {
+        self.control.request_stop();
+        for h in &self.handles {
+            h.kick();
+        }
+        let deadline = Instant::now() + timeout;
+        let mut report = VcpuStopReport::default();
+        for h in self.handles.drain(..) {
+            match h.join_until(deadline) {
+                JoinOutcome::Ended => {}
+                JoinOutcome::Panicked => report.panicked += 1,
+                JoinOutcome::Stuck => report.stuck += 1,
+            }
+        }
+        report
+    }
+}
+
+impl Drop for Vcpus {
+    fn drop(&mut self) {
+        if !self.handles.is_empty() {
+            self.stop(VCPU_STOP_TIMEOUT);
         }
     }
 }
@@ -357,7 +487,7 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
                 }
                 ExitAction::Continue => {}
                 ExitAction::Park => control.park(&mut seen_wake),
-                ExitAction::Stop(event) => break Some(event),
+                ExitAction::Stop(event) => break Some(with_internal_details(&mut fd, event)),
             },
             Err(e) if e.errno() == libc::EINTR => fd.set_kvm_immediate_exit(0),
             Err(e) if e.errno() == libc::EAGAIN => {}
@@ -371,27 +501,70 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
     }
 }
 
-/// Stops all vCPUs: request, kick, join. Returns how many panicked.
-pub fn stop_vcpus(control: &VcpuControl, handles: Vec<VcpuHandle>) -> usize {
-    control.request_stop();
-    for h in &handles {
-        h.kick();
+/// Adds KVM's sub-error, the failing instruction's bytes (emulation
+/// failures) and the guest RIP to the reason of an internal-error crash.
+fn with_internal_details(fd: &mut VcpuFd, event: VcpuEvent) -> VcpuEvent {
+    let VcpuEvent::Crashed { index, reason } = event else {
+        return event;
+    };
+    let run = fd.get_kvm_run();
+    if run.exit_reason != kvm_bindings::KVM_EXIT_INTERNAL_ERROR {
+        return VcpuEvent::Crashed { index, reason };
     }
-    handles
-        .into_iter()
-        .map(VcpuHandle::join)
-        .filter(|ok| !ok)
-        .count()
+    // SAFETY: `exit_reason` is KVM_EXIT_INTERNAL_ERROR, so KVM filled the
+    // union's `internal` member (`emulation_failure` shares its layout
+    // prefix and is what KVM fills for suberror 1); both are plain integers.
+    let (internal, emulation) = unsafe {
+        (
+            run.__bindgen_anon_1.internal,
+            run.__bindgen_anon_1.emulation_failure,
+        )
+    };
+    let what = match internal.suberror {
+        kvm_bindings::KVM_INTERNAL_ERROR_EMULATION => "emulation failure",
+        kvm_bindings::KVM_INTERNAL_ERROR_SIMUL_EX => "exception while delivering one",
+        kvm_bindings::KVM_INTERNAL_ERROR_DELIVERY_EV => "exit while delivering an event",
+        _ => "other",
+    };
+    let mut details = format!("suberror {} ({what})", internal.suberror);
+    if internal.suberror == kvm_bindings::KVM_INTERNAL_ERROR_EMULATION
+        && emulation.flags
+            & u64::from(kvm_bindings::KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES)
+            != 0
+    {
+        // SAFETY: the flag says KVM filled the instruction bytes.
+        let insn = unsafe { emulation.__bindgen_anon_1.__bindgen_anon_1 };
+        let n = usize::from(insn.insn_size).min(insn.insn_bytes.len());
+        let bytes: Vec<String> = insn.insn_bytes[..n]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        details += &format!(", instruction bytes [{}]", bytes.join(" "));
+    } else {
+        let n = (internal.ndata as usize).min(internal.data.len());
+        let data: Vec<String> = internal.data[..n]
+            .iter()
+            .map(|d| format!("{d:#x}"))
+            .collect();
+        details += &format!(", data [{}]", data.join(" "));
+    }
+    if let Ok(regs) = fd.get_regs() {
+        details += &format!(", guest rip {:#x}", regs.rip);
+    }
+    VcpuEvent::Crashed {
+        index,
+        reason: format!("{reason}: {details}"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::{microvm_bus, SerialConsole, SerialOut, I8042};
+    use crate::devices::{microvm_bus, SerialConsole, I8042};
     use std::time::Instant;
 
     fn bus() -> PioBus {
-        let serial = SerialConsole::new(SerialOut::Buffer(Vec::new()));
+        let serial = SerialConsole::new(Vec::new());
         let i8042 = Arc::new(Mutex::new(I8042::new()));
         microvm_bus(Arc::new(Mutex::new(serial)), i8042, Instant::now()).unwrap()
     }

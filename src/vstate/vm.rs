@@ -1,7 +1,17 @@
-//! The KVM VM: `/dev/kvm`, the VM fd, memslots and vCPU creation.
+//! The KVM VM: `/dev/kvm`, the VM fd, memslots, vCPU creation, and for
+//! Linux guests the in-kernel irqchip (PIC, IOAPIC, LAPICs), the PIT and
+//! irqfds (the built-in firmware runs without any of them).
 
-use kvm_bindings::{kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
+    KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Where KVM may put the three pages of its real-mode TSS (VMX hosts), just
+/// below the BIOS ROM and outside guest RAM (in the MMIO gap), as Firecracker does.
+const KVM_TSS_ADDR: usize = 0xfffb_d000;
 
 /// Errors of the VM.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +45,20 @@ pub enum VmError {
     /// `KVM_GET_SUPPORTED_CPUID` failed.
     #[error("KVM_GET_SUPPORTED_CPUID failed: {0}")]
     SupportedCpuid(kvm_ioctls::Error),
+    /// `KVM_CREATE_IRQCHIP` failed.
+    #[error("KVM_CREATE_IRQCHIP failed: {0}")]
+    CreateIrqchip(kvm_ioctls::Error),
+    /// `KVM_CREATE_PIT2` failed.
+    #[error("KVM_CREATE_PIT2 failed: {0}")]
+    CreatePit(kvm_ioctls::Error),
+    /// `KVM_IRQFD` failed.
+    #[error("KVM_IRQFD for GSI {gsi} failed: {source}")]
+    Irqfd {
+        /// The interrupt line.
+        gsi: u32,
+        /// KVM's error.
+        source: kvm_ioctls::Error,
+    },
     /// `KVM_CREATE_VCPU` failed.
     #[error("KVM_CREATE_VCPU {index} failed: {source}")]
     CreateVcpu {
@@ -118,6 +142,28 @@ impl Vm {
         self.kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(VmError::SupportedCpuid)
+    }
+
+    /// Creates the in-kernel irqchip (PIC, IOAPIC, a LAPIC per vCPU) and the
+    /// PIT, for a Linux guest. Must come before the vCPUs are created.
+    pub fn setup_irqchip(&self) -> Result<(), VmError> {
+        if let Err(e) = self.fd.set_tss_address(KVM_TSS_ADDR) {
+            // Only VMX needs it; PVM and SVM hosts may refuse it harmlessly.
+            log::debug!("KVM_SET_TSS_ADDR: {e} (ignored)");
+        }
+        self.fd.create_irq_chip().map_err(VmError::CreateIrqchip)?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        self.fd.create_pit2(pit).map_err(VmError::CreatePit)
+    }
+
+    /// Makes a write to `fd` raise interrupt line `gsi` (needs the irqchip).
+    pub fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), VmError> {
+        self.fd
+            .register_irqfd(fd, gsi)
+            .map_err(|source| VmError::Irqfd { gsi, source })
     }
 
     /// Creates vCPU `index`.

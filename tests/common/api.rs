@@ -23,20 +23,16 @@ pub fn start_api(name: &str, extra: &[&str]) -> (Vmm, PathBuf, PathBuf) {
     (vmm, sock, dir)
 }
 
-/// Starts teravm configured from `json` (not started yet).
+/// Starts teravm with an API socket and configures it from `json` (the
+/// config file's sections) over the API, not started yet. (A config file
+/// on the command line starts the microVM at once, as in Firecracker.)
 pub fn start_configured(name: &str, json: &str, extra: &[&str]) -> (Vmm, PathBuf) {
-    let dir = temp_dir(name);
-    let cfg = config_file(&dir, json);
-    let sock = dir.join("api.sock");
-    let mut args = vec![
-        "--api-sock",
-        sock.to_str().unwrap(),
-        "--config-file",
-        cfg.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let vmm = Vmm::spawn(&args);
-    wait_for_api(&sock, T);
+    let (vmm, sock, _dir) = start_api(name, extra);
+    let config: Value = serde_json::from_str(json).expect("a JSON config");
+    for (section, body) in config.as_object().expect("a JSON object") {
+        let (status, reply) = put(&sock, &format!("/{section}"), &body.to_string());
+        assert_eq!(status, 204, "PUT /{section} {body}: {reply}");
+    }
     (vmm, sock)
 }
 
@@ -96,9 +92,9 @@ pub fn u(v: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no number {key} in {v}"))
 }
 
-/// Waits for exit 0 and returns stdout.
-pub fn exits_ok(vmm: Vmm) -> Vec<String> {
+/// Waits for exit 0 and returns (stdout lines, stderr).
+pub fn exits_ok(vmm: Vmm) -> (Vec<String>, String) {
     let (code, stdout, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "stdout {stdout:?} stderr {stderr}");
-    stdout
+    (stdout, stderr)
 }

@@ -95,7 +95,8 @@ pub struct Vmm {
     pub child: Child,
     lines: Receiver<String>,
     pub stdout: Vec<String>,
-    stderr: Option<std::thread::JoinHandle<String>>,
+    err_lines: Receiver<String>,
+    pub stderr: Vec<String>,
 }
 
 impl Vmm {
@@ -119,26 +120,38 @@ impl Vmm {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn teravm");
-        let out = child.stdout.take().unwrap();
-        let mut err = child.stderr.take().unwrap();
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stderr = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        });
+        let lines = read_lines(child.stdout.take().unwrap());
+        let err_lines = read_lines(child.stderr.take().unwrap());
         Vmm {
             child,
             lines,
             stdout: Vec::new(),
-            stderr: Some(stderr),
+            err_lines,
+            stderr: Vec::new(),
+        }
+    }
+
+    /// Waits for a stderr line (teravm's own output: the summary, logs)
+    /// containing `needle` and returns it.
+    pub fn wait_err_line(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.err_lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.stderr.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!(
+                        "no stderr line with {needle:?} within {timeout:?}; stderr so far: {:?}",
+                        self.stderr
+                    );
+                }
+            }
         }
     }
 
@@ -181,7 +194,7 @@ impl Vmm {
             .map_or(0, |kb| kb << 10)
     }
 
-    /// Waits for exit; returns (code, all stdout lines, stderr).
+    /// Waits for exit; returns (code, all stdout lines, all of stderr).
     pub fn wait(mut self, timeout: Duration) -> (i32, Vec<String>, String) {
         let deadline = Instant::now() + timeout;
         let status = loop {
@@ -198,14 +211,15 @@ impl Vmm {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        // Both readers end at EOF: once every holder of the pipes is gone.
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
             self.stdout.push(line);
         }
-        let stderr = self
-            .stderr
-            .take()
-            .map(|t| t.join().unwrap())
-            .unwrap_or_default();
+        while let Ok(line) = self.err_lines.recv_timeout(Duration::from_secs(5)) {
+            self.stderr.push(line);
+        }
+        let mut stderr = self.stderr.join("\n");
+        stderr.push('\n');
         (
             status.code().unwrap_or(-1),
             std::mem::take(&mut self.stdout),
@@ -248,13 +262,27 @@ pub fn run(args: &[&str], timeout: Duration) -> (i32, Vec<String>, String) {
     Vmm::spawn(args).wait(timeout)
 }
 
-/// Parses the summary line: (MiB reclaimed, workers, nodes).
-pub fn summary(stdout: &[String]) -> (u64, u32, u32) {
-    // A guest that crashed mid-line leaves its partial line before it.
-    let line = stdout
-        .iter()
-        .find_map(|l| l.find("teravm: reclaimed ").map(|i| &l[i..]))
-        .unwrap_or_else(|| panic!("no summary line in {stdout:?}"));
+/// Reads `from` line by line on a thread of its own.
+fn read_lines(from: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, lines) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
+/// Parses the summary line on teravm's stderr: (MiB reclaimed, workers,
+/// nodes). Only a line that starts with it counts: the guest's console is
+/// stdout, and nothing it prints can pass for teravm's summary.
+pub fn summary(stderr: &str) -> (u64, u32, u32) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("teravm: reclaimed "))
+        .unwrap_or_else(|| panic!("no summary line in stderr: {stderr}"));
     let words: Vec<&str> = line.split_whitespace().collect();
     // teravm: reclaimed <MiB> MiB in <ms> ms (<x> GiB/s, <w> workers, <n> nodes)
     let mib = words[2].parse().unwrap();

@@ -1,0 +1,257 @@
+//! Unit tests of the routing of Firecracker's resources: `/version`,
+//! `PATCH /machine-config`, `/logger`, `/metrics`, `FlushMetrics`, the
+//! Firecracker-only machine-config fields, and the resources of devices
+//! teravm lacks.
+
+use std::path::PathBuf;
+
+use super::*;
+use crate::config::HugePages;
+use crate::logger::LogLevel;
+
+fn ok(method: &str, path: &str, body: &str) -> VmmAction {
+    route(method, path, body.as_bytes()).unwrap_or_else(|e| panic!("{method} {path} {body}: {e}"))
+}
+
+/// The 400 message of a request, checked to be one line.
+fn bad(method: &str, path: &str, body: &str) -> String {
+    match route(method, path, body.as_bytes()) {
+        Err(e) if e.status() == 400 => {
+            let m = e.to_string();
+            assert!(!m.contains(['\n', '\r']), "{m}");
+            m
+        }
+        other => panic!("{method} {path} {body}: expected 400, got {other:?}"),
+    }
+}
+
+#[test]
+fn version() {
+    assert_eq!(ok("GET", "/version", ""), VmmAction::GetVersion);
+    assert!(bad("GET", "/version", "{}").contains("takes no body"));
+    assert_eq!(route("PUT", "/version", b"{}").unwrap_err().status(), 405);
+}
+
+#[test]
+fn machine_config_takes_firecrackers_fields() {
+    // firecracker-go-sdk's body: smt and track_dirty_pages always sent.
+    let a = ok(
+        "PUT",
+        "/machine-config",
+        r#"{"vcpu_count": 2, "mem_size_mib": 512, "smt": false, "track_dirty_pages": false}"#,
+    );
+    assert_eq!(
+        a,
+        VmmAction::PutMachineConfig(MachineConfig {
+            vcpu_count: 2,
+            mem_size_mib: 512,
+            huge_pages: HugePages::Transparent,
+        })
+    );
+    for body in [
+        r#"{"vcpu_count": 1, "mem_size_mib": 256, "cpu_template": "None"}"#,
+        r#"{"vcpu_count": 1, "mem_size_mib": 256, "cpu_template": null}"#,
+        r#"{"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "None", "smt": false}"#,
+    ] {
+        assert!(matches!(
+            ok("PUT", "/machine-config", body),
+            VmmAction::PutMachineConfig(_)
+        ));
+    }
+}
+
+#[test]
+fn firecracker_fields_teravm_cannot_honour_are_refused_with_the_reason() {
+    let cases = [
+        (r#""smt": true"#, "machine-config.smt", "SMT"),
+        (
+            r#""track_dirty_pages": true"#,
+            "machine-config.track_dirty_pages",
+            "not supported",
+        ),
+        (
+            r#""cpu_template": "T2""#,
+            "machine-config.cpu_template",
+            "T2",
+        ),
+        (
+            r#""cpu_template": "C3""#,
+            "machine-config.cpu_template",
+            "no CPU templates",
+        ),
+        (r#""smt": "yes""#, "smt", "invalid type"),
+        (r#""cpu_template": 3"#, "cpu_template", "invalid type"),
+    ];
+    for (field, names, reason) in cases {
+        let body = format!(r#"{{"vcpu_count": 2, "mem_size_mib": 512, {field}}}"#);
+        let m = bad("PUT", "/machine-config", &body);
+        assert!(m.contains(names) && m.contains(reason), "{body}: {m}");
+        let m = bad("PATCH", "/machine-config", &format!("{{{field}}}"));
+        assert!(
+            m.contains(names) && m.contains(reason),
+            "PATCH {field}: {m}"
+        );
+    }
+}
+
+#[test]
+fn patch_machine_config() {
+    match ok("PATCH", "/machine-config", r#"{"mem_size_mib": 1024}"#) {
+        VmmAction::PatchMachineConfig(p) => {
+            assert_eq!(p.mem_size_mib, Some(1024));
+            assert_eq!(p.vcpu_count, None);
+            let cur = MachineConfig::default();
+            let next = p.apply(&cur).unwrap();
+            assert_eq!((next.vcpu_count, next.mem_size_mib), (cur.vcpu_count, 1024));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Validated as a whole: 2M pages need a size that is a multiple of 2 MiB.
+    match ok("PATCH", "/machine-config", r#"{"huge_pages": "2M"}"#) {
+        VmmAction::PatchMachineConfig(p) => {
+            let odd = MachineConfig {
+                mem_size_mib: 129,
+                ..MachineConfig::default()
+            };
+            let e = p.apply(&odd).unwrap_err().to_string();
+            assert!(e.contains("machine-config.mem_size_mib"), "{e}");
+            assert!(p.apply(&MachineConfig::default()).is_ok());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(bad("PATCH", "/machine-config", "{}").contains("changes nothing"));
+    assert!(bad("PATCH", "/machine-config", "").contains("needs a JSON body"));
+    assert!(bad("PATCH", "/machine-config", r#"{"vcpus": 2}"#).contains("unknown field `vcpus`"));
+    assert!(bad("PATCH", "/machine-config", r#"{"vcpu_count": -1}"#).contains("vcpu_count"));
+    assert!(bad("PATCH", "/machine-config", "[1]").contains("expected a JSON object"));
+    assert_eq!(
+        route("PATCH", "/boot-source", b"{}").unwrap_err().status(),
+        405
+    );
+}
+
+#[test]
+fn logger() {
+    // firecracker-go-sdk's setupLogging body.
+    match ok(
+        "PUT",
+        "/logger",
+        r#"{"log_path": "/tmp/fc.log", "level": "Debug", "show_level": true, "show_log_origin": false}"#,
+    ) {
+        VmmAction::PutLogger(c) => {
+            assert_eq!(c.log_path, Some(PathBuf::from("/tmp/fc.log")));
+            assert_eq!(c.level, Some(LogLevel(log::LevelFilter::Debug)));
+            assert_eq!((c.show_level, c.show_log_origin), (Some(true), Some(false)));
+        }
+        other => panic!("{other:?}"),
+    }
+    for level in ["Warning", "WARN", "info", "Off", "TRACE"] {
+        let body = format!(r#"{{"level": "{level}"}}"#);
+        assert!(matches!(
+            ok("PUT", "/logger", &body),
+            VmmAction::PutLogger(_)
+        ));
+    }
+    match ok("PUT", "/logger", r#"{"module": "teravm::vmm"}"#) {
+        VmmAction::PutLogger(c) => assert_eq!(c.module.as_deref(), Some("teravm::vmm")),
+        other => panic!("{other:?}"),
+    }
+    let cases = [
+        (r#"{"level": "Loud"}"#, "not a log level"),
+        (r#"{"level": 3}"#, "invalid type"),
+        (r#"{"log_path": ""}"#, "logger.log_path"),
+        (r#"{"module": "a b"}"#, "logger.module"),
+        (r#"{"show_level": "yes"}"#, "show_level"),
+        (r#"{"colour": true}"#, "unknown field `colour`"),
+        ("", "needs a JSON body"),
+    ];
+    for (body, needle) in cases {
+        let m = bad("PUT", "/logger", body);
+        assert!(m.contains(needle), "{body}: {m}");
+    }
+    assert_eq!(route("GET", "/logger", b"").unwrap_err().status(), 405);
+}
+
+#[test]
+fn metrics_and_flush() {
+    assert_eq!(
+        ok("PUT", "/metrics", r#"{"metrics_path": "/tmp/m.fifo"}"#),
+        VmmAction::PutMetrics(crate::config::MetricsConfig {
+            metrics_path: "/tmp/m.fifo".into()
+        })
+    );
+    for (body, needle) in [
+        ("{}", "missing field `metrics_path`"),
+        (r#"{"metrics_path": ""}"#, "metrics.metrics_path"),
+        (r#"{"metrics_path": 1}"#, "invalid type"),
+        (r#"{"metrics_path": "/m", "x": 1}"#, "unknown field `x`"),
+    ] {
+        let m = bad("PUT", "/metrics", body);
+        assert!(m.contains(needle), "{body}: {m}");
+    }
+    assert_eq!(
+        ok("PUT", "/actions", r#"{"action_type": "FlushMetrics"}"#),
+        VmmAction::FlushMetrics
+    );
+    let m = bad(
+        "PUT",
+        "/actions",
+        r#"{"action_type": "FlushMetrics", "reclaim": "sync"}"#,
+    );
+    assert!(m.contains("only allowed with"), "{m}");
+}
+
+#[test]
+fn resources_of_devices_teravm_lacks_name_the_feature() {
+    let cases = [
+        ("PUT", "/drives/rootfs", "block devices"),
+        ("PATCH", "/drives/rootfs", "block devices"),
+        ("GET", "/drives", "block devices"),
+        ("PUT", "/network-interfaces/eth0", "network interfaces"),
+        ("PATCH", "/network-interfaces/1", "network interfaces"),
+        ("PUT", "/vsock", "vsock"),
+        ("PUT", "/balloon", "balloon"),
+        ("GET", "/balloon/statistics", "balloon"),
+        ("PATCH", "/balloon/statistics", "balloon"),
+        ("PUT", "/mmds", "metadata service"),
+        ("GET", "/mmds", "metadata service"),
+        ("PUT", "/mmds/config", "metadata service"),
+        ("PUT", "/snapshot/create", "snapshots"),
+        ("PUT", "/snapshot/load", "snapshots"),
+        ("PUT", "/entropy", "entropy"),
+        ("PUT", "/cpu-config", "CPU templates"),
+        ("PATCH", "/vm", "PATCH /vm"),
+        ("PUT", "/vm", "PATCH /vm"),
+    ];
+    for (method, path, feature) in cases {
+        let body = r#"{"drive_id": "rootfs", "path_on_host": "/r", "is_root_device": true}"#;
+        let m = bad(method, path, body);
+        assert!(
+            m.contains(feature) && m.contains("not supported") && m.contains(path),
+            "{method} {path}: {m}"
+        );
+    }
+    // Only whole path segments: these are plain unknown resources.
+    for path in ["/drivesx", "/mmdsx", "/vmx"] {
+        assert_eq!(
+            route("PUT", path, b"{}").unwrap_err().status(),
+            404,
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn requests_and_failures_are_counted() {
+    let (req0, fail0) = crate::metrics::counts("PUT", "/drives");
+    let _ = route("PUT", "/drives/x", b"{}");
+    let _ = route("PUT", "/drives/y", b"{}");
+    let (req1, fail1) = crate::metrics::counts("PUT", "/drives");
+    // Other tests run at the same time and may add to them, never less.
+    assert!(req1 >= req0 + 2 && fail1 >= fail0 + 2);
+    let (v0, f0) = crate::metrics::counts("GET", "/version");
+    let _ = route("GET", "/version", b"");
+    let (v1, f1) = crate::metrics::counts("GET", "/version");
+    assert!(v1 > v0);
+    let _ = (f0, f1);
+}

@@ -1,0 +1,269 @@
+//! The parts of the configuration that exist for Firecracker's clients: the
+//! full `machine-config` shape (`smt`, `track_dirty_pages`, `cpu_template`)
+//! and its partial update (`PATCH /machine-config`), the `logger` and
+//! `metrics` sections, and the sections of devices teravm does not have yet
+//! (`drives`, `network-interfaces`, ...), accepted only when empty.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::{invalid, ConfigError, HugePages, MachineConfig};
+use crate::logger::LogLevel;
+
+/// The one CPU template teravm has: none (the host CPUID as KVM reports it).
+pub const CPU_TEMPLATE_NONE: &str = "None";
+
+/// `machine-config` as it travels in JSON: teravm's fields and Firecracker's.
+/// [`MachineConfig`] is (de)serialized through it, so the Firecracker-only
+/// fields are checked when a body or file is read and shown by `GET`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfigBody {
+    /// Number of vCPUs.
+    pub vcpu_count: u8,
+    /// Guest RAM in MiB.
+    pub mem_size_mib: u64,
+    /// Simultaneous multithreading: only `false` (each vCPU is its own core).
+    #[serde(default)]
+    pub smt: bool,
+    /// Dirty page tracking (Firecracker's diff snapshots): only `false`.
+    #[serde(default)]
+    pub track_dirty_pages: bool,
+    /// Page backing of guest RAM.
+    #[serde(default)]
+    pub huge_pages: HugePages,
+    /// CPU template: absent, `null` or `"None"`.
+    #[serde(default = "no_template", deserialize_with = "nullable_template")]
+    pub cpu_template: String,
+}
+
+fn no_template() -> String {
+    CPU_TEMPLATE_NONE.into()
+}
+
+fn nullable_template<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_else(|| CPU_TEMPLATE_NONE.into()))
+}
+
+impl Default for MachineConfigBody {
+    fn default() -> Self {
+        MachineConfig::default().into()
+    }
+}
+
+/// Checks the fields teravm takes from Firecracker but cannot honour.
+fn check_firecracker_fields(
+    smt: bool,
+    track_dirty_pages: bool,
+    cpu_template: &str,
+) -> Result<(), ConfigError> {
+    if smt {
+        return Err(invalid(
+            "machine-config.smt",
+            "true is not supported: teravm gives each vCPU a core of its own, with no \
+             SMT sibling; send false",
+        ));
+    }
+    if track_dirty_pages {
+        return Err(invalid(
+            "machine-config.track_dirty_pages",
+            "true is not supported: teravm has no dirty page tracking (no diff snapshots); \
+             send false",
+        ));
+    }
+    if cpu_template != CPU_TEMPLATE_NONE {
+        return Err(invalid(
+            "machine-config.cpu_template",
+            format!(
+                "{cpu_template:?} is not supported: teravm has no CPU templates; omit it or \
+                 send \"None\""
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl TryFrom<MachineConfigBody> for MachineConfig {
+    type Error = ConfigError;
+
+    fn try_from(b: MachineConfigBody) -> Result<Self, ConfigError> {
+        check_firecracker_fields(b.smt, b.track_dirty_pages, &b.cpu_template)?;
+        Ok(MachineConfig {
+            vcpu_count: b.vcpu_count,
+            mem_size_mib: b.mem_size_mib,
+            huge_pages: b.huge_pages,
+        })
+    }
+}
+
+impl From<MachineConfig> for MachineConfigBody {
+    fn from(m: MachineConfig) -> Self {
+        MachineConfigBody {
+            vcpu_count: m.vcpu_count,
+            mem_size_mib: m.mem_size_mib,
+            smt: false,
+            track_dirty_pages: false,
+            huge_pages: m.huge_pages,
+            cpu_template: CPU_TEMPLATE_NONE.into(),
+        }
+    }
+}
+
+/// The body of `PATCH /machine-config`: any subset of the fields, applied
+/// to the configuration in force and validated as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfigPatch {
+    /// New vCPU count.
+    #[serde(default)]
+    pub vcpu_count: Option<u8>,
+    /// New memory size.
+    #[serde(default)]
+    pub mem_size_mib: Option<u64>,
+    /// New SMT setting (only `false`).
+    #[serde(default)]
+    pub smt: Option<bool>,
+    /// New dirty page tracking setting (only `false`).
+    #[serde(default)]
+    pub track_dirty_pages: Option<bool>,
+    /// New page backing.
+    #[serde(default)]
+    pub huge_pages: Option<HugePages>,
+    /// New CPU template (only `"None"`).
+    #[serde(default)]
+    pub cpu_template: Option<String>,
+}
+
+impl MachineConfigPatch {
+    /// Whether the patch changes nothing at all.
+    pub fn is_empty(&self) -> bool {
+        *self == MachineConfigPatch::default()
+    }
+
+    /// Checks what can be checked without the configuration in force.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_firecracker_fields(
+            self.smt.unwrap_or(false),
+            self.track_dirty_pages.unwrap_or(false),
+            self.cpu_template.as_deref().unwrap_or(CPU_TEMPLATE_NONE),
+        )
+    }
+
+    /// `current` with this patch applied, validated as a whole.
+    pub fn apply(&self, current: &MachineConfig) -> Result<MachineConfig, ConfigError> {
+        self.validate()?;
+        let next = MachineConfig {
+            vcpu_count: self.vcpu_count.unwrap_or(current.vcpu_count),
+            mem_size_mib: self.mem_size_mib.unwrap_or(current.mem_size_mib),
+            huge_pages: self.huge_pages.unwrap_or(current.huge_pages),
+        };
+        next.validate()?;
+        Ok(next)
+    }
+}
+
+/// The `logger` section and the body of `PUT /logger`: the same settings as
+/// the `--log-path`, `--level`, `--show-level`, `--show-log-origin` and
+/// `--module` flags. Absent fields keep their value.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggerConfig {
+    /// A file or FIFO to write log lines to instead of stderr.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_path: Option<PathBuf>,
+    /// The most verbose level written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<LogLevel>,
+    /// Whether lines show their level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub show_level: Option<bool>,
+    /// Whether lines show the source file and line they come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub show_log_origin: Option<bool>,
+    /// Only records of modules whose path starts with this (e.g. `teravm::vmm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+}
+
+/// Longest module filter accepted.
+const MAX_MODULE_LEN: usize = 256;
+
+impl LoggerConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(path) = &self.log_path {
+            check_path("logger.log_path", path)?;
+        }
+        if let Some(module) = &self.module {
+            if module.is_empty()
+                || module.len() > MAX_MODULE_LEN
+                || !module
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            {
+                return Err(invalid(
+                    "logger.module",
+                    format!(
+                        "{module:?} is not a module path (1..={MAX_MODULE_LEN} letters, digits, \
+                         '_' and ':')"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `metrics` section and the body of `PUT /metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// A file or FIFO that gets one JSON object per line.
+    pub metrics_path: PathBuf,
+}
+
+impl MetricsConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_path("metrics.metrics_path", &self.metrics_path)
+    }
+}
+
+fn check_path(field: &'static str, path: &std::path::Path) -> Result<(), ConfigError> {
+    let bytes = path.as_os_str().as_encoded_bytes();
+    if bytes.is_empty() || bytes.len() > 4096 || bytes.contains(&0) {
+        return Err(invalid(
+            field,
+            "must be a non-empty path of at most 4096 bytes without NUL",
+        ));
+    }
+    Ok(())
+}
+
+/// A Firecracker section for a device teravm does not have yet: accepted
+/// when absent, `null`, `[]` or `{}`, refused otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(transparent)]
+pub struct UnsupportedSection(Option<serde_json::Value>);
+
+impl UnsupportedSection {
+    /// Whether the section asks for nothing.
+    pub fn is_empty(&self) -> bool {
+        match &self.0 {
+            None | Some(serde_json::Value::Null) => true,
+            Some(serde_json::Value::Array(a)) => a.is_empty(),
+            Some(serde_json::Value::Object(o)) => o.is_empty(),
+            Some(_) => false,
+        }
+    }
+
+    /// An error naming `section` unless it is empty.
+    pub fn check(&self, section: &'static str) -> Result<(), ConfigError> {
+        if self.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::NotSupported(section))
+        }
+    }
+}

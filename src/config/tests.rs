@@ -1,0 +1,241 @@
+//! Unit tests of config parsing and validation.
+use super::*;
+
+fn parse(text: &str) -> Result<VmConfig, ConfigError> {
+    VmConfig::from_json(text, Path::new("t.json"))
+}
+
+#[test]
+fn full_example_parses() {
+    let c = parse(
+        r#"{
+         "machine-config": {"vcpu_count": 2, "mem_size_mib": 4096, "huge_pages": "Transparent"},
+         "boot-source": {"boot_args": "touch=all then=reset"},
+         "memory": {"backing": "anonymous", "host_nodes": null, "numa_policy": "bind", "populate": false},
+         "reclaim": {"workers_per_node": 1, "chunk_mib": 1024, "parallel_threshold_mib": 1024, "steal": true}
+       }"#,
+    )
+    .unwrap();
+    assert_eq!(c.machine_config.vcpu_count, 2);
+    assert_eq!(c.machine_config.mem_bytes(), 4 << 30);
+    assert_eq!(c.boot_source.boot_args, "touch=all then=reset");
+    assert_eq!(c.reclaim.workers_per_node, 1);
+    assert_eq!(c.memory.numa_policy, NumaPolicy::Bind);
+}
+
+#[test]
+fn sections_default() {
+    let c = parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 128}}"#).unwrap();
+    assert_eq!(c.machine_config.huge_pages, HugePages::Transparent);
+    assert_eq!(c.memory, MemoryConfig::default());
+    assert_eq!(c.reclaim, ReclaimConfig::default());
+    let m: MachineConfig =
+        serde_json::from_str(r#"{"vcpu_count":1,"mem_size_mib":64,"huge_pages":"2M"}"#).unwrap();
+    assert_eq!(m.huge_pages, HugePages::Huge2M);
+}
+
+#[test]
+fn unknown_fields_are_refused() {
+    let e = parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 128, "vcpus": 2}}"#)
+        .unwrap_err();
+    assert!(e.to_string().contains("unknown field `vcpus`"), "{e}");
+    let e = parse(r#"{"network": {}}"#).unwrap_err();
+    assert!(e.to_string().contains("unknown field `network`"), "{e}");
+}
+
+#[test]
+fn wrong_types_are_refused() {
+    let e = parse(r#"{"machine-config": {"vcpu_count": "two", "mem_size_mib": 128}}"#).unwrap_err();
+    assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    let e = parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": -1}}"#).unwrap_err();
+    assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    let e =
+        parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "4K"}}"#)
+            .unwrap_err();
+    assert!(
+        e.to_string().contains("huge_pages") || e.to_string().contains("4K"),
+        "{e}"
+    );
+}
+
+#[test]
+fn ranges_are_checked_and_named() {
+    let cases = [
+        (
+            r#"{"machine-config": {"vcpu_count": 0, "mem_size_mib": 128}}"#,
+            "machine-config.vcpu_count",
+        ),
+        (
+            r#"{"machine-config": {"vcpu_count": 255, "mem_size_mib": 128}}"#,
+            "machine-config.vcpu_count",
+        ),
+        (
+            r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 0}}"#,
+            "machine-config.mem_size_mib",
+        ),
+        (
+            r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 1099511627776}}"#,
+            "machine-config.mem_size_mib",
+        ),
+        (
+            r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 1025, "huge_pages": "1G"}}"#,
+            "machine-config.mem_size_mib",
+        ),
+        (
+            r#"{"boot-source": {"kernel_image_path": "/nonexistent/vmlinux"}}"#,
+            "boot-source.kernel_image_path",
+        ),
+        (
+            r#"{"boot-source": {"kernel_image_path": "Cargo.toml"}}"#,
+            "boot-source.kernel_image_path",
+        ),
+        (
+            r#"{"boot-source": {"initrd_path": "Cargo.toml"}}"#,
+            "boot-source.initrd_path",
+        ),
+        (
+            r#"{"boot-source": {"boot_args": "a\u0000b"}}"#,
+            "boot-source.boot_args",
+        ),
+        (r#"{"memory": {"host_nodes": []}}"#, "memory.host_nodes"),
+        (
+            r#"{"memory": {"host_nodes": [0, 1, 0]}}"#,
+            "memory.host_nodes",
+        ),
+        (
+            r#"{"reclaim": {"workers_per_node": 0}}"#,
+            "reclaim.workers_per_node",
+        ),
+        (r#"{"reclaim": {"chunk_mib": 0}}"#, "reclaim.chunk_mib"),
+        (r#"{"reclaim": {"chunk_mib": 3}}"#, "reclaim.chunk_mib"),
+    ];
+    for (text, field) in cases {
+        match parse(text) {
+            Err(ConfigError::InvalidField { field: f, .. }) => assert_eq!(f, field, "{text}"),
+            other => panic!("{text}: expected an invalid {field}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn errors_are_one_line() {
+    let e = parse("{\n\"machine-config\": [1,\n2]}").unwrap_err();
+    assert!(!e.to_string().contains('\n'), "{e}");
+    // Found by fuzzing (config_file): serde echoes an unknown variant or
+    // field name as written, so an escaped newline in it made a
+    // multi-line error.
+    let e = parse(r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "Tr\nsparent"}}"#)
+        .unwrap_err();
+    assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    assert!(!e.to_string().contains(['\r', '\n']), "{e}");
+    let e = parse("{\"reclaim\": {\"a\\r\\nb\": 1}}").unwrap_err();
+    assert!(e.to_string().contains("unknown field `a  b`"), "{e}");
+    let e = VmConfig::from_file(Path::new("/nonexistent/teravm.json")).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }));
+    assert!(!e.to_string().contains('\n'));
+}
+
+#[test]
+fn round_trips() {
+    let c = VmConfig::default();
+    let text = serde_json::to_string(&c).unwrap();
+    assert_eq!(parse(&text).unwrap(), c);
+    assert!(text.contains("\"machine-config\""));
+}
+
+#[test]
+fn firecracker_sections_are_accepted_when_empty() {
+    // flintlock's config file, less the root drive it always adds.
+    let c = parse(
+        r#"{"boot-source": {"boot_args": "touch=8 then=idle", "initrd_path": null},
+            "drives": [], "machine-config": {"vcpu_count": 2, "mem_size_mib": 256,
+            "smt": false, "track_dirty_pages": false}, "balloon": null,
+            "network-interfaces": [], "vsock": null, "mmds-config": null, "entropy": {},
+            "logger": {"log_path": "/tmp/fc.log", "level": "Debug", "show_level": true,
+                       "show_log_origin": true},
+            "metrics": {"metrics_path": "/tmp/fc.metrics"}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.machine_config.vcpu_count, 2);
+    assert_eq!(c.logger.unwrap().show_log_origin, Some(true));
+    assert_eq!(
+        c.metrics.unwrap().metrics_path,
+        Path::new("/tmp/fc.metrics")
+    );
+    let sections = [
+        ("drives", r#"[{"drive_id": "rootfs"}]"#),
+        ("network-interfaces", r#"[{"iface_id": "eth0"}]"#),
+        ("vsock", r#"{"guest_cid": 3}"#),
+        ("balloon", r#"{"amount_mib": 1}"#),
+        ("mmds-config", r#"{"network_interfaces": ["eth0"]}"#),
+        ("entropy", r#"{"rate_limiter": null}"#),
+        ("drives", "true"),
+    ];
+    for (name, value) in sections {
+        let e = parse(&format!(r#"{{"{name}": {value}}}"#)).unwrap_err();
+        assert_eq!(e, ConfigError::NotSupported(name));
+        assert!(
+            e.to_string()
+                .contains(&format!("not supported yet: {name}")),
+            "{e}"
+        );
+    }
+    let e = parse(r#"{"logger": {"level": "Chatty"}}"#).unwrap_err();
+    assert!(e.to_string().contains("Chatty"), "{e}");
+    let e = parse(r#"{"metrics": {}}"#).unwrap_err();
+    assert!(e.to_string().contains("metrics_path"), "{e}");
+}
+
+#[test]
+fn machine_config_shows_every_field_in_force() {
+    let v = serde_json::to_value(MachineConfig::default()).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"vcpu_count": 1, "mem_size_mib": 128, "smt": false,
+            "track_dirty_pages": false, "huge_pages": "Transparent", "cpu_template": "None"})
+    );
+    let e = parse(r#"{"machine-config": {"vcpu_count": 2, "mem_size_mib": 256, "smt": true}}"#)
+        .unwrap_err();
+    assert!(e.to_string().contains("machine-config.smt"), "{e}");
+    // GET /vm/config leaves the device sections out and round-trips.
+    let text = serde_json::to_string(&VmConfig::default()).unwrap();
+    assert!(
+        !text.contains("drives") && !text.contains("logger"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_config_file_is_read_with_a_size_limit() {
+    let e = VmConfig::from_file(Path::new("/dev/zero")).unwrap_err();
+    assert!(e.to_string().contains("larger than 1048576 bytes"), "{e}");
+    assert!(!e.to_string().contains('\n'));
+    let dir = std::env::temp_dir().join(format!("teravm-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big.json");
+    let mut text = String::from(r#"{"boot-source": {"boot_args": ""#);
+    text.push_str(&" ".repeat(MAX_CONFIG_FILE_BYTES as usize));
+    text.push_str(r#""}}"#);
+    std::fs::write(&big, text).unwrap();
+    let e = VmConfig::from_file(&big).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }), "{e}");
+    let ok = dir.join("ok.json");
+    std::fs::write(
+        &ok,
+        r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 64}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        VmConfig::from_file(&ok)
+            .unwrap()
+            .machine_config
+            .mem_size_mib,
+        64
+    );
+    std::fs::write(&ok, b"{\xff}").unwrap();
+    assert!(VmConfig::from_file(&ok)
+        .unwrap_err()
+        .to_string()
+        .contains("UTF-8"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,415 @@
+//! Memory admission: a guest that will be populated, or that is backed by
+//! hugetlb pages, is refused before anything is mapped when it is larger
+//! than what this process may get, so it fails with a message that names
+//! the numbers instead of being killed by the OOM killer (or by `SIGBUS`)
+//! half-way through.
+//!
+//! What this process may get, read from the kernel:
+//! - the room left in its memory cgroup and every ancestor: v2
+//!   `memory.max - memory.current`, v1 `memory.limit_in_bytes -
+//!   memory.usage_in_bytes` (the process's cgroup from `/proc/self/cgroup`);
+//! - the host's `MemAvailable` (`/proc/meminfo`);
+//! - for hugetlb backings, the free huge pages of the guest's page size
+//!   (`/sys/kernel/mm/hugepages/hugepages-<size>kB/free_hugepages`), which
+//!   are not charged to the memory cgroup.
+//!
+//! A guest that is neither populated nor hugetlb-backed is always admitted:
+//! it is mapped `MAP_NORESERVE` and costs only what the guest touches.
+
+use std::path::{Path, PathBuf};
+
+use super::options::MemoryOptions;
+
+const MIB: u64 = 1 << 20;
+
+/// Why a guest was not admitted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AdmissionError {
+    /// Populating the guest would need more memory than the process may get.
+    #[error("populating {need_mib} MiB of guest memory needs more than this process may get: {limit} leaves {available_mib} MiB; lower machine-config.mem_size_mib, raise that limit, or set memory.populate to false", need_mib = need >> 20, available_mib = available >> 20)]
+    Memory {
+        /// Bytes the guest needs.
+        need: u64,
+        /// Bytes available under the tightest limit.
+        available: u64,
+        /// That limit, with its numbers (e.g. the cgroup's files).
+        limit: String,
+    },
+    /// Not enough free huge pages of the guest's size.
+    #[error("{need} huge pages of {page_mib} MiB are needed for {need_mib} MiB of guest memory, but only {free} are free ({path}); reserve more huge pages (nr_hugepages) or use huge_pages \"None\" or \"Transparent\"", page_mib = page >> 20, need_mib = need * (page >> 20))]
+    HugePages {
+        /// Pages needed.
+        need: u64,
+        /// Pages free.
+        free: u64,
+        /// The page size in bytes.
+        page: u64,
+        /// The file the free count was read from.
+        path: String,
+    },
+}
+
+/// The room left under one memory cgroup level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupRoom {
+    /// The cgroup directory.
+    pub dir: PathBuf,
+    /// Its limit in bytes.
+    pub limit: u64,
+    /// Its usage in bytes.
+    pub usage: u64,
+}
+
+impl CgroupRoom {
+    /// Bytes left under the limit.
+    pub fn room(&self) -> u64 {
+        self.limit.saturating_sub(self.usage)
+    }
+}
+
+/// What this process may get, as the kernel reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostMemory {
+    /// The tightest limited level of the process's memory cgroup, if any is
+    /// limited.
+    pub cgroup: Option<CgroupRoom>,
+    /// `MemAvailable` of the host, in bytes.
+    pub mem_available: Option<u64>,
+    /// For a hugetlb page size: the free pages and the file they came from.
+    pub free_huge_pages: Option<(u64, PathBuf)>,
+}
+
+/// Where the kernel's files are (the real roots, or a test's tree).
+#[derive(Debug, Clone)]
+pub struct Roots {
+    /// `/proc`.
+    pub proc: PathBuf,
+    /// `/sys`.
+    pub sys: PathBuf,
+}
+
+impl Default for Roots {
+    fn default() -> Self {
+        Roots {
+            proc: PathBuf::from("/proc"),
+            sys: PathBuf::from("/sys"),
+        }
+    }
+}
+
+impl HostMemory {
+    /// Reads what this process may get, for a guest of huge pages of
+    /// `hugetlb_page` bytes (if any). Files that cannot be read count as no
+    /// limit.
+    pub fn read(roots: &Roots, hugetlb_page: Option<u64>) -> HostMemory {
+        let cgroup_text =
+            std::fs::read_to_string(roots.proc.join("self/cgroup")).unwrap_or_default();
+        let cgroup = tightest_cgroup(&cgroup_text, &roots.sys.join("fs/cgroup"));
+        let mem_available = std::fs::read_to_string(roots.proc.join("meminfo"))
+            .ok()
+            .and_then(|t| meminfo_bytes(&t, "MemAvailable"));
+        let free_huge_pages = hugetlb_page.and_then(|page| {
+            let path = roots.sys.join(format!(
+                "kernel/mm/hugepages/hugepages-{}kB/free_hugepages",
+                page >> 10
+            ));
+            let free = std::fs::read_to_string(&path).ok()?.trim().parse().ok()?;
+            Some((free, path))
+        });
+        HostMemory {
+            cgroup,
+            mem_available,
+            free_huge_pages,
+        }
+    }
+}
+
+/// `<key>: <n> kB` of a meminfo text, in bytes.
+pub fn meminfo_bytes(text: &str, key: &str) -> Option<u64> {
+    let line = text
+        .lines()
+        .find(|l| l.split(':').next().map(str::trim) == Some(key))?;
+    let mut words = line.split(':').nth(1)?.split_whitespace();
+    let kib: u64 = words.next()?.parse().ok()?;
+    (words.next() == Some("kB")).then_some(kib.checked_mul(1024)?)
+}
+
+/// Reads a limit or usage file: a number of bytes, or `max` (none).
+fn read_bytes(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let text = text.trim();
+    if text == "max" {
+        return None;
+    }
+    let n: u64 = text.parse().ok()?;
+    // v1 writes "no limit" as a page-rounded i64::MAX.
+    (n < 1 << 62).then_some(n)
+}
+
+/// The limited level of the process's memory cgroup (and its ancestors)
+/// with the least room; `cgroup_root` is where the hierarchies are mounted
+/// (`/sys/fs/cgroup`). A v1 `memory` hierarchy wins over v2 when both are
+/// listed (a hybrid host, whose v2 tree then has no memory controller).
+pub fn tightest_cgroup(proc_self_cgroup: &str, cgroup_root: &Path) -> Option<CgroupRoom> {
+    let mut levels: Vec<(PathBuf, &str, &str)> = Vec::new();
+    for line in proc_self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        if controllers.split(',').any(|c| c == "memory") {
+            levels.push((
+                cgroup_root.join("memory").join(rel),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            ));
+        } else if controllers.is_empty() {
+            levels.push((cgroup_root.join(rel), "memory.max", "memory.current"));
+        }
+    }
+    // v1 first (see above).
+    levels.sort_by_key(|l| l.1 != "memory.limit_in_bytes");
+    let (dir, limit_file, usage_file) = levels.into_iter().find(|l| l.0.join(l.2).exists())?;
+    let mut best: Option<CgroupRoom> = None;
+    let mut at = Some(dir.as_path());
+    while let Some(d) = at {
+        if !d.starts_with(cgroup_root) {
+            break;
+        }
+        if let (Some(limit), Some(usage)) = (
+            read_bytes(&d.join(limit_file)),
+            read_bytes(&d.join(usage_file)),
+        ) {
+            let room = CgroupRoom {
+                dir: d.to_path_buf(),
+                limit,
+                usage,
+            };
+            if best.as_ref().is_none_or(|b| room.room() < b.room()) {
+                best = Some(room);
+            }
+        }
+        at = d.parent();
+    }
+    best
+}
+
+/// Reads the host's figures (only when the guest needs admission) and
+/// admits or refuses the guest.
+pub fn check(opts: &MemoryOptions) -> Result<(), AdmissionError> {
+    let hugetlb = opts.page_size.hugetlb_bytes();
+    if !opts.populate && hugetlb.is_none() {
+        return Ok(());
+    }
+    admit(opts, &HostMemory::read(&Roots::default(), hugetlb))
+}
+
+/// The rule, over figures already read: a hugetlb guest needs that many free
+/// huge pages of its size; a populated guest of normal pages needs its size
+/// in the tightest cgroup level and in `MemAvailable`. Anything else is
+/// admitted.
+pub fn admit(opts: &MemoryOptions, host: &HostMemory) -> Result<(), AdmissionError> {
+    let need = opts.mem_bytes;
+    if let Some(page) = opts.page_size.hugetlb_bytes() {
+        if let Some((free, path)) = &host.free_huge_pages {
+            let pages = need.div_ceil(page);
+            if pages > *free {
+                return Err(AdmissionError::HugePages {
+                    need: pages,
+                    free: *free,
+                    page,
+                    path: path.display().to_string(),
+                });
+            }
+        }
+        return Ok(());
+    }
+    if !opts.populate {
+        return Ok(());
+    }
+    if let Some(c) = &host.cgroup {
+        if need > c.room() {
+            return Err(AdmissionError::Memory {
+                need,
+                available: c.room(),
+                limit: format!(
+                    "the memory cgroup {} (limit {} MiB, usage {} MiB)",
+                    c.dir.display(),
+                    c.limit / MIB,
+                    c.usage / MIB
+                ),
+            });
+        }
+    }
+    if let Some(avail) = host.mem_available {
+        if need > avail {
+            return Err(AdmissionError::Memory {
+                need,
+                available: avail,
+                limit: format!("the host's MemAvailable ({} MiB)", avail / MIB),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::numa::fake::TempDir;
+    use super::super::options::PageSize;
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn opts(gib: u64, page_size: PageSize, populate: bool) -> MemoryOptions {
+        MemoryOptions {
+            mem_bytes: gib * GIB,
+            page_size,
+            populate,
+            ..MemoryOptions::default()
+        }
+    }
+
+    #[test]
+    fn the_rule() {
+        let host = HostMemory {
+            cgroup: Some(CgroupRoom {
+                dir: "/sys/fs/cgroup/x".into(),
+                limit: GIB,
+                usage: 100 * MIB,
+            }),
+            mem_available: Some(8 * GIB),
+            free_huge_pages: Some((
+                3,
+                "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages".into(),
+            )),
+        };
+        // Sparse guests are always admitted.
+        assert_eq!(admit(&opts(64, PageSize::Small, false), &host), Ok(()));
+        assert_eq!(
+            admit(&opts(64, PageSize::Transparent, false), &host),
+            Ok(())
+        );
+        // Populated: the cgroup's room (924 MiB) is the tightest.
+        let e = admit(&opts(4, PageSize::Transparent, true), &host).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("4096 MiB") && text.contains("924 MiB"),
+            "{text}"
+        );
+        assert!(text.contains("limit 1024 MiB, usage 100 MiB"), "{text}");
+        assert!(!text.contains('\n'));
+        let small = MemoryOptions {
+            mem_bytes: 900 * MIB,
+            populate: true,
+            ..MemoryOptions::default()
+        };
+        assert_eq!(admit(&small, &host), Ok(()));
+        // Without a cgroup limit, MemAvailable.
+        let host2 = HostMemory {
+            cgroup: None,
+            ..host.clone()
+        };
+        assert_eq!(admit(&opts(4, PageSize::Small, true), &host2), Ok(()));
+        let e = admit(&opts(9, PageSize::Small, true), &host2).unwrap_err();
+        assert!(e.to_string().contains("MemAvailable (8192 MiB)"), "{e}");
+        // hugetlb: the free pages, populated or not; the cgroup does not
+        // count them.
+        let e = admit(&opts(1, PageSize::Huge2M, false), &host).unwrap_err();
+        assert_eq!(
+            e,
+            AdmissionError::HugePages {
+                need: 512,
+                free: 3,
+                page: 2 * MIB,
+                path: "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages".into()
+            }
+        );
+        assert!(e.to_string().contains("512 huge pages of 2 MiB"), "{e}");
+        let few = MemoryOptions {
+            mem_bytes: 6 * MIB,
+            page_size: PageSize::Huge2M,
+            populate: true,
+            ..MemoryOptions::default()
+        };
+        assert_eq!(admit(&few, &host), Ok(()));
+    }
+
+    #[test]
+    fn meminfo_keys() {
+        let t = "MemTotal:       24000000 kB\nMemAvailable:    1000 kB\nHugePages_Free: 0\n";
+        assert_eq!(meminfo_bytes(t, "MemAvailable"), Some(1000 * 1024));
+        assert_eq!(meminfo_bytes(t, "MemTotal"), Some(24_000_000 * 1024));
+        assert_eq!(meminfo_bytes(t, "HugePages_Free"), None);
+        assert_eq!(meminfo_bytes(t, "Mem"), None);
+    }
+
+    fn write(path: &Path, text: &str) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    #[test]
+    fn cgroup_v1_and_v2_trees() {
+        let t = TempDir::new("cgroup");
+        let root = t.0.join("fs/cgroup");
+        // v1: a limited parent and an unlimited child: the parent counts.
+        let v1 = root.join("memory/a/b");
+        write(&root.join("memory/a/memory.limit_in_bytes"), "1073741824\n");
+        write(&root.join("memory/a/memory.usage_in_bytes"), "104857600\n");
+        write(&v1.join("memory.limit_in_bytes"), "9223372036854771712\n");
+        write(&v1.join("memory.usage_in_bytes"), "4096\n");
+        let text = "4:memory:/a/b\n1:cpu:/\n0::/\n";
+        let room = tightest_cgroup(text, &root).unwrap();
+        assert_eq!(room.dir, root.join("memory/a"));
+        assert_eq!(room.room(), GIB - 100 * MIB);
+        // v2: memory.max "max" at the leaf, a number above.
+        write(&root.join("x/memory.max"), "2147483648\n");
+        write(&root.join("x/memory.current"), "0\n");
+        write(&root.join("x/y/memory.max"), "max\n");
+        write(&root.join("x/y/memory.current"), "12345\n");
+        let room = tightest_cgroup("0::/x/y\n", &root).unwrap();
+        assert_eq!((room.limit, room.usage), (2 * GIB, 0));
+        // No limit anywhere, or no files: none.
+        assert_eq!(tightest_cgroup("0::/x/y/z\n", &root), None);
+        assert_eq!(tightest_cgroup("garbage\n", &root), None);
+        write(&root.join("x/memory.max"), "max\n");
+        assert_eq!(tightest_cgroup("0::/x/y\n", &root), None);
+    }
+
+    #[test]
+    fn reads_a_whole_tree() {
+        let t = TempDir::new("host-memory");
+        let roots = Roots {
+            proc: t.0.join("proc"),
+            sys: t.0.join("sys"),
+        };
+        write(&roots.proc.join("self/cgroup"), "0::/vm\n");
+        write(&roots.proc.join("meminfo"), "MemAvailable: 2048 kB\n");
+        write(&roots.sys.join("fs/cgroup/vm/memory.max"), "1048576\n");
+        write(&roots.sys.join("fs/cgroup/vm/memory.current"), "0\n");
+        write(
+            &roots
+                .sys
+                .join("kernel/mm/hugepages/hugepages-1048576kB/free_hugepages"),
+            "2\n",
+        );
+        let h = HostMemory::read(&roots, Some(GIB));
+        assert_eq!(h.mem_available, Some(2 << 20));
+        assert_eq!(h.cgroup.unwrap().room(), MIB);
+        assert_eq!(h.free_huge_pages.unwrap().0, 2);
+        assert_eq!(
+            HostMemory::read(&roots, Some(2 * MIB)).free_huge_pages,
+            None
+        );
+    }
+
+    #[test]
+    fn this_host_can_be_read() {
+        let h = HostMemory::read(&Roots::default(), Some(2 * MIB));
+        assert!(h.mem_available.is_some_and(|b| b > 0));
+        assert!(check(&opts(1, PageSize::Transparent, false)).is_ok());
+    }
+}

@@ -1,0 +1,419 @@
+//! One node slice's host mapping, owned: [`SliceMapping`] maps the slice
+//! (private anonymous, or memfd stripes mapped contiguously into one
+//! reservation), advises it (huge pages, `MADV_DONTDUMP`), binds it to its
+//! node, and unmaps it in `Drop`. Nothing else in teravm calls `munmap` on
+//! guest memory.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+
+use super::guest::GuestMemoryError;
+use super::options::{Backing, NumaPolicy, PageSize};
+use super::plan::NodeSlice;
+use super::reclaim::{FreeMethod, HostRange};
+use super::sys;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// The smallest memfd stripe: one default reclaim chunk, so that two
+/// workers freeing neighbouring chunks punch holes in different files.
+pub const MEMFD_STRIPE_BYTES: u64 = GIB;
+/// Most memfd stripes per slice (file descriptors and VMAs stay bounded:
+/// a 64 TiB guest on one node is 32 stripes of 2 TiB).
+pub const MAX_STRIPES_PER_SLICE: u64 = 32;
+
+/// A host mapping that this value owns and unmaps on drop.
+#[derive(Debug)]
+struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+impl Mapping {
+    /// Unmaps now, reporting a failure (drop would only log it).
+    fn unmap(self) -> std::io::Result<()> {
+        let (addr, len) = (self.addr, self.len);
+        std::mem::forget(self);
+        // SAFETY: `addr..addr+len` is a mapping that this `Mapping` owned
+        // (made by `mmap` in this module); it was consumed, so nothing can
+        // reach the range through it any more.
+        let ret = unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: as in `unmap`: our own mapping, and its owner is gone.
+        if unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) } != 0 {
+            log::warn!(
+                "munmap of {:#x}+{:#x} failed: {}",
+                self.addr,
+                self.len,
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// One memfd of a striped slice.
+#[derive(Debug)]
+pub struct Stripe {
+    /// Offset of the stripe in the slice (and in the slice's mapping).
+    pub offset: u64,
+    /// Its length (the file's size).
+    pub len: u64,
+    /// The memfd.
+    pub file: File,
+}
+
+/// One node slice and the host mapping behind it, unmapped when dropped.
+#[derive(Debug)]
+pub struct SliceMapping {
+    // Declared first: the mapping goes before the memfds close.
+    map: Mapping,
+    slice: NodeSlice,
+    stripes: Vec<Stripe>,
+}
+
+impl SliceMapping {
+    /// The slice of guest RAM.
+    pub fn slice(&self) -> NodeSlice {
+        self.slice
+    }
+
+    /// Host virtual address of the slice's first byte.
+    pub fn host_addr(&self) -> usize {
+        self.map.addr
+    }
+
+    /// The memfds, in slice order (empty for anonymous memory).
+    pub fn stripes(&self) -> &[Stripe] {
+        &self.stripes
+    }
+
+    /// The ranges the reclaim executor frees: the whole slice for anonymous
+    /// memory, one per stripe for memfd (a hole punch in its own file).
+    pub(crate) fn free_ranges(&self) -> Vec<HostRange> {
+        if self.stripes.is_empty() {
+            return vec![HostRange {
+                node: self.slice.node,
+                host_addr: self.map.addr,
+                len: self.slice.len,
+                method: FreeMethod::DontNeed,
+            }];
+        }
+        self.stripes
+            .iter()
+            .map(|s| HostRange {
+                node: self.slice.node,
+                host_addr: self.map.addr + s.offset as usize,
+                len: s.len,
+                method: FreeMethod::PunchHole {
+                    fd: s.file.as_raw_fd(),
+                    file_offset: 0,
+                },
+            })
+            .collect()
+    }
+
+    /// Unmaps the slice and closes its memfds; an `munmap` failure is
+    /// returned as `(address, length, error)`.
+    pub(crate) fn unmap(self) -> Result<(), (usize, u64, std::io::Error)> {
+        let SliceMapping {
+            map,
+            slice,
+            stripes,
+        } = self;
+        let addr = map.addr;
+        let result = map.unmap().map_err(|e| (addr, slice.len, e));
+        drop(stripes);
+        result
+    }
+
+    /// Maps `slice` as asked: advised, `MADV_DONTDUMP`, bound to its node
+    /// (unless `policy` is none). On error nothing stays mapped.
+    pub(crate) fn new(
+        slice: &NodeSlice,
+        index: usize,
+        backing: Backing,
+        page_size: PageSize,
+        policy: NumaPolicy,
+    ) -> Result<SliceMapping, GuestMemoryError> {
+        let (node, len) = (slice.node, slice.len);
+        let mapped = match backing {
+            Backing::Anonymous => map_anonymous(slice, page_size)?,
+            Backing::Memfd => map_striped(slice, index, page_size)?,
+        };
+        let addr = mapped.map.addr;
+        let size = mapped.map.len;
+        if backing == Backing::Anonymous && page_size.hugetlb_bytes().is_none() {
+            let (advice, name) = if page_size == PageSize::Small {
+                (libc::MADV_NOHUGEPAGE, "MADV_NOHUGEPAGE")
+            } else {
+                (libc::MADV_HUGEPAGE, "MADV_HUGEPAGE")
+            };
+            // SAFETY: our own fresh mapping; huge page advice keeps contents.
+            unsafe { sys::madvise(addr, size, advice) }.map_err(|source| {
+                GuestMemoryError::Madvise {
+                    node,
+                    advice: name,
+                    source,
+                }
+            })?;
+        }
+        // Keep the guest out of core dumps (a terabyte for a sparse guest).
+        // SAFETY: our own mapping; MADV_DONTDUMP only changes a VMA flag.
+        unsafe { sys::madvise(addr, size, libc::MADV_DONTDUMP) }.map_err(|source| {
+            GuestMemoryError::Madvise {
+                node,
+                advice: "MADV_DONTDUMP",
+                source,
+            }
+        })?;
+        if let Some(mode) = policy.mbind_mode() {
+            sys::mbind(addr, size, mode, node)
+                .map_err(|source| GuestMemoryError::Mbind { node, source })?;
+        }
+        debug_assert_eq!(size as u64, len);
+        Ok(mapped)
+    }
+}
+
+fn to_usize(
+    len: u64,
+    err: impl Fn(std::io::Error) -> GuestMemoryError,
+) -> Result<usize, GuestMemoryError> {
+    usize::try_from(len).map_err(|_| err(std::io::Error::from_raw_os_error(libc::ENOMEM)))
+}
+
+/// `mmap` of a new range the kernel places (or `fixed` for a stripe inside
+/// our own reservation).
+fn mmap(
+    fixed: Option<usize>,
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+    fd: libc::c_int,
+) -> std::io::Result<usize> {
+    let (hint, fixed_flag) = match fixed {
+        Some(a) => (a as *mut libc::c_void, libc::MAP_FIXED),
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: without MAP_FIXED the kernel picks a free range and nothing is
+    // replaced; with it, `fixed` is inside a reservation that the caller owns
+    // and that nothing references yet (the stripes are mapped before the
+    // slice is handed out).
+    let addr = unsafe { libc::mmap(hint, len, prot, flags | fixed_flag, fd, 0) };
+    if addr == libc::MAP_FAILED {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(addr as usize)
+    }
+}
+
+fn map_error(
+    slice: &NodeSlice,
+    page_size: PageSize,
+) -> impl Fn(std::io::Error) -> GuestMemoryError {
+    let (node, len) = (slice.node, slice.len);
+    move |source| match page_size.hugetlb_bytes() {
+        Some(page) => GuestMemoryError::HugePages {
+            node,
+            len,
+            page,
+            source,
+        },
+        None => GuestMemoryError::Mmap { node, len, source },
+    }
+}
+
+/// Private anonymous memory: `MAP_NORESERVE`, or `MAP_HUGETLB` (reserved now,
+/// so a host without free huge pages fails here).
+fn map_anonymous(slice: &NodeSlice, page_size: PageSize) -> Result<SliceMapping, GuestMemoryError> {
+    let err = map_error(slice, page_size);
+    let size = to_usize(slice.len, &err)?;
+    let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    flags |= match page_size.hugetlb_bytes() {
+        Some(_) => libc::MAP_HUGETLB | page_size.huge_flag(),
+        None => libc::MAP_NORESERVE,
+    };
+    let addr = mmap(None, size, libc::PROT_READ | libc::PROT_WRITE, flags, -1).map_err(&err)?;
+    Ok(SliceMapping {
+        map: Mapping { addr, len: size },
+        slice: *slice,
+        stripes: Vec::new(),
+    })
+}
+
+/// The stripe size for a slice of `len` bytes: [`MEMFD_STRIPE_BYTES`], or
+/// larger (a multiple of it) to keep at most [`MAX_STRIPES_PER_SLICE`]; a
+/// multiple of the huge page size.
+pub fn stripe_bytes(len: u64, page: u64) -> u64 {
+    let unit = MEMFD_STRIPE_BYTES.max(page);
+    let stripes_at_unit = len.div_ceil(unit);
+    let per = stripes_at_unit.div_ceil(MAX_STRIPES_PER_SLICE).max(1);
+    unit.saturating_mul(per)
+}
+
+/// Memfd backing: a `PROT_NONE` reservation aligned to 2 MiB (or the huge
+/// page), with one memfd per stripe mapped over it with `MAP_FIXED`, so the
+/// slice stays one contiguous host range (one memslot) while hole punches of
+/// different stripes take different files' locks.
+fn map_striped(
+    slice: &NodeSlice,
+    index: usize,
+    page_size: PageSize,
+) -> Result<SliceMapping, GuestMemoryError> {
+    let (node, len) = (slice.node, slice.len);
+    let err = map_error(slice, page_size);
+    let size = to_usize(len, &err)?;
+    let page = page_size.hugetlb_bytes();
+    let align = to_usize(page.unwrap_or(0).max(2 * MIB), &err)?;
+    // Reserve with room to align, then give back the unaligned ends.
+    let reserve = size
+        .checked_add(align)
+        .ok_or_else(|| err(std::io::Error::from_raw_os_error(libc::ENOMEM)))?;
+    let base = mmap(
+        None,
+        reserve,
+        libc::PROT_NONE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+        -1,
+    )
+    .map_err(&err)?;
+    let start = base.next_multiple_of(align);
+    let whole = Mapping {
+        addr: base,
+        len: reserve,
+    };
+    // Split the reservation into the three parts and let the ends go.
+    std::mem::forget(whole);
+    let head = Mapping {
+        addr: base,
+        len: start - base,
+    };
+    let tail = Mapping {
+        addr: start + size,
+        len: base + reserve - (start + size),
+    };
+    let map = Mapping {
+        addr: start,
+        len: size,
+    };
+    for end in [head, tail] {
+        if end.len > 0 {
+            end.unmap().map_err(&err)?;
+        } else {
+            std::mem::forget(end);
+        }
+    }
+    let mut mapping = SliceMapping {
+        map,
+        slice: *slice,
+        stripes: Vec::new(),
+    };
+    let stripe = stripe_bytes(len, page.unwrap_or(0));
+    let mut offset = 0u64;
+    let mut n = 0usize;
+    while offset < len {
+        let this = stripe.min(len - offset);
+        let name =
+            std::ffi::CString::new(format!("teravm-n{node}-{index}-{n}")).unwrap_or_default();
+        let mut flags = libc::MFD_CLOEXEC;
+        if page.is_some() {
+            flags |= libc::MFD_HUGETLB | page_size.huge_flag() as libc::c_uint;
+        }
+        // SAFETY: `name` is NUL-terminated; no memory of ours is touched.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+        if fd < 0 {
+            let source = std::io::Error::last_os_error();
+            return Err(match page {
+                Some(_) => err(source),
+                None => GuestMemoryError::Memfd { node, source },
+            });
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(this)
+            .map_err(|source| GuestMemoryError::Truncate {
+                node,
+                len: this,
+                source,
+            })?;
+        let at = mapping.map.addr + offset as usize;
+        mmap(
+            Some(at),
+            to_usize(this, &err)?,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+        )
+        .map_err(&err)?;
+        mapping.stripes.push(Stripe {
+            offset,
+            len: this,
+            file,
+        });
+        offset += this;
+        n += 1;
+    }
+    Ok(mapping)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stripes_are_a_gib_or_fewer_than_the_cap() {
+        assert_eq!(stripe_bytes(128 * MIB, 0), GIB);
+        assert_eq!(stripe_bytes(8 * GIB, 0), GIB);
+        assert_eq!(stripe_bytes(32 * GIB, 0), GIB);
+        assert_eq!(stripe_bytes(33 * GIB, 0), 2 * GIB);
+        assert_eq!(stripe_bytes(64 << 40, 0), 2 << 40);
+        assert_eq!(stripe_bytes(4 * GIB, 2 * MIB), GIB);
+        for len in [GIB, 5 * GIB, 100 * GIB, 1 << 40, 64 << 40] {
+            let s = stripe_bytes(len, 0);
+            assert!(len.div_ceil(s) <= MAX_STRIPES_PER_SLICE, "{len}");
+            assert_eq!(s % GIB, 0);
+        }
+    }
+
+    #[test]
+    fn memfd_stripes_are_one_contiguous_range() {
+        let slice = NodeSlice {
+            node: 0,
+            guest_addr: 0,
+            len: 2 * GIB + 64 * MIB,
+        };
+        let m = SliceMapping::new(&slice, 0, Backing::Memfd, PageSize::Small, NumaPolicy::None)
+            .unwrap();
+        assert_eq!(
+            m.host_addr() % (2 * MIB as usize),
+            0,
+            "aligned for huge pages"
+        );
+        let lens: Vec<(u64, u64)> = m.stripes().iter().map(|s| (s.offset, s.len)).collect();
+        assert_eq!(lens, vec![(0, GIB), (GIB, GIB), (2 * GIB, 64 * MIB)]);
+        // Each stripe is its own file, written through the one mapping.
+        for s in m.stripes() {
+            // SAFETY: inside our own writable mapping.
+            unsafe { ((m.host_addr() + s.offset as usize) as *mut u64).write_volatile(7) };
+            use std::os::unix::fs::MetadataExt;
+            assert!(s.file.metadata().unwrap().blocks() > 0);
+            assert_eq!(s.file.metadata().unwrap().len(), s.len);
+        }
+        let ranges = m.free_ranges();
+        assert_eq!(ranges.len(), 3);
+        assert_eq!(ranges[1].host_addr, m.host_addr() + GIB as usize);
+        let addr = m.host_addr();
+        m.unmap().unwrap();
+        assert!(sys::resident_bytes(addr, 4096, &mut Vec::new()).is_err());
+    }
+}

@@ -1,0 +1,545 @@
+//! teravm's metrics: a store of atomic counters that any thread bumps
+//! without locking, and the writer that puts one JSON object per line into
+//! the file or FIFO given by `--metrics-path`, the config file's `metrics`
+//! section or `PUT /metrics`.
+//!
+//! A line has Firecracker's layout where Firecracker has the metric
+//! (`utc_timestamp_ms`, `api_server`, `get_api_requests`,
+//! `put_api_requests`, `patch_api_requests`, `logger`, `signals`; their
+//! counters are what happened since the previous line, as in Firecracker),
+//! plus teravm's own group `teravm` (running totals): the VM's state, the
+//! reclaim report (state, elapsed, bytes freed per node, workers), API
+//! requests and errors per method and resource, bytes of guest console
+//! output dropped, and the shutdown signals received.
+//!
+//! A line is written on `FlushMetrics`, by the event loop's periodic timer
+//! ([`FlushTimer`], every [`FLUSH_PERIOD`]) and once when the VM has
+//! stopped. The file is opened non-blocking ([`LineSink`]): a line a FIFO
+//! has no room for is dropped and counted, never waited for.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use crate::api::shapes::ReclaimReport;
+use crate::config::MetricsConfig;
+use crate::logger::LineSink;
+
+/// How often the event loop writes a line, as in Firecracker.
+pub const FLUSH_PERIOD: Duration = Duration::from_secs(60);
+
+/// Errors of the metrics writer.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The metrics path could not be opened.
+    #[error("cannot open the metrics path {path}: {source}")]
+    Open {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// Metrics were already set up (as in Firecracker, once per process).
+    #[error("metrics are already written to {0}; they can be set up once")]
+    AlreadyConfigured(PathBuf),
+    /// The line could not be made.
+    #[error("cannot serialize the metrics: {0}")]
+    Serialize(serde_json::Error),
+    /// The periodic timer could not be made.
+    #[error("cannot create the metrics timer: {0}")]
+    Timer(io::Error),
+}
+
+/// API resources counted apart; every other path counts as `other`.
+const RESOURCES: [&str; 20] = [
+    "/",
+    "/version",
+    "/machine-config",
+    "/boot-source",
+    "/memory",
+    "/reclaim",
+    "/actions",
+    "/vm/config",
+    "/vm",
+    "/logger",
+    "/metrics",
+    "/drives",
+    "/network-interfaces",
+    "/vsock",
+    "/balloon",
+    "/mmds",
+    "/snapshot",
+    "/entropy",
+    "/cpu-config",
+    "other",
+];
+const METHODS: [&str; 4] = ["GET", "PUT", "PATCH", "other"];
+const NR: usize = RESOURCES.len();
+const NM: usize = METHODS.len();
+
+/// The resource a path belongs to (`/drives/rootfs` is `/drives`).
+fn resource_index(path: &str) -> usize {
+    let path = path.split('?').next().unwrap_or(path);
+    RESOURCES
+        .iter()
+        .position(|r| {
+            path == *r || (r.len() > 1 && path.starts_with(r) && path[r.len()..].starts_with('/'))
+        })
+        .filter(|&i| i != 8 || path == "/vm")
+        .unwrap_or(NR - 1)
+}
+
+fn method_index(method: &str) -> usize {
+    METHODS[..NM - 1]
+        .iter()
+        .position(|m| *m == method)
+        .unwrap_or(NM - 1)
+}
+
+/// A counter that also remembers its value at the last line written, so a
+/// line can show what happened since (Firecracker's `SharedIncMetric`).
+#[derive(Debug)]
+struct Counter {
+    total: AtomicU64,
+    at_last_line: AtomicU64,
+}
+
+impl Counter {
+    const fn new() -> Counter {
+        Counter {
+            total: AtomicU64::new(0),
+            at_last_line: AtomicU64::new(0),
+        }
+    }
+
+    fn add(&self, n: u64) {
+        self.total.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// What was added since the last call (called only while writing a line).
+    fn since_last_line(&self) -> u64 {
+        let now = self.total();
+        now - self.at_last_line.swap(now, Ordering::Relaxed)
+    }
+}
+
+/// The store. There is one, [`METRICS`].
+#[derive(Debug)]
+pub struct Metrics {
+    requests: [[Counter; NR]; NM],
+    fails: [[Counter; NR]; NM],
+    startup_us: AtomicU64,
+    startup_cpu_us: AtomicU64,
+    missed_lines: Counter,
+    write_fails: Counter,
+    missed_log_lines: Counter,
+    sighup: Counter,
+    sigterm: AtomicU64,
+    sigint: AtomicU64,
+    sighup_total: AtomicU64,
+    console_bytes_dropped: AtomicU64,
+    sink: Mutex<Option<LineSink>>,
+}
+
+/// The process's metrics.
+pub static METRICS: Metrics = Metrics::new();
+
+impl Metrics {
+    const fn new() -> Metrics {
+        Metrics {
+            requests: [const { [const { Counter::new() }; NR] }; NM],
+            fails: [const { [const { Counter::new() }; NR] }; NM],
+            startup_us: AtomicU64::new(0),
+            startup_cpu_us: AtomicU64::new(0),
+            missed_lines: Counter::new(),
+            write_fails: Counter::new(),
+            missed_log_lines: Counter::new(),
+            sighup: Counter::new(),
+            sigterm: AtomicU64::new(0),
+            sigint: AtomicU64::new(0),
+            sighup_total: AtomicU64::new(0),
+            console_bytes_dropped: AtomicU64::new(0),
+            sink: Mutex::new(None),
+        }
+    }
+}
+
+/// Counts one API request.
+pub fn record_request(method: &str, path: &str) {
+    METRICS.requests[method_index(method)][resource_index(path)].add(1);
+}
+
+/// Counts one failed API request (answered 4xx or 5xx).
+pub fn record_failure(method: &str, path: &str) {
+    METRICS.fails[method_index(method)][resource_index(path)].add(1);
+}
+
+/// The running totals of requests and failures of `method` on `path`'s
+/// resource.
+pub fn counts(method: &str, path: &str) -> (u64, u64) {
+    let (m, r) = (method_index(method), resource_index(path));
+    (METRICS.requests[m][r].total(), METRICS.fails[m][r].total())
+}
+
+/// Counts one shutdown signal (SIGTERM, SIGINT, SIGHUP) received.
+pub fn record_signal(signo: i32) {
+    match signo {
+        libc::SIGHUP => {
+            METRICS.sighup.add(1);
+            METRICS.sighup_total.fetch_add(1, Ordering::Relaxed);
+        }
+        libc::SIGTERM => {
+            METRICS.sigterm.fetch_add(1, Ordering::Relaxed);
+        }
+        libc::SIGINT => {
+            METRICS.sigint.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {}
+    }
+}
+
+/// Counts guest console bytes the host side did not take (the console
+/// writer calls this when its bounded buffer overflows).
+pub fn add_console_bytes_dropped(bytes: u64) {
+    METRICS
+        .console_bytes_dropped
+        .fetch_add(bytes, Ordering::Relaxed);
+}
+
+/// Records the process start-up time that the jailer's flags let teravm
+/// compute (Firecracker's `api_server.process_startup_time_us` and
+/// `process_startup_time_cpu_us`).
+pub fn set_startup_times(wall_us: Option<u64>, cpu_us: Option<u64>) {
+    if let Some(us) = wall_us {
+        METRICS.startup_us.store(us, Ordering::Relaxed);
+    }
+    if let Some(us) = cpu_us {
+        METRICS.startup_cpu_us.store(us, Ordering::Relaxed);
+    }
+}
+
+/// A clock's time in microseconds.
+fn clock_us(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64) * 1_000_000 + (ts.tv_nsec as u64) / 1_000
+}
+
+/// From the jailer's `--start-time-us` (CLOCK_MONOTONIC), `--start-time-cpu-us`
+/// and `--parent-cpu-time-us`: the wall and CPU time from the jailer's start
+/// to now, as Firecracker computes them; stored in the metrics and returned.
+pub fn process_startup_times(
+    start_us: Option<u64>,
+    start_cpu_us: Option<u64>,
+    parent_cpu_us: Option<u64>,
+) -> (Option<u64>, Option<u64>) {
+    let wall = start_us.map(|s| clock_us(libc::CLOCK_MONOTONIC).saturating_sub(s));
+    let cpu = start_cpu_us.map(|s| {
+        clock_us(libc::CLOCK_PROCESS_CPUTIME_ID)
+            .saturating_sub(s)
+            .saturating_add(parent_cpu_us.unwrap_or(0))
+    });
+    set_startup_times(wall, cpu);
+    (wall, cpu)
+}
+
+/// Starts writing metrics to `config.metrics_path` (once per process).
+pub fn configure(config: &MetricsConfig) -> Result<(), MetricsError> {
+    let mut sink = METRICS.sink.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = sink.as_ref() {
+        return Err(MetricsError::AlreadyConfigured(s.path().to_path_buf()));
+    }
+    *sink = Some(
+        LineSink::open(&config.metrics_path).map_err(|source| MetricsError::Open {
+            path: config.metrics_path.clone(),
+            source,
+        })?,
+    );
+    Ok(())
+}
+
+/// Whether a metrics path is set up.
+pub fn is_configured() -> bool {
+    METRICS
+        .sink
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_some()
+}
+
+/// What the VMM adds to a line: its state and its reclaim report.
+#[derive(Debug, Clone)]
+pub struct VmmSnapshot<'a> {
+    /// The VM's state as `GET /` spells it.
+    pub state: &'a str,
+    /// The reclaim's progress or final report.
+    pub reclaim: &'a ReclaimReport,
+    /// Guest console bytes dropped so far (the console's own count).
+    pub console_dropped_bytes: u64,
+}
+
+fn fc_group(method: usize, fields: &[(&str, usize)], with_fails: bool) -> Value {
+    let mut map = Map::new();
+    for (name, r) in fields {
+        map.insert(
+            format!("{name}_count"),
+            METRICS.requests[method][*r].since_last_line().into(),
+        );
+        if with_fails {
+            map.insert(
+                format!("{name}_fails"),
+                METRICS.fails[method][*r].since_last_line().into(),
+            );
+        }
+    }
+    Value::Object(map)
+}
+
+fn totals(counters: &[[Counter; NR]; NM]) -> Value {
+    let mut map = Map::new();
+    for (m, row) in counters.iter().enumerate() {
+        for (r, c) in row.iter().enumerate() {
+            let n = c.total();
+            if n > 0 {
+                map.insert(format!("{} {}", METHODS[m], RESOURCES[r]), n.into());
+            }
+        }
+    }
+    Value::Object(map)
+}
+
+/// Makes one line (and moves the "since the last line" marks).
+fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
+    let (get, put, patch) = (0, 1, 2);
+    let idx = |p: &str| resource_index(p);
+    let utc_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64;
+    let missed_log = crate::logger::missed_lines();
+    let m = &METRICS;
+    let seen = m.missed_log_lines.total();
+    m.missed_log_lines.add(missed_log.saturating_sub(seen));
+    let value = json!({
+        "utc_timestamp_ms": utc_ms,
+        "api_server": {
+            "process_startup_time_us": m.startup_us.load(Ordering::Relaxed),
+            "process_startup_time_cpu_us": m.startup_cpu_us.load(Ordering::Relaxed),
+        },
+        "get_api_requests": fc_group(get, &[
+            ("instance_info", idx("/")),
+            ("machine_cfg", idx("/machine-config")),
+            ("mmds", idx("/mmds")),
+            ("vmm_version", idx("/version")),
+        ], false),
+        "put_api_requests": fc_group(put, &[
+            ("actions", idx("/actions")),
+            ("boot_source", idx("/boot-source")),
+            ("drive", idx("/drives")),
+            ("logger", idx("/logger")),
+            ("machine_cfg", idx("/machine-config")),
+            ("cpu_cfg", idx("/cpu-config")),
+            ("metrics", idx("/metrics")),
+            ("network", idx("/network-interfaces")),
+            ("mmds", idx("/mmds")),
+            ("vsock", idx("/vsock")),
+        ], true),
+        "patch_api_requests": fc_group(patch, &[
+            ("drive", idx("/drives")),
+            ("network", idx("/network-interfaces")),
+            ("machine_cfg", idx("/machine-config")),
+            ("mmds", idx("/mmds")),
+        ], true),
+        "logger": {
+            "missed_metrics_count": m.missed_lines.since_last_line(),
+            "metrics_fails": m.write_fails.since_last_line(),
+            "missed_log_count": m.missed_log_lines.since_last_line(),
+        },
+        "signals": { "sighup": m.sighup.since_last_line() },
+        "teravm": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "state": vmm.state,
+            "reclaim": vmm.reclaim,
+            "api": { "requests": totals(&m.requests), "errors": totals(&m.fails) },
+            "console": {
+                "bytes_dropped": vmm.console_dropped_bytes
+                    .max(m.console_bytes_dropped.load(Ordering::Relaxed)),
+            },
+            "signals": {
+                "sigterm": m.sigterm.load(Ordering::Relaxed),
+                "sigint": m.sigint.load(Ordering::Relaxed),
+                "sighup": m.sighup_total.load(Ordering::Relaxed),
+            },
+        },
+    });
+    let mut text = serde_json::to_string(&value).map_err(MetricsError::Serialize)?;
+    text.push('\n');
+    Ok(text)
+}
+
+/// Writes one line if metrics are set up: `Ok(true)` when written,
+/// `Ok(false)` when metrics are not set up or the line was dropped (counted
+/// in `missed_metrics_count`; a FIFO reader that keeps up loses nothing).
+pub fn flush(vmm: &VmmSnapshot<'_>) -> Result<bool, MetricsError> {
+    let mut sink = METRICS.sink.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(sink) = sink.as_mut() else {
+        return Ok(false);
+    };
+    let text = line(vmm)?;
+    if sink.write_line(text.as_bytes()) {
+        Ok(true)
+    } else {
+        METRICS.missed_lines.add(1);
+        Ok(false)
+    }
+}
+
+/// A `timerfd` that fires every [`FLUSH_PERIOD`], for the event loop to
+/// watch; on each event, call [`FlushTimer::ack`] and then [`flush`].
+#[derive(Debug)]
+pub struct FlushTimer {
+    fd: OwnedFd,
+}
+
+impl FlushTimer {
+    /// A non-blocking timer firing every `period` from now.
+    pub fn new(period: Duration) -> Result<FlushTimer, MetricsError> {
+        // SAFETY: plain syscall; the result is checked.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(MetricsError::Timer(io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let ts = libc::timespec {
+            tv_sec: libc::time_t::try_from(period.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(period.subsec_nanos() as i32),
+        };
+        let spec = libc::itimerspec {
+            it_interval: ts,
+            it_value: ts,
+        };
+        // SAFETY: `fd` is a timerfd; `spec` is a valid itimerspec; the old
+        // value is not wanted; the result is checked.
+        let rc = unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(MetricsError::Timer(io::Error::last_os_error()));
+        }
+        Ok(FlushTimer { fd })
+    }
+
+    /// Consumes the pending expirations; returns how many there were.
+    pub fn ack(&self) -> u64 {
+        let mut n = 0u64;
+        // SAFETY: reads at most 8 bytes into `n`, which has that size.
+        let r = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                (&mut n as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if r == 8 {
+            n
+        } else {
+            0
+        }
+    }
+}
+
+impl AsRawFd for FlushTimer {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_map_to_resources() {
+        assert_eq!(RESOURCES[resource_index("/")], "/");
+        assert_eq!(RESOURCES[resource_index("/drives/rootfs")], "/drives");
+        assert_eq!(RESOURCES[resource_index("/vm")], "/vm");
+        assert_eq!(RESOURCES[resource_index("/vm/config")], "/vm/config");
+        assert_eq!(RESOURCES[resource_index("/snapshot/create")], "/snapshot");
+        assert_eq!(RESOURCES[resource_index("/mmds/config")], "/mmds");
+        assert_eq!(RESOURCES[resource_index("/balloon/statistics")], "/balloon");
+        assert_eq!(RESOURCES[resource_index("/machine-configx")], "other");
+        assert_eq!(RESOURCES[resource_index("/nope")], "other");
+        assert_eq!(METHODS[method_index("DELETE")], "other");
+    }
+
+    #[test]
+    fn counters_show_what_happened_since_the_last_line() {
+        let c = Counter::new();
+        c.add(3);
+        assert_eq!(c.since_last_line(), 3);
+        assert_eq!(c.since_last_line(), 0);
+        c.add(2);
+        assert_eq!(c.since_last_line(), 2);
+        assert_eq!(c.total(), 5);
+    }
+
+    #[test]
+    fn a_line_is_one_json_object_with_both_layouts() {
+        record_request("GET", "/version");
+        record_request("PUT", "/drives/1");
+        record_failure("PUT", "/drives/1");
+        let report = ReclaimReport::from(&crate::memory::ReclaimProgress::new().snapshot());
+        let text = line(&VmmSnapshot {
+            state: "Running",
+            reclaim: &report,
+            console_dropped_bytes: 7,
+        })
+        .unwrap();
+        assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert!(v["utc_timestamp_ms"].as_u64().unwrap() > 0);
+        assert!(v["put_api_requests"]["drive_fails"].as_u64().unwrap() >= 1);
+        assert!(v["get_api_requests"]["vmm_version_count"].as_u64().unwrap() >= 1);
+        assert_eq!(v["teravm"]["state"], "Running");
+        assert_eq!(v["teravm"]["console"]["bytes_dropped"], 7);
+        assert_eq!(v["teravm"]["reclaim"]["state"], "idle");
+        assert!(
+            v["teravm"]["api"]["errors"]["PUT /drives"]
+                .as_u64()
+                .unwrap()
+                >= 1
+        );
+    }
+
+    #[test]
+    fn the_timer_fires() {
+        let t = FlushTimer::new(Duration::from_millis(1)).unwrap();
+        let mut pfd = libc::pollfd {
+            fd: t.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; waits at most 5 s for the event.
+        assert_eq!(unsafe { libc::poll(&mut pfd, 1, 5000) }, 1);
+        assert!(t.ack() >= 1);
+    }
+}

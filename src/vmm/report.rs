@@ -1,0 +1,92 @@
+//! What a shutdown reports: the reclaim executor's report, the time each
+//! teardown phase took, how the vCPUs stopped and what the console dropped.
+//! The summary line goes to stderr and the log; the same numbers are the
+//! sync `Shutdown` reply and the metrics.
+
+use std::time::Duration;
+
+use crate::api::shapes;
+use crate::devices::ConsoleStats;
+use crate::memory::ReclaimReport;
+use crate::vstate::vcpu::VcpuStopReport;
+
+/// How long each phase of a shutdown took (the API's shape, filled here).
+pub type PhaseTimes = crate::api::shapes::ShutdownPhases;
+
+/// Milliseconds, with microsecond resolution.
+pub fn ms(d: Duration) -> f64 {
+    (d.as_micros() as f64) / 1000.0
+}
+
+/// The outcome of a shutdown.
+#[derive(Debug, Clone, Default)]
+pub struct ShutdownReport {
+    /// The executor's report: also present when it had failures, since the
+    /// memory is freed all the same.
+    pub reclaim: Option<ReclaimReport>,
+    /// What went wrong, if anything.
+    pub error: Option<String>,
+    /// Phase timings.
+    pub phases: PhaseTimes,
+    /// How the vCPUs stopped.
+    pub vcpus: VcpuStopReport,
+    /// What the console wrote and dropped.
+    pub console: ConsoleStats,
+}
+
+impl ShutdownReport {
+    /// The summary line (stderr): `teravm: reclaimed <MiB> MiB in <ms> ms
+    /// (<GiB/s> GiB/s, <w> workers, <n> nodes)`, then the console's drops
+    /// and stuck vCPUs when there were any.
+    pub fn summary_line(&self) -> Option<String> {
+        let mut line = self.reclaim.as_ref()?.summary_line();
+        if self.console.dropped_bytes > 0 {
+            line.push_str(&format!(
+                "; console dropped {} bytes",
+                self.console.dropped_bytes
+            ));
+        }
+        if self.vcpus.stuck > 0 {
+            line.push_str(&format!("; {} vCPUs did not stop", self.vcpus.stuck));
+        }
+        Some(line)
+    }
+}
+
+impl ShutdownReport {
+    /// The sync `Shutdown` reply; `None` without a reclaim report.
+    pub fn to_shape(&self) -> Option<shapes::ShutdownStats> {
+        Some(shapes::ShutdownStats {
+            reclaim: shapes::ReclaimReport::from(self.reclaim.as_ref()?),
+            phases: self.phases,
+            vcpus_stuck: self.vcpus.stuck as u64,
+            console_dropped_bytes: self.console.dropped_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::ReclaimOptions;
+
+    #[test]
+    fn the_summary_names_drops_and_stuck_vcpus() {
+        let mut r = ShutdownReport::default();
+        assert_eq!(r.summary_line(), None);
+        r.reclaim = Some(ReclaimReport::planned(&[], &ReclaimOptions::default()));
+        let plain = r.summary_line().unwrap();
+        assert!(
+            plain.starts_with("teravm: reclaimed 0 MiB in 0 ms"),
+            "{plain}"
+        );
+        assert!(!plain.contains("dropped"));
+        r.console.dropped_bytes = 12;
+        r.vcpus.stuck = 1;
+        let line = r.summary_line().unwrap();
+        assert!(
+            line.ends_with("; console dropped 12 bytes; 1 vCPUs did not stop"),
+            "{line}"
+        );
+    }
+}

@@ -1,0 +1,332 @@
+//! Each vCPU's state at a Linux kernel's 64-bit entry, at CPL0 as the boot
+//! protocol wants: the GDT (flat 64-bit code, data, TSS), an empty IDT,
+//! identity page tables for the first GiB (2 MiB pages), CR0/CR3/CR4/EFER,
+//! RSI = the zero page, the boot MSRs Firecracker sets, the FPU, CPUID with
+//! the topology, and the LAPIC's LINT0 (ExtINT) and LINT1 (NMI).
+//!
+//! Every vCPU gets the entry state; Linux starts the others itself (INIT
+//! and SIPI through the in-kernel LAPIC) once the MP table has told it
+//! they exist, so only vCPU 0 runs the kernel's entry code.
+
+use kvm_bindings::{
+    kvm_fpu, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, CpuId, Msrs,
+};
+use kvm_ioctls::VcpuFd;
+
+use super::params::ZERO_PAGE_ADDR;
+
+/// Guest address of the GDT.
+pub const GDT_ADDR: u64 = 0x500;
+/// Guest address of the (empty) IDT.
+pub const IDT_ADDR: u64 = 0x520;
+/// Top of the boot stack.
+pub const BOOT_STACK: u64 = 0x8ff0;
+/// The PML4; the PDPT and one page directory follow.
+pub const PML4_ADDR: u64 = 0x9000;
+const PDPT_ADDR: u64 = 0xa000;
+const PD_ADDR: u64 = 0xb000;
+
+/// null; 64-bit code (0x08); data (0x10); TSS (0x18).
+pub const GDT: [u64; 4] = [
+    0,
+    0x00af_9b00_0000_ffff,
+    0x00cf_9300_0000_ffff,
+    0x008f_8b00_0000_ffff,
+];
+const CODE_SELECTOR: u16 = 0x08;
+const DATA_SELECTOR: u16 = 0x10;
+const TSS_SELECTOR: u16 = 0x18;
+
+const CR0_PE: u64 = 1;
+const CR0_ET: u64 = 1 << 4;
+const CR0_PG: u64 = 1 << 31;
+const CR4_PAE: u64 = 1 << 5;
+const EFER_LME: u64 = 1 << 8;
+const EFER_LMA: u64 = 1 << 10;
+const PTE_TABLE: u64 = 0x3; // present, writable
+const PTE_2M: u64 = 0x83; // present, writable, 2 MiB
+
+const MSR_IA32_TSC: u32 = 0x10;
+const MSR_IA32_SYSENTER_CS: u32 = 0x174;
+const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
+const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
+const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
+const MSR_MTRR_DEF_TYPE: u32 = 0x2ff;
+const MSR_STAR: u32 = 0xc000_0081;
+const MSR_LSTAR: u32 = 0xc000_0082;
+const MSR_CSTAR: u32 = 0xc000_0083;
+const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
+const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+const MISC_ENABLE_FAST_STRING: u64 = 1;
+/// MTRRs enabled, default type write-back.
+const MTRR_DEF_ENABLE_WB: u64 = (1 << 11) | 6;
+
+const APIC_LVT0: usize = 0x350;
+const APIC_LVT1: usize = 0x360;
+const APIC_MODE_NMI: u32 = 0x4;
+const APIC_MODE_EXTINT: u32 = 0x7;
+
+/// Errors of vCPU setup for Linux.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    /// An ioctl failed.
+    #[error("vCPU {index}: {what} failed: {source}")]
+    Ioctl {
+        /// vCPU index.
+        index: u8,
+        /// Which ioctl.
+        what: &'static str,
+        /// KVM's error.
+        source: kvm_ioctls::Error,
+    },
+    /// KVM took fewer MSRs than given.
+    #[error("vCPU {index}: KVM_SET_MSRS set {set} of {wanted} MSRs")]
+    Msrs {
+        /// vCPU index.
+        index: u8,
+        /// How many it set.
+        set: usize,
+        /// How many were given.
+        wanted: usize,
+    },
+    /// The MSR list could not be built.
+    #[error("cannot build the MSR list: {0}")]
+    MsrList(String),
+}
+
+/// The low tables every vCPU shares, as `(guest address, bytes)`: GDT, IDT
+/// and the identity page tables of the first GiB.
+pub fn tables() -> Vec<(u64, Vec<u8>)> {
+    let gdt = GDT.iter().flat_map(|e| e.to_le_bytes()).collect();
+    let pml4 = (PDPT_ADDR | PTE_TABLE).to_le_bytes().to_vec();
+    let pdpt = (PD_ADDR | PTE_TABLE).to_le_bytes().to_vec();
+    let pd = (0..512u64)
+        .flat_map(|i| ((i << 21) | PTE_2M).to_le_bytes())
+        .collect();
+    vec![
+        (GDT_ADDR, gdt),
+        (IDT_ADDR, vec![0; 8]),
+        (PML4_ADDR, pml4),
+        (PDPT_ADDR, pdpt),
+        (PD_ADDR, pd),
+    ]
+}
+
+fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
+    kvm_segment {
+        base: 0,
+        limit: 0xf_ffff,
+        selector,
+        type_,
+        present: 1,
+        dpl: 0,
+        db: u8::from(!long),
+        s: 1,
+        l: u8::from(long),
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    }
+}
+
+/// Long mode, paging and CPL0 flat segments in `sregs` (read from the vCPU,
+/// so the fields this does not own keep KVM's values).
+pub fn setup_sregs(sregs: &mut kvm_sregs) {
+    sregs.cs = segment(CODE_SELECTOR, 0xb, true);
+    let data = segment(DATA_SELECTOR, 0x3, false);
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = kvm_segment {
+        selector: TSS_SELECTOR,
+        type_: 0xb,
+        present: 1,
+        limit: 0xf_ffff,
+        g: 1,
+        ..Default::default()
+    };
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = (GDT.len() * 8 - 1) as u16;
+    sregs.idt.base = IDT_ADDR;
+    sregs.idt.limit = 7;
+    sregs.cr0 = CR0_PE | CR0_ET | CR0_PG;
+    sregs.cr3 = PML4_ADDR;
+    sregs.cr4 = CR4_PAE;
+    sregs.efer = EFER_LME | EFER_LMA;
+}
+
+/// The general registers at the 64-bit entry `entry`.
+pub fn entry_regs(entry: u64) -> kvm_regs {
+    kvm_regs {
+        rip: entry,
+        rsp: BOOT_STACK,
+        rbp: BOOT_STACK,
+        rsi: ZERO_PAGE_ADDR,
+        rflags: 0x2,
+        ..Default::default()
+    }
+}
+
+/// The MSRs Firecracker sets at boot: SYSENTER/SYSCALL state cleared, the
+/// TSC at 0, fast strings on, MTRRs on with write-back default.
+pub fn boot_msrs() -> Vec<kvm_msr_entry> {
+    [
+        (MSR_IA32_SYSENTER_CS, 0),
+        (MSR_IA32_SYSENTER_ESP, 0),
+        (MSR_IA32_SYSENTER_EIP, 0),
+        (MSR_STAR, 0),
+        (MSR_CSTAR, 0),
+        (MSR_KERNEL_GS_BASE, 0),
+        (MSR_SYSCALL_MASK, 0),
+        (MSR_LSTAR, 0),
+        (MSR_IA32_TSC, 0),
+        (MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
+        (MSR_MTRR_DEF_TYPE, MTRR_DEF_ENABLE_WB),
+    ]
+    .into_iter()
+    .map(|(index, data)| kvm_msr_entry {
+        index,
+        data,
+        ..Default::default()
+    })
+    .collect()
+}
+
+fn lapic_reg(state: &kvm_lapic_state, at: usize) -> u32 {
+    let b: Vec<u8> = state.regs[at..at + 4].iter().map(|&c| c as u8).collect();
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn set_lapic_reg(state: &mut kvm_lapic_state, at: usize, value: u32) {
+    for (i, b) in value.to_le_bytes().into_iter().enumerate() {
+        state.regs[at + i] = b as _;
+    }
+}
+
+/// LINT0 delivers ExtINT (the PIC), LINT1 NMI, as a BIOS leaves them.
+pub fn setup_lint(state: &mut kvm_lapic_state) {
+    let lvt0 = lapic_reg(state, APIC_LVT0);
+    set_lapic_reg(state, APIC_LVT0, (lvt0 & !0x700) | (APIC_MODE_EXTINT << 8));
+    let lvt1 = lapic_reg(state, APIC_LVT1);
+    set_lapic_reg(state, APIC_LVT1, (lvt1 & !0x700) | (APIC_MODE_NMI << 8));
+}
+
+/// Sets CPUID (with the topology of vCPU `index` of `vcpus`), MSRs, FPU,
+/// LAPIC LINTs, special and general registers for the 64-bit entry.
+pub fn configure(
+    fd: &VcpuFd,
+    index: u8,
+    vcpus: u8,
+    supported: &CpuId,
+    entry: u64,
+) -> Result<(), CpuError> {
+    let ioctl = |what: &'static str| {
+        move |source| CpuError::Ioctl {
+            index,
+            what,
+            source,
+        }
+    };
+    let mut cpuid = supported.clone();
+    super::cpuid::set_topology(cpuid.as_mut_slice(), index, vcpus);
+    fd.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
+
+    let entries = boot_msrs();
+    let msrs = Msrs::from_entries(&entries).map_err(|e| CpuError::MsrList(format!("{e:?}")))?;
+    let set = fd.set_msrs(&msrs).map_err(ioctl("KVM_SET_MSRS"))?;
+    if set != entries.len() {
+        return Err(CpuError::Msrs {
+            index,
+            set,
+            wanted: entries.len(),
+        });
+    }
+    let fpu = kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    fd.set_fpu(&fpu).map_err(ioctl("KVM_SET_FPU"))?;
+    let mut lapic = fd.get_lapic().map_err(ioctl("KVM_GET_LAPIC"))?;
+    setup_lint(&mut lapic);
+    fd.set_lapic(&lapic).map_err(ioctl("KVM_SET_LAPIC"))?;
+    let mut sregs = fd.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?;
+    setup_sregs(&mut sregs);
+    fd.set_sregs(&sregs).map_err(ioctl("KVM_SET_SREGS"))?;
+    fd.set_regs(&entry_regs(entry))
+        .map_err(ioctl("KVM_SET_REGS"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpl0_long_mode() {
+        let mut s = kvm_sregs::default();
+        setup_sregs(&mut s);
+        assert_eq!(s.cs.selector, CODE_SELECTOR);
+        assert_eq!((s.cs.dpl, s.cs.l, s.cs.db), (0, 1, 0));
+        assert_eq!(s.ss.selector, DATA_SELECTOR);
+        assert_eq!(s.cr0, 0x8000_0011);
+        assert_eq!(s.cr3, PML4_ADDR);
+        assert_eq!(s.cr4, 0x20);
+        assert_eq!(s.efer, 0x500);
+        // The selectors index DPL-0 descriptors of the right kind.
+        assert_eq!((GDT[usize::from(CODE_SELECTOR >> 3)] >> 45) & 3, 0);
+        assert_ne!((GDT[usize::from(CODE_SELECTOR >> 3)] >> 53) & 1, 0, "L bit");
+        assert_eq!(
+            (GDT[usize::from(TSS_SELECTOR >> 3)] >> 40) & 0xf,
+            0xb,
+            "busy TSS"
+        );
+        let r = entry_regs(0x100_0000);
+        assert_eq!((r.rip, r.rsi, r.rflags), (0x100_0000, ZERO_PAGE_ADDR, 2));
+    }
+
+    #[test]
+    fn tables_identity_map_the_first_gib() {
+        let t = tables();
+        let find = |addr| t.iter().find(|(a, _)| *a == addr).unwrap().1.clone();
+        let u = |b: &[u8], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(u(&find(PML4_ADDR), 0), PDPT_ADDR | 3);
+        assert_eq!(u(&find(PDPT_ADDR), 0), PD_ADDR | 3);
+        let pd = find(PD_ADDR);
+        assert_eq!(pd.len(), 4096);
+        for i in [0usize, 8, 511] {
+            assert_eq!(u(&pd, i), ((i as u64) << 21) | 0x83);
+        }
+        assert_eq!(find(GDT_ADDR).len(), 32);
+        // Nothing overlaps the zero page or the stack.
+        for (addr, bytes) in &t {
+            let end = addr + bytes.len() as u64;
+            assert!(end <= ZERO_PAGE_ADDR || *addr >= ZERO_PAGE_ADDR + 4096);
+            assert!(end <= BOOT_STACK - 0x1000 || *addr >= BOOT_STACK);
+        }
+    }
+
+    #[test]
+    fn msrs_as_firecracker() {
+        let m = boot_msrs();
+        let get = |i| m.iter().find(|e| e.index == i).map(|e| e.data);
+        assert_eq!(get(MSR_IA32_MISC_ENABLE), Some(1));
+        assert_eq!(get(MSR_MTRR_DEF_TYPE), Some(0x806));
+        assert_eq!(get(MSR_LSTAR), Some(0));
+        assert_eq!(m.len(), 11);
+    }
+
+    #[test]
+    fn lints() {
+        let mut s = kvm_lapic_state::default();
+        set_lapic_reg(&mut s, APIC_LVT0, 0x1_0700);
+        setup_lint(&mut s);
+        assert_eq!(lapic_reg(&s, APIC_LVT0), 0x1_0700);
+        assert_eq!(lapic_reg(&s, APIC_LVT1), 0x400);
+        set_lapic_reg(&mut s, APIC_LVT0, 0x1_0000);
+        setup_lint(&mut s);
+        assert_eq!(lapic_reg(&s, APIC_LVT0), 0x1_0700);
+    }
+}

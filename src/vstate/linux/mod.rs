@@ -1,0 +1,215 @@
+//! Booting a Linux kernel instead of the built-in firmware: the kernel and
+//! initrd files ([`image`]), the zero page and e820 map ([`params`]), the MP
+//! table that lists the vCPUs ([`mptable`]), CPUID with the vCPU topology
+//! ([`cpuid`]), and each vCPU's CPL0 entry state ([`cpu`]).
+//!
+//! [`load`] writes everything into guest memory at start: the image through
+//! rust-vmm's `linux-loader` (ELF `vmlinux` at its physical addresses, or a
+//! bzImage at 1 MiB), the command line, the initrd, the zero page, the MP
+//! table and the low tables. Both formats are entered at their 64-bit entry
+//! point with the zero page in RSI; the ELF's PVH note is reported but not
+//! used (the PVH entry is 32-bit protected mode without paging, which a
+//! paging-based PVM host cannot run).
+
+pub mod cpu;
+pub mod cpuid;
+pub mod image;
+pub mod mptable;
+pub mod params;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use linux_loader::loader::{BzImage, Elf, KernelLoader, PvhBootCapability};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
+use image::{check_initrd, check_kernel, BzImageHeader, ImageError, KernelFormat};
+use params::{
+    boot_params, check_cmdline, e820_map, initrd_addr, E820Entry, InitrdPlacement, ParamsError,
+    CMDLINE_ADDR, HIMEM_START, ZERO_PAGE_ADDR,
+};
+
+/// Where a bzImage's decompressor puts the kernel (CONFIG_PHYSICAL_START).
+const BZIMAGE_KERNEL_ADDR: u64 = 0x100_0000;
+/// `initrd_addr_max` for an ELF kernel, which has no setup header: 2 GiB - 1.
+const ELF_INITRD_ADDR_MAX: u32 = 0x7fff_ffff;
+/// Offset of the 64-bit entry point from a bzImage's load address.
+const BZIMAGE_ENTRY_64: u64 = 0x200;
+
+/// Errors of loading a Linux kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum LinuxError {
+    /// The kernel or initrd file is unusable.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// linux-loader refused the image.
+    #[error("cannot load the kernel {path}: {source}")]
+    Load {
+        /// The image.
+        path: PathBuf,
+        /// linux-loader's error.
+        source: linux_loader::loader::Error,
+    },
+    /// The zero page could not be made.
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    /// The MP table could not be made.
+    #[error(transparent)]
+    Mptable(#[from] mptable::MptableError),
+    /// A file could not be read into guest memory.
+    #[error("cannot read {path} into guest memory: {reason}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Writing into guest memory failed.
+    #[error("cannot write {what} at guest address {addr:#x}: {source}")]
+    GuestWrite {
+        /// What was being written.
+        what: &'static str,
+        /// Where.
+        addr: u64,
+        /// vm-memory's error.
+        source: vm_memory::GuestMemoryError,
+    },
+}
+
+/// What to boot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelSpec {
+    /// The ELF vmlinux or bzImage.
+    pub kernel: PathBuf,
+    /// An initrd, if any.
+    pub initrd: Option<PathBuf>,
+    /// The command line (already defaulted, see [`params::kernel_cmdline`]).
+    pub cmdline: String,
+}
+
+/// Where the kernel is entered, for the vCPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinuxEntry {
+    /// The 64-bit entry point.
+    pub entry: u64,
+    /// Number of vCPUs (for the CPUID topology).
+    pub vcpus: u8,
+    /// The image's format.
+    pub format: KernelFormat,
+}
+
+fn open(path: &Path) -> Result<File, LinuxError> {
+    File::open(path).map_err(|e| LinuxError::Read {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// Loads the kernel (and initrd) into `mem` and writes the zero page, the
+/// command line, the MP table and the low tables. `slices` are the guest RAM
+/// slices `(guest_addr, len)`, sorted; the e820 map is built from them.
+pub fn load<M: GuestMemoryBackend>(
+    mem: &M,
+    spec: &KernelSpec,
+    slices: &[(u64, u64)],
+    vcpus: u8,
+) -> Result<(LinuxEntry, Vec<E820Entry>), LinuxError> {
+    let map = e820_map(slices)?;
+    let format = check_kernel(&spec.kernel)?;
+    let mut file = open(&spec.kernel)?;
+    let load_err = |source| LinuxError::Load {
+        path: spec.kernel.clone(),
+        source,
+    };
+    let (entry, kernel_end, header, initrd_max, cmdline_max) =
+        match format {
+            KernelFormat::Elf => {
+                let r = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                    .map_err(load_err)?;
+                if let PvhBootCapability::PvhEntryPresent(pvh) = r.pvh_boot_cap {
+                    log::info!(
+                        "kernel has a PVH entry at {:#x}; entering at its 64-bit entry {:#x}",
+                        pvh.0,
+                        r.kernel_load.0
+                    );
+                }
+                (r.kernel_load.0, r.kernel_end, None, ELF_INITRD_ADDR_MAX, 0)
+            }
+            KernelFormat::BzImage => {
+                let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                    .map_err(load_err)?;
+                let mut head = vec![0u8; 0x270];
+                let mut f = open(&spec.kernel)?;
+                std::io::Read::read_exact(&mut f, &mut head).map_err(|e| LinuxError::Read {
+                    path: spec.kernel.clone(),
+                    reason: e.to_string(),
+                })?;
+                let h = BzImageHeader::parse(&head).ok().flatten().ok_or(
+                    ImageError::UnknownFormat {
+                        path: spec.kernel.display().to_string(),
+                    },
+                )?;
+                // The decompressor needs init_size bytes from where it puts the kernel.
+                let end = r
+                    .kernel_end
+                    .max(BZIMAGE_KERNEL_ADDR + u64::from(h.init_size));
+                (
+                    r.kernel_load.0 + BZIMAGE_ENTRY_64,
+                    end,
+                    r.setup_header,
+                    h.initrd_addr_max,
+                    h.cmdline_size,
+                )
+            }
+        };
+    check_cmdline(&spec.cmdline, cmdline_max)?;
+    let write = |what: &'static str, addr: u64, bytes: &[u8]| {
+        mem.write_slice(bytes, GuestAddress(addr))
+            .map_err(|source| LinuxError::GuestWrite { what, addr, source })
+    };
+    let mut line = spec.cmdline.as_bytes().to_vec();
+    line.push(0);
+    write("the command line", CMDLINE_ADDR, &line)?;
+
+    let initrd = match &spec.initrd {
+        None => None,
+        Some(path) => {
+            let size = check_initrd(path)?;
+            let addr = initrd_addr(&map, kernel_end, initrd_max, size)?;
+            let mut f = open(path)?;
+            mem.read_exact_volatile_from(GuestAddress(addr), &mut f, size as usize)
+                .map_err(|e| LinuxError::Read {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            Some(InitrdPlacement { addr, size })
+        }
+    };
+    let zero_page = boot_params(header, spec.cmdline.len(), initrd, &map)?;
+    mem.write_obj(zero_page, GuestAddress(ZERO_PAGE_ADDR))
+        .map_err(|source| LinuxError::GuestWrite {
+            what: "the zero page",
+            addr: ZERO_PAGE_ADDR,
+            source,
+        })?;
+    write(
+        "the MP table",
+        mptable::MPTABLE_ADDR,
+        &mptable::mptable(usize::from(vcpus))?,
+    )?;
+    for (addr, bytes) in cpu::tables() {
+        write("the boot tables", addr, &bytes)?;
+    }
+    Ok((
+        LinuxEntry {
+            entry,
+            vcpus,
+            format,
+        },
+        map,
+    ))
+}
+
+#[cfg(test)]
+#[path = "load_tests.rs"]
+mod tests;

@@ -1,0 +1,232 @@
+//! Firecracker's command line and its logger and metrics on the real
+//! binary: flags refused with one line and exit 1, `--id` and
+//! `--config-file` checks, the log and metrics flags (file and FIFO, line by
+//! line), `PATCH /machine-config`, `GET /version`, `FlushMetrics`, and a log
+//! FIFO that nobody reads.
+
+mod common;
+
+use std::path::Path;
+
+use common::api::*;
+use common::*;
+use serde_json::Value;
+use teravm::api::client::request;
+
+/// A run that must fail at once with one line naming `needle`, exit 1.
+fn refused(args: &[&str], needle: &str) {
+    let (code, stdout, stderr) = run(args, T);
+    assert_eq!(code, 1, "{args:?}: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+    assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    assert!(stdout.is_empty(), "{stdout:?}");
+}
+
+#[test]
+fn flags_teravm_lacks_and_bad_values_are_refused_in_one_line() {
+    let dir = temp_dir("cli-refused");
+    let sock = dir.join("api.sock");
+    let s = sock.to_str().unwrap();
+    refused(
+        &["--api-sock", s, "--metadata", "/m.json"],
+        "--metadata is not supported",
+    );
+    refused(
+        &["--api-sock", s, "--seccomp-filter", "/f.bpf"],
+        "--seccomp-filter is not supported",
+    );
+    refused(
+        &["--api-sock", s, "--mmds-size-limit", "1024"],
+        "--mmds-size-limit is not supported",
+    );
+    refused(
+        &["--api-sock", s, "--enable-pci"],
+        "--enable-pci is not supported",
+    );
+    refused(&["--api-sock", s, "--id", "bad id"], "invalid --id");
+    refused(&["--api-sock", s, "--id", "evil\nline"], "invalid --id");
+    refused(
+        &["--api-sock", s, "--id", &"a".repeat(65)],
+        "invalid --id: 65 bytes",
+    );
+    refused(&["--api-sock", s, "--level", "Loud"], "not a log level");
+    refused(
+        &["--api-sock", s, "--http-api-max-payload-size", "0"],
+        "at least 1",
+    );
+    refused(&["--api-sock", s, "--module", "a b"], "logger.module");
+    refused(
+        &["--no-api", "--config-file", "/dev/zero"],
+        "larger than 1048576 bytes",
+    );
+    let cfg = config_file(&dir, r#"{"drives": [{"drive_id": "rootfs"}]}"#);
+    refused(
+        &["--no-api", "--config-file", cfg.to_str().unwrap()],
+        "not supported yet: drives",
+    );
+    refused(
+        &["--api-sock", s, "--log-path", "/nonexistent-dir/teravm.log"],
+        "cannot open the log path",
+    );
+    assert!(!sock.exists(), "a refused launch left a socket");
+}
+
+#[test]
+fn firecracker_flags_are_accepted() {
+    let dir = temp_dir("cli-accepted");
+    let sock = dir.join("api.sock");
+    let (log, metrics) = (dir.join("fc.log"), dir.join("fc.metrics"));
+    // Everything the jailer and the clients pass, in Firecracker's spelling.
+    let vmm = Vmm::spawn(&[
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--id",
+        "fc-cli-1",
+        "--level",
+        "Debug",
+        "--log-path",
+        log.to_str().unwrap(),
+        "--show-level",
+        "--show-log-origin",
+        "--metrics-path",
+        metrics.to_str().unwrap(),
+        "--boot-timer",
+        "--no-seccomp",
+        "--http-api-max-payload-size",
+        "51200",
+        "--start-time-us",
+        "1",
+        "--start-time-cpu-us",
+        "0",
+        "--parent-cpu-time-us",
+        "1000",
+    ]);
+    wait_for_api(&sock, T);
+    assert_eq!(
+        get(&sock, "/version")["firecracker_version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    // PATCH before start: partial, validated as a whole, GET shows all.
+    let (s, b) = request(
+        &sock,
+        "PATCH",
+        "/machine-config",
+        Some(r#"{"mem_size_mib": 256}"#),
+    )
+    .unwrap();
+    assert_eq!(s, 204, "{b}");
+    let (s, b) = request(
+        &sock,
+        "PATCH",
+        "/machine-config",
+        Some(r#"{"huge_pages": "1G"}"#),
+    )
+    .unwrap();
+    assert_fault(s, &b, 400, "machine-config.mem_size_mib");
+    let (s, b) = request(
+        &sock,
+        "PATCH",
+        "/machine-config",
+        Some(r#"{"track_dirty_pages": true}"#),
+    )
+    .unwrap();
+    assert_fault(s, &b, 400, "not supported");
+    let mc = get(&sock, "/machine-config");
+    assert_eq!(
+        mc,
+        serde_json::json!({"vcpu_count": 1, "mem_size_mib": 256, "smt": false,
+            "track_dirty_pages": false, "huge_pages": "Transparent", "cpu_template": "None"})
+    );
+    // Metrics are set up once, as in Firecracker.
+    let (s, b) = put(
+        &sock,
+        "/metrics",
+        &format!(r#"{{"metrics_path": "{}"}}"#, dir.join("m2").display()),
+    );
+    assert_fault(s, &b, 400, "already");
+    let (s, b) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
+    assert_eq!(s, 204, "{b}");
+    vmm.signal(libc::SIGTERM);
+    exits_ok(vmm);
+    // Log: "<time> [fc-cli-1:<thread>:<LEVEL>:<file>:<line>] message".
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].contains("Running teravm v"), "{text}");
+    for l in &lines {
+        let tag = &l[l.find('[').unwrap() + 1..l.find(']').unwrap()];
+        let parts: Vec<&str> = tag.split(':').collect();
+        assert_eq!(parts[0], "fc-cli-1", "{l}");
+        assert!(
+            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&parts[2]),
+            "{l}"
+        );
+        assert!(
+            parts[3].ends_with(".rs") && parts[4].parse::<u32>().is_ok(),
+            "{l}"
+        );
+    }
+    assert!(text.contains("process start-up took"), "{text}");
+    let metric_lines: Vec<Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(!metric_lines.is_empty());
+    let first = &metric_lines[0];
+    assert!(
+        u(&first["api_server"], "process_startup_time_us") > 0,
+        "{first}"
+    );
+    assert!(
+        u(&first["api_server"], "process_startup_time_cpu_us") >= 1000,
+        "{first}"
+    );
+    assert!(
+        u(&first["get_api_requests"], "vmm_version_count") >= 1,
+        "{first}"
+    );
+    assert_eq!(
+        u(&first["patch_api_requests"], "machine_cfg_count"),
+        3,
+        "{first}"
+    );
+    assert_eq!(
+        u(&first["patch_api_requests"], "machine_cfg_fails"),
+        2,
+        "{first}"
+    );
+    assert_eq!(u(&first["put_api_requests"], "metrics_fails"), 1, "{first}");
+    assert_eq!(first["teravm"]["state"], "Not started");
+}
+
+#[test]
+fn a_log_fifo_nobody_reads_never_blocks_teravm() {
+    if !kvm_or_skip("a_log_fifo_nobody_reads_never_blocks_teravm") {
+        return;
+    }
+    let dir = temp_dir("cli-fifo");
+    let fifo = dir.join("log.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; the result is checked.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let cfg = config_file(&dir, &config_json(2, 256, "touch=all then=reset", ""));
+    // Trace logs every step of a launch and a reclaim: far more than a
+    // pipe holds, with no reader at all.
+    let (code, _, stderr) = run(
+        &[
+            "--no-api",
+            "--config-file",
+            cfg.to_str().unwrap(),
+            "--level",
+            "Trace",
+            "--log-path",
+            fifo.to_str().unwrap(),
+            "--metrics-path",
+            fifo.to_str().unwrap(),
+        ],
+        T,
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(summary(&stderr).0 > 0, "{stderr}");
+    assert!(Path::new(&fifo).exists());
+}
