@@ -14,14 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use libfuzzer_sys::fuzz_target;
-use teravm::devices::{
-    i8042, microvm_bus, ports, serial, BusEvent, SerialConsole, SerialOut, I8042,
-};
+use teravm::devices::{i8042, microvm_bus, ports, serial, BusEvent, SerialConsole, I8042};
 
 fuzz_target!(|data: &[u8]| {
-    let console = Arc::new(Mutex::new(SerialConsole::new(
-        SerialOut::Buffer(Vec::new()),
-    )));
+    let console = Arc::new(Mutex::new(SerialConsole::new(Vec::<u8>::new())));
     let i8042 = Arc::new(Mutex::new(I8042::new()));
     let bus = microvm_bus(console, i8042, Instant::now()).expect("the microVM bus builds");
     for access in data.chunks_exact(4) {
