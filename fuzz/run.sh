@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzz teravm's input parsers with cargo-fuzz (libFuzzer) for SECONDS each
-# (default 60), on the stable toolchain, and exit non-zero on any finding.
+# Fuzz what a stranger or a guest reaches (the input parsers, the port I/O
+# bus) with cargo-fuzz (libFuzzer) for SECONDS each (default 60), on the
+# stable toolchain, and exit non-zero on any finding.
 #
 #   fuzz/run.sh [SECONDS]
 #
@@ -19,11 +20,12 @@ cd "$(dirname "$0")"
 secs=${1:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
 CARGO_FUZZ_VERSION=0.13.2
-targets=(http_request api_route api_body config_file)
-declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_file]=json)
+targets=(http_request api_route api_body config_file port_io)
+declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_file]=json [port_io]=)
 # Longest input: past MAX_LINE_BYTES (8 KiB) for the HTTP parser, the default
-# (4 KiB, or the longest seed) for the JSON bodies and files.
-declare -A max_len=([http_request]=20000 [api_route]=4096 [api_body]=4096 [config_file]=4096)
+# (4 KiB, or the longest seed) for the JSON bodies and files, and 4 KiB (1024
+# accesses) for the port I/O bus, which has no dictionary.
+declare -A max_len=([http_request]=20000 [api_route]=4096 [api_body]=4096 [config_file]=4096 [port_io]=4096)
 
 export RUSTC_BOOTSTRAP=1
 # -a: debug assertions and overflow checks on, so an arithmetic overflow panics.
@@ -53,7 +55,7 @@ run_one() {
     # TMPDIR: where config_file writes its scratch file.
     TMPDIR="$work/tmp/$t" "$bin_dir/$t" -artifact_prefix="artifacts/$t/" \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=512 \
-        -max_len="${max_len[$t]}" -dict="dict/${dicts[$t]}.dict" -print_final_stats=1 "$work/corpus/$t" \
+        -max_len="${max_len[$t]}" ${dicts[$t]:+-dict="dict/${dicts[$t]}.dict"} -print_final_stats=1 "$work/corpus/$t" \
         >"$work/$t.log" 2>&1 || rc=$?
     echo "$rc" >"$work/$t.rc"
 }

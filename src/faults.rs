@@ -4,7 +4,11 @@
 //! - `reclaim-worker-panic`: the first reclaim worker to take a chunk panics
 //!   (the executor must still free everything and report the failure);
 //! - `vcpu-panic`: vCPU 0 panics at its first port I/O exit (the VMM must
-//!   shut the microVM down as crashed and still free its memory).
+//!   shut the microVM down as crashed and still free its memory);
+//! - `vcpu-forbidden-syscall`: each vCPU thread, right after installing its
+//!   seccomp filter, makes a system call the filter forbids (`socket`): the
+//!   process must end with `seccomp::EXIT_BAD_SYSCALL` and a line naming the
+//!   call and the thread (with `--no-seccomp` the call just succeeds).
 //!
 //! Nothing is injected unless the variable names the fault.
 
@@ -12,6 +16,21 @@ use std::sync::OnceLock;
 
 /// The environment variable that names faults to inject.
 pub const FAULT_INJECT_ENV: &str = "TERAVM_FAULT_INJECT";
+
+/// The fault that makes vCPU threads call a forbidden system call.
+pub const VCPU_FORBIDDEN_SYSCALL: &str = "vcpu-forbidden-syscall";
+
+/// Makes a system call no vCPU filter allows: `socket(AF_UNIX, SOCK_STREAM)`
+/// (closed again if it succeeds, i.e. without a filter).
+pub fn forbidden_syscall() {
+    // SAFETY: socket() takes no pointers; a returned descriptor is ours.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd >= 0 {
+        log::warn!("{VCPU_FORBIDDEN_SYSCALL}: socket() succeeded: no seccomp filter is installed");
+        // SAFETY: `fd` was just returned to us and nothing else uses it.
+        unsafe { libc::close(fd) };
+    }
+}
 
 /// Whether the fault `name` was asked for.
 pub fn injected(name: &str) -> bool {

@@ -16,5 +16,6 @@ pub mod faults;
 pub mod logger;
 pub mod memory;
 pub mod metrics;
+pub mod seccomp;
 pub mod vmm;
 pub mod vstate;

@@ -287,6 +287,7 @@ fn poll_timeout(deadline: Option<Instant>) -> libc::c_int {
 }
 
 fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    crate::seccomp::install_thread(crate::seccomp::Role::Api);
     let own_uid = peer::own_uid();
     let mut refusals = peer::RefusalLog::default();
     let max = shared.limits.max_connections;
@@ -373,6 +374,7 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
             .name("api-conn".into())
             .stack_size(256 * 1024)
             .spawn(move || {
+                crate::seccomp::install_thread(crate::seccomp::Role::ApiConnection);
                 let _slot = SlotGuard {
                     shared: &conn_shared,
                     id,

@@ -272,7 +272,10 @@ impl ConsoleWriter {
         let shared = buffer.clone();
         let thread = std::thread::Builder::new()
             .name("console".into())
-            .spawn(move || drain(&shared, sinks, on_first_output))
+            .spawn(move || {
+                crate::seccomp::install_thread(crate::seccomp::Role::Console);
+                drain(&shared, sinks, on_first_output)
+            })
             .map_err(ConsoleError::Spawn)?;
         Ok(ConsoleWriter {
             buffer,

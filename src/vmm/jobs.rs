@@ -68,6 +68,7 @@ impl<T: Send + 'static> Job<T> {
                 // Declared first, so dropped last: after everything the work
                 // owned, whether it returned or unwound.
                 let _guard = guard;
+                crate::seccomp::install_thread(crate::seccomp::Role::of_job(name));
                 work()
             })
             .map_err(|source| JobError::Spawn { job: name, source })?;

@@ -51,6 +51,8 @@ pub const EXIT_ERROR: i32 = 1;
 pub const EXIT_GUEST_CRASHED: i32 = 3;
 /// Exit code: reclaim reported errors (the memory was still freed).
 pub const EXIT_RECLAIM_FAILED: i32 = 4;
+/// Exit code: a thread made a system call its seccomp filter forbids.
+pub const EXIT_BAD_SYSCALL: i32 = crate::seccomp::EXIT_BAD_SYSCALL;
 
 const TOKEN_VCPU: u32 = 1;
 const TOKEN_SIGNAL: u32 = 2;
@@ -62,6 +64,9 @@ const TOKEN_METRICS: u32 = 6;
 /// Errors that end the VMM before or outside the microVM's life.
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
+    /// The seccomp filters could not be prepared.
+    #[error("seccomp: {0}")]
+    Seccomp(#[from] crate::seccomp::SeccompError),
     /// Signals could not be set up.
     #[error(transparent)]
     Signals(#[from] SignalError),
@@ -252,6 +257,7 @@ impl MutEventSubscriber for Vmm {
 
 /// Runs one microVM to its end and returns the process exit code.
 pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
+    crate::seccomp::prepare(crate::seccomp::Policy::from_enabled(opts.seccomp))?;
     // Before any thread exists, so that every thread inherits the mask.
     let signals = ShutdownSignals::new()?;
     let topology = HostTopology::from_sysfs(&opts.sysfs_root)?;
@@ -313,6 +319,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     let mut manager: EventManager<Arc<std::sync::Mutex<Vmm>>> =
         EventManager::new().map_err(VmmError::EventLoop)?;
     manager.add_subscriber(vmm.clone());
+    crate::seccomp::install_thread(crate::seccomp::Role::Vmm);
     loop {
         let wait = vmm.lock().unwrap_or_else(|p| p.into_inner()).exit_in();
         let timeout_ms = match wait {

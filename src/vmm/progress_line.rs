@@ -41,6 +41,7 @@ impl ProgressLine {
         let spawned = std::thread::Builder::new()
             .name("progress".into())
             .spawn(move || {
+                crate::seccomp::install_thread(crate::seccomp::Role::Progress);
                 let _ended = ended_tx;
                 loop {
                     write_stderr(format!("\r\x1b[K{}", render(started.elapsed())).as_bytes());

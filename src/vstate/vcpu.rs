@@ -316,6 +316,7 @@ impl VcpuHandle {
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
             .spawn(move || {
+                crate::seccomp::install_thread(crate::seccomp::Role::Vcpu);
                 let _ended = ended_tx;
                 let run = std::panic::AssertUnwindSafe(|| run_loop(index, fd, &bus, &control));
                 let event = std::panic::catch_unwind(run).unwrap_or_else(|_| {

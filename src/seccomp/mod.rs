@@ -1,0 +1,352 @@
+//! seccomp: a filter per thread role, built with rust-vmm's `seccompiler`,
+//! installed by each thread on itself before it first handles guest or
+//! client input, and a SIGSYS handler that reports a forbidden call.
+//!
+//! Roles ([`Role`]) and their lists live in `filters` as data. A filter
+//! allows the role's calls (with `ioctl` narrowed to the request numbers the
+//! role uses, `mmap`/`mprotect` never executable, `prctl`, `madvise`,
+//! `fcntl`... narrowed where the role's use is narrow) and traps everything
+//! else: the kernel sends SIGSYS, the handler writes
+//! `teravm: seccomp: thread NAME made a forbidden system call NR (NAME); ...`
+//! on stderr and the process exits with [`EXIT_BAD_SYSCALL`].
+//!
+//! Filters stack: a thread runs under its own filter and those of the
+//! threads that spawned it after installing theirs. So a spawner's filter
+//! also allows what its children call (see [`Role::syscalls`]); the children
+//! narrow it for themselves. Workers (`populate-n*`, `reclaim-n*`) install
+//! nothing: the job thread that spawns them (`start`, `reclaim`) has a
+//! filter that covers them, so `memory` knows nothing of seccomp.
+//!
+//! Use: the binary calls [`prepare`] once at startup with the policy from
+//! the command line (`--no-seccomp` is [`Policy::Off`]); each thread then
+//! calls [`install_thread`] with its role as its first statement.
+//! [`install`] is the same with an explicit policy. Without [`prepare`]
+//! (library users, unit tests) the policy is [`Policy::Off`].
+
+mod filters;
+mod sigsys;
+mod syscall_names;
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
+
+pub use sigsys::EXIT_BAD_SYSCALL;
+
+use filters::{Allow, Only};
+
+/// The thread roles, each with its own filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// The main thread `teravm`: the event loop.
+    Vmm,
+    /// `api`: accepts connections on the API socket.
+    Api,
+    /// `api-conn`: serves one API connection.
+    ApiConnection,
+    /// `vcpu{n}`: the `KVM_RUN` loop and the port I/O devices.
+    Vcpu,
+    /// `console`: writes the guest console to stdout and the serial file.
+    Console,
+    /// `start`: the KVM VM, guest memory, memslots, populate workers, vCPUs.
+    Start,
+    /// `reclaim`: stops the vCPUs, closes the VM, frees guest memory with
+    /// the per-node workers.
+    Reclaim,
+    /// `progress`: redraws the populate or reclaim progress line on a
+    /// terminal's stderr.
+    Progress,
+}
+
+impl Role {
+    /// Every role.
+    pub const ALL: [Role; 8] = [
+        Role::Vmm,
+        Role::Api,
+        Role::ApiConnection,
+        Role::Vcpu,
+        Role::Console,
+        Role::Start,
+        Role::Reclaim,
+        Role::Progress,
+    ];
+
+    /// The role's name, as in the thread names and docs/seccomp.md.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Vmm => "teravm",
+            Role::Api => "api",
+            Role::ApiConnection => "api-conn",
+            Role::Vcpu => "vcpu",
+            Role::Console => "console",
+            Role::Start => "start",
+            Role::Reclaim => "reclaim",
+            Role::Progress => "progress",
+        }
+    }
+
+    /// The role of a job thread named `name` (`vmm::jobs`): `start` is
+    /// [`Role::Start`]; any other job is [`Role::Reclaim`].
+    pub fn of_job(name: &str) -> Role {
+        match name {
+            "start" => Role::Start,
+            _ => Role::Reclaim,
+        }
+    }
+
+    /// The system call numbers this role's filter allows (for any
+    /// arguments or some), sorted.
+    pub fn syscalls(self) -> Vec<i64> {
+        let mut nrs: Vec<i64> = self.allowed().iter().map(|a| a.nr).collect();
+        nrs.sort_unstable();
+        nrs.dedup();
+        nrs
+    }
+
+    /// The names of [`Role::syscalls`].
+    pub fn syscall_names(self) -> Vec<&'static str> {
+        self.syscalls()
+            .into_iter()
+            .map(syscall_names::name)
+            .collect()
+    }
+}
+
+/// Whether filters are installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Each thread installs its role's filter (the default of the binary).
+    #[default]
+    Enforce,
+    /// No filters (`--no-seccomp`).
+    Off,
+}
+
+impl Policy {
+    /// [`Policy::Enforce`] if `enabled` (`VmmOptions::seccomp`), else [`Policy::Off`].
+    pub fn from_enabled(enabled: bool) -> Policy {
+        if enabled {
+            Policy::Enforce
+        } else {
+            Policy::Off
+        }
+    }
+}
+
+/// Errors of building and installing filters.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// A filter could not be built (a bug in the lists).
+    #[error("cannot build the seccomp filter of role {role}: {source}")]
+    Build {
+        /// The role.
+        role: &'static str,
+        /// seccompiler's error.
+        source: seccompiler::BackendError,
+    },
+    /// The filter could not be installed (`prctl` or `seccomp` failed).
+    #[error("cannot install the seccomp filter of role {role}: {source}")]
+    Install {
+        /// The role.
+        role: &'static str,
+        /// seccompiler's error.
+        source: seccompiler::Error,
+    },
+    /// The filters could not be built (as [`SeccompError::Build`], kept as text).
+    #[error("cannot build the seccomp filters: {0}")]
+    Filters(String),
+    /// The SIGSYS handler could not be installed.
+    #[error("cannot install the SIGSYS handler: {0}")]
+    SigsysHandler(std::io::Error),
+    /// [`prepare`] was called twice with different policies.
+    #[error("the seccomp policy was already set to {0:?}")]
+    PolicyAlreadySet(Policy),
+}
+
+/// The policy for [`install_thread`], set once by [`prepare`].
+static PROCESS_POLICY: OnceLock<Policy> = OnceLock::new();
+/// The compiled filters, built once.
+static PROGRAMS: OnceLock<Result<BTreeMap<Role, BpfProgram>, String>> = OnceLock::new();
+
+thread_local! {
+    /// Whether this thread installed its own filter.
+    static FILTERED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Builds the BPF program of `role`.
+fn build(role: Role) -> Result<BpfProgram, SeccompError> {
+    let err = |source| SeccompError::Build {
+        role: role.name(),
+        source,
+    };
+    let cond = |arg: u8, op: SeccompCmpOp, value: u64| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(err)
+    };
+    // A call allowed for any arguments maps to no rules (matched always).
+    let mut unconditional: Vec<i64> = Vec::new();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for Allow { nr, only } in role.allowed() {
+        match only {
+            Only::Any => unconditional.push(nr),
+            Only::OneOf { arg, values } => {
+                for &v in values {
+                    let rule = SeccompRule::new(vec![cond(arg, SeccompCmpOp::Eq, v)?]);
+                    rules.entry(nr).or_default().push(rule.map_err(err)?);
+                }
+            }
+            Only::KickSignal { arg } => {
+                let signo = vmm_sys_util::signal::SIGRTMIN() as u64;
+                let rule = SeccompRule::new(vec![cond(arg, SeccompCmpOp::Eq, signo)?]);
+                rules.entry(nr).or_default().push(rule.map_err(err)?);
+            }
+            Only::Masked(checks) => {
+                let conditions = checks
+                    .iter()
+                    .map(|&(arg, mask, value)| cond(arg, SeccompCmpOp::MaskedEq(mask), value))
+                    .collect::<Result<Vec<_>, _>>()?;
+                rules
+                    .entry(nr)
+                    .or_default()
+                    .push(SeccompRule::new(conditions).map_err(err)?);
+            }
+        }
+    }
+    for nr in unconditional {
+        rules.insert(nr, Vec::new());
+    }
+    for chain in rules.values_mut() {
+        chain.dedup();
+    }
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| SeccompError::Build {
+            role: role.name(),
+            source: e,
+        })?;
+    let filter =
+        SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, arch).map_err(err)?;
+    filter.try_into().map_err(err)
+}
+
+/// Every role's program, built once.
+fn programs() -> Result<&'static BTreeMap<Role, BpfProgram>, SeccompError> {
+    let built = PROGRAMS.get_or_init(|| {
+        Role::ALL
+            .iter()
+            .map(|&role| build(role).map(|p| (role, p)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())
+    });
+    built.as_ref().map_err(|e| SeccompError::Filters(e.clone()))
+}
+
+/// Sets the process's policy for [`install_thread`]; with
+/// [`Policy::Enforce`] also builds every filter, installs the SIGSYS
+/// handler, and makes a panic print its message without a backtrace
+/// (resolving one reads files that no filter allows).
+/// Call it once at startup, before any thread is spawned.
+pub fn prepare(policy: Policy) -> Result<(), SeccompError> {
+    let set = *PROCESS_POLICY.get_or_init(|| policy);
+    if set != policy {
+        return Err(SeccompError::PolicyAlreadySet(set));
+    }
+    if policy == Policy::Off {
+        return Ok(());
+    }
+    programs()?;
+    fix_malloc_arenas();
+    // SAFETY: tzset reads the TZ variable and /etc/localtime into libc's
+    // own state; no memory of ours is touched.
+    unsafe { tzset() };
+    sigsys::install_handler()?;
+    install_panic_hook();
+    Ok(())
+}
+
+extern "C" {
+    /// POSIX `tzset(3)`: loads the local time zone (the libc crate lacks it).
+    /// Called before any filter: otherwise the first `localtime_r` (the
+    /// logger's timestamps) opens /etc/localtime in whichever thread logs
+    /// first, as the strace of the main thread showed.
+    fn tzset();
+}
+
+/// Sets glibc's limit on malloc arenas now. Left unset, glibc computes it
+/// the first time a thread needs a ninth arena, by reading
+/// `/sys/devices/system/cpu/online`, in whatever thread that is: a vCPU or
+/// an API connection, whose filter forbids opening files (seen in the
+/// strace of a reclaim worker). The value is glibc's own default, 8 per CPU.
+fn fix_malloc_arenas() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let arenas = libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: mallopt changes a malloc parameter; no memory of ours is
+    // touched. A failure (0) leaves glibc's lazy default.
+    if unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) } == 0 {
+        log::warn!("mallopt(M_ARENA_MAX) failed: a thread's first new arena may read sysfs");
+    }
+}
+
+/// Under a filter, the default panic hook's backtrace (RUST_BACKTRACE)
+/// would open and map the binary's debug info, which no filter allows: the
+/// panic would end as a forbidden call instead of being reported. So with
+/// [`Policy::Enforce`] every thread's panic prints the default hook's first
+/// line only (workers cannot tell that they inherited a filter).
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        eprintln!("\nthread '{name}' panicked at {info}\n(no backtrace under seccomp; run with --no-seccomp for one)");
+    }));
+}
+
+/// The policy [`prepare`] set ([`Policy::Off`] if it was never called).
+pub fn process_policy() -> Policy {
+    PROCESS_POLICY.get().copied().unwrap_or(Policy::Off)
+}
+
+/// Installs `role`'s filter on the calling thread (nothing with
+/// [`Policy::Off`]). Sets `no_new_privs` first, as seccomp requires.
+pub fn install(role: Role, policy: Policy) -> Result<(), SeccompError> {
+    if policy == Policy::Off {
+        return Ok(());
+    }
+    let program = programs()?
+        .get(&role)
+        .ok_or_else(|| SeccompError::Filters(format!("no filter for role {}", role.name())))?;
+    sigsys::install_handler()?;
+    sigsys::remember_thread_name();
+    seccompiler::apply_filter(program).map_err(|source| SeccompError::Install {
+        role: role.name(),
+        source,
+    })?;
+    FILTERED.with(|f| f.set(true));
+    Ok(())
+}
+
+/// The call at the start of each teravm thread: installs `role`'s filter
+/// under the process's policy ([`prepare`]). A filter that cannot be
+/// installed ends the process (exit 1, one line on stderr): a thread must
+/// not serve a guest or a client unconfined when confinement was asked for.
+/// With the fault `vcpu-forbidden-syscall` injected, a vCPU thread then
+/// makes a forbidden call (see [`crate::faults`]).
+pub fn install_thread(role: Role) {
+    if let Err(e) = install(role, process_policy()) {
+        eprintln!("teravm: {e}");
+        // SAFETY: _exit ends the process at once; no Rust state is relied on
+        // afterwards. Not `process::exit`: other threads may hold the stdio
+        // locks that its flush would wait on.
+        unsafe { libc::_exit(1) };
+    }
+    if role == Role::Vcpu && crate::faults::injected(crate::faults::VCPU_FORBIDDEN_SYSCALL) {
+        crate::faults::forbidden_syscall();
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

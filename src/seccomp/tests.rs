@@ -1,0 +1,157 @@
+//! Unit tests of the filters: they build, they hold what each role needs,
+//! and installed on a real thread they allow its calls and trap others.
+
+use super::filters::kvm;
+use super::*;
+
+#[test]
+fn kvm_request_numbers_are_the_kernels() {
+    // As strace shows them for teravm (and as linux/kvm.h defines them).
+    assert_eq!(kvm::CREATE_VM, 0xae01);
+    assert_eq!(kvm::CHECK_EXTENSION, 0xae03);
+    assert_eq!(kvm::GET_VCPU_MMAP_SIZE, 0xae04);
+    assert_eq!(kvm::GET_SUPPORTED_CPUID, 0xc008_ae05);
+    assert_eq!(kvm::CREATE_VCPU, 0xae41);
+    assert_eq!(kvm::SET_USER_MEMORY_REGION, 0x4020_ae46);
+    assert_eq!(kvm::RUN, 0xae80);
+    assert_eq!(kvm::SET_REGS, 0x4090_ae82);
+    assert_eq!(kvm::GET_SREGS, 0x8138_ae83);
+    assert_eq!(kvm::SET_SREGS, 0x4138_ae84);
+    assert_eq!(kvm::SET_FPU, 0x41a0_ae8d);
+    assert_eq!(kvm::SET_CPUID2, 0x4008_ae90);
+}
+
+#[test]
+fn every_role_builds() {
+    for role in Role::ALL {
+        let program = build(role).unwrap();
+        assert!(!program.is_empty(), "{role:?}");
+    }
+}
+
+#[test]
+fn spawners_cover_their_children() {
+    for role in Role::ALL {
+        let mine = role.syscalls();
+        for child in role.children() {
+            for nr in child.syscalls() {
+                assert!(mine.contains(&nr), "{role:?} lacks {nr} of {child:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn confined_roles_lack_dangerous_calls() {
+    let forbidden = [
+        libc::SYS_execve,
+        libc::SYS_execveat,
+        libc::SYS_fork,
+        libc::SYS_vfork,
+        libc::SYS_clone,
+        libc::SYS_socket,
+        libc::SYS_connect,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_writev,
+        libc::SYS_mount,
+        libc::SYS_setuid,
+        libc::SYS_kill,
+    ];
+    for role in Role::ALL {
+        for nr in forbidden {
+            assert!(!role.syscalls().contains(&nr), "{role:?} allows {nr}");
+        }
+    }
+    // Guest-facing and client-facing threads open nothing, spawn nothing.
+    for role in [Role::Vcpu, Role::ApiConnection, Role::Console] {
+        for nr in [
+            libc::SYS_openat,
+            libc::SYS_open,
+            libc::SYS_clone3,
+            libc::SYS_accept4,
+        ] {
+            assert!(!role.syscalls().contains(&nr), "{role:?} allows {nr}");
+        }
+    }
+    assert!(!Role::Vcpu.syscalls().contains(&libc::SYS_read));
+}
+
+fn status_field(tid: i32, field: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn an_installed_filter_confines_only_its_thread() {
+    for role in [Role::Vcpu, Role::ApiConnection, Role::Reclaim] {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::Builder::new()
+            .name(format!("test-{}", role.name()))
+            .spawn(move || {
+                install(role, Policy::Enforce).unwrap();
+                assert!(FILTERED.with(Cell::get));
+                // Allowed under every role: gettid, futex (the channels),
+                // write, and a growing allocation (mmap, mremap, munmap).
+                // SAFETY: gettid takes no arguments.
+                let tid = unsafe { libc::gettid() };
+                let big = vec![7u8; 8 << 20];
+                let mut v = big.clone();
+                v.resize(32 << 20, 1);
+                tid_tx.send((tid, v[8 << 20])).unwrap();
+                go_rx.recv().unwrap();
+            })
+            .unwrap();
+        let (tid, byte) = tid_rx.recv().unwrap();
+        assert_eq!(byte, 1);
+        assert_eq!(status_field(tid, "Seccomp:"), "2", "{role:?}");
+        assert_eq!(status_field(tid, "NoNewPrivs:"), "1", "{role:?}");
+        // SAFETY: gettid takes no arguments.
+        let me = unsafe { libc::gettid() };
+        assert_eq!(
+            status_field(me, "Seccomp:"),
+            "0",
+            "the test thread stays free"
+        );
+        go_tx.send(()).unwrap();
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn off_installs_nothing() {
+    std::thread::spawn(|| {
+        install(Role::Vcpu, Policy::Off).unwrap();
+        assert!(!FILTERED.with(Cell::get));
+        // SAFETY: gettid takes no arguments.
+        let tid = unsafe { libc::gettid() };
+        assert_eq!(status_field(tid, "Seccomp:"), "0");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn names_of_the_lists() {
+    let vcpu = Role::Vcpu.syscall_names();
+    assert!(
+        vcpu.contains(&"ioctl") && vcpu.contains(&"futex"),
+        "{vcpu:?}"
+    );
+    assert!(Role::Vmm.syscalls().len() > Role::Vcpu.syscalls().len());
+}
+
+/// Prints every role's list and size (docs/seccomp.md points here).
+#[test]
+fn print_lists() {
+    for role in Role::ALL {
+        let names = role.syscall_names();
+        assert!(!names.contains(&"?"), "{role:?}: {names:?}");
+        println!("{} ({}): {}", role.name(), names.len(), names.join(" "));
+    }
+}
