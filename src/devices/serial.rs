@@ -116,7 +116,8 @@ mod tests {
     #[test]
     fn input_fills_the_receive_fifo_and_raises_the_irq() {
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let mut s = SerialConsole::with_irq(Vec::new(), SerialIrq::EventFd(irq.try_clone().unwrap()));
+        let mut s =
+            SerialConsole::with_irq(Vec::new(), SerialIrq::EventFd(irq.try_clone().unwrap()));
         // Without the received-data interrupt enabled: queued, no interrupt.
         assert_eq!(s.enqueue_input(b"ab"), 2);
         assert!(irq.read().is_err(), "no interrupt while IER is 0");

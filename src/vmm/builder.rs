@@ -269,7 +269,11 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             }
             let irq = EventFd::new(EFD_NONBLOCK).map_err(StartError::SerialIrq)?;
             vm.register_irqfd(&irq, COM1_GSI)?;
-            (GuestEntry::Linux(entry), SerialIrq::EventFd(irq), Some(nodes))
+            (
+                GuestEntry::Linux(entry),
+                SerialIrq::EventFd(irq),
+                Some(nodes),
+            )
         }
     };
 

@@ -230,7 +230,8 @@ impl RetryTimer {
             it_value: period,
         };
         // SAFETY: `spec` is valid; the old value is not wanted.
-        let rc = unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        let rc =
+            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -367,7 +368,11 @@ impl Vmm {
             let _ = ops.remove(Events::with_data_raw(STDIN_FD, TOKEN_STDIN, EventSet::IN));
         }
         let retry = input.retry.fd.as_raw_fd();
-        let _ = ops.remove(Events::with_data_raw(retry, TOKEN_STDIN_RETRY, EventSet::IN));
+        let _ = ops.remove(Events::with_data_raw(
+            retry,
+            TOKEN_STDIN_RETRY,
+            EventSet::IN,
+        ));
         let s = input.buffer.stats();
         log::info!(
             "console input: {} bytes read from stdin, {} given to the guest, {} waiting, {} dropped",

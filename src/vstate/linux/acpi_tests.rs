@@ -191,7 +191,10 @@ fn slit_distances() {
         _ => None,
     };
     let d = distances(&nodes, host);
-    assert_eq!(d, vec![vec![10, 31, 20], vec![31, 10, 20], vec![20, 20, 10]]);
+    assert_eq!(
+        d,
+        vec![vec![10, 31, 20], vec![31, 10, 20], vec![20, 20, 10]]
+    );
     let t = slit(&d).unwrap();
     assert_eq!(sum(&t), 0);
     assert_eq!(&t[..4], b"SLIT");
