@@ -208,9 +208,8 @@ impl RetryTimer {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: `fd` is a new descriptor that nothing else owns.
-        Ok(RetryTimer {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(RetryTimer { fd })
     }
 
     fn set(&self, on: bool) -> std::io::Result<()> {

@@ -99,8 +99,13 @@ fn madt_lists_every_vcpu_and_the_ioapic() {
     assert_eq!(madt(255), Err(AcpiError::VcpuCount(255)));
 }
 
+/// `(APIC id, proximity domain)` of each SRAT CPU entry.
+type CpuEntries = Vec<(u8, u32)>;
+/// `(proximity domain, base, length)` of each SRAT memory entry.
+type MemEntries = Vec<(u32, u64, u64)>;
+
 /// The SRAT's CPU and memory entries, decoded.
-fn decode_srat(t: &[u8]) -> (Vec<(u8, u32)>, Vec<(u32, u64, u64)>) {
+fn decode_srat(t: &[u8]) -> (CpuEntries, MemEntries) {
     assert_eq!(u32_at(t, 36), 1);
     let (mut cpus, mut mems) = (Vec::new(), Vec::new());
     let mut e = &t[48..];
