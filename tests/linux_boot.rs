@@ -248,3 +248,106 @@ fn bad_images_are_one_line_errors_and_nothing_starts() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn stdin_pipe_reaches_the_uart_and_the_guest_still_shuts_down_cleanly() {
+    let Some(kernel) = kernel_or_skip("stdin_pipe", "vmlinux") else {
+        return;
+    };
+    let _one_kernel_at_a_time = common::big_memory();
+    let dir = temp_dir("linux-stdin");
+    let args = "console=ttyS0 earlyprintk=serial reboot=k panic=1 pci=off nomodule";
+    let cfg = config_file(&dir, &config(&kernel, None, args));
+    // stdin is a FIFO: `sh` opens it (waiting for this test to open the
+    // other end), then becomes teravm.
+    let fifo = dir.join("stdin");
+    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c").arg(format!(
+        "exec {} --no-api --log-level info --config-file {} < {}",
+        common::teravm(),
+        cfg.display(),
+        fifo.display()
+    ));
+    let mut vmm = Vmm::spawn_command(cmd);
+    {
+        use std::io::Write;
+        let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        w.write_all(&[b'x'; 100]).unwrap();
+        // Closing it is the end of stdin.
+    }
+    // teravm read all of it, then the end: the guest's FIFO took 64 bytes
+    // (the guest does not read this early), the rest waits.
+    vmm.wait_err_line("console input: stdin (Pipe)", EARLY);
+    vmm.wait_err_line("console input: stdin ended", EARLY);
+    // The guest runs on, with stdin gone.
+    let version = vmm.wait_line("Linux version", FIRST_LINE);
+    assert!(version.contains("Linux version 6."), "{version}");
+    let (_, stderr) = sigterm_ends_cleanly(vmm);
+    assert!(
+        stderr.contains(
+            "console input: 100 bytes read from stdin, 64 given to the guest, 36 waiting, 0 dropped"
+        ),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn two_host_nodes_are_two_guest_nodes_in_srat_and_get_memory() {
+    let Some(kernel) = kernel_or_skip("guest_numa", "vmlinux") else {
+        return;
+    };
+    let _one_kernel_at_a_time = common::big_memory();
+    let dir = temp_dir("linux-numa");
+    let sys = common::fake_sysfs(&dir, 2);
+    let sock = dir.join("api.sock");
+    let args = "console=ttyS0 earlyprintk=serial reboot=k panic=1 pci=off nomodule";
+    // 512 MiB over 2 (fake) host nodes: 256 MiB each, not bound.
+    let cfg = config_file(
+        &dir,
+        &format!(
+            r#"{{"machine-config": {{"vcpu_count": 2, "mem_size_mib": 512}},
+                "memory": {{"numa_policy": "none"}},
+                "boot-source": {{"kernel_image_path": "{}", "boot_args": "{args}"}}}}"#,
+            kernel.display()
+        ),
+    );
+    let mut vmm = Vmm::spawn(&[
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--sysfs-root",
+        sys.to_str().unwrap(),
+        "--config-file",
+        cfg.to_str().unwrap(),
+    ]);
+    vmm.wait_line("Linux version", FIRST_LINE);
+    // The kernel's own reading of the SRAT and MADT.
+    for needle in [
+        "ACPI: RSDP 0x00000000000E0000",
+        "SRAT: PXM 0 -> APIC 0x00 -> Node 0",
+        "SRAT: PXM 1 -> APIC 0x01 -> Node 1",
+        "ACPI: SRAT: Node 0 PXM 0 [mem 0x00000000-0x0fffffff]",
+        "ACPI: SRAT: Node 1 PXM 1 [mem 0x10000000-0x1fffffff]",
+        "Initmem setup node 1 [mem 0x0000000010000000-0x000000001fffffff]",
+        "ACPI: Using ACPI (MADT) for SMP configuration information",
+        "smpboot: Allowing 2 CPUs",
+    ] {
+        vmm.wait_line(needle, EARLY);
+    }
+    // GET /memory: which guest node is which host node.
+    let (status, body) = teravm::api::client::request(&sock, "GET", "/memory", None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let memory: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let slices = memory["slices"].as_array().unwrap();
+    assert_eq!(slices.len(), 2, "{body}");
+    for (i, s) in slices.iter().enumerate() {
+        assert_eq!(s["host_node"], i, "{body}");
+        assert_eq!(s["guest_node"], i, "{body}");
+        assert_eq!(s["guest_addr"], (i as u64) << 28, "{body}");
+    }
+    sigterm_ends_cleanly(vmm);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -112,4 +112,32 @@ mod tests {
         s.read(5, &mut lsr);
         assert_ne!(lsr[0] & 0x20, 0, "transmitter holding register empty");
     }
+
+    #[test]
+    fn input_fills_the_receive_fifo_and_raises_the_irq() {
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let mut s =
+            SerialConsole::with_irq(Vec::new(), SerialIrq::EventFd(irq.try_clone().unwrap()));
+        // Without the received-data interrupt enabled: queued, no interrupt.
+        assert_eq!(s.enqueue_input(b"ab"), 2);
+        assert!(irq.read().is_err(), "no interrupt while IER is 0");
+        s.write(1, &[0x01]);
+        assert_eq!(s.enqueue_input(&[b'c'; 100]), 62, "64-byte FIFO");
+        assert_eq!(irq.read().unwrap(), 1);
+        assert_eq!(s.enqueue_input(b"d"), 0, "full");
+        let mut got = Vec::new();
+        loop {
+            let mut lsr = [0u8];
+            s.read(5, &mut lsr);
+            if lsr[0] & 1 == 0 {
+                break;
+            }
+            let mut d = [0u8];
+            s.read(0, &mut d);
+            got.push(d[0]);
+        }
+        assert_eq!(&got[..3], b"abc");
+        assert_eq!(got.len(), 64);
+        assert_eq!(s.enqueue_input(b"e"), 1, "room again once read");
+    }
 }

@@ -13,15 +13,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::Serialize;
-use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::progress_line::{self, ProgressLine};
 use crate::config::{NumaPolicy, VmConfig};
 use crate::devices::bus::BusError;
-use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, I8042};
+use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, SerialIrq, I8042};
 use crate::memory::layout::ram_regions;
 use crate::memory::{GuestMemory, HostTopology, MemoryOptions, PopulateProgress};
 use crate::vstate::boot::{write_boot_state, BootError};
+use crate::vstate::linux::acpi::{guest_nodes, vcpu_node};
 use crate::vstate::linux::{self, params::kernel_cmdline, KernelSpec, LinuxError};
 use crate::vstate::vcpu::{
     configure_vcpu, GuestEntry, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus,
@@ -46,6 +47,9 @@ pub enum StartError {
     /// The Linux kernel could not be loaded.
     #[error("kernel: {0}")]
     Linux(#[from] LinuxError),
+    /// The serial port's interrupt `EventFd` could not be made.
+    #[error("cannot create the serial port's interrupt eventfd: {0}")]
+    SerialIrq(std::io::Error),
     /// A device could not be put on the bus.
     #[error("devices: {0}")]
     Bus(#[from] BusError),
@@ -56,6 +60,10 @@ pub enum StartError {
     #[error("{0}")]
     Panicked(String),
 }
+
+/// COM1's interrupt line (ISA IRQ 4, IOAPIC pin 4 and PIC input 4 in KVM's
+/// default routing).
+const COM1_GSI: u32 = 4;
 
 /// One slice of guest RAM as `GET /memory` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -68,6 +76,10 @@ pub struct SliceInfo {
     pub host_node: u32,
     /// The binding policy.
     pub policy: NumaPolicy,
+    /// The guest NUMA node it belongs to (Linux guests, which see one node
+    /// per host node in their ACPI SRAT); absent for the firmware.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_node: Option<u32>,
 }
 
 /// A running microVM.
@@ -86,6 +98,8 @@ pub struct MicroVm {
     pub memory: GuestMemory,
     /// The keyboard controller, to send Ctrl-Alt-Del.
     pub i8042: Arc<Mutex<I8042>>,
+    /// COM1, for console input (Linux guests; the firmware reads nothing).
+    pub console_input: Option<Arc<Mutex<SerialConsole>>>,
     /// The slices, for `GET /memory`.
     pub slices: Vec<SliceInfo>,
 }
@@ -200,19 +214,22 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
     // the vCPUs are stopped; reclaim unmaps them only after that, and KVM
     // follows an munmap through its MMU notifier.
     unsafe { vm.register_memory(&slots) }?;
-    let entry = match &config.boot_source.kernel_image_path {
+    // The firmware: no interrupt line, no guest NUMA. A kernel: COM1's IRQ 4
+    // through an irqfd, and a guest node per host node (ACPI SRAT).
+    let (entry, serial_irq, nodes) = match &config.boot_source.kernel_image_path {
         None => {
             let regions: Vec<(u64, u64)> = ram_regions(machine.mem_bytes())
                 .iter()
                 .map(|r| (r.guest_addr, r.len))
                 .collect();
-            GuestEntry::Firmware(write_boot_state(
+            let entry = GuestEntry::Firmware(write_boot_state(
                 memory.view().mem(),
                 &regions,
                 usize::from(machine.vcpu_count),
                 machine.mem_size_mib,
                 &config.boot_source.boot_args,
-            )?)
+            )?);
+            (entry, SerialIrq::None, None)
         }
         Some(kernel) => {
             vm.setup_irqchip()?;
@@ -221,10 +238,10 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
                 initrd: config.boot_source.initrd_path.clone(),
                 cmdline: kernel_cmdline(&config.boot_source.boot_args).to_string(),
             };
-            let mut slices: Vec<(u64, u64)> = memory
+            let mut slices: Vec<(u64, u64, u32)> = memory
                 .slices()
                 .iter()
-                .map(|s| (s.slice().guest_addr, s.slice().len))
+                .map(|s| (s.slice().guest_addr, s.slice().len, s.slice().node))
                 .collect();
             slices.sort_unstable();
             let (entry, map) =
@@ -239,15 +256,34 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             for e in &map {
                 log::info!("e820: {}", e.linux_line());
             }
-            GuestEntry::Linux(entry)
+            let nodes = guest_nodes(&slices);
+            for (g, n) in nodes.iter().enumerate() {
+                log::info!(
+                    "guest NUMA node {g} = host node {}: {} MiB, vCPUs {:?}",
+                    n.host_node,
+                    n.ranges.iter().map(|r| r.1).sum::<u64>() >> 20,
+                    (0..usize::from(machine.vcpu_count))
+                        .filter(|&i| vcpu_node(i, nodes.len()) == g)
+                        .collect::<Vec<_>>()
+                );
+            }
+            let irq = EventFd::new(EFD_NONBLOCK).map_err(StartError::SerialIrq)?;
+            vm.register_irqfd(&irq, COM1_GSI)?;
+            (
+                GuestEntry::Linux(entry),
+                SerialIrq::EventFd(irq),
+                Some(nodes),
+            )
         }
     };
 
+    let linux = nodes.is_some();
     let i8042 = Arc::new(Mutex::new(I8042::new()));
-    let serial = Arc::new(Mutex::new(SerialConsole::new(ConsoleOut::new(
-        console.buffer().clone(),
-    ))));
-    let bus = Arc::new(microvm_bus(serial, i8042.clone(), Instant::now())?);
+    let serial = Arc::new(Mutex::new(SerialConsole::with_irq(
+        ConsoleOut::new(console.buffer().clone()),
+        serial_irq,
+    )));
+    let bus = Arc::new(microvm_bus(serial.clone(), i8042.clone(), Instant::now())?);
 
     let slices = memory
         .slices()
@@ -257,6 +293,12 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             size_bytes: s.slice().len,
             host_node: s.slice().node,
             policy: config.memory.numa_policy,
+            guest_node: nodes.as_ref().and_then(|nodes| {
+                nodes
+                    .iter()
+                    .position(|n| n.host_node == s.slice().node)
+                    .map(|g| g as u32)
+            }),
         })
         .collect();
     let cpuid = vm.supported_cpuid()?;
@@ -266,6 +308,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         vm,
         memory,
         i8042,
+        console_input: linux.then_some(serial),
         slices,
     };
     for index in 0..machine.vcpu_count {

@@ -23,6 +23,7 @@ pub mod phase;
 pub mod progress_line;
 pub mod report;
 pub mod signals;
+pub mod stdin;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -60,6 +61,8 @@ const TOKEN_API: u32 = 3;
 const TOKEN_RECLAIM: u32 = 4;
 const TOKEN_START: u32 = 5;
 const TOKEN_METRICS: u32 = 6;
+const TOKEN_STDIN: u32 = 7;
+const TOKEN_STDIN_RETRY: u32 = 8;
 
 /// Errors that end the VMM before or outside the microVM's life.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +151,10 @@ pub struct Vmm {
     /// Whether the final state is served for `opts.linger` after reclaim.
     linger: bool,
     finished_at: Option<Instant>,
+    /// stdin feeding a running Linux guest's ttyS0 ([`stdin`]).
+    console_input: Option<stdin::ConsoleInput>,
+    /// Whether stdin was looked at already (it is attached at most once).
+    console_input_tried: bool,
 }
 
 impl Vmm {
@@ -199,7 +206,7 @@ impl Vmm {
 }
 
 impl MutEventSubscriber for Vmm {
-    fn process(&mut self, events: Events, _ops: &mut EventOps) {
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
         match events.data() {
             TOKEN_VCPU => {
                 let _ = self.vcpu_evt.read();
@@ -234,8 +241,10 @@ impl MutEventSubscriber for Vmm {
                 self.metrics_timer.ack();
                 let _ = self.flush_metrics();
             }
+            token @ (TOKEN_STDIN | TOKEN_STDIN_RETRY) => self.on_console_input(token, ops),
             other => log::warn!("event for unknown token {other}"),
         }
+        self.sync_console_input(ops);
     }
 
     fn init(&mut self, ops: &mut EventOps) {
@@ -311,6 +320,8 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         exit_code: EXIT_OK,
         linger: false,
         finished_at: None,
+        console_input: None,
+        console_input_tried: false,
     };
     if vmm.opts.start_at_once {
         vmm.start(None);

@@ -58,7 +58,7 @@ fn elf_with_initrd() {
     let i = d.join("initrd");
     std::fs::write(&i, vec![0x5a; 5000]).unwrap();
     let m = mem(128 * MIB);
-    let (entry, map) = load(&m, &spec(k, Some(i)), &[(0, 128 * MIB)], 2).unwrap();
+    let (entry, map) = load(&m, &spec(k, Some(i)), &[(0, 128 * MIB, 0)], 2).unwrap();
     assert_eq!(entry.entry, 0x100_0000);
     assert_eq!(entry.format, KernelFormat::Elf);
     assert_eq!(entry.vcpus, 2);
@@ -82,6 +82,13 @@ fn elf_with_initrd() {
     m.read_slice(&mut mp, GuestAddress(mptable::MPTABLE_ADDR))
         .unwrap();
     assert_eq!(&mp, b"_MP_");
+    // The ACPI tables, found through the zero page as Linux does.
+    assert_eq!({ zp.acpi_rsdp_addr }, acpi::RSDP_ADDR);
+    let mut rsdp = [0u8; 36];
+    m.read_slice(&mut rsdp, GuestAddress(acpi::RSDP_ADDR))
+        .unwrap();
+    assert_eq!(&rsdp[..8], b"RSD PTR ");
+    assert_eq!(rsdp.iter().fold(0u8, |a, b| a.wrapping_add(*b)), 0);
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -95,7 +102,7 @@ fn bzimage_keeps_its_header_and_enters_at_0x200() {
     img[0x400..].fill(0x90);
     std::fs::write(&k, &img).unwrap();
     let m = mem(128 * MIB);
-    let (entry, _) = load(&m, &spec(k, None), &[(0, 128 * MIB)], 1).unwrap();
+    let (entry, _) = load(&m, &spec(k, None), &[(0, 128 * MIB, 0)], 1).unwrap();
     assert_eq!(entry.format, KernelFormat::BzImage);
     assert_eq!(entry.entry, HIMEM_START + 0x200);
     let zp: linux_loader::loader::bootparam::boot_params =
@@ -113,7 +120,7 @@ fn bzimage_keeps_its_header_and_enters_at_0x200() {
 fn load_errors() {
     let d = dir("bad");
     let m = mem(64 * MIB);
-    let missing = load(&m, &spec(d.join("none"), None), &[(0, 64 * MIB)], 1).unwrap_err();
+    let missing = load(&m, &spec(d.join("none"), None), &[(0, 64 * MIB, 0)], 1).unwrap_err();
     assert!(
         matches!(missing, LinuxError::Image(ImageError::Read { .. })),
         "{missing}"
@@ -122,7 +129,7 @@ fn load_errors() {
     let k = d.join("vmlinux");
     std::fs::write(&k, tiny_elf(&[0xf4; 16])).unwrap();
     let small = mem(8 * MIB);
-    let e = load(&small, &spec(k.clone(), None), &[(0, 8 * MIB)], 1).unwrap_err();
+    let e = load(&small, &spec(k.clone(), None), &[(0, 8 * MIB, 0)], 1).unwrap_err();
     assert!(matches!(e, LinuxError::Load { .. }), "{e}");
     // An initrd too big for the RAM above the kernel.
     let i = d.join("initrd");
@@ -130,7 +137,7 @@ fn load_errors() {
         .unwrap()
         .set_len(60 * MIB)
         .unwrap();
-    let e = load(&m, &spec(k.clone(), Some(i)), &[(0, 64 * MIB)], 1).unwrap_err();
+    let e = load(&m, &spec(k.clone(), Some(i)), &[(0, 64 * MIB, 0)], 1).unwrap_err();
     assert!(
         matches!(e, LinuxError::Params(ParamsError::InitrdDoesNotFit { .. })),
         "{e}"
@@ -138,7 +145,7 @@ fn load_errors() {
     // A command line longer than the kernel takes.
     let mut long = spec(k, None);
     long.cmdline = "x".repeat(3000);
-    let e = load(&m, &long, &[(0, 64 * MIB)], 1).unwrap_err();
+    let e = load(&m, &long, &[(0, 64 * MIB, 0)], 1).unwrap_err();
     assert!(
         matches!(e, LinuxError::Params(ParamsError::CmdlineTooLong { .. })),
         "{e}"

@@ -1,16 +1,19 @@
 //! Booting a Linux kernel instead of the built-in firmware: the kernel and
 //! initrd files ([`image`]), the zero page and e820 map ([`params`]), the MP
-//! table that lists the vCPUs ([`mptable`]), CPUID with the vCPU topology
+//! table that lists the vCPUs ([`mptable`]), the ACPI tables that describe
+//! the vCPUs, interrupts and guest NUMA nodes ([`acpi`]), CPUID with the vCPU topology
 //! ([`cpuid`]), and each vCPU's CPL0 entry state ([`cpu`]).
 //!
 //! [`load`] writes everything into guest memory at start: the image through
 //! rust-vmm's `linux-loader` (ELF `vmlinux` at its physical addresses, or a
 //! bzImage at 1 MiB), the command line, the initrd, the zero page, the MP
-//! table and the low tables. Both formats are entered at their 64-bit entry
+//! table, the ACPI tables and the low tables. Linux takes the vCPUs from
+//! the MADT; the MP table stays for `acpi=off`. Both formats are entered at their 64-bit entry
 //! point with the zero page in RSI; the ELF's PVH note is reported but not
 //! used (the PVH entry is 32-bit protected mode without paging, which a
 //! paging-based PVM host cannot run).
 
+pub mod acpi;
 pub mod cpu;
 pub mod cpuid;
 pub mod image;
@@ -56,6 +59,9 @@ pub enum LinuxError {
     /// The MP table could not be made.
     #[error(transparent)]
     Mptable(#[from] mptable::MptableError),
+    /// The ACPI tables could not be made.
+    #[error(transparent)]
+    Acpi(#[from] acpi::AcpiError),
     /// A file could not be read into guest memory.
     #[error("cannot read {path} into guest memory: {reason}")]
     Read {
@@ -106,15 +112,24 @@ fn open(path: &Path) -> Result<File, LinuxError> {
 }
 
 /// Loads the kernel (and initrd) into `mem` and writes the zero page, the
-/// command line, the MP table and the low tables. `slices` are the guest RAM
-/// slices `(guest_addr, len)`, sorted; the e820 map is built from them.
+/// command line, the MP table, the ACPI tables and the low tables. `slices`
+/// are the guest RAM slices `(guest_addr, len, host_node)`, sorted; the
+/// e820 map and the guest NUMA nodes ([`acpi::guest_nodes`]) are built
+/// from them, with the host's distances between the nodes.
 pub fn load<M: GuestMemoryBackend>(
     mem: &M,
     spec: &KernelSpec,
-    slices: &[(u64, u64)],
+    slices: &[(u64, u64, u32)],
     vcpus: u8,
 ) -> Result<(LinuxEntry, Vec<E820Entry>), LinuxError> {
-    let map = e820_map(slices)?;
+    let ranges: Vec<(u64, u64)> = slices.iter().map(|&(a, l, _)| (a, l)).collect();
+    let map = e820_map(&ranges)?;
+    let nodes = acpi::guest_nodes(slices);
+    let acpi_tables = acpi::tables(
+        usize::from(vcpus),
+        &nodes,
+        &acpi::distances(&nodes, acpi::host_distance),
+    )?;
     let format = check_kernel(&spec.kernel)?;
     let mut file = open(&spec.kernel)?;
     let load_err = |source| LinuxError::Load {
@@ -185,7 +200,8 @@ pub fn load<M: GuestMemoryBackend>(
             Some(InitrdPlacement { addr, size })
         }
     };
-    let zero_page = boot_params(header, spec.cmdline.len(), initrd, &map)?;
+    let mut zero_page = boot_params(header, spec.cmdline.len(), initrd, &map)?;
+    zero_page.acpi_rsdp_addr = acpi::RSDP_ADDR;
     mem.write_obj(zero_page, GuestAddress(ZERO_PAGE_ADDR))
         .map_err(|source| LinuxError::GuestWrite {
             what: "the zero page",
@@ -197,6 +213,7 @@ pub fn load<M: GuestMemoryBackend>(
         mptable::MPTABLE_ADDR,
         &mptable::mptable(usize::from(vcpus))?,
     )?;
+    write("the ACPI tables", acpi::RSDP_ADDR, &acpi_tables)?;
     for (addr, bytes) in cpu::tables() {
         write("the boot tables", addr, &bytes)?;
     }
