@@ -338,7 +338,7 @@ fn two_host_nodes_are_two_guest_nodes_in_srat_and_get_memory() {
         vmm.wait_line(needle, EARLY);
     }
     // GET /memory: which guest node is which host node.
-    let (status, body) = teravm::api::client::request(&sock, "GET", "/memory", None).unwrap();
+    let (status, body) = common::client::request(&sock, "GET", "/memory", None).unwrap();
     assert_eq!(status, 200, "{body}");
     let memory: serde_json::Value = serde_json::from_str(&body).unwrap();
     let slices = memory["slices"].as_array().unwrap();

@@ -241,6 +241,9 @@ const PROGRESS: &[Allow] = &[];
 /// and the `populate-n{node}-{i}` workers (pinned, `MADV_POPULATE_WRITE`),
 /// which run under this filter.
 const START: &[Allow] = &[
+    // COM1's interrupt line for a Linux guest: an eventfd registered as an
+    // irqfd.
+    any(libc::SYS_eventfd2),
     // /dev/kvm read-write; /proc and sysfs read-only (the memory admission
     // of issue 12 reads the cgroup's limits), never created, never written.
     one_of(
@@ -357,6 +360,18 @@ const VMM: &[Allow] = &[
     any(libc::SYS_statx),           // the socket is still ours before unlink
     any(libc::SYS_unlink),          // remove the API socket
     one_of(libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64]),
+    // Console input for Linux guests (src/vmm/stdin.rs): what stdin is, a
+    // foreground terminal put in raw mode and restored, and the retry timer.
+    any(libc::SYS_fstat),
+    any(libc::SYS_newfstatat), // glibc's fstat
+    any(libc::SYS_getpgrp),
+    one_of(
+        libc::SYS_ioctl,
+        1,
+        &[libc::TCGETS, libc::TCSETS, libc::TIOCGPGRP],
+    ),
+    any(libc::SYS_timerfd_create),
+    any(libc::SYS_timerfd_settime),
 ];
 
 impl Role {
