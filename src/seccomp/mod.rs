@@ -276,18 +276,22 @@ extern "C" {
     fn tzset();
 }
 
-/// Sets glibc's limit on malloc arenas now. Left unset, glibc computes it
-/// the first time a thread needs a ninth arena, by reading
-/// `/sys/devices/system/cpu/online`, in whatever thread that is: a vCPU or
-/// an API connection, whose filter forbids opening files (seen in the
-/// strace of a reclaim worker). The value is glibc's own default, 8 per CPU.
+/// Makes every thread allocate from glibc's main arena (`M_ARENA_MAX` 1).
+/// With per-thread arenas, glibc opens files from whichever thread happens
+/// to malloc or free, which no thread's filter allows: the first time a
+/// thread needs a ninth arena it reads `/sys/devices/system/cpu/online`
+/// (seen in the strace of a reclaim worker), and the first time a
+/// per-thread heap shrinks it reads `/proc/sys/vm/overcommit_memory` (seen
+/// as a SIGSYS of an `api-conn` thread, once in a few runs). The main arena
+/// grows and trims with `brk` and opens nothing. teravm's threads allocate
+/// little (requests, log lines), so one arena costs no measurable contention.
 fn fix_malloc_arenas() {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let arenas = libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX);
     // SAFETY: mallopt changes a malloc parameter; no memory of ours is
-    // touched. A failure (0) leaves glibc's lazy default.
-    if unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) } == 0 {
-        log::warn!("mallopt(M_ARENA_MAX) failed: a thread's first new arena may read sysfs");
+    // touched. A failure (0) leaves glibc's default.
+    if unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) } == 0 {
+        log::warn!(
+            "mallopt(M_ARENA_MAX) failed: a thread's malloc may open files under its filter"
+        );
     }
 }
 
