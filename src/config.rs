@@ -28,7 +28,8 @@ pub const MAX_WORKERS_PER_NODE: u32 = 256;
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 
 pub use firecracker::{
-    LoggerConfig, MachineConfigBody, MachineConfigPatch, MetricsConfig, UnsupportedSection,
+    LogLevel, LoggerConfig, MachineConfigBody, MachineConfigPatch, MetricsConfig,
+    UnsupportedSection,
 };
 
 /// Errors of configuration parsing and validation.
@@ -58,6 +59,12 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A log level name that is not one of the accepted spellings.
+    #[error(
+        "{0:?} is not a log level; use one of Off, Error, Warning (Warn), Info, Debug, Trace \
+         (any case)"
+    )]
+    LogLevel(String),
     /// A Firecracker section for a device teravm does not have yet.
     #[error("not supported yet: {0} (teravm has no such device; leave the section empty)")]
     NotSupported(&'static str),

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::config::LoggerConfig;
+use crate::config::{LogLevel, LoggerConfig};
 
 /// Longest log line written to a log path, newline included: a FIFO write
 /// of at most `PIPE_BUF` bytes is atomic, so lines never interleave.
@@ -41,54 +41,6 @@ pub enum LoggerError {
         /// Why.
         source: io::Error,
     },
-    /// A level name that is not one of the accepted spellings.
-    #[error(
-        "{0:?} is not a log level; use one of Off, Error, Warning (Warn), Info, Debug, Trace \
-         (any case)"
-    )]
-    Level(String),
-}
-
-/// A log level as Firecracker's clients spell it: `Off`, `Error`, `Warn` or
-/// `Warning`, `Info`, `Debug`, `Trace`, in any case.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogLevel(pub log::LevelFilter);
-
-impl FromStr for LogLevel {
-    type Err = LoggerError;
-
-    fn from_str(s: &str) -> Result<Self, LoggerError> {
-        let filter = match s.to_ascii_lowercase().as_str() {
-            "off" => log::LevelFilter::Off,
-            "error" => log::LevelFilter::Error,
-            "warn" | "warning" => log::LevelFilter::Warn,
-            "info" => log::LevelFilter::Info,
-            "debug" => log::LevelFilter::Debug,
-            "trace" => log::LevelFilter::Trace,
-            _ => return Err(LoggerError::Level(s.to_string())),
-        };
-        Ok(LogLevel(filter))
-    }
-}
-
-impl<'de> Deserialize<'de> for LogLevel {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl Serialize for LogLevel {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(match self.0 {
-            log::LevelFilter::Off => "Off",
-            log::LevelFilter::Error => "Error",
-            log::LevelFilter::Warn => "Warn",
-            log::LevelFilter::Info => "Info",
-            log::LevelFilter::Debug => "Debug",
-            log::LevelFilter::Trace => "Trace",
-        })
-    }
 }
 
 /// A file or FIFO written one line at a time without ever blocking: opened

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use teravm::config::{LoggerConfig, MetricsConfig, VmConfig};
-use teravm::logger::LogLevel;
+use teravm::config::LogLevel;
 use teravm::vmm::{self, VmmOptions, EXIT_ERROR};
 
 /// The longest instance id, as in Firecracker.

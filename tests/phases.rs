@@ -57,6 +57,12 @@ fn rss_of(pid: u32) -> u64 {
         .map_or(0, |kb| kb << 10)
 }
 
+/// `PUT /machine-config` and `PUT /boot-source`, each expecting 204.
+fn configure(sock: &std::path::Path, machine: &str, boot_source: &str) {
+    put_ok(sock, "/machine-config", machine);
+    put_ok(sock, "/boot-source", boot_source);
+}
+
 /// Waits until `check` holds, or panics with `what` after `timeout`.
 fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -131,14 +137,9 @@ fn a_panic_in_the_reclaim_job_exits_4_with_memory_freed() {
         &[("TERAVM_FAULT_INJECT", "reclaim-thread-panic")],
     );
     wait_for_api(&sock, T);
-    put_ok(
+    configure(
         &sock,
-        "/machine-config",
         r#"{"vcpu_count": 2, "mem_size_mib": 512}"#,
-    );
-    put_ok(
-        &sock,
-        "/boot-source",
         r#"{"boot_args": "touch=128 then=idle"}"#,
     );
     let (s, b) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
@@ -174,14 +175,9 @@ fn the_api_answers_during_a_long_populate_and_sigterm_cancels_it() {
     }
     let _big = big_memory();
     let (vmm, sock, _dir) = start_api("populate-cancel", &["--log-level", "info"]);
-    put_ok(
+    configure(
         &sock,
-        "/machine-config",
         r#"{"vcpu_count": 2, "mem_size_mib": 6144, "huge_pages": "None"}"#,
-    );
-    put_ok(
-        &sock,
-        "/boot-source",
         r#"{"boot_args": "touch=0 then=idle"}"#,
     );
     put_ok(&sock, "/memory", r#"{"populate": true}"#);
@@ -253,14 +249,9 @@ fn a_guest_cannot_forge_the_summary() {
     }
     let fake = "teravm: reclaimed 999999 MiB in 1 ms (1.0 GiB/s, 9 workers, 9 nodes)";
     let (mut vmm, sock, _dir) = start_api("forged", &["--linger-ms", "0"]);
-    put_ok(
+    configure(
         &sock,
-        "/machine-config",
         r#"{"vcpu_count": 1, "mem_size_mib": 128}"#,
-    );
-    put_ok(
-        &sock,
-        "/boot-source",
         &format!(r#"{{"boot_args": "touch=32 then=idle say={fake}"}}"#),
     );
     let (s, b) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
@@ -300,14 +291,9 @@ fn a_closed_stdout_is_no_panic_and_the_sync_reply_arrives() {
         .spawn()
         .unwrap();
     wait_for_api(&sock, T);
-    put_ok(
+    configure(
         &sock,
-        "/machine-config",
         r#"{"vcpu_count": 1, "mem_size_mib": 128}"#,
-    );
-    put_ok(
-        &sock,
-        "/boot-source",
         r#"{"boot_args": "touch=32 then=idle"}"#,
     );
     let (s, b) = action(&sock, r#"{"action_type": "InstanceStart"}"#);

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::config::HugePages;
-use crate::logger::LogLevel;
+use crate::config::LogLevel;
 
 fn ok(method: &str, path: &str, body: &str) -> VmmAction {
     route(method, path, body.as_bytes()).unwrap_or_else(|e| panic!("{method} {path} {body}: {e}"))

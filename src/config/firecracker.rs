@@ -6,10 +6,53 @@
 
 use std::path::PathBuf;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{invalid, ConfigError, HugePages, MachineConfig};
-use crate::logger::LogLevel;
+
+/// A log level as Firecracker's clients spell it: `Off`, `Error`, `Warn` or
+/// `Warning`, `Info`, `Debug`, `Trace`, in any case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogLevel(pub log::LevelFilter);
+
+impl FromStr for LogLevel {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let filter = match s.to_ascii_lowercase().as_str() {
+            "off" => log::LevelFilter::Off,
+            "error" => log::LevelFilter::Error,
+            "warn" | "warning" => log::LevelFilter::Warn,
+            "info" => log::LevelFilter::Info,
+            "debug" => log::LevelFilter::Debug,
+            "trace" => log::LevelFilter::Trace,
+            _ => return Err(ConfigError::LogLevel(s.to_string())),
+        };
+        Ok(LogLevel(filter))
+    }
+}
+
+impl<'de> Deserialize<'de> for LogLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for LogLevel {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self.0 {
+            log::LevelFilter::Off => "Off",
+            log::LevelFilter::Error => "Error",
+            log::LevelFilter::Warn => "Warn",
+            log::LevelFilter::Info => "Info",
+            log::LevelFilter::Debug => "Debug",
+            log::LevelFilter::Trace => "Trace",
+        })
+    }
+}
 
 /// The one CPU template teravm has: none (the host CPUID as KVM reports it).
 pub const CPU_TEMPLATE_NONE: &str = "None";

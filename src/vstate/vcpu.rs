@@ -396,7 +396,7 @@ pub struct VcpuStopReport {
 
 /// A microVM's vCPU threads, stopped and joined (with a deadline) when
 /// dropped: whatever path drops them, no vCPU outlives its group, and a
-/// [`crate::vmm`] that owns the group before the VM and its memory stops the
+/// VMM that owns the group before the VM and its memory stops the
 /// vCPUs before those go.
 pub struct Vcpus {
     control: Arc<VcpuControl>,
