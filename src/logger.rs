@@ -17,14 +17,12 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::config::{LogLevel, LoggerConfig};
+use crate::config::LoggerConfig;
 
 /// Longest log line written to a log path, newline included: a FIFO write
 /// of at most `PIPE_BUF` bytes is atomic, so lines never interleave.
@@ -320,6 +318,7 @@ pub fn configure(config: &LoggerConfig) -> Result<(), LoggerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::LogLevel;
 
     #[test]
     fn levels_in_every_spelling() {
