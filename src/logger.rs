@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-
 use crate::config::LoggerConfig;
 
 /// Longest log line written to a log path, newline included: a FIFO write

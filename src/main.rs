@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use teravm::config::{LoggerConfig, MetricsConfig, VmConfig};
 use teravm::config::LogLevel;
+use teravm::config::{LoggerConfig, MetricsConfig, VmConfig};
 use teravm::vmm::{self, VmmOptions, EXIT_ERROR};
 
 /// The longest instance id, as in Firecracker.

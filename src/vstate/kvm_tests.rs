@@ -20,7 +20,21 @@ struct Run {
     event: Option<VcpuEvent>,
 }
 
+/// How a test run ends its vCPUs.
+#[derive(PartialEq)]
+enum End {
+    /// `Vcpus::stop`, checking that none panicked or got stuck.
+    Stop,
+    /// Dropping the group while the guest still runs: its `Drop` must stop
+    /// and join every vCPU thread (each holds a clone of the bus).
+    Drop,
+}
+
 fn boot(vcpus: u8, mib: u64, cmdline: &str, wait: Duration) -> Option<Run> {
+    boot_and_end(vcpus, mib, cmdline, wait, End::Stop)
+}
+
+fn boot_and_end(vcpus: u8, mib: u64, cmdline: &str, wait: Duration, end: End) -> Option<Run> {
     if let Err(e) = Vm::available() {
         eprintln!("skipped: {e}");
         return None;
@@ -66,10 +80,21 @@ fn boot(vcpus: u8, mib: u64, cmdline: &str, wait: Duration) -> Option<Run> {
         );
     }
     let event = rx.recv_timeout(wait).ok();
-    assert_eq!(
-        handles.stop(Duration::from_secs(10)),
-        VcpuStopReport::default()
-    );
+    match end {
+        End::Stop => assert_eq!(
+            handles.stop(Duration::from_secs(10)),
+            VcpuStopReport::default()
+        ),
+        End::Drop => {
+            let weak = Arc::downgrade(&bus);
+            drop(bus);
+            drop(handles);
+            assert!(
+                weak.upgrade().is_none(),
+                "a vCPU thread outlived its dropped group"
+            );
+        }
+    }
     let serial = String::from_utf8(serial.lock().unwrap().writer().clone()).unwrap();
     drop(vm);
     Some(Run { serial, event })
@@ -112,6 +137,22 @@ fn firmware_idles_until_stopped() {
         "{}",
         run.serial
     );
+}
+
+#[test]
+fn dropping_the_vcpu_group_stops_vcpus_that_still_run() {
+    // vCPU 1 keeps rewriting guest memory; vCPU 0 parks.
+    let Some(run) = boot_and_end(
+        2,
+        64,
+        "touch=16 then=idle keep=writing",
+        Duration::from_millis(300),
+        End::Drop,
+    ) else {
+        return;
+    };
+    assert_eq!(run.event, None);
+    assert!(run.serial.contains("touched 16 MiB"), "{}", run.serial);
 }
 
 #[test]
