@@ -23,6 +23,26 @@ pub const MAX_VCPU_COUNT: u8 = 254;
 pub const MAX_BOOT_ARGS_LEN: usize = 2048;
 /// Most reclaim workers per NUMA node.
 pub const MAX_WORKERS_PER_NODE: u32 = 256;
+/// Most reclaim (or populate) worker threads in all: `workers_per_node`
+/// times the nodes the guest spans. A host with 8 nodes can still run 128
+/// per node; 256 per node on 8 nodes is refused.
+pub const MAX_WORKER_THREADS: u64 = 1024;
+
+/// Checks the total of worker threads a reclaim (or populate) of a guest
+/// spanning `nodes` host nodes would start.
+pub fn check_worker_threads(workers_per_node: u32, nodes: usize) -> Result<(), ConfigError> {
+    let total = u64::from(workers_per_node) * nodes as u64;
+    if total > MAX_WORKER_THREADS {
+        return Err(invalid(
+            "reclaim.workers_per_node",
+            format!(
+                "{workers_per_node} per node on {nodes} nodes is {total} threads, more than \
+                 {MAX_WORKER_THREADS}"
+            ),
+        ));
+    }
+    Ok(())
+}
 /// Largest config file read, in bytes (a config is a few hundred bytes; this
 /// stops `--config-file /dev/zero` from filling memory).
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;

@@ -239,3 +239,35 @@ fn a_symlink_at_the_socket_path_is_refused() {
         .file_type()
         .is_symlink());
 }
+
+#[test]
+fn too_many_worker_threads_in_all_are_refused_before_start() {
+    if !kvm_or_skip("worker_cap") {
+        return;
+    }
+    let dir = temp_dir("worker-cap");
+    let sys = fake_sysfs(&dir, 8);
+    let cfg = config_file(
+        &dir,
+        &config_json(
+            1,
+            64,
+            "touch=8 then=reset",
+            r#", "memory": {"numa_policy": "none"}, "reclaim": {"workers_per_node": 256}"#,
+        ),
+    );
+    let (code, stdout, stderr) = run(
+        &[
+            "--config-file",
+            cfg.to_str().unwrap(),
+            "--no-api",
+            "--sysfs-root",
+            sys.to_str().unwrap(),
+        ],
+        T,
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stdout.is_empty(), "the guest ran: {stdout:?}");
+    assert!(stderr.contains("2048 threads"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}

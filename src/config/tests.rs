@@ -239,3 +239,14 @@ fn the_config_file_is_read_with_a_size_limit() {
         .contains("UTF-8"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn worker_threads_are_capped_in_all() {
+    assert!(check_worker_threads(256, 4).is_ok());
+    assert!(check_worker_threads(128, 8).is_ok());
+    let e = check_worker_threads(256, 8).unwrap_err().to_string();
+    assert!(
+        e.contains("reclaim.workers_per_node") && e.contains("2048 threads"),
+        "{e}"
+    );
+}

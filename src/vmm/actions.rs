@@ -134,12 +134,20 @@ impl Vmm {
                         "memory.host_nodes: node {bad} does not exist on this host"
                     )));
                 }
+                let nodes = m
+                    .host_nodes
+                    .as_ref()
+                    .map_or(self.topology.nodes_with_memory().len(), Vec::len);
+                crate::config::check_worker_threads(self.config.reclaim.workers_per_node, nodes)
+                    .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
                 self.config.memory = m;
                 Ok(VmmData::Empty)
             }
             VmmAction::PutMemory(_) => refused("changing the memory configuration", state),
             VmmAction::GetReclaim => to_json(&shapes::ReclaimReport::from(&self.reclaim_report())),
             VmmAction::PutReclaim(r) if matches!(state, VmState::NotStarted | VmState::Running) => {
+                crate::config::check_worker_threads(r.workers_per_node, self.guest_nodes())
+                    .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
                 self.config.reclaim = r;
                 Ok(VmmData::Empty)
             }
@@ -189,6 +197,22 @@ impl Vmm {
                 .map(|_| VmmData::Empty)
                 .map_err(|e| VmmActionError::Internal(e.to_string())),
         }
+    }
+
+    /// How many host nodes the guest spans: its slices once it runs, else
+    /// what its memory configuration selects.
+    pub(super) fn guest_nodes(&self) -> usize {
+        if !self.slices.is_empty() {
+            let mut nodes: Vec<u32> = self.slices.iter().map(|s| s.host_node).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            return nodes.len();
+        }
+        self.config
+            .memory
+            .host_nodes
+            .as_ref()
+            .map_or(self.topology.nodes_with_memory().len(), Vec::len)
     }
 
     /// What a reclaim of the microVM will do, as a report of nothing done

@@ -119,6 +119,12 @@ impl Vmm {
     /// is answered when the start ends.
     pub(super) fn start(&mut self, reply: Option<Sender<ActionResult>>) {
         let replies: Vec<_> = reply.into_iter().collect();
+        if let Err(e) = crate::config::check_worker_threads(
+            self.config.reclaim.workers_per_node,
+            self.guest_nodes(),
+        ) {
+            return self.start_failed(e.to_string(), replies);
+        }
         let boot_timer: Option<Box<dyn FnOnce(Instant) + Send>> = if self.opts.boot_timer {
             Some(Box::new(log_boot_time))
         } else {
