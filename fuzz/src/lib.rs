@@ -38,7 +38,8 @@ pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
                 | (VmmAction::GetMachineConfig, "GET", "/machine-config")
                 | (VmmAction::GetMemory, "GET", "/memory")
                 | (VmmAction::GetReclaim, "GET", "/reclaim")
-                | (VmmAction::GetVmConfig, "GET", "/vm/config") => {
+                | (VmmAction::GetVmConfig, "GET", "/vm/config")
+                | (VmmAction::GetVersion, "GET", "/version") => {
                     assert!(body.is_empty(), "GET with a body: {action:?}");
                     return;
                 }
@@ -57,6 +58,20 @@ pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
                 (VmmAction::PutReclaim(c), "PUT", "/reclaim") => {
                     c.validate().expect("routed reclaim validates");
                     serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PatchMachineConfig(c), "PATCH", "/machine-config") => {
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PutLogger(c), "PUT", "/logger") => {
+                    c.validate().expect("routed logger validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PutMetrics(c), "PUT", "/metrics") => {
+                    c.validate().expect("routed metrics validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::FlushMetrics, "PUT", "/actions") => {
+                    br#"{"action_type":"FlushMetrics"}"#.to_vec()
                 }
                 (VmmAction::InstanceStart, "PUT", "/actions") => {
                     br#"{"action_type":"InstanceStart"}"#.to_vec()

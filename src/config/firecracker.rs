@@ -155,7 +155,7 @@ impl From<MachineConfig> for MachineConfigBody {
 
 /// The body of `PATCH /machine-config`: any subset of the fields, applied
 /// to the configuration in force and validated as a whole.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MachineConfigPatch {
     /// New vCPU count.
