@@ -57,12 +57,14 @@ const USER_DS: u16 = 0x33;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"TVMB");
 
-const CR0_PE: u64 = 1;
-const CR0_ET: u64 = 1 << 4;
-const CR0_PG: u64 = 1 << 31;
-const CR4_PAE: u64 = 1 << 5;
-const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
+// Control-register and EFER bits of 64-bit entry, for the firmware here and
+// for Linux in `linux::cpu`.
+pub(crate) const CR0_PE: u64 = 1;
+pub(crate) const CR0_ET: u64 = 1 << 4;
+pub(crate) const CR0_PG: u64 = 1 << 31;
+pub(crate) const CR4_PAE: u64 = 1 << 5;
+pub(crate) const EFER_LME: u64 = 1 << 8;
+pub(crate) const EFER_LMA: u64 = 1 << 10;
 /// Reserved bit 1, IOPL 3 (so `out` works at CPL3), IF clear.
 const RFLAGS_CPL3_IOPL3: u64 = 0x3002;
 /// Present, writable, user.
@@ -203,10 +205,18 @@ pub fn write_boot_state<M: GuestMemoryBackend>(
     })
 }
 
-fn segment(selector: u16, type_: u8, dpl: u8, long: bool) -> kvm_segment {
+/// A flat, present code or data segment (base 0, 4 KiB granularity) at
+/// privilege `dpl`, 64-bit when `long`; `limit` as KVM takes it.
+pub(crate) fn flat_segment(
+    selector: u16,
+    type_: u8,
+    dpl: u8,
+    long: bool,
+    limit: u32,
+) -> kvm_segment {
     kvm_segment {
         base: 0,
-        limit: 0xffff_ffff,
+        limit,
         selector,
         type_,
         present: 1,
@@ -224,8 +234,8 @@ fn segment(selector: u16, type_: u8, dpl: u8, long: bool) -> kvm_segment {
 /// Sets long mode, paging and CPL3 segments in `sregs` (read from the vCPU,
 /// so the fields this does not own keep KVM's values).
 pub fn setup_sregs(sregs: &mut kvm_sregs, layout: &BootLayout) {
-    sregs.cs = segment(USER_CS, 0xb, 3, true);
-    let data = segment(USER_DS, 0x3, 3, false);
+    sregs.cs = flat_segment(USER_CS, 0xb, 3, true, 0xffff_ffff);
+    let data = flat_segment(USER_DS, 0x3, 3, false, 0xffff_ffff);
     sregs.ds = data;
     sregs.es = data;
     sregs.fs = data;

@@ -14,6 +14,7 @@ use kvm_bindings::{
 use kvm_ioctls::VcpuFd;
 
 use super::params::ZERO_PAGE_ADDR;
+use crate::vstate::boot::{flat_segment, CR0_ET, CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME};
 
 /// Guest address of the GDT.
 pub const GDT_ADDR: u64 = 0x500;
@@ -37,12 +38,6 @@ const CODE_SELECTOR: u16 = 0x08;
 const DATA_SELECTOR: u16 = 0x10;
 const TSS_SELECTOR: u16 = 0x18;
 
-const CR0_PE: u64 = 1;
-const CR0_ET: u64 = 1 << 4;
-const CR0_PG: u64 = 1 << 31;
-const CR4_PAE: u64 = 1 << 5;
-const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
 const PTE_TABLE: u64 = 0x3; // present, writable
 const PTE_2M: u64 = 0x83; // present, writable, 2 MiB
 
@@ -113,21 +108,7 @@ pub fn tables() -> Vec<(u64, Vec<u8>)> {
 }
 
 fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
-    kvm_segment {
-        base: 0,
-        limit: 0xf_ffff,
-        selector,
-        type_,
-        present: 1,
-        dpl: 0,
-        db: u8::from(!long),
-        s: 1,
-        l: u8::from(long),
-        g: 1,
-        avl: 0,
-        unusable: 0,
-        padding: 0,
-    }
+    flat_segment(selector, type_, 0, long, 0xf_ffff)
 }
 
 /// Long mode, paging and CPL0 flat segments in `sregs` (read from the vCPU,
