@@ -52,7 +52,6 @@ pub struct Starting {
 /// A shutdown under way.
 pub struct Reclaiming {
     pub(super) job: Job<ShutdownReport>,
-    pub(super) reason: ShutdownReason,
 }
 
 /// Where the microVM is in its life.
@@ -66,7 +65,7 @@ pub enum Phase {
     /// The `reclaim` job stops and frees it.
     Reclaiming(Reclaiming),
     /// Memory freed; the process exits (after a linger, for API shutdowns).
-    Stopped(ShutdownReason),
+    Stopped,
 }
 
 /// Where the microVM is in its life, as `GET /` shows it.
@@ -111,7 +110,7 @@ impl Vmm {
                 VmState::ShuttingDown
             }
             Phase::Reclaiming(_) => VmState::Reclaiming,
-            Phase::Stopped(_) => VmState::Stopped,
+            Phase::Stopped => VmState::Stopped,
         }
     }
 
@@ -257,7 +256,7 @@ impl Vmm {
 
     /// A shutdown before anything runs: nothing to free.
     pub(super) fn stop_unstarted(&mut self) {
-        self.phase = Phase::Stopped(ShutdownReason::Api);
+        self.phase = Phase::Stopped;
         self.finished_at = Some(Instant::now());
         self.linger = false;
     }
@@ -283,7 +282,7 @@ impl Vmm {
                 };
                 self.reclaim(Teardown::from(microvm), reason, at);
             }
-            Phase::Reclaiming(_) | Phase::Stopped(_) => {}
+            Phase::Reclaiming(_) | Phase::Stopped => {}
         }
     }
 
@@ -307,7 +306,7 @@ impl Vmm {
         let progress = self.progress.clone();
         let work = move || reclaim_job(teardown, &opts, &topology, progress, accepted);
         match Job::spawn("reclaim", &self.reclaim_evt, work) {
-            Ok(job) => self.phase = Phase::Reclaiming(Reclaiming { job, reason }),
+            Ok(job) => self.phase = Phase::Reclaiming(Reclaiming { job }),
             Err(e) => {
                 // The work (and the guest memory it owned) was dropped: the
                 // vCPUs were stopped and the memory unmapped in this thread.
@@ -315,7 +314,7 @@ impl Vmm {
                     error: Some(format!("{e}; memory was unmapped in one thread")),
                     ..ShutdownReport::default()
                 };
-                self.finish(reason, report);
+                self.finish(report);
             }
         }
     }
@@ -333,10 +332,10 @@ impl Vmm {
                 ..ShutdownReport::default()
             }
         });
-        self.finish(r.reason, report);
+        self.finish(report);
     }
 
-    fn finish(&mut self, reason: ShutdownReason, report: ShutdownReport) {
+    fn finish(&mut self, report: ShutdownReport) {
         if let Some(line) = report.summary_line() {
             self.say(&line);
             log::info!("{line}");
@@ -361,7 +360,7 @@ impl Vmm {
             let _ = waiter.send(reply.clone());
         }
         self.last_report = Some(report);
-        self.phase = Phase::Stopped(reason);
+        self.phase = Phase::Stopped;
         self.finished_at = Some(Instant::now());
         // The last metrics line, with the final reclaim report.
         let _ = self.flush_metrics();
