@@ -202,22 +202,23 @@ pub struct BootSource {
 }
 
 impl BootSource {
-    /// Checks every field; a kernel and an initrd are checked cheaply here
-    /// (readable regular file, size, image magic), loaded at start.
+    /// Checks every field without touching the files: they are opened and
+    /// checked (a regular file, its size, the image's magic) by the `files`
+    /// thread when the section is put, and read through those descriptors
+    /// at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        use crate::vstate::linux::image::{check_initrd, check_kernel};
+        use firecracker::check_path;
         if let Some(kernel) = &self.kernel_image_path {
-            check_kernel(kernel)
-                .map_err(|e| invalid("boot-source.kernel_image_path", e.to_string()))?;
+            check_path("boot-source.kernel_image_path", kernel)?;
         }
         if let Some(initrd) = &self.initrd_path {
+            check_path("boot-source.initrd_path", initrd)?;
             if self.kernel_image_path.is_none() {
                 return Err(invalid(
                     "boot-source.initrd_path",
                     "an initrd needs a kernel_image_path (the built-in firmware takes none)",
                 ));
             }
-            check_initrd(initrd).map_err(|e| invalid("boot-source.initrd_path", e.to_string()))?;
         }
         if self.boot_args.len() > MAX_BOOT_ARGS_LEN {
             return Err(invalid(

@@ -13,6 +13,7 @@ pub mod api;
 pub mod config;
 pub mod devices;
 pub mod faults;
+pub mod files;
 pub mod logger;
 pub mod memory;
 pub mod metrics;

@@ -13,9 +13,8 @@
 //! is dropped and counted ([`missed_lines`], the metrics'
 //! `logger.missed_log_count`).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -52,29 +51,14 @@ pub struct LineSink {
 }
 
 impl LineSink {
-    /// Opens `path` for appending (created with mode 0600 if missing). A
-    /// FIFO with no reader yet is opened read-write, as Firecracker does, so
-    /// that the open does not fail and writes wait for a reader in the
-    /// pipe's buffer.
-    pub fn open(path: &Path) -> io::Result<LineSink> {
-        let open = |read: bool| {
-            OpenOptions::new()
-                .read(read)
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-                .open(path)
-        };
-        let file = match open(false) {
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => open(true)?,
-            other => other?,
-        };
-        Ok(LineSink {
+    /// A sink over `file`, already opened for appending (by the `files`
+    /// thread, non-blocking) from `path`.
+    pub fn from_file(file: File, path: &Path) -> LineSink {
+        LineSink {
             file,
             path: path.to_path_buf(),
             pending: Vec::new(),
-        })
+        }
     }
 
     /// The path it writes to.
@@ -263,15 +247,19 @@ pub fn set_instance_id(id: &str) {
 }
 
 /// Applies `config` (the flags, the config file's `logger` section or
-/// `PUT /logger`): absent fields keep their value. The log path is opened
-/// before anything changes, so a bad path changes nothing.
-pub fn configure(config: &LoggerConfig) -> Result<(), LoggerError> {
-    let sink = match &config.log_path {
-        Some(path) => Some(LineSink::open(path).map_err(|source| LoggerError::Open {
-            path: path.clone(),
-            source,
-        })?),
-        None => None,
+/// `PUT /logger`): absent fields keep their value. `log_file` is
+/// `config.log_path` as the `files` thread opened it (append-only,
+/// non-blocking), so a bad path was refused before anything changed.
+pub fn configure(config: &LoggerConfig, log_file: Option<File>) -> Result<(), LoggerError> {
+    let sink = match (&config.log_path, log_file) {
+        (Some(path), Some(file)) => Some(LineSink::from_file(file, path)),
+        (Some(path), None) => {
+            return Err(LoggerError::Open {
+                path: path.clone(),
+                source: io::Error::other("the log path was not opened"),
+            })
+        }
+        (None, _) => None,
     };
     let logger = logger();
     let _ = log::set_logger(logger);
@@ -358,7 +346,13 @@ mod tests {
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: a valid NUL-terminated path; the result is checked.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let mut sink = LineSink::open(&fifo).unwrap();
+        let opened = crate::files::open(&crate::files::OpenRequest {
+            what: "test",
+            path: fifo.clone(),
+            spec: crate::files::OpenSpec::Output { blocking: false },
+        })
+        .unwrap();
+        let mut sink = LineSink::from_file(opened.file, &fifo);
         let line = [b'x'; 1023]
             .iter()
             .copied()

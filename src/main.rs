@@ -9,6 +9,8 @@ use std::time::Duration;
 use clap::Parser;
 use teravm::config::LogLevel;
 use teravm::config::{LoggerConfig, MetricsConfig, VmConfig};
+use teravm::files::{FileOpener, OPEN_TIMEOUT};
+use teravm::vmm::opens::output_request;
 use teravm::vmm::{self, VmmOptions, EXIT_ERROR};
 
 /// The longest instance id, as in Firecracker.
@@ -157,6 +159,12 @@ fn run(cli: Cli) -> Result<i32, String> {
     if cli.http_api_max_payload_size == 0 {
         return Err("--http-api-max-payload-size must be at least 1".into());
     }
+    // The filters are built (and the SIGSYS handler installed) before any
+    // thread starts; the `files` thread, which opens every path named
+    // below, installs its own first thing.
+    teravm::seccomp::prepare(teravm::seccomp::Policy::from_enabled(!cli.no_seccomp))
+        .map_err(|e| e.to_string())?;
+    let files = FileOpener::spawn().map_err(|e| e.to_string())?;
     let flags_logger = LoggerConfig {
         log_path: cli.log_path.clone(),
         level,
@@ -165,13 +173,13 @@ fn run(cli: Cli) -> Result<i32, String> {
         module: cli.module.clone(),
     };
     flags_logger.validate().map_err(|e| e.to_string())?;
-    teravm::logger::configure(&flags_logger).map_err(|e| e.to_string())?;
+    configure_logger(&files, &flags_logger).map_err(|e| format!("--log-path: {e}"))?;
     if let Some(path) = &cli.metrics_path {
         let metrics = MetricsConfig {
             metrics_path: path.clone(),
         };
         metrics.validate().map_err(|e| e.to_string())?;
-        teravm::metrics::configure(&metrics).map_err(|e| e.to_string())?;
+        configure_metrics(&files, &metrics).map_err(|e| format!("--metrics-path: {e}"))?;
     }
     if cli.api_sock.is_none() && !cli.no_api {
         return Err("give --api-sock PATH, or --no-api with --config-file FILE".into());
@@ -182,10 +190,10 @@ fn run(cli: Cli) -> Result<i32, String> {
     };
     // The config file's logger and metrics sections act like the flags.
     if let Some(logger) = config.logger.take() {
-        teravm::logger::configure(&logger).map_err(|e| format!("config file logger: {e}"))?;
+        configure_logger(&files, &logger).map_err(|e| format!("config file logger: {e}"))?;
     }
     if let Some(metrics) = config.metrics.take() {
-        teravm::metrics::configure(&metrics).map_err(|e| format!("config file metrics: {e}"))?;
+        configure_metrics(&files, &metrics).map_err(|e| format!("config file metrics: {e}"))?;
     }
     report_startup_time(&cli);
     let opts = VmmOptions {
@@ -199,8 +207,32 @@ fn run(cli: Cli) -> Result<i32, String> {
         boot_timer: cli.boot_timer,
         seccomp: !cli.no_seccomp,
         api_max_payload_bytes: cli.http_api_max_payload_size,
+        files,
     };
     vmm::run(config, opts).map_err(|e| e.to_string())
+}
+
+/// Applies a logger section, its log path opened by the `files` thread.
+fn configure_logger(files: &FileOpener, config: &LoggerConfig) -> Result<(), String> {
+    let file = match &config.log_path {
+        Some(path) => Some(
+            files
+                .open_one(output_request("logger.log_path", path, false), OPEN_TIMEOUT)
+                .map_err(|e| e.to_string())?
+                .file,
+        ),
+        None => None,
+    };
+    teravm::logger::configure(config, file).map_err(|e| e.to_string())
+}
+
+/// Sets up the metrics, their path opened by the `files` thread.
+fn configure_metrics(files: &FileOpener, config: &MetricsConfig) -> Result<(), String> {
+    let request = output_request("metrics.metrics_path", &config.metrics_path, false);
+    let opened = files
+        .open_one(request, OPEN_TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    teravm::metrics::configure(config, opened.file).map_err(|e| e.to_string())
 }
 
 /// Logs (and puts in the metrics) the start-up time the jailer's flags let

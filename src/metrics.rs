@@ -258,18 +258,15 @@ pub fn process_startup_times(
     (wall, cpu)
 }
 
-/// Starts writing metrics to `config.metrics_path` (once per process).
-pub fn configure(config: &MetricsConfig) -> Result<(), MetricsError> {
+/// Starts writing metrics to `config.metrics_path` (once per process),
+/// through `file`: that path as the `files` thread opened it (append-only,
+/// non-blocking).
+pub fn configure(config: &MetricsConfig, file: std::fs::File) -> Result<(), MetricsError> {
     let mut sink = METRICS.sink.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = sink.as_ref() {
         return Err(MetricsError::AlreadyConfigured(s.path().to_path_buf()));
     }
-    *sink = Some(
-        LineSink::open(&config.metrics_path).map_err(|source| MetricsError::Open {
-            path: config.metrics_path.clone(),
-            source,
-        })?,
-    );
+    *sink = Some(LineSink::from_file(file, &config.metrics_path));
     Ok(())
 }
 

@@ -273,7 +273,7 @@ impl MetricsConfig {
     }
 }
 
-fn check_path(field: &'static str, path: &std::path::Path) -> Result<(), ConfigError> {
+pub(crate) fn check_path(field: &'static str, path: &std::path::Path) -> Result<(), ConfigError> {
     let bytes = path.as_os_str().as_encoded_bytes();
     if bytes.is_empty() || bytes.len() > 4096 || bytes.contains(&0) {
         return Err(invalid(

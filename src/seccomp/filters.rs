@@ -1,12 +1,16 @@
 //! The system calls each thread role may make, as data: one list per role,
-//! each entry a call with an optional condition on one argument.
+//! each entry a call, an optional condition on its arguments, and the reason
+//! the role's code makes it. docs/seccomp.md is generated from these lists
+//! ([`super::describe`]) and a test keeps the two in step.
 //!
-//! Derived from `strace -f` of teravm under the launch, API, API-process
-//! and reliability tests plus memfd and populate runs (grouped by thread
-//! name and by the filters a thread ran under; see docs/seccomp.md), not
-//! copied from another VMM. A role's filter is [`BASE`] plus its own list
-//! plus the lists of the roles it spawns after installing its filter
-//! (filters stack: a child runs under its spawner's filter too).
+//! Designed from the code each role runs, not traced from a test run. A
+//! role's filter is [`BASE`] plus its own list; a role that starts threads
+//! after installing its filter also allows [`SPAWN`] and its children's
+//! lists (filters stack: a child runs under its spawner's filter too, so it
+//! can only narrow it). Only three roles spawn after their filter (`api`,
+//! `start`, `reclaim`); the main thread spawns nothing once filtered: every
+//! long-lived thread (`api`, `files`, `output`, the `start` and `reclaim`
+//! job runners) is started before it installs its own.
 
 use super::Role;
 
@@ -47,6 +51,8 @@ pub(crate) mod kvm {
     pub const SET_REGS: u64 = kvm_ioc(IOC_WRITE, 0x82, size_of::<kvm_regs>());
     /// `KVM_GET_SREGS`.
     pub const GET_SREGS: u64 = kvm_ioc(IOC_READ, 0x83, size_of::<kvm_sregs>());
+    /// `KVM_GET_REGS` (the guest RIP in a crash line).
+    pub const GET_REGS: u64 = kvm_ioc(IOC_READ, 0x81, size_of::<kvm_regs>());
     /// `KVM_SET_SREGS`.
     pub const SET_SREGS: u64 = kvm_ioc(IOC_WRITE, 0x84, size_of::<kvm_sregs>());
     /// `KVM_SET_FPU`.
@@ -74,20 +80,22 @@ pub(crate) mod kvm {
 pub(crate) enum Only {
     /// Any arguments.
     Any,
-    /// Argument `arg` is one of `values` (compared as 64-bit).
+    /// Argument `arg` is one of `values` (compared as 64-bit), each with the
+    /// name the docs show.
     OneOf {
         /// Argument index, from 0.
         arg: u8,
-        /// The values allowed.
-        values: &'static [u64],
+        /// The values allowed, with their names.
+        values: &'static [(u64, &'static str)],
     },
     /// Argument `arg` is the vCPU kick signal (`SIGRTMIN`, known at run time).
     KickSignal {
         /// Argument index, from 0.
         arg: u8,
     },
-    /// `arg & mask == value` for each of the (arg, mask, value) triples.
-    Masked(&'static [(u8, u64, u64)]),
+    /// `arg & mask == value` for each of the (arg, mask, value) triples; the
+    /// text says it in words.
+    Masked(&'static [(u8, u64, u64)], &'static str),
 }
 
 /// One allowed system call.
@@ -97,281 +105,461 @@ pub(crate) struct Allow {
     pub nr: i64,
     /// What its arguments may be.
     pub only: Only,
+    /// Why the role makes it.
+    pub why: &'static str,
 }
 
-const fn any(nr: i64) -> Allow {
+const fn any(nr: i64, why: &'static str) -> Allow {
     Allow {
         nr,
         only: Only::Any,
+        why,
     }
 }
 
-const fn one_of(nr: i64, arg: u8, values: &'static [u64]) -> Allow {
+const fn one_of(
+    nr: i64,
+    arg: u8,
+    values: &'static [(u64, &'static str)],
+    why: &'static str,
+) -> Allow {
     Allow {
         nr,
         only: Only::OneOf { arg, values },
+        why,
     }
+}
+
+/// A `(value, "NAME")` pair for [`Only::OneOf`].
+macro_rules! named {
+    ($($path:ident)::+) => {
+        ($($path)::+ as u64, stringify!($($path)::+))
+    };
 }
 
 const PROT_EXEC: u64 = libc::PROT_EXEC as u64;
 /// `MAP_SHARED | MAP_PRIVATE` (both bits: `MAP_SHARED_VALIDATE`) and `MAP_ANONYMOUS`.
 const MAP_KIND: u64 = (libc::MAP_SHARED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
 const MAP_PRIVATE_ANON: u64 = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+/// The `clone` flags every thread start has; a new process lacks `CLONE_THREAD`.
+const CLONE_AS_THREAD: u64 = (libc::CLONE_THREAD | libc::CLONE_VM | libc::CLONE_SIGHAND) as u64;
 
-/// `mmap` of private anonymous memory, never executable (malloc, stacks).
-const MMAP_ANON: Allow = Allow {
-    nr: libc::SYS_mmap,
-    only: Only::Masked(&[(2, PROT_EXEC, 0), (3, MAP_KIND, MAP_PRIVATE_ANON)]),
-};
+/// `mmap` of private anonymous memory, never executable.
+const fn mmap_anon(why: &'static str) -> Allow {
+    Allow {
+        nr: libc::SYS_mmap,
+        only: Only::Masked(
+            &[(2, PROT_EXEC, 0), (3, MAP_KIND, MAP_PRIVATE_ANON)],
+            "private anonymous, never PROT_EXEC",
+        ),
+        why,
+    }
+}
+
 /// `mmap` of anything (guest memory, memfd, `kvm_run`), never executable.
-const MMAP_NO_EXEC: Allow = Allow {
-    nr: libc::SYS_mmap,
-    only: Only::Masked(&[(2, PROT_EXEC, 0)]),
-};
-/// `mprotect` that never makes memory executable.
-const MPROTECT_NO_EXEC: Allow = Allow {
-    nr: libc::SYS_mprotect,
-    only: Only::Masked(&[(2, PROT_EXEC, 0)]),
-};
+const fn mmap_no_exec(why: &'static str) -> Allow {
+    Allow {
+        nr: libc::SYS_mmap,
+        only: Only::Masked(&[(2, PROT_EXEC, 0)], "never PROT_EXEC"),
+        why,
+    }
+}
+
+const O_RDONLY_CLOEXEC: u64 = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
 
 /// Every teravm thread, whatever its role: what Rust's runtime and glibc do
-/// at any moment (locks, allocation, logging to stderr, panics, signal
-/// returns, thread and process exit), and what the SIGSYS handler needs
-/// (`write`, `exit_group`).
+/// at any moment, and what the SIGSYS handler needs.
 pub(crate) const BASE: &[Allow] = &[
-    any(libc::SYS_futex),          // Mutex, Condvar, Once, join, channels
-    any(libc::SYS_write),          // log lines and panics on stderr; eventfd wakes
-    any(libc::SYS_close),          // dropping any descriptor
-    any(libc::SYS_exit),           // thread exit
-    any(libc::SYS_exit_group),     // process exit (also the SIGSYS handler's _exit)
-    any(libc::SYS_gettid),         // panic messages name the thread id
-    any(libc::SYS_getrandom),      // a thread's first HashMap (RandomState keys)
-    any(libc::SYS_clock_gettime),  // Instant::now where the vDSO falls back
-    any(libc::SYS_sched_yield),    // spin loops in locks
-    any(libc::SYS_rt_sigreturn),   // return from a signal handler (vCPU kick)
-    any(libc::SYS_rt_sigprocmask), // glibc blocks signals around thread exit
-    any(libc::SYS_sigaltstack),    // Rust's stack-overflow stack, freed at exit
-    any(libc::SYS_munmap),         // free(), thread stacks, guest memory
-    any(libc::SYS_mremap),         // realloc of large buffers
-    any(libc::SYS_brk),            // malloc's main arena
-    one_of(libc::SYS_madvise, 2, &[libc::MADV_DONTNEED as u64]), // free(), stacks
-    // The SIGSYS handler reads the name of a thread that installed no filter
-    // of its own (a worker).
-    one_of(libc::SYS_prctl, 0, &[libc::PR_GET_NAME as u64]),
-    MMAP_ANON,
-    MPROTECT_NO_EXEC,
-];
-
-/// A thread that starts threads: `clone3` here, and what the new thread
-/// does before it installs its own filter, which runs under this one:
-/// glibc's start (`rseq`, `set_robust_list`, signal mask), Rust's guard
-/// and alternate stack, the name (`PR_SET_NAME`), and the install itself
-/// (`PR_SET_NO_NEW_PRIVS`, `seccomp`).
-const SPAWN: &[Allow] = &[
-    any(libc::SYS_clone3),
-    any(libc::SYS_rseq),
-    any(libc::SYS_set_robust_list),
-    any(libc::SYS_sched_getaffinity), // pthread_getattr_np (Rust's stack guard)
+    any(
+        libc::SYS_futex,
+        "Mutex, Condvar, Once, channels, thread join",
+    ),
+    any(
+        libc::SYS_write,
+        "eventfd wakes; the console and output threads' writes; the SIGSYS line",
+    ),
+    any(
+        libc::SYS_poll,
+        "the SIGSYS handler waits (briefly) for room on stderr before its line",
+    ),
+    any(libc::SYS_close, "dropping any descriptor"),
+    any(libc::SYS_exit, "thread exit"),
+    any(
+        libc::SYS_exit_group,
+        "process exit (also the SIGSYS handler's _exit)",
+    ),
+    any(libc::SYS_gettid, "the panic message names the thread"),
+    any(
+        libc::SYS_getrandom,
+        "a thread's first HashMap (RandomState keys)",
+    ),
+    any(
+        libc::SYS_clock_gettime,
+        "Instant::now where the vDSO falls back; process CPU time",
+    ),
+    any(libc::SYS_sched_yield, "spinning locks"),
+    any(
+        libc::SYS_rt_sigreturn,
+        "return from a signal handler (the vCPU kick)",
+    ),
+    any(
+        libc::SYS_rt_sigprocmask,
+        "glibc blocks signals around thread exit",
+    ),
+    any(
+        libc::SYS_sigaltstack,
+        "Rust's stack-overflow stack, freed at thread exit",
+    ),
+    any(
+        libc::SYS_munmap,
+        "free() of large blocks, thread stacks, guest memory",
+    ),
+    any(libc::SYS_mremap, "realloc of large blocks"),
+    any(
+        libc::SYS_brk,
+        "malloc's main arena (the only arena: M_ARENA_MAX 1)",
+    ),
+    one_of(
+        libc::SYS_madvise,
+        2,
+        &[named!(libc::MADV_DONTNEED)],
+        "free() trimming; thread stacks",
+    ),
     one_of(
         libc::SYS_prctl,
         0,
-        &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64],
+        &[named!(libc::PR_GET_NAME)],
+        "the SIGSYS handler names a worker thread",
+    ),
+    mmap_anon("malloc of large blocks, thread stacks"),
+    Allow {
+        nr: libc::SYS_mprotect,
+        only: Only::Masked(&[(2, PROT_EXEC, 0)], "never PROT_EXEC"),
+        why: "glibc's guard pages of thread stacks, malloc heaps",
+    },
+];
+
+/// A thread that starts threads, and what the new thread does before it
+/// installs its own filter (it runs under this one meanwhile).
+pub(crate) const SPAWN: &[Allow] = &[
+    Allow {
+        nr: libc::SYS_clone,
+        only: Only::Masked(
+            &[(0, CLONE_AS_THREAD, CLONE_AS_THREAD)],
+            "flags include CLONE_THREAD | CLONE_VM | CLONE_SIGHAND: a thread, never a process",
+        ),
+        why: "pthread_create (glibc falls back to clone when clone3 says ENOSYS)",
+    },
+    any(
+        libc::SYS_clone3,
+        "answered ENOSYS by a second filter (its flags are behind a pointer, which a filter cannot check)",
+    ),
+    any(libc::SYS_rseq, "glibc registers the new thread's rseq area"),
+    any(libc::SYS_set_robust_list, "glibc's start of the new thread"),
+    any(libc::SYS_sched_getaffinity, "pthread_getattr_np (Rust's stack guard)"),
+    one_of(
+        libc::SYS_prctl,
+        0,
+        &[named!(libc::PR_SET_NAME), named!(libc::PR_SET_NO_NEW_PRIVS)],
+        "the new thread's name; no_new_privs before its filter",
     ),
     one_of(
         libc::SYS_seccomp,
         0,
-        &[libc::SECCOMP_SET_MODE_FILTER as u64],
+        &[named!(libc::SECCOMP_SET_MODE_FILTER)],
+        "the new thread installs its own filter",
     ),
 ];
 
-/// `vcpu{n}`: the `KVM_RUN` loop and its devices. Guest port I/O is
-/// answered in place (serial bytes written to stdout and the serial file
-/// with `write`); parking waits on a futex; the kick is a signal whose
-/// handler returns with `rt_sigreturn` (all in [`BASE`]). The vCPU fd and its
-/// `kvm_run` mapping are closed and unmapped here at the end.
-const VCPU: &[Allow] = &[one_of(libc::SYS_ioctl, 1, &[kvm::RUN])];
+/// `vcpu{n}`: the `KVM_RUN` loop and the port I/O devices. Console bytes go
+/// to a bounded buffer and log lines to the output queue (futex, in BASE);
+/// parking waits on a futex; the kick is a signal whose handler only sets
+/// `immediate_exit`; the vCPU fd and its `kvm_run` mapping are closed and
+/// unmapped here at the end (BASE).
+const VCPU: &[Allow] = &[one_of(
+    libc::SYS_ioctl,
+    1,
+    &[named!(kvm::RUN), named!(kvm::GET_REGS)],
+    "KVM_RUN; KVM_GET_REGS for the guest RIP in a crash line",
+)];
 
 /// `api`: accepts connections and starts an `api-conn` thread for each.
 const API: &[Allow] = &[
-    any(libc::SYS_poll),            // wait for a client or the stop event
-    any(libc::SYS_accept4),         // take the connection
-    any(libc::SYS_clock_nanosleep), // back off after a failed accept
-    // The peer's credentials (SO_PEERCRED), checked on accept against
-    // teravm's own uid.
-    one_of(libc::SYS_getsockopt, 2, &[libc::SO_PEERCRED as u64]),
-    any(libc::SYS_geteuid),
-    // Refused clients (503, 403): a non-blocking reply, read what they
-    // sent while they linger, and the slot taken from a connection that
-    // lost it (`shutdown` of its reading side).
-    one_of(libc::SYS_ioctl, 1, &[libc::FIONBIO]),
-    any(libc::SYS_sendto),
-    any(libc::SYS_recvfrom),
-    any(libc::SYS_shutdown),
-    // The slot table keeps a clone of each connection's stream (to shut it
-    // down when the slot goes to another client).
-    one_of(libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64]),
+    any(libc::SYS_accept4, "take a connection"),
+    any(libc::SYS_clock_nanosleep, "back off after a failed accept"),
+    one_of(
+        libc::SYS_getsockopt,
+        2,
+        &[named!(libc::SO_PEERCRED)],
+        "the peer's uid, checked against teravm's own on accept",
+    ),
+    any(libc::SYS_geteuid, "teravm's own uid, for that check"),
+    one_of(
+        libc::SYS_ioctl,
+        1,
+        &[named!(libc::FIONBIO)],
+        "refused clients get a non-blocking reply",
+    ),
+    any(libc::SYS_sendto, "the reply to a refused client (503, 403)"),
+    any(
+        libc::SYS_recvfrom,
+        "read what a refused client sent while it lingers",
+    ),
+    any(
+        libc::SYS_shutdown,
+        "take a slot back from a connection that lost it",
+    ),
+    one_of(
+        libc::SYS_fcntl,
+        1,
+        &[named!(libc::F_DUPFD_CLOEXEC)],
+        "the slot table keeps a clone of each connection's stream",
+    ),
 ];
 
 /// `api-conn`: one client connection: read requests, hand them to the VMM
-/// (channel + `write` of an eventfd), write replies.
+/// (a channel and an eventfd `write`), write replies. It opens nothing: a
+/// path in a request is opened by the `files` thread.
 const API_CONNECTION: &[Allow] = &[
-    any(libc::SYS_poll),     // wait for bytes, a timeout or the stop event
-    any(libc::SYS_recvfrom), // UnixStream reads (recv)
-    any(libc::SYS_sendto),   // UnixStream writes (send with MSG_NOSIGNAL)
-    one_of(libc::SYS_ioctl, 1, &[libc::FIONBIO]), // set_nonblocking
-    // set_write_timeout / set_read_timeout: SO_SNDTIMEO, SO_RCVTIMEO.
-    one_of(libc::SYS_setsockopt, 1, &[libc::SOL_SOCKET as u64]),
-    one_of(libc::SYS_getsockopt, 2, &[libc::SO_PEERCRED as u64]),
-    // A connection that lost its slot gives up its reading side.
-    any(libc::SYS_shutdown),
+    any(
+        libc::SYS_poll,
+        "wait for bytes, a timeout or the stop event",
+    ),
+    any(libc::SYS_recvfrom, "read the request (UnixStream::read)"),
+    any(libc::SYS_sendto, "write the reply (send with MSG_NOSIGNAL)"),
+    one_of(
+        libc::SYS_ioctl,
+        1,
+        &[named!(libc::FIONBIO)],
+        "set_nonblocking",
+    ),
+    one_of(
+        libc::SYS_setsockopt,
+        1,
+        &[named!(libc::SOL_SOCKET)],
+        "set_read_timeout, set_write_timeout (SO_RCVTIMEO, SO_SNDTIMEO)",
+    ),
+    one_of(
+        libc::SYS_getsockopt,
+        2,
+        &[named!(libc::SO_PEERCRED)],
+        "the peer's credentials",
+    ),
+    any(
+        libc::SYS_shutdown,
+        "a connection that lost its slot gives up its reading side",
+    ),
 ];
 
-/// `console`: drains the guest console buffer to stdout and the serial file
-/// and waits for more: `write`, `futex`, and `clock_gettime` of the process
-/// CPU time for the boot timer, all in [`BASE`].
+/// `console`: drains the guest console buffer to stdout and the serial
+/// file: `write` and `futex` (BASE), and the process CPU time for the boot
+/// timer (`clock_gettime`, BASE).
 const CONSOLE: &[Allow] = &[];
 
-/// `progress`: writes a line to stderr every tick and waits on a channel
-/// with a timeout (`write`, `futex` in [`BASE`]).
+/// `progress`: renders the populate or reclaim progress line into the
+/// output queue every tick and waits on a channel with a timeout (BASE).
 const PROGRESS: &[Allow] = &[];
 
-/// `start` (and the main thread while the start runs on it): the KVM VM,
-/// guest memory (anonymous, memfd or hugetlb mappings; THP advice; NUMA
-/// binding), memslots, the vCPUs' fds and registers, the vCPU kick handler,
-/// and the `populate-n{node}-{i}` workers (pinned, `MADV_POPULATE_WRITE`),
-/// which run under this filter.
-const START: &[Allow] = &[
-    // COM1's interrupt line for a Linux guest: an eventfd registered as an
-    // irqfd.
-    any(libc::SYS_eventfd2),
-    // /dev/kvm read-write; /proc and sysfs read-only (the memory admission
-    // of issue 12 reads the cgroup's limits), never created, never written.
+/// `output`: drains teravm's own output queue to stderr or the log path
+/// (`write`, `futex`: BASE).
+const OUTPUT: &[Allow] = &[];
+
+/// `files`: opens the paths a user names (src/files.rs), with exactly these
+/// flag sets, and checks what it opened.
+const FILES: &[Allow] = &[
     one_of(
         libc::SYS_openat,
         2,
         &[
-            (libc::O_RDWR | libc::O_CLOEXEC) as u64,
-            (libc::O_RDONLY | libc::O_CLOEXEC) as u64,
+            (crate::files::flags::READ_IMAGE as u64, "O_RDONLY|O_NONBLOCK|O_CLOEXEC"),
+            (
+                crate::files::flags::OUTPUT_WRITE as u64,
+                "O_WRONLY|O_APPEND|O_CREAT|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC",
+            ),
+            (
+                crate::files::flags::OUTPUT_FIFO as u64,
+                "O_RDWR|O_APPEND|O_CREAT|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC",
+            ),
         ],
+        "the kernel and initrd read-only; log, metrics and serial files append-only, created 0600, no symlink followed",
     ),
-    // Those files, and the kernel image and initrd of a Linux guest.
-    any(libc::SYS_read),
-    any(libc::SYS_lseek),
-    any(libc::SYS_statx), // std's read_to_string sizes its buffer
+    any(libc::SYS_statx, "the opened file's type and size (File::metadata)"),
+    any(libc::SYS_fstat, "File::metadata where statx is missing"),
+    any(libc::SYS_newfstatat, "glibc's fstat"),
+    any(libc::SYS_read, "an image's first bytes (ELF or bzImage header)"),
+    any(libc::SYS_fstatfs, "output on procfs or sysfs is refused (/proc/self/mem)"),
+    one_of(
+        libc::SYS_fcntl,
+        1,
+        &[named!(libc::F_GETFL), named!(libc::F_SETFL)],
+        "clear O_NONBLOCK of the serial file once open",
+    ),
+    one_of(libc::SYS_ioctl, 1, &[named!(libc::TCGETS)], "is an output device a terminal?"),
+];
+
+/// `start` (a job runner thread): the KVM VM (on the `/dev/kvm` descriptor
+/// opened at start-up), guest memory (anonymous, memfd or hugetlb mappings;
+/// THP advice; NUMA binding), memslots, the kernel and initrd (already
+/// open), the vCPUs' fds and registers, the console writer, and the
+/// `populate-n{node}-{i}` workers (pinned, `MADV_POPULATE_WRITE`), which run
+/// under this filter.
+const START: &[Allow] = &[
+    any(libc::SYS_eventfd2, "COM1's interrupt line for a Linux guest (an irqfd)"),
+    one_of(
+        libc::SYS_openat,
+        2,
+        &[(O_RDONLY_CLOEXEC, "O_RDONLY|O_CLOEXEC")],
+        "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances",
+    ),
+    any(libc::SYS_read, "those files; the kernel and initrd"),
+    any(libc::SYS_lseek, "the kernel loader seeks in the image"),
+    any(libc::SYS_statx, "std's read_to_string sizes its buffer"),
     one_of(
         libc::SYS_ioctl,
         1,
         &[
-            kvm::CREATE_VM,
-            kvm::CHECK_EXTENSION,
-            kvm::GET_VCPU_MMAP_SIZE,
-            kvm::GET_SUPPORTED_CPUID,
-            kvm::SET_USER_MEMORY_REGION,
-            kvm::CREATE_VCPU,
-            kvm::SET_CPUID2,
-            kvm::SET_FPU,
-            kvm::GET_SREGS,
-            kvm::SET_SREGS,
-            kvm::SET_REGS,
-            kvm::SET_TSS_ADDR,
-            kvm::CREATE_IRQCHIP,
-            kvm::IRQFD,
-            kvm::CREATE_PIT2,
-            kvm::SET_MSRS,
-            kvm::GET_LAPIC,
-            kvm::SET_LAPIC,
-            libc::TCGETS, // the progress line: is stderr a terminal?
+            named!(kvm::CREATE_VM),
+            named!(kvm::CHECK_EXTENSION),
+            named!(kvm::GET_VCPU_MMAP_SIZE),
+            named!(kvm::GET_SUPPORTED_CPUID),
+            named!(kvm::SET_USER_MEMORY_REGION),
+            named!(kvm::CREATE_VCPU),
+            named!(kvm::SET_CPUID2),
+            named!(kvm::SET_FPU),
+            named!(kvm::GET_SREGS),
+            named!(kvm::SET_SREGS),
+            named!(kvm::SET_REGS),
+            named!(kvm::SET_TSS_ADDR),
+            named!(kvm::CREATE_IRQCHIP),
+            named!(kvm::IRQFD),
+            named!(kvm::CREATE_PIT2),
+            named!(kvm::SET_MSRS),
+            named!(kvm::GET_LAPIC),
+            named!(kvm::SET_LAPIC),
+            named!(libc::TCGETS),
         ],
+        "the VM, its memslots, irqchip and PIT, the vCPUs' setup; TCGETS: is stderr a terminal (progress line)",
     ),
-    MMAP_NO_EXEC,                 // guest memory, memfd slices, kvm_run
-    any(libc::SYS_memfd_create),  // memfd backing
-    any(libc::SYS_ftruncate),     // its size
-    any(libc::SYS_mbind),         // NUMA binding of each slice
-    any(libc::SYS_get_mempolicy), // the binding as the kernel took it
+    mmap_no_exec("guest memory, memfd slices, each vCPU's kvm_run"),
+    any(libc::SYS_memfd_create, "memfd backing"),
+    any(libc::SYS_ftruncate, "a memfd's size"),
+    any(libc::SYS_mbind, "NUMA binding of each slice"),
+    any(libc::SYS_get_mempolicy, "the binding as the kernel took it"),
     one_of(
         libc::SYS_madvise,
         2,
         &[
-            libc::MADV_HUGEPAGE as u64,
-            libc::MADV_NOHUGEPAGE as u64,
-            libc::MADV_DONTDUMP as u64, // guest memory out of core dumps (issue 12)
-            libc::MADV_POPULATE_WRITE as u64,
+            named!(libc::MADV_HUGEPAGE),
+            named!(libc::MADV_NOHUGEPAGE),
+            named!(libc::MADV_DONTDUMP),
+            named!(libc::MADV_POPULATE_WRITE),
         ],
+        "THP advice, guest memory out of core dumps, populate",
     ),
-    any(libc::SYS_sched_setaffinity), // populate workers pin themselves
-    one_of(libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64]), // EventFd/File clones
-    // The vCPU kick handler.
+    any(libc::SYS_sched_setaffinity, "populate workers pin themselves to their node"),
+    one_of(
+        libc::SYS_fcntl,
+        1,
+        &[named!(libc::F_DUPFD_CLOEXEC)],
+        "EventFd and File clones; the /dev/kvm descriptor",
+    ),
     Allow {
         nr: libc::SYS_rt_sigaction,
         only: Only::KickSignal { arg: 0 },
+        why: "the vCPU kick handler",
     },
 ];
 
-/// `reclaim`: closes the VM, frees guest memory with the
-/// `reclaim-n{node}-{i}` workers (which run under this filter), unmaps it
-/// and signals the event loop.
+/// `reclaim` (a job runner thread): stops the vCPUs, closes the VM, frees
+/// guest memory with the `reclaim-n{node}-{i}` workers (which run under
+/// this filter), unmaps it (or keeps its range reserved while a vCPU thread
+/// lives on) and signals the event loop.
 const RECLAIM: &[Allow] = &[
-    any(libc::SYS_mincore),           // resident bytes of each chunk
-    any(libc::SYS_sched_setaffinity), // workers pin themselves
-    // Stop the vCPUs first: the kick signal, then join.
-    any(libc::SYS_getpid),
+    any(libc::SYS_mincore, "resident bytes of each chunk"),
+    any(
+        libc::SYS_sched_setaffinity,
+        "workers pin themselves to their node",
+    ),
+    any(libc::SYS_getpid, "the kick: tgkill's process id"),
     Allow {
         nr: libc::SYS_tgkill,
         only: Only::KickSignal { arg: 2 },
+        why: "kick the vCPUs out of KVM_RUN",
     },
-    one_of(libc::SYS_ioctl, 1, &[libc::TCGETS]), // the progress line
-    // Hole punch of memfd/hugetlb slices: PUNCH_HOLE | KEEP_SIZE only.
+    one_of(
+        libc::SYS_ioctl,
+        1,
+        &[named!(libc::TCGETS)],
+        "is stderr a terminal (progress line)",
+    ),
     one_of(
         libc::SYS_fallocate,
         1,
-        &[(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u64],
+        &[(
+            (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u64,
+            "FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE",
+        )],
+        "free memfd and hugetlb slices",
     ),
 ];
 
-/// `LineSink::open`'s flags besides the access mode.
-const LINE_SINK: i32 = libc::O_CREAT | libc::O_APPEND | libc::O_NONBLOCK | libc::O_CLOEXEC;
-
 /// The main thread `teravm` once its event loop runs: wait on the event
-/// sources, read them, answer the API, kick the vCPUs (`tgkill`), start the
-/// `reclaim` job, and at exit remove the API socket.
+/// sources and read them, answer the API, feed console input, kick the
+/// vCPUs, and at exit remove the API socket. It opens nothing and starts
+/// no thread.
 const VMM: &[Allow] = &[
-    any(libc::SYS_epoll_wait),
+    any(libc::SYS_epoll_wait, "the event loop"),
     one_of(
         libc::SYS_epoll_ctl,
         1,
         &[
-            libc::EPOLL_CTL_ADD as u64,
-            libc::EPOLL_CTL_DEL as u64,
-            libc::EPOLL_CTL_MOD as u64,
+            named!(libc::EPOLL_CTL_ADD),
+            named!(libc::EPOLL_CTL_DEL),
+            named!(libc::EPOLL_CTL_MOD),
         ],
+        "event sources come and go (stdin, its retry timer)",
     ),
-    any(libc::SYS_read), // eventfds, the signalfd, the metrics timerfd
-    // PUT /logger, PUT /metrics: LineSink::open of a file (created 0600) or
-    // a FIFO (read-write when it has no reader yet), appending, non-blocking.
+    any(libc::SYS_read, "eventfds, the signalfd, the timers, stdin"),
+    any(
+        libc::SYS_clock_nanosleep,
+        "waits for in-flight API replies at exit",
+    ),
+    any(
+        libc::SYS_statx,
+        "the API socket is still ours before unlink",
+    ),
+    any(libc::SYS_unlink, "remove the API socket at exit"),
     one_of(
-        libc::SYS_openat,
-        2,
-        &[
-            (libc::O_WRONLY | LINE_SINK) as u64,
-            (libc::O_RDWR | LINE_SINK) as u64,
-        ],
+        libc::SYS_fcntl,
+        1,
+        &[named!(libc::F_DUPFD_CLOEXEC)],
+        "EventFd and File clones for the jobs",
     ),
-    any(libc::SYS_clock_nanosleep), // waits for in-flight API replies at exit
-    any(libc::SYS_statx),           // the socket is still ours before unlink
-    any(libc::SYS_unlink),          // remove the API socket
-    one_of(libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64]),
-    // Console input for Linux guests (src/vmm/stdin.rs): what stdin is, a
-    // foreground terminal put in raw mode and restored, and the retry timer.
-    any(libc::SYS_fstat),
-    any(libc::SYS_newfstatat), // glibc's fstat
-    any(libc::SYS_getpgrp),
+    any(libc::SYS_fstat, "what stdin is (console input)"),
+    any(libc::SYS_newfstatat, "glibc's fstat"),
+    any(libc::SYS_getpgrp, "is stdin's terminal in the foreground"),
     one_of(
         libc::SYS_ioctl,
         1,
-        &[libc::TCGETS, libc::TCSETS, libc::TIOCGPGRP],
+        &[
+            named!(libc::TCGETS),
+            named!(libc::TCSETS),
+            named!(libc::TIOCGPGRP),
+            named!(libc::FIONREAD),
+        ],
+        "stdin: a foreground terminal in raw mode and back; how many bytes it has",
     ),
-    any(libc::SYS_timerfd_create),
-    any(libc::SYS_timerfd_settime),
+    any(
+        libc::SYS_timerfd_create,
+        "the metrics timer, the console input retry timer",
+    ),
+    any(libc::SYS_timerfd_settime, "arming them"),
+    any(libc::SYS_getpid, "the kick: tgkill's process id"),
+    Allow {
+        nr: libc::SYS_tgkill,
+        only: Only::KickSignal { arg: 2 },
+        why: "kick the vCPUs (a microVM dropped on an error path stops them)",
+    },
 ];
 
 impl Role {
@@ -386,28 +574,30 @@ impl Role {
             Role::Start => START,
             Role::Reclaim => RECLAIM,
             Role::Progress => PROGRESS,
+            Role::Output => OUTPUT,
+            Role::Files => FILES,
         }
     }
 
-    /// Whether threads of this role start other threads.
-    fn spawns(self) -> bool {
-        matches!(self, Role::Vmm | Role::Api | Role::Start | Role::Reclaim)
-    }
-
     /// The roles of the threads this role spawns after installing its
-    /// filter: they run under it, so it must allow what they call.
+    /// filter: they run under it, so it must allow what they call. A role
+    /// with children also allows [`SPAWN`].
     pub(crate) fn children(self) -> &'static [Role] {
         match self {
-            Role::Vmm => &[Role::Console, Role::Start, Role::Reclaim],
             Role::Api => &[Role::ApiConnection],
-            Role::Start => &[Role::Vcpu, Role::Progress],
+            Role::Start => &[Role::Vcpu, Role::Progress, Role::Console],
             Role::Reclaim => &[Role::Progress],
             _ => &[],
         }
     }
 
-    /// Every call this role's filter allows: [`BASE`], its own list, the
-    /// thread-start calls if it spawns, and its children's lists.
+    /// Whether threads of this role start other threads (after their filter).
+    pub(crate) fn spawns(self) -> bool {
+        !self.children().is_empty()
+    }
+
+    /// Every call this role's filter allows: [`BASE`], its own list, and if
+    /// it spawns, [`SPAWN`] and its children's lists.
     pub(crate) fn allowed(self) -> Vec<Allow> {
         let mut all: Vec<Allow> = BASE.to_vec();
         all.extend_from_slice(self.own());

@@ -23,6 +23,7 @@
 //! [`install`] is the same with an explicit policy. Without [`prepare`]
 //! (library users, unit tests) the policy is [`Policy::Off`].
 
+mod doc;
 mod filters;
 mod sigsys;
 mod syscall_names;
@@ -36,6 +37,7 @@ use seccompiler::{
     SeccompRule,
 };
 
+pub use doc::describe;
 pub use sigsys::EXIT_BAD_SYSCALL;
 
 use filters::{Allow, Only};
@@ -61,11 +63,16 @@ pub enum Role {
     /// `progress`: redraws the populate or reclaim progress line on a
     /// terminal's stderr.
     Progress,
+    /// `output`: writes teravm's own output queue to stderr or the log path.
+    Output,
+    /// `files`: opens the files a user names (kernel, initrd, log, metrics,
+    /// serial file).
+    Files,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 8] = [
+    pub const ALL: [Role; 10] = [
         Role::Vmm,
         Role::Api,
         Role::ApiConnection,
@@ -74,6 +81,8 @@ impl Role {
         Role::Start,
         Role::Reclaim,
         Role::Progress,
+        Role::Output,
+        Role::Files,
     ];
 
     /// The role's name, as in the thread names and docs/seccomp.md.
@@ -87,15 +96,8 @@ impl Role {
             Role::Start => "start",
             Role::Reclaim => "reclaim",
             Role::Progress => "progress",
-        }
-    }
-
-    /// The role of a job thread named `name` (`vmm::jobs`): `start` is
-    /// [`Role::Start`]; any other job is [`Role::Reclaim`].
-    pub fn of_job(name: &str) -> Role {
-        match name {
-            "start" => Role::Start,
-            _ => Role::Reclaim,
+            Role::Output => "output",
+            Role::Files => "files",
         }
     }
 
@@ -190,11 +192,11 @@ fn build(role: Role) -> Result<BpfProgram, SeccompError> {
     // A call allowed for any arguments maps to no rules (matched always).
     let mut unconditional: Vec<i64> = Vec::new();
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for Allow { nr, only } in role.allowed() {
+    for Allow { nr, only, .. } in role.allowed() {
         match only {
             Only::Any => unconditional.push(nr),
             Only::OneOf { arg, values } => {
-                for &v in values {
+                for &(v, _) in values {
                     let rule = SeccompRule::new(vec![cond(arg, SeccompCmpOp::Eq, v)?]);
                     rules.entry(nr).or_default().push(rule.map_err(err)?);
                 }
@@ -204,7 +206,7 @@ fn build(role: Role) -> Result<BpfProgram, SeccompError> {
                 let rule = SeccompRule::new(vec![cond(arg, SeccompCmpOp::Eq, signo)?]);
                 rules.entry(nr).or_default().push(rule.map_err(err)?);
             }
-            Only::Masked(checks) => {
+            Only::Masked(checks, _) => {
                 let conditions = checks
                     .iter()
                     .map(|&(arg, mask, value)| cond(arg, SeccompCmpOp::MaskedEq(mask), value))
@@ -233,6 +235,36 @@ fn build(role: Role) -> Result<BpfProgram, SeccompError> {
     filter.try_into().map_err(err)
 }
 
+/// The filter every spawning role stacks under its own: `clone3` fails
+/// with `ENOSYS`, so glibc starts threads with `clone`, whose flags the
+/// role's filter checks (a filter cannot read `clone3`'s flags, which are
+/// behind a pointer). Everything else passes to the role's filter.
+fn build_no_clone3() -> Result<BpfProgram, SeccompError> {
+    let err = |source| SeccompError::Build {
+        role: "clone3-enosys",
+        source,
+    };
+    let arch = std::env::consts::ARCH.try_into().map_err(err)?;
+    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(err)?;
+    filter.try_into().map_err(err)
+}
+
+/// The `clone3` filter, built once.
+fn no_clone3() -> Result<&'static BpfProgram, SeccompError> {
+    static PROGRAM: OnceLock<Result<BpfProgram, String>> = OnceLock::new();
+    PROGRAM
+        .get_or_init(|| build_no_clone3().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| SeccompError::Filters(e.clone()))
+}
+
 /// Every role's program, built once.
 fn programs() -> Result<&'static BTreeMap<Role, BpfProgram>, SeccompError> {
     let built = PROGRAMS.get_or_init(|| {
@@ -259,6 +291,7 @@ pub fn prepare(policy: Policy) -> Result<(), SeccompError> {
         return Ok(());
     }
     programs()?;
+    no_clone3()?;
     fix_malloc_arenas();
     // SAFETY: tzset reads the TZ variable and /etc/localtime into libc's
     // own state; no memory of ours is touched.
@@ -324,10 +357,16 @@ pub fn install(role: Role, policy: Policy) -> Result<(), SeccompError> {
         .ok_or_else(|| SeccompError::Filters(format!("no filter for role {}", role.name())))?;
     sigsys::install_handler()?;
     sigsys::remember_thread_name();
-    seccompiler::apply_filter(program).map_err(|source| SeccompError::Install {
-        role: role.name(),
-        source,
-    })?;
+    let apply = |program| {
+        seccompiler::apply_filter(program).map_err(|source| SeccompError::Install {
+            role: role.name(),
+            source,
+        })
+    };
+    if role.spawns() {
+        apply(no_clone3()?)?;
+    }
+    apply(program)?;
     FILTERED.with(|f| f.set(true));
     Ok(())
 }

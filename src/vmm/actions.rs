@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
+use super::opens::{boot_requests, output_request, Pending};
 use super::phase::Phase;
 use super::{ShutdownReason, VmState, Vmm};
 use crate::api::{
@@ -34,8 +35,26 @@ impl Vmm {
         let state = self.state();
         match action {
             // Answered when the start ends.
-            VmmAction::InstanceStart if state == VmState::NotStarted => {
+            VmmAction::InstanceStart
+                if state == VmState::NotStarted && !self.boot_source_opening() =>
+            {
                 return self.start(Some(reply));
+            }
+            // Answered when the `files` thread has opened the paths.
+            VmmAction::PutBootSource(b) if state == VmState::NotStarted => {
+                return self.open_then(boot_requests(&b), Pending::BootSource(b), reply);
+            }
+            VmmAction::PutLogger(c) => {
+                let requests = c
+                    .log_path
+                    .iter()
+                    .map(|p| output_request("logger.log_path", p, false))
+                    .collect();
+                return self.open_then(requests, Pending::Logger(c), reply);
+            }
+            VmmAction::PutMetrics(c) if !crate::metrics::is_configured() => {
+                let request = output_request("metrics.metrics_path", &c.metrics_path, false);
+                return self.open_then(vec![request], Pending::Metrics(c), reply);
             }
             // Answered when the memory is back.
             VmmAction::Shutdown(ReclaimMode::Sync)
@@ -101,10 +120,6 @@ impl Vmm {
             VmmAction::PutMachineConfig(_) | VmmAction::PatchMachineConfig(_) => {
                 refused("changing the machine configuration", state)
             }
-            VmmAction::PutBootSource(b) if not_started => {
-                self.config.boot_source = b;
-                Ok(VmmData::Empty)
-            }
             VmmAction::PutBootSource(_) => refused("changing the boot source", state),
             VmmAction::GetMemory => {
                 let mut value = serde_json::to_value(&self.config.memory)
@@ -152,6 +167,11 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutReclaim(_) => refused("changing the reclaim configuration", state),
+            VmmAction::InstanceStart if state == VmState::NotStarted => Err(
+                VmmActionError::BadRequest(
+                    "InstanceStart: a PUT /boot-source is still opening its files; retry when it has been answered".into(),
+                ),
+            ),
             VmmAction::InstanceStart => refused("InstanceStart", state),
             VmmAction::SendCtrlAltDel => match &self.phase {
                 Phase::Running(microvm) => {
@@ -185,12 +205,12 @@ impl Vmm {
             VmmAction::GetVersion => Ok(VmmData::Json(json!({
                 "firecracker_version": env!("CARGO_PKG_VERSION"),
             }))),
-            VmmAction::PutLogger(c) => crate::logger::configure(&c)
-                .map(|()| VmmData::Empty)
-                .map_err(|e| VmmActionError::BadRequest(e.to_string())),
-            VmmAction::PutMetrics(c) => crate::metrics::configure(&c)
-                .map(|()| VmmData::Empty)
-                .map_err(|e| VmmActionError::BadRequest(e.to_string())),
+            VmmAction::PutLogger(_) => Err(VmmActionError::Internal(
+                "PUT /logger is handled with its files".into(),
+            )),
+            VmmAction::PutMetrics(_) => Err(VmmActionError::BadRequest(
+                "the metrics are already being written (PUT /metrics works once)".into(),
+            )),
             // As in Firecracker, a flush without a metrics path does nothing.
             VmmAction::FlushMetrics => self
                 .flush_metrics()

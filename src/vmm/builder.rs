@@ -18,7 +18,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::progress_line::{self, ProgressLine};
 use crate::config::{NumaPolicy, VmConfig};
 use crate::devices::bus::BusError;
-use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, SerialIrq, I8042};
+use crate::devices::console::CONSOLE_BUFFER_BYTES;
+use crate::devices::{
+    microvm_bus, ConsoleOut, ConsoleSink, ConsoleWriter, SerialConsole, SerialIrq, I8042,
+};
 use crate::memory::layout::ram_regions;
 use crate::memory::{GuestMemory, HostTopology, MemoryOptions, PopulateProgress};
 use crate::vstate::boot::{write_boot_state, BootError};
@@ -59,6 +62,12 @@ pub enum StartError {
     /// The `start` job panicked (what it built was dropped as it unwound).
     #[error("{0}")]
     Panicked(String),
+    /// The console writer could not be started.
+    #[error(transparent)]
+    Console(#[from] crate::devices::console::ConsoleError),
+    /// A kernel is configured but its files were not opened (a bug).
+    #[error("the boot source's kernel was not opened")]
+    BootFilesMissing,
 }
 
 /// COM1's interrupt line (ISA IRQ 4, IOAPIC pin 4 and PIC input 4 in KVM's
@@ -133,10 +142,16 @@ impl From<MicroVm> for Teardown {
 pub struct StartContext {
     /// The configuration to start.
     pub config: VmConfig,
+    /// The kernel and initrd of `config.boot_source`, already open.
+    pub boot_files: Option<super::opens::BootFiles>,
+    /// `/dev/kvm`, opened at start-up.
+    pub kvm: Arc<crate::vstate::vm::KvmDevice>,
     /// The host topology.
     pub topology: HostTopology,
-    /// The console's writer, already running.
-    pub console: ConsoleWriter,
+    /// Where the console writer (started by the job) writes.
+    pub console_sinks: Vec<ConsoleSink>,
+    /// Run on the console thread at the guest's first output (`--boot-timer`).
+    pub on_first_output: Option<Box<dyn FnOnce(Instant) + Send>>,
     /// Where vCPUs report that they ended the VM.
     pub events: Sender<VcpuEvent>,
     /// Written after each vCPU event.
@@ -160,16 +175,21 @@ pub enum Started {
 pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
     let StartContext {
         config,
+        boot_files,
+        kvm,
         topology,
-        console,
+        console_sinks,
+        on_first_output,
         events,
         events_ready,
         cancel,
         populate,
     } = ctx;
+    let console = ConsoleWriter::spawn(CONSOLE_BUFFER_BYTES, console_sinks, on_first_output)
+        .map_err(StartError::Console)?;
     let cancelled = || cancel.load(Ordering::Acquire);
     let machine = &config.machine_config;
-    let vm = Vm::new()?;
+    let vm = Vm::create(&kvm)?;
     let memory = GuestMemory::new(&MemoryOptions::from(&config), &topology)?;
     let teardown = |vm, memory, console| {
         Ok(Started::Cancelled(Teardown {
@@ -233,9 +253,10 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         }
         Some(kernel) => {
             vm.setup_irqchip()?;
+            let files = boot_files.ok_or(StartError::BootFilesMissing)?;
             let spec = KernelSpec {
-                kernel: kernel.clone(),
-                initrd: config.boot_source.initrd_path.clone(),
+                kernel: files.kernel,
+                initrd: files.initrd,
                 cmdline: kernel_cmdline(&config.boot_source.boot_args).to_string(),
             };
             let mut slices: Vec<(u64, u64, u32)> = memory

@@ -1,13 +1,22 @@
 //! Jobs: the long phases of a microVM's life (`start`: memory, memslots,
-//! populate, vCPUs; `reclaim`: stop, tear down, free) each run on a thread
-//! of their own, so the event loop never waits on them. A job signals its
-//! end from a drop guard, so the loop is woken whether the job returns or
-//! panics; the loop then joins it (at once: the guard drops last) and moves
-//! to the next phase.
+//! populate, vCPUs; `reclaim`: stop, tear down, free) each run on a job
+//! runner thread of their own, so the event loop never waits on them.
+//!
+//! The runners ([`JobRunner`]) are started once, before the main thread
+//! installs its seccomp filter, and each installs its own role's filter
+//! first thing: the main thread then starts no thread, so its filter need
+//! not allow what the jobs do (filters stack onto the threads a thread
+//! starts). A job signals its end from a drop guard, so the loop is woken
+//! whether the job returns or panics (the panic is caught on the runner,
+//! after what the job owned was dropped); the loop then takes the result
+//! and moves to the next phase. A runner serves any number of jobs (a
+//! start that failed may be retried).
 
-use std::thread::JoinHandle;
+use std::sync::mpsc::{channel, Receiver, Sender};
 
 use vmm_sys_util::eventfd::EventFd;
+
+use crate::seccomp::Role;
 
 /// Errors of starting a job.
 #[derive(Debug, thiserror::Error)]
@@ -20,13 +29,19 @@ pub enum JobError {
         /// Why.
         source: std::io::Error,
     },
-    /// The thread could not be spawned.
+    /// The runner thread could not be spawned.
     #[error("cannot spawn the {job} thread: {source}")]
     Spawn {
         /// The job.
         job: &'static str,
         /// Why.
         source: std::io::Error,
+    },
+    /// The runner thread is gone (the job was dropped unrun).
+    #[error("the {job} thread is not running")]
+    Gone {
+        /// The job.
+        job: &'static str,
     },
 }
 
@@ -42,55 +57,82 @@ impl Drop for DoneGuard {
     }
 }
 
-/// A job running on its own thread.
+type Task = Box<dyn FnOnce() + Send>;
+
+/// A long-lived thread that runs jobs one at a time under its role's filter.
 #[derive(Debug)]
-pub struct Job<T> {
+pub struct JobRunner {
     name: &'static str,
-    thread: JoinHandle<T>,
+    tx: Sender<Task>,
 }
 
-impl<T: Send + 'static> Job<T> {
-    /// Runs `work` on a thread called `name`, writing `done` when it ends.
-    /// On error `work` is dropped unrun (with whatever it owns: guest memory
-    /// unmaps itself, vCPUs stop).
-    pub fn spawn(
-        name: &'static str,
+/// What a panic said, as text.
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
+}
+
+impl JobRunner {
+    /// Starts the runner thread `name`, which installs `role`'s filter.
+    pub fn spawn(name: &'static str, role: Role) -> Result<JobRunner, JobError> {
+        let (tx, rx) = channel::<Task>();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                crate::seccomp::install_thread(role);
+                while let Ok(task) = rx.recv() {
+                    task();
+                }
+            })
+            .map_err(|source| JobError::Spawn { job: name, source })?;
+        Ok(JobRunner { name, tx })
+    }
+
+    /// Runs `work` on the runner, writing `done` when it ends. On error
+    /// `work` is dropped unrun (with whatever it owns: guest memory unmaps
+    /// itself, vCPUs stop).
+    pub fn run<T: Send + 'static>(
+        &self,
         done: &EventFd,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Result<Job<T>, JobError> {
+        let name = self.name;
         let guard = DoneGuard(
             done.try_clone()
                 .map_err(|source| JobError::EventFd { job: name, source })?,
         );
-        let thread = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                // Declared first, so dropped last: after everything the work
-                // owned, whether it returned or unwound.
-                let _guard = guard;
-                crate::seccomp::install_thread(crate::seccomp::Role::of_job(name));
-                work()
-            })
-            .map_err(|source| JobError::Spawn { job: name, source })?;
-        Ok(Job { name, thread })
+        let (result_tx, result) = channel();
+        let task: Task = Box::new(move || {
+            // Declared first, so dropped last: after the result is sent.
+            let _guard = guard;
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                .map_err(|panic| format!("the {name} thread panicked: {}", panic_text(&*panic)));
+            let _ = result_tx.send(r);
+        });
+        self.tx
+            .send(task)
+            .map_err(|_| JobError::Gone { job: name })?;
+        Ok(Job { name, result })
     }
+}
 
-    /// Whether the job has ended (its completion event was written).
-    pub fn is_finished(&self) -> bool {
-        self.thread.is_finished()
-    }
+/// A job on a runner.
+#[derive(Debug)]
+pub struct Job<T> {
+    name: &'static str,
+    result: Receiver<Result<T, String>>,
+}
 
+impl<T> Job<T> {
     /// The job's result, or what its panic said. Call it once the completion
-    /// event was seen and [`Job::is_finished`] holds.
+    /// event was seen (it then returns at once).
     pub fn join(self) -> Result<T, String> {
-        self.thread.join().map_err(|panic| {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".into());
-            format!("the {} thread panicked: {what}", self.name)
-        })
+        self.result
+            .recv()
+            .unwrap_or_else(|_| Err(format!("the {} thread ended without a result", self.name)))
     }
 }
 
@@ -107,22 +149,35 @@ mod tests {
         // SAFETY: one valid pollfd on our stack.
         let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
         assert_eq!(n, 1, "the job's end was never signalled");
+        evt.read().unwrap();
     }
 
     #[test]
     fn a_job_signals_its_end_and_returns() {
+        let runner = JobRunner::spawn("test-job", Role::Reclaim).unwrap();
         let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let job = Job::spawn("test-job", &evt, || 42).unwrap();
+        let job = runner.run(&evt, || 42).unwrap();
         wait(&evt);
         assert_eq!(job.join(), Ok(42));
     }
 
     #[test]
-    fn a_panicking_job_still_signals_its_end() {
+    fn a_panicking_job_still_signals_its_end_and_the_runner_goes_on() {
+        let runner = JobRunner::spawn("test-panic", Role::Reclaim).unwrap();
         let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let job = Job::<()>::spawn("test-panic", &evt, || panic!("boom")).unwrap();
+        let job = runner.run::<()>(&evt, || panic!("boom")).unwrap();
         wait(&evt);
         let err = job.join().unwrap_err();
         assert!(err.contains("test-panic") && err.contains("boom"), "{err}");
+        let job = runner.run(&evt, || "again").unwrap();
+        wait(&evt);
+        assert_eq!(job.join(), Ok("again"));
+    }
+
+    #[test]
+    fn panic_text_reads_both_payloads() {
+        assert_eq!(panic_text(&"a"), "a");
+        assert_eq!(panic_text(&String::from("b")), "b");
+        assert_eq!(panic_text(&7u8), "no message");
     }
 }

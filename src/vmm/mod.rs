@@ -19,6 +19,7 @@
 mod actions;
 pub mod builder;
 pub mod jobs;
+pub mod opens;
 pub mod phase;
 pub mod progress_line;
 pub mod report;
@@ -63,6 +64,7 @@ const TOKEN_START: u32 = 5;
 const TOKEN_METRICS: u32 = 6;
 const TOKEN_STDIN: u32 = 7;
 const TOKEN_STDIN_RETRY: u32 = 8;
+const TOKEN_FILES: u32 = 9;
 
 /// Errors that end the VMM before or outside the microVM's life.
 #[derive(Debug, thiserror::Error)]
@@ -88,15 +90,16 @@ pub enum VmmError {
     /// The event loop failed.
     #[error("event loop: {0:?}")]
     EventLoop(event_manager::Error),
-    /// The serial output file could not be opened (it must not be a
-    /// symlink; it is created with mode 0600).
-    #[error("cannot open the serial output file {path}: {source}")]
-    SerialFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// A file named by the command line or the config file could not be
+    /// opened (the serial file, the kernel, the initrd).
+    #[error(transparent)]
+    Files(#[from] crate::files::FilesError),
+    /// `/dev/kvm` could not be opened.
+    #[error(transparent)]
+    Kvm(#[from] crate::vstate::vm::VmError),
+    /// A job runner could not be started.
+    #[error(transparent)]
+    Job(#[from] jobs::JobError),
 }
 
 /// How to run the VMM, from the command line.
@@ -124,6 +127,8 @@ pub struct VmmOptions {
     /// Firecracker's `--http-api-max-payload-size`: the most bytes a request
     /// body may have (for `ServerLimits`).
     pub api_max_payload_bytes: usize,
+    /// The `files` thread, which opens every path a user names.
+    pub files: crate::files::FileOpener,
 }
 
 /// The VMM of one microVM.
@@ -131,6 +136,19 @@ pub struct Vmm {
     opts: VmmOptions,
     serial_file: Option<std::fs::File>,
     config: VmConfig,
+    /// The boot source's kernel and initrd, opened when it was put.
+    boot_files: Option<opens::BootFiles>,
+    /// `/dev/kvm`, opened at start-up.
+    kvm: Arc<crate::vstate::vm::KvmDevice>,
+    /// The job runners (started before the main thread's filter).
+    start_runner: jobs::JobRunner,
+    reclaim_runner: jobs::JobRunner,
+    /// Opens under way on the `files` thread, and their results.
+    pending_opens: Vec<opens::PendingOpen>,
+    next_open_id: u64,
+    files_tx: Sender<opens::OpenDone>,
+    files_rx: Receiver<opens::OpenDone>,
+    files_evt: EventFd,
     topology: HostTopology,
     phase: Phase,
     slices: Vec<SliceInfo>,
@@ -195,6 +213,22 @@ impl Vmm {
         }
     }
 
+    /// How long the event loop may wait: until the exit ([`Vmm::exit_in`])
+    /// or the next open's deadline, whichever comes first; `None` to break.
+    fn wait_for(&self) -> Option<Option<Duration>> {
+        let exit = self.exit_in();
+        if exit.is_some_and(|d| d.is_zero()) {
+            return None;
+        }
+        let open = self
+            .next_open_deadline()
+            .map(|d| d.saturating_duration_since(Instant::now()));
+        Some(match (exit, open) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+
     /// Whether the process should exit now; `Some(wait)` while lingering.
     fn exit_in(&self) -> Option<Duration> {
         let finished = self.finished_at?;
@@ -241,14 +275,20 @@ impl MutEventSubscriber for Vmm {
                 self.metrics_timer.ack();
                 let _ = self.flush_metrics();
             }
+            TOKEN_FILES => {
+                let _ = self.files_evt.read();
+                self.on_files_done();
+            }
             token @ (TOKEN_STDIN | TOKEN_STDIN_RETRY) => self.on_console_input(token, ops),
             other => log::warn!("event for unknown token {other}"),
         }
+        self.expire_opens(Instant::now());
         self.sync_console_input(ops);
     }
 
     fn init(&mut self, ops: &mut EventOps) {
-        let sources: [(i32, u32); 6] = [
+        let sources: [(i32, u32); 7] = [
+            (self.files_evt.as_raw_fd(), TOKEN_FILES),
             (self.vcpu_evt.as_raw_fd(), TOKEN_VCPU),
             (self.signals.as_raw_fd(), TOKEN_SIGNAL),
             (self.api_evt.as_raw_fd(), TOKEN_API),
@@ -272,13 +312,28 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     let topology = HostTopology::from_sysfs(&opts.sysfs_root)?;
     let serial_file = match &opts.serial_file {
         Some(path) => Some(
-            open_serial_file(path).map_err(|source| VmmError::SerialFile {
-                path: path.clone(),
-                source,
-            })?,
+            opts.files
+                .open_one(
+                    opens::output_request("--serial-file", path, true),
+                    crate::files::OPEN_TIMEOUT,
+                )?
+                .file,
         ),
         None => None,
     };
+    let boot_files = match opens::boot_requests(&config.boot_source) {
+        r if r.is_empty() => None,
+        r => opens::boot_files(
+            &config.boot_source,
+            opts.files.open_now(r, crate::files::OPEN_TIMEOUT)?,
+        ),
+    };
+    let kvm = Arc::new(crate::vstate::vm::KvmDevice::open()?);
+    // Every thread that outlives this function's set-up is started before
+    // the main thread's filter: that filter need not allow what they do.
+    let start_runner = jobs::JobRunner::spawn("start", crate::seccomp::Role::Start)?;
+    let reclaim_runner = jobs::JobRunner::spawn("reclaim", crate::seccomp::Role::Reclaim)?;
+    let (files_tx, files_rx) = channel();
     let new_evt = || EventFd::new(EFD_NONBLOCK).map_err(VmmError::EventFd);
     let api_evt = new_evt()?;
     let (api, api_rx) = match &opts.api_sock {
@@ -301,6 +356,15 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         opts,
         serial_file,
         config,
+        boot_files,
+        kvm,
+        start_runner,
+        reclaim_runner,
+        pending_opens: Vec::new(),
+        next_open_id: 0,
+        files_tx,
+        files_rx,
+        files_evt: new_evt()?,
         topology,
         phase: Phase::Configuring,
         slices: Vec::new(),
@@ -332,13 +396,17 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     manager.add_subscriber(vmm.clone());
     crate::seccomp::install_thread(crate::seccomp::Role::Vmm);
     loop {
-        let wait = vmm.lock().unwrap_or_else(|p| p.into_inner()).exit_in();
+        let wait = vmm.lock().unwrap_or_else(|p| p.into_inner()).wait_for();
         let timeout_ms = match wait {
-            Some(d) if d.is_zero() => break,
-            Some(d) => i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX),
-            None => -1,
+            None => break,
+            Some(Some(d)) => i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX),
+            Some(None) => -1,
         };
-        match manager.run_with_timeout(timeout_ms) {
+        let ran = manager.run_with_timeout(timeout_ms);
+        vmm.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .expire_opens(Instant::now());
+        match ran {
             Ok(_) => {}
             Err(event_manager::Error::Epoll(e)) if e.errno() == libc::EINTR => {}
             Err(e) => return Err(VmmError::EventLoop(e)),
@@ -351,23 +419,4 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     drop(vmm);
     drop(api);
     Ok(code)
-}
-
-/// Opens the serial output file for appending: never through a symlink
-/// (`O_NOFOLLOW`), created with mode 0600, and only a regular file or a FIFO.
-fn open_serial_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    let kind = file.metadata()?.file_type();
-    if !(kind.is_file() || kind.is_fifo() || kind.is_char_device()) {
-        return Err(std::io::Error::other(
-            "not a regular file, FIFO or character device",
-        ));
-    }
-    Ok(file)
 }

@@ -16,8 +16,7 @@ use super::report::{ms, PhaseTimes, ShutdownReport};
 use super::{Vmm, EXIT_ERROR, EXIT_GUEST_CRASHED, EXIT_RECLAIM_FAILED};
 
 use crate::api::{ActionResult, VmmActionError, VmmData};
-use crate::devices::console::CONSOLE_BUFFER_BYTES;
-use crate::devices::{ConsoleSink, ConsoleWriter};
+use crate::devices::ConsoleSink;
 use crate::memory::{
     PopulateProgress, ReclaimError, ReclaimOptions, ReclaimProgress, ReclaimState,
 };
@@ -129,9 +128,7 @@ impl Vmm {
         } else {
             None
         };
-        let console = match self.console_sinks().and_then(|sinks| {
-            ConsoleWriter::spawn(CONSOLE_BUFFER_BYTES, sinks, boot_timer).map_err(|e| e.to_string())
-        }) {
+        let console_sinks = match self.console_sinks() {
             Ok(c) => c,
             Err(e) => return self.start_failed(e, replies),
         };
@@ -143,14 +140,20 @@ impl Vmm {
         self.populate = Arc::new(PopulateProgress::new());
         let ctx = StartContext {
             config: self.config.clone(),
+            boot_files: self.boot_files.clone(),
+            kvm: self.kvm.clone(),
             topology: self.topology.clone(),
-            console,
+            console_sinks,
+            on_first_output: boot_timer,
             events: self.vcpu_tx.clone(),
             events_ready,
             cancel: cancel.clone(),
             populate: self.populate.clone(),
         };
-        match Job::spawn("start", &self.start_evt, move || start_microvm(ctx)) {
+        match self
+            .start_runner
+            .run(&self.start_evt, move || start_microvm(ctx))
+        {
             Ok(job) => {
                 self.phase = Phase::Starting(Starting {
                     job,
@@ -305,7 +308,7 @@ impl Vmm {
         let topology = self.topology.clone();
         let progress = self.progress.clone();
         let work = move || reclaim_job(teardown, &opts, &topology, progress, accepted);
-        match Job::spawn("reclaim", &self.reclaim_evt, work) {
+        match self.reclaim_runner.run(&self.reclaim_evt, work) {
             Ok(job) => self.phase = Phase::Reclaiming(Reclaiming { job }),
             Err(e) => {
                 // The work (and the guest memory it owned) was dropped: the

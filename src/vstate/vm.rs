@@ -80,6 +80,35 @@ pub struct MemorySlot {
     pub host_addr: u64,
 }
 
+/// `/dev/kvm`, opened once at start-up (before any seccomp filter), so that
+/// the `start` job creates VMs from it and opens nothing read-write.
+#[derive(Debug)]
+pub struct KvmDevice(std::fs::File);
+
+impl KvmDevice {
+    /// Opens `/dev/kvm`.
+    pub fn open() -> Result<KvmDevice, VmError> {
+        let fd = Kvm::open_with_cloexec(true).map_err(VmError::OpenKvm)?;
+        // SAFETY: `fd` was just opened for us and nothing else owns it.
+        Ok(KvmDevice(unsafe {
+            <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        }))
+    }
+
+    /// A `Kvm` of its own over a duplicate of the descriptor.
+    fn kvm(&self) -> Result<Kvm, VmError> {
+        let dup = self.0.try_clone().map_err(|e| {
+            VmError::OpenKvm(kvm_ioctls::Error::new(
+                e.raw_os_error().unwrap_or(libc::EBADF),
+            ))
+        })?;
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(dup);
+        // SAFETY: `fd` is a descriptor of /dev/kvm that we own and give to
+        // the `Kvm`, which closes it.
+        Ok(unsafe { <Kvm as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    }
+}
+
 /// The KVM VM.
 pub struct Vm {
     kvm: Kvm,
@@ -87,9 +116,16 @@ pub struct Vm {
 }
 
 impl Vm {
-    /// Opens `/dev/kvm` and creates a VM.
+    /// Opens `/dev/kvm` and creates a VM (tests, tools).
     pub fn new() -> Result<Vm, VmError> {
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let fd = kvm.create_vm().map_err(VmError::CreateVm)?;
+        Ok(Vm { kvm, fd })
+    }
+
+    /// Creates a VM on `/dev/kvm` opened already (the `start` job).
+    pub fn create(device: &KvmDevice) -> Result<Vm, VmError> {
+        let kvm = device.kvm()?;
         let fd = kvm.create_vm().map_err(VmError::CreateVm)?;
         Ok(Vm { kvm, fd })
     }

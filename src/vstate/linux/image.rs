@@ -1,11 +1,12 @@
 //! The kernel and initrd files: what kind of image a file is (ELF `vmlinux`
-//! or bzImage, from its first bytes), the cheap checks made when the
-//! configuration is given (exists, readable, size, magic, bzImage header),
+//! or bzImage, from its first bytes), how the `files` thread opens and
+//! checks them when the configuration is given (a regular file, its size,
+//! the magic and bzImage header),
 //! and the bzImage setup header parsed from raw bytes.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
+
+use crate::files::{OpenRequest, OpenSpec};
 
 /// Largest kernel image accepted (an uncompressed `vmlinux` with debug info
 /// can reach a few hundred MiB; a stock one is ~50 MiB).
@@ -16,7 +17,7 @@ pub const MAX_INITRD_BYTES: u64 = 1 << 30;
 /// Offset of the bzImage setup header in the image.
 const SETUP_HEADER_OFFSET: usize = 0x1f1;
 /// Bytes read to recognise an image (the bzImage header ends before 0x270).
-const PROBE_BYTES: usize = 0x270;
+pub const PROBE_BYTES: usize = 0x270;
 /// `HdrS`, at 0x202.
 const HDRS_MAGIC: u32 = 0x5372_6448;
 const ELF_MAGIC: [u8; 4] = *b"\x7fELF";
@@ -171,29 +172,6 @@ impl BzImageHeader {
     }
 }
 
-/// Opens `path`, checks it is a regular file of 1..=`max` bytes, and returns
-/// it with its size.
-fn open_checked(path: &Path, max: u64) -> Result<(File, u64), ImageError> {
-    let name = path.display().to_string();
-    let read_err = |e: std::io::Error| ImageError::Read {
-        path: name.clone(),
-        reason: e.to_string(),
-    };
-    let file = File::open(path).map_err(read_err)?;
-    let meta = file.metadata().map_err(read_err)?;
-    if !meta.is_file() {
-        return Err(ImageError::NotAFile { path: name });
-    }
-    if meta.len() == 0 || meta.len() > max {
-        return Err(ImageError::Size {
-            path: name,
-            bytes: meta.len(),
-            max,
-        });
-    }
-    Ok((file, meta.len()))
-}
-
 /// Recognises a kernel image from its first bytes.
 pub fn kernel_format(path: &Path, head: &[u8]) -> Result<KernelFormat, ImageError> {
     let name = path.display().to_string();
@@ -213,28 +191,43 @@ pub fn kernel_format(path: &Path, head: &[u8]) -> Result<KernelFormat, ImageErro
     }
 }
 
-/// The cheap check made when a kernel is configured: a readable regular file
-/// of at most [`MAX_KERNEL_BYTES`] whose header is an x86-64 ELF or a
-/// bzImage with a 64-bit entry point.
-pub fn check_kernel(path: &Path) -> Result<KernelFormat, ImageError> {
-    let (mut file, len) = open_checked(path, MAX_KERNEL_BYTES)?;
-    let mut head = vec![0u8; PROBE_BYTES.min(len as usize)];
-    file.read_exact(&mut head).map_err(|e| ImageError::Read {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
-    kernel_format(path, &head)
+/// How the `files` thread opens a kernel (`PUT /boot-source`, the config
+/// file): a regular file of at most [`MAX_KERNEL_BYTES`] whose header is an
+/// x86-64 ELF or a bzImage with a 64-bit entry point.
+pub fn kernel_request(what: &'static str, path: &Path) -> OpenRequest {
+    OpenRequest {
+        what,
+        path: path.to_path_buf(),
+        spec: OpenSpec::ReadImage {
+            max_bytes: MAX_KERNEL_BYTES,
+            head_bytes: PROBE_BYTES,
+            check: Some(|_, head| {
+                kernel_format(Path::new("it"), head)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }),
+        },
+    }
 }
 
-/// The cheap check made when an initrd is configured: a readable regular
-/// file of 1..=[`MAX_INITRD_BYTES`] bytes. Returns its size.
-pub fn check_initrd(path: &Path) -> Result<u64, ImageError> {
-    open_checked(path, MAX_INITRD_BYTES).map(|(_, len)| len)
+/// How the `files` thread opens an initrd: a regular file of
+/// 1..=[`MAX_INITRD_BYTES`] bytes.
+pub fn initrd_request(what: &'static str, path: &Path) -> OpenRequest {
+    OpenRequest {
+        what,
+        path: path.to_path_buf(),
+        spec: OpenSpec::ReadImage {
+            max_bytes: MAX_INITRD_BYTES,
+            head_bytes: 0,
+            check: None,
+        },
+    }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::fs::File;
 
     /// A minimal bzImage header (protocol 2.15, loaded high, 64-bit entry).
     pub(crate) fn bzimage_head() -> Vec<u8> {
@@ -328,48 +321,37 @@ pub(crate) mod tests {
 
     #[test]
     fn every_bad_file_is_an_error() {
+        use crate::files::{open, FilesError};
         let dir = std::env::temp_dir().join(format!("teravm-image-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        let kernel = |p: &Path| open(&kernel_request("kernel", p)).map(|o| o.len);
+        let initrd = |p: &Path| open(&initrd_request("initrd", p)).map(|o| o.len);
+        let reason = |r: Result<u64, FilesError>| match r {
+            Err(FilesError::Refused { reason, .. }) => reason,
+            other => panic!("{other:?}"),
+        };
         let missing = dir.join("missing");
-        assert!(matches!(
-            check_kernel(&missing),
-            Err(ImageError::Read { .. })
-        ));
-        assert!(matches!(
-            check_kernel(&dir),
-            Err(ImageError::NotAFile { .. })
-        ));
+        assert!(reason(kernel(&missing)).contains("No such file"));
+        assert!(reason(kernel(&dir)).contains("not a regular file"));
         let empty = dir.join("empty");
         std::fs::write(&empty, b"").unwrap();
-        assert!(matches!(
-            check_kernel(&empty),
-            Err(ImageError::Size { bytes: 0, .. })
-        ));
-        assert!(matches!(
-            check_initrd(&empty),
-            Err(ImageError::Size { bytes: 0, .. })
-        ));
+        assert!(reason(kernel(&empty)).starts_with("0 bytes"));
+        assert!(reason(initrd(&empty)).starts_with("0 bytes"));
         let text = dir.join("text");
         std::fs::write(&text, b"not a kernel at all").unwrap();
-        assert!(matches!(
-            check_kernel(&text),
-            Err(ImageError::UnknownFormat { .. })
-        ));
-        assert_eq!(check_initrd(&text), Ok(19));
+        assert!(reason(kernel(&text)).contains("neither an ELF vmlinux nor a bzImage"));
+        assert_eq!(initrd(&text), Ok(19));
         let huge = dir.join("huge");
         let f = File::create(&huge).unwrap();
         f.set_len(MAX_KERNEL_BYTES + 1).unwrap();
-        assert!(matches!(check_kernel(&huge), Err(ImageError::Size { .. })));
+        assert!(reason(kernel(&huge)).contains("it must be 1..="));
         let bz = dir.join("bz");
         std::fs::write(&bz, bzimage_head()).unwrap();
-        assert_eq!(check_kernel(&bz), Ok(KernelFormat::BzImage));
+        assert_eq!(kernel(&bz), Ok(0x1000));
         let elf = dir.join("elf");
         std::fs::write(&elf, elf_head()).unwrap();
-        assert_eq!(check_kernel(&elf), Ok(KernelFormat::Elf));
-        for e in [
-            check_kernel(&missing).unwrap_err(),
-            check_kernel(&huge).unwrap_err(),
-        ] {
+        assert_eq!(kernel(&elf), Ok(64));
+        for e in [kernel(&missing).unwrap_err(), kernel(&huge).unwrap_err()] {
             assert!(!e.to_string().contains('\n'));
         }
         std::fs::remove_dir_all(&dir).unwrap();

@@ -44,8 +44,8 @@ fn tiny_elf(code: &[u8]) -> Vec<u8> {
 
 fn spec(kernel: PathBuf, initrd: Option<PathBuf>) -> KernelSpec {
     KernelSpec {
-        kernel,
-        initrd,
+        kernel: ImageFile::open(&kernel).unwrap(),
+        initrd: initrd.map(|i| ImageFile::open(&i).unwrap()),
         cmdline: "console=ttyS0 earlyprintk=serial".into(),
     }
 }
@@ -120,10 +120,14 @@ fn bzimage_keeps_its_header_and_enters_at_0x200() {
 fn load_errors() {
     let d = dir("bad");
     let m = mem(64 * MIB);
-    let missing = load(&m, &spec(d.join("none"), None), &[(0, 64 * MIB, 0)], 1).unwrap_err();
+    // Not a kernel (the files thread checks this when the boot source is
+    // put; load checks the descriptor's bytes again).
+    let text = d.join("text");
+    std::fs::write(&text, b"#!/bin/sh\n").unwrap();
+    let e = load(&m, &spec(text, None), &[(0, 64 * MIB, 0)], 1).unwrap_err();
     assert!(
-        matches!(missing, LinuxError::Image(ImageError::Read { .. })),
-        "{missing}"
+        matches!(e, LinuxError::Image(ImageError::UnknownFormat { .. })),
+        "{e}"
     );
     // An ELF whose segment lies beyond guest RAM.
     let k = d.join("vmlinux");

@@ -21,12 +21,16 @@ pub mod mptable;
 pub mod params;
 
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use linux_loader::loader::{BzImage, Elf, KernelLoader, PvhBootCapability};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
-use image::{check_initrd, check_kernel, BzImageHeader, ImageError, KernelFormat};
+use image::{
+    kernel_format, BzImageHeader, ImageError, KernelFormat, MAX_INITRD_BYTES, PROBE_BYTES,
+};
 use params::{
     boot_params, check_cmdline, e820_map, initrd_addr, E820Entry, InitrdPlacement, ParamsError,
     CMDLINE_ADDR, HIMEM_START, ZERO_PAGE_ADDR,
@@ -82,13 +86,61 @@ pub enum LinuxError {
     },
 }
 
+/// An image already opened (by the `files` thread, `crate::files`): the
+/// start job reads it through its descriptor and opens nothing.
+#[derive(Debug, Clone)]
+pub struct ImageFile {
+    /// The path it was opened by (for messages).
+    pub path: PathBuf,
+    /// The open file, shared by the starts that use it.
+    pub file: Arc<File>,
+}
+
+impl ImageFile {
+    /// Opens `path` read-only (tests and tools; teravm itself opens images
+    /// on the `files` thread).
+    pub fn open(path: &Path) -> Result<ImageFile, LinuxError> {
+        let file = File::open(path).map_err(|e| LinuxError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        Ok(ImageFile {
+            path: path.to_path_buf(),
+            file: Arc::new(file),
+        })
+    }
+
+    /// A descriptor of its own at offset 0 (a dup shares the offset, so
+    /// every reader seeks first).
+    fn reader(&self) -> Result<File, LinuxError> {
+        let read_err = |e: std::io::Error| LinuxError::Read {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        };
+        let mut f = self.file.try_clone().map_err(read_err)?;
+        f.seek(SeekFrom::Start(0)).map_err(read_err)?;
+        Ok(f)
+    }
+
+    /// Its size now.
+    fn len(&self) -> Result<u64, LinuxError> {
+        self.file
+            .metadata()
+            .map(|m| m.len())
+            .map_err(|e| LinuxError::Read {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            })
+    }
+}
+
 /// What to boot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct KernelSpec {
     /// The ELF vmlinux or bzImage.
-    pub kernel: PathBuf,
+    pub kernel: ImageFile,
     /// An initrd, if any.
-    pub initrd: Option<PathBuf>,
+    pub initrd: Option<ImageFile>,
     /// The command line (already defaulted, see [`params::kernel_cmdline`]).
     pub cmdline: String,
 }
@@ -102,13 +154,6 @@ pub struct LinuxEntry {
     pub vcpus: u8,
     /// The image's format.
     pub format: KernelFormat,
-}
-
-fn open(path: &Path) -> Result<File, LinuxError> {
-    File::open(path).map_err(|e| LinuxError::Read {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })
 }
 
 /// Loads the kernel (and initrd) into `mem` and writes the zero page, the
@@ -130,10 +175,17 @@ pub fn load<M: GuestMemoryBackend>(
         &nodes,
         &acpi::distances(&nodes, acpi::host_distance),
     )?;
-    let format = check_kernel(&spec.kernel)?;
-    let mut file = open(&spec.kernel)?;
+    let kernel = &spec.kernel;
+    let read_err = |e: std::io::Error| LinuxError::Read {
+        path: kernel.path.clone(),
+        reason: e.to_string(),
+    };
+    let mut head = vec![0u8; PROBE_BYTES.min(kernel.len()? as usize)];
+    kernel.reader()?.read_exact(&mut head).map_err(read_err)?;
+    let format = kernel_format(&kernel.path, &head)?;
+    let mut file = kernel.reader()?;
     let load_err = |source| LinuxError::Load {
-        path: spec.kernel.clone(),
+        path: kernel.path.clone(),
         source,
     };
     let (entry, kernel_end, header, initrd_max, cmdline_max) =
@@ -153,15 +205,9 @@ pub fn load<M: GuestMemoryBackend>(
             KernelFormat::BzImage => {
                 let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
                     .map_err(load_err)?;
-                let mut head = vec![0u8; 0x270];
-                let mut f = open(&spec.kernel)?;
-                std::io::Read::read_exact(&mut f, &mut head).map_err(|e| LinuxError::Read {
-                    path: spec.kernel.clone(),
-                    reason: e.to_string(),
-                })?;
                 let h = BzImageHeader::parse(&head).ok().flatten().ok_or(
                     ImageError::UnknownFormat {
-                        path: spec.kernel.display().to_string(),
+                        path: kernel.path.display().to_string(),
                     },
                 )?;
                 // The decompressor needs init_size bytes from where it puts the kernel.
@@ -188,13 +234,21 @@ pub fn load<M: GuestMemoryBackend>(
 
     let initrd = match &spec.initrd {
         None => None,
-        Some(path) => {
-            let size = check_initrd(path)?;
+        Some(image) => {
+            let size = image.len()?;
+            if size == 0 || size > MAX_INITRD_BYTES {
+                return Err(ImageError::Size {
+                    path: image.path.display().to_string(),
+                    bytes: size,
+                    max: MAX_INITRD_BYTES,
+                }
+                .into());
+            }
             let addr = initrd_addr(&map, kernel_end, initrd_max, size)?;
-            let mut f = open(path)?;
+            let mut f = image.reader()?;
             mem.read_exact_volatile_from(GuestAddress(addr), &mut f, size as usize)
                 .map_err(|e| LinuxError::Read {
-                    path: path.clone(),
+                    path: image.path.clone(),
                     reason: e.to_string(),
                 })?;
             Some(InitrdPlacement { addr, size })
