@@ -341,9 +341,9 @@ fn firecracker_python_api_and_launcher() {
     }
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fc-python-venv/bin/python");
     if !python.exists() {
-        eprintln!(
-            "SKIPPED firecracker_python_api_and_launcher: no {} (run tests/clients/setup.sh)",
-            python.display()
+        skip(
+            "firecracker_python_api_and_launcher",
+            format!("no {} (run tests/clients/setup.sh)", python.display()),
         );
         return;
     }
