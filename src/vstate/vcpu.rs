@@ -648,7 +648,7 @@ mod tests {
             assert!(!t.is_finished(), "park returned without a wake or a stop");
             let state = std::fs::read_to_string(&stat)
                 .ok()
-                .and_then(|s| Some(s.rsplit_once(") ")?.1.chars().next()?));
+                .and_then(|s| s.rsplit_once(") ")?.1.chars().next());
             if state == Some('S') {
                 // Asleep, and still not returned.
                 assert!(!t.is_finished(), "park returned without a wake or a stop");
