@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{config_file, config_json, kvm_or_skip, temp_dir, teravm, Vmm};
+use common::{config_file, config_json, kvm_or_skip, skip, temp_dir, teravm, Vmm};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -109,7 +109,10 @@ fn a_populated_guest_larger_than_the_cgroup_is_refused() {
     let cgroup = match Cgroup::create(1 << 30) {
         Ok(c) => c,
         Err(why) => {
-            eprintln!("SKIPPED a_populated_guest_larger_than_the_cgroup_is_refused: cannot make a memory cgroup ({why})");
+            skip(
+                "a_populated_guest_larger_than_the_cgroup_is_refused",
+                format!("cannot make a memory cgroup ({why})"),
+            );
             return;
         }
     };

@@ -219,7 +219,7 @@ fn curl_drives_a_whole_life_cycle() {
         return;
     }
     if Command::new("curl").arg("--version").output().is_err() {
-        eprintln!("SKIPPED curl_drives_a_whole_life_cycle: curl is not on PATH");
+        skip("curl_drives_a_whole_life_cycle", "curl is not on PATH");
         return;
     }
     let (mut vmm, sock, _dir) = start_api("curl", &[]);

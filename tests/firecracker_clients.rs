@@ -112,17 +112,29 @@ fn go_sdk_machine_start_replay() {
     if !kvm_or_skip("go_sdk_machine_start_replay") {
         return;
     }
-    let dir = temp_dir("gosdk");
+    // With the default flags: every thread filtered.
+    go_sdk_replay("gosdk", &[]);
+}
+
+#[test]
+fn go_sdk_machine_start_replay_with_seccomp_disabled() {
+    if !kvm_or_skip("go_sdk_machine_start_replay_with_seccomp_disabled") {
+        return;
+    }
+    // go-sdk passes `--no-seccomp` when its `Seccomp.Enabled` is false.
+    go_sdk_replay("gosdk-noseccomp", &["--no-seccomp"]);
+}
+
+/// go-sdk's `Machine.Start` then `Machine.Shutdown`, with teravm started as
+/// go-sdk's `startVMM` does plus `extra` flags.
+fn go_sdk_replay(name: &str, extra: &[&str]) {
+    let dir = temp_dir(name);
     let sock = dir.join("firecracker.sock");
     let id = "4a7f0c2e-9b1d-4e6f-8a3c-5d2b1e0f9c7a";
-    // NewMachine + startVMM: `--api-sock S --id VMID --no-seccomp`.
-    let mut vmm = Vmm::spawn(&[
-        "--api-sock",
-        sock.to_str().unwrap(),
-        "--id",
-        id,
-        "--no-seccomp",
-    ]);
+    // NewMachine + startVMM: `--api-sock S --id VMID`.
+    let mut args = vec!["--api-sock", sock.to_str().unwrap(), "--id", id];
+    args.extend_from_slice(extra);
+    let mut vmm = Vmm::spawn(&args);
     wait_for_socket(&sock);
     // CreateLogFilesHandler: FIFOs for the log (read by FifoLogWriter) and
     // the metrics (which nobody reads here: teravm must not block on it).
@@ -341,9 +353,9 @@ fn firecracker_python_api_and_launcher() {
     }
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fc-python-venv/bin/python");
     if !python.exists() {
-        eprintln!(
-            "SKIPPED firecracker_python_api_and_launcher: no {} (run tests/clients/setup.sh)",
-            python.display()
+        skip(
+            "firecracker_python_api_and_launcher",
+            format!("no {} (run tests/clients/setup.sh)", python.display()),
         );
         return;
     }

@@ -290,7 +290,10 @@ fn get_root_as(uid: u32, sock: &Path) -> Result<String, i32> {
 fn a_peer_of_another_uid_is_refused_with_403() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED a_peer_of_another_uid: needs root to connect as another uid");
+        skip(
+            "a_peer_of_another_uid",
+            "needs root to connect as another uid",
+        );
         return;
     }
     let (vmm, sock, dir) = start_api("peercred", &[]);

@@ -14,7 +14,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{config_file, kvm_or_skip, temp_dir, Vmm};
+use common::{config_file, kvm_or_skip, skip, temp_dir, Vmm};
 use teravm::memory::layout::ram_regions;
 use teravm::vstate::linux::params::e820_map;
 
@@ -43,9 +43,12 @@ fn kernel_or_skip(test: &str, name: &str) -> Option<PathBuf> {
     if path.is_file() {
         Some(path)
     } else {
-        eprintln!(
-            "SKIPPED {test}: no kernel at {} (run scripts/fetch-kernel.sh)",
-            path.display()
+        skip(
+            test,
+            format!(
+                "no kernel at {} (run scripts/fetch-kernel.sh)",
+                path.display()
+            ),
         );
         None
     }

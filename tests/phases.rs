@@ -357,7 +357,7 @@ fn a_terminal_gets_a_live_progress_line_and_a_pipe_does_not() {
         return;
     }
     if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("SKIPPED progress_line: no `script` to give teravm a terminal");
+        skip("progress_line", "no `script` to give teravm a terminal");
         return;
     }
     let dir = temp_dir("progress-line");

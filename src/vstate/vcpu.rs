@@ -627,25 +627,61 @@ mod tests {
         assert_eq!(data, [0xff; 4]);
     }
 
+    /// Spawns `f` on a thread that first sends its tid, and returns once
+    /// that thread is asleep in the kernel (state `S` in
+    /// `/proc/self/task/<tid>/stat`): blocked in `park`, the only thing it
+    /// can sleep in. Panics if the thread ends first (a park that returned
+    /// without a wake or stop) or is not asleep within 10 s.
+    fn spawn_parked<T: Send + 'static>(
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            f()
+        });
+        let tid = rx.recv().unwrap();
+        let stat = format!("/proc/self/task/{tid}/stat");
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            assert!(!t.is_finished(), "park returned without a wake or a stop");
+            let state = std::fs::read_to_string(&stat)
+                .ok()
+                .and_then(|s| s.rsplit_once(") ")?.1.chars().next());
+            if state == Some('S') {
+                // Asleep, and still not returned.
+                assert!(!t.is_finished(), "park returned without a wake or a stop");
+                return t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the thread never parked ({state:?})"
+            );
+            std::thread::yield_now();
+        }
+    }
+
     #[test]
     fn park_returns_on_wake_and_stop() {
         let control = Arc::new(VcpuControl::new());
         let c = control.clone();
-        let t = std::thread::spawn(move || {
+        // Parked with no wake: it stays parked until the wake.
+        let t = spawn_parked(move || {
             let mut seen = 0;
             c.park(&mut seen);
             seen
         });
-        std::thread::sleep(std::time::Duration::from_millis(20));
         control.wake_all();
         assert_eq!(t.join().unwrap(), 1);
+        // Parked again after that wake, it stays parked until the stop,
+        // after which a park returns at once.
         let c = control.clone();
-        let t = std::thread::spawn(move || {
+        let t = spawn_parked(move || {
             let mut seen = 1;
             c.park(&mut seen);
             c.park(&mut seen);
         });
-        std::thread::sleep(std::time::Duration::from_millis(20));
         control.request_stop();
         t.join().unwrap();
         assert!(control.stop_requested());

@@ -27,12 +27,30 @@ pub fn teravm() -> &'static str {
     env!("CARGO_BIN_EXE_teravm")
 }
 
-/// Whether /dev/kvm can be used; prints why a test is skipped when not.
+/// Whether this run is CI's (`CI=true`, as `.ci/run` and CI services set
+/// it): there everything a test needs is installed, so a test that cannot
+/// run is a failure, not a skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// Skips `test` for `reason`: prints `SKIPPED test: reason` on a
+/// developer's machine; panics in CI ([`in_ci`]), where a skip would count
+/// as a pass.
+pub fn skip(test: &str, reason: impl std::fmt::Display) {
+    if in_ci() {
+        panic!("{test} cannot run in CI (CI=true): {reason}");
+    }
+    eprintln!("SKIPPED {test}: {reason}");
+}
+
+/// Whether /dev/kvm can be used; prints why a test is skipped when not
+/// (and fails the test in CI, see [`skip`]).
 pub fn kvm_or_skip(test: &str) -> bool {
     match teravm::vstate::vm::Vm::available() {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("SKIPPED {test}: {e}");
+            skip(test, e);
             false
         }
     }
