@@ -156,7 +156,9 @@ impl Walk {
             self.phase.name(),
             r.method,
             r.path,
-            r.body.as_deref().map_or("<no body>".into(), |b| shorten(b, 160)),
+            r.body
+                .as_deref()
+                .map_or("<no body>".into(), |b| shorten(b, 160)),
             r.case
         ));
     }
@@ -263,7 +265,11 @@ impl Walk {
                 if took > ANSWER {
                     self.fail(format!("answered after {took:?}"));
                 }
-                (cell_of(reply.status, &reply.body), Some((reply.status, reply.body)))
+                let body = reply.body.replace(self.dir.to_str().unwrap(), "$DIR");
+                (
+                    cell_of(reply.status, &body),
+                    Some((reply.status, reply.body)),
+                )
             }
             Err(e) => {
                 let what = match e.kind() {
@@ -365,7 +371,10 @@ impl Walk {
                 },
                 lit(&unreadable),
             ),
-            ("relative path (real.txt)".into(), lit(Path::new("real.txt"))),
+            (
+                "relative path (real.txt)".into(),
+                lit(Path::new("real.txt")),
+            ),
             ("empty string".into(), "\"\"".into()),
             (
                 "NUL inside (\\u0000)".into(),
@@ -398,7 +407,32 @@ impl Walk {
                 Some(&body(&lit)),
             );
             r.probe = true;
-            self.case(r);
+            self.case_noting_created(r);
+        }
+    }
+
+    /// [`Walk::case`], noting in the cell when the case created the
+    /// dangling symlink's target (a create that followed the symlink).
+    fn case_noting_created(&mut self, r: Req) {
+        let target = self.dir.join("nowhere");
+        let (endpoint, case) = (r.endpoint.clone(), r.case.clone());
+        self.case(r);
+        if target.exists() {
+            let _ = std::fs::remove_file(&target);
+            let phase = self.phase;
+            if let Some(row) = self
+                .rows
+                .iter_mut()
+                .find(|row| row.endpoint == endpoint && row.case == case)
+            {
+                let slot = match phase {
+                    Phase::Before => &mut row.before,
+                    Phase::After => &mut row.after,
+                };
+                if let Some(cell) = slot {
+                    cell.push_str(" (followed the symlink: created its target)");
+                }
+            }
         }
     }
 }
@@ -464,7 +498,23 @@ fn fault_message(body: &str) -> Option<String> {
 /// The table cell of an answer: the status and an excerpt of the fault.
 fn cell_of(status: u16, body: &str) -> String {
     match fault_message(body) {
-        Some(m) => format!("{status} `{}`", shorten(&m, EXCERPT_CHARS).replace('`', "'")),
+        Some(m) => {
+            // Control characters (a NUL echoed from a path) as escapes.
+            let m: String = m
+                .chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_default().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect();
+            format!(
+                "{status} `{}`",
+                shorten(&m, EXCERPT_CHARS).replace('`', "'")
+            )
+        }
         None => status.to_string(),
     }
 }
@@ -504,18 +554,12 @@ fn unknown_field(valid: &str) -> String {
     v.to_string()
 }
 
-const BAD_JSON: &str = r#"{"a": 1,"#;
+const BAD_JSON: &str = "{ not json }";
 
 /// The generic cases of a resource that takes a body: valid, bad JSON,
 /// unknown field, wrong type, `out_of_range` (if any), empty body, not an
 /// object.
-fn body_cases(
-    w: &mut Walk,
-    method: &str,
-    path: &str,
-    valid: &str,
-    out_of_range: &[(&str, &str)],
-) {
+fn body_cases(w: &mut Walk, method: &str, path: &str, valid: &str, out_of_range: &[(&str, &str)]) {
     let ep = format!("{method} {path}");
     let e = ep.as_str();
     w.case(req(e, "valid", method, path, Some(valid)));
@@ -544,11 +588,14 @@ fn get_cases(w: &mut Walk, path: &str, wrong: &str) {
     w.case(req(&ep, "wrong method", wrong, path, Some("{}")));
 }
 
+/// A resource teravm lacks: method, path, a valid body, out-of-range bodies.
+type Unsupported<'a> = (&'a str, &'a str, String, Vec<(&'a str, String)>);
+
 /// Firecracker's resources for devices and features teravm lacks.
 fn unsupported_cases(w: &mut Walk) {
     let d = w.dir.display().to_string();
     let drive = r#"{"drive_id": "rootfs", "path_on_host": "/dev/null", "is_root_device": true, "is_read_only": false}"#;
-    let bodies: Vec<(&str, &str, String, Vec<(&str, String)>)> = vec![
+    let bodies: Vec<Unsupported> = vec![
         ("PUT", "/drives/rootfs", drive.to_string(), vec![]),
         (
             "PATCH",
@@ -711,7 +758,13 @@ fn walk_phase(w: &mut Walk) {
     get_cases(w, "/version", "PUT");
     get_cases(w, "/vm/config", "PUT");
     w.case(req("GET /vm", "not a resource", "GET", "/vm", None));
-    w.case(req("GET /nowhere", "not a resource", "GET", "/nowhere", None));
+    w.case(req(
+        "GET /nowhere",
+        "not a resource",
+        "GET",
+        "/nowhere",
+        None,
+    ));
 
     // machine-config.
     get_cases(w, "/machine-config", "DELETE");
@@ -866,7 +919,7 @@ fn walk_phase(w: &mut Walk) {
                 Some(&format!(r#"{{"metrics_path": {lit}}}"#)),
             );
             r.probe = true;
-            w.case(r);
+            w.case_noting_created(r);
             // A flush to whatever it opened must not hang or fail either.
             let mut r = req(
                 "PUT /actions",
@@ -966,7 +1019,10 @@ fn walk_phase(w: &mut Walk) {
             ),
             ("host_nodes []", r#"{"host_nodes": []}"#),
             ("host_nodes [0, 0]", r#"{"host_nodes": [0, 0]}"#),
-            ("host_nodes [7] (not on this host)", r#"{"host_nodes": [7]}"#),
+            (
+                "host_nodes [7] (not on this host)",
+                r#"{"host_nodes": [7]}"#,
+            ),
         ],
     );
     get_cases(w, "/reclaim", "DELETE");
@@ -1102,22 +1158,26 @@ fn get_state(sock: &Path) -> String {
 fn table(w: &Walk) -> String {
     let mut out = String::from(TABLE_INTRO);
     let cell = |c: &Option<String>| c.as_deref().unwrap_or("–").replace('|', "\\|");
-    let mut endpoint = "";
+    let mut endpoints: Vec<&str> = Vec::new();
     for row in &w.rows {
-        if row.endpoint != endpoint {
-            endpoint = &row.endpoint;
-            let _ = write!(
+        if !endpoints.contains(&row.endpoint.as_str()) {
+            endpoints.push(&row.endpoint);
+        }
+    }
+    for endpoint in endpoints {
+        let _ = write!(
+            out,
+            "\n### `{endpoint}`\n\n| case | before InstanceStart | after InstanceStart |\n|---|---|---|\n"
+        );
+        for row in w.rows.iter().filter(|row| row.endpoint == endpoint) {
+            let _ = writeln!(
                 out,
-                "\n### `{endpoint}`\n\n| case | before InstanceStart | after InstanceStart |\n|---|---|---|\n"
+                "| {} | {} | {} |",
+                row.case.replace('|', "\\|"),
+                cell(&row.before),
+                cell(&row.after)
             );
         }
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} |",
-            row.case.replace('|', "\\|"),
-            cell(&row.before),
-            cell(&row.after)
-        );
     }
     let _ = write!(
         out,
