@@ -10,12 +10,25 @@
 //!   process must end with `seccomp::EXIT_BAD_SYSCALL` and a line naming the
 //!   call and the thread (with `--no-seccomp` the call just succeeds).
 //!
+//! - `spurious-job-events`: the start and reclaim jobs' completion events
+//!   are written when a start begins and when the microVM runs, though no
+//!   job ended (the phase machine must ignore them);
+//! - `vcpu-ignores-stop`: the last vCPU's thread ignores stop requests and
+//!   kicks and goes on running the guest (the VMM must free guest memory
+//!   anyway and keep its address range reserved until exit).
+//!
 //! Nothing is injected unless the variable names the fault.
 
 use std::sync::OnceLock;
 
 /// The environment variable that names faults to inject.
 pub const FAULT_INJECT_ENV: &str = "TERAVM_FAULT_INJECT";
+
+/// The fault that writes the jobs' completion events when no job ended.
+pub const SPURIOUS_JOB_EVENTS: &str = "spurious-job-events";
+
+/// The fault that makes the last vCPU's thread ignore stop requests.
+pub const VCPU_IGNORES_STOP: &str = "vcpu-ignores-stop";
 
 /// The fault that makes vCPU threads call a forbidden system call.
 pub const VCPU_FORBIDDEN_SYSCALL: &str = "vcpu-forbidden-syscall";

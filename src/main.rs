@@ -98,6 +98,11 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread exists: every thread inherits the mask.
+    if let Err(e) = teravm::vmm::signals::block() {
+        eprintln!("teravm: {e}");
+        return ExitCode::from(1);
+    }
     teravm::logger::init(log::LevelFilter::Warn);
     let code = match run(cli) {
         Ok(code) => code,

@@ -181,7 +181,11 @@ fn validation_errors_name_the_field() {
     // Parsing touches no file: a missing kernel is the files thread's 400
     // (tests/api_surface.rs); an empty path is refused here.
     assert_eq!(
-        ok("PUT", "/boot-source", r#"{"kernel_image_path": "/nonexistent/vmlinux"}"#),
+        ok(
+            "PUT",
+            "/boot-source",
+            r#"{"kernel_image_path": "/nonexistent/vmlinux"}"#
+        ),
         VmmAction::PutBootSource(BootSource {
             kernel_image_path: Some("/nonexistent/vmlinux".into()),
             ..BootSource::default()

@@ -14,7 +14,7 @@ use super::layout::ram_regions;
 use super::mapping::SliceMapping;
 use super::numa::{host_has_node, HostTopology};
 use super::options::{MemoryOptions, NumaPolicy, PageSize};
-use super::plan::{partition, PlanError};
+use super::plan::{partition, NodeSlice, PlanError};
 use super::populate::{self, PopulateError, PopulateProgress, PopulateStats};
 use super::progress::{ReclaimProgress, ReclaimReport};
 use super::reclaim::{self, HostRange, ReclaimError, ReclaimOptions};
@@ -140,28 +140,8 @@ impl GuestMemory {
         opts: &MemoryOptions,
         topology: &HostTopology,
     ) -> Result<GuestMemory, GuestMemoryError> {
-        let nodes = match &opts.host_nodes {
-            Some(n) => n.clone(),
-            None => topology.nodes_with_memory(),
-        };
-        if nodes.is_empty() {
-            return Err(GuestMemoryError::NoNodes);
-        }
-        for &n in &nodes {
-            if topology.node(n).is_none() {
-                return Err(GuestMemoryError::UnknownNode(n));
-            }
-            if opts.policy != NumaPolicy::None && !host_has_node(n) {
-                return Err(GuestMemoryError::HostLacksNode(n));
-            }
-        }
+        let slices = GuestMemory::plan(opts, topology)?;
         admission::check(opts)?;
-        let regions = ram_regions(opts.mem_bytes);
-        let page = opts.page_size.hugetlb_bytes().unwrap_or(0);
-        let slices = match partition(&regions, &nodes, GIB.max(page)) {
-            Err(PlanError::TooSmall { .. }) => partition(&regions, &nodes, (2 * MIB).max(page))?,
-            other => other?,
-        };
         let mut mapped = Vec::with_capacity(slices.len());
         for (i, slice) in slices.iter().enumerate() {
             mapped.push(SliceMapping::new(
@@ -179,6 +159,36 @@ impl GuestMemory {
             mappings,
             mem_bytes: opts.mem_bytes,
             page_size: opts.page_size,
+        })
+    }
+
+    /// The slices [`GuestMemory::new`] maps for `opts` on `topology`,
+    /// computed without mapping anything (what a reclaim will free, before
+    /// the memory exists).
+    pub fn plan(
+        opts: &MemoryOptions,
+        topology: &HostTopology,
+    ) -> Result<Vec<NodeSlice>, GuestMemoryError> {
+        let nodes = match &opts.host_nodes {
+            Some(n) => n.clone(),
+            None => topology.nodes_with_memory(),
+        };
+        if nodes.is_empty() {
+            return Err(GuestMemoryError::NoNodes);
+        }
+        for &n in &nodes {
+            if topology.node(n).is_none() {
+                return Err(GuestMemoryError::UnknownNode(n));
+            }
+            if opts.policy != NumaPolicy::None && !host_has_node(n) {
+                return Err(GuestMemoryError::HostLacksNode(n));
+            }
+        }
+        let regions = ram_regions(opts.mem_bytes);
+        let page = opts.page_size.hugetlb_bytes().unwrap_or(0);
+        Ok(match partition(&regions, &nodes, GIB.max(page)) {
+            Err(PlanError::TooSmall { .. }) => partition(&regions, &nodes, (2 * MIB).max(page))?,
+            other => other?,
         })
     }
 

@@ -240,11 +240,26 @@ impl Vmm {
     /// shutdown and the start of the executor (while the vCPUs stop and KVM
     /// closes). The executor's own numbers take over once it begins.
     pub(super) fn planned_report(&self) -> ReclaimReport {
+        // Before the start job has mapped the slices (a shutdown during
+        // start), the plan of the configuration says what will be freed.
+        let slices: Vec<(u32, u64)> = if self.slices.is_empty() {
+            crate::memory::GuestMemory::plan(
+                &crate::memory::MemoryOptions::from(&self.config),
+                &self.topology,
+            )
+            .map(|p| p.iter().map(|s| (s.node, s.len)).collect())
+            .unwrap_or_default()
+        } else {
+            self.slices
+                .iter()
+                .map(|s| (s.host_node, s.size_bytes))
+                .collect()
+        };
         let mut nodes: Vec<(u32, u64)> = Vec::new();
-        for s in &self.slices {
-            match nodes.iter_mut().find(|n| n.0 == s.host_node) {
-                Some(n) => n.1 += s.size_bytes,
-                None => nodes.push((s.host_node, s.size_bytes)),
+        for (node, len) in slices {
+            match nodes.iter_mut().find(|n| n.0 == node) {
+                Some(n) => n.1 += len,
+                None => nodes.push((node, len)),
             }
         }
         nodes.sort_unstable();

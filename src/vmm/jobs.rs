@@ -127,8 +127,21 @@ pub struct Job<T> {
 }
 
 impl<T> Job<T> {
-    /// The job's result, or what its panic said. Call it once the completion
-    /// event was seen (it then returns at once).
+    /// The job's result, or what its panic said; `None` while it runs (a
+    /// completion event that came early, or twice, takes nothing). Never
+    /// blocks.
+    pub fn try_join(&self) -> Option<Result<T, String>> {
+        match self.result.try_recv() {
+            Ok(r) => Some(r),
+            Err(std::sync::mpsc::TryRecvError::Empty) => None,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => Some(Err(format!(
+                "the {} thread ended without a result",
+                self.name
+            ))),
+        }
+    }
+
+    /// The job's result, waiting for it (tests, tools).
     pub fn join(self) -> Result<T, String> {
         self.result
             .recv()

@@ -161,6 +161,7 @@ impl Vmm {
                     waiters: replies,
                     shutdown: None,
                 });
+                self.inject_spurious_job_events();
             }
             Err(e) => self.start_failed(e.to_string(), replies),
         }
@@ -208,20 +209,25 @@ impl Vmm {
     /// The `start` job ended: run the microVM, or go on to the shutdown
     /// asked for meanwhile, or report the error.
     pub(super) fn start_done(&mut self) {
-        let Phase::Starting(starting) = std::mem::replace(&mut self.phase, Phase::Configuring)
-        else {
+        let result = match &self.phase {
+            Phase::Starting(s) => s.job.try_join(),
+            _ => None,
+        };
+        let Some(result) = result else {
+            log::warn!(
+                "a start-job completion event while {} with no result: ignored",
+                self.state().as_str()
+            );
             return;
         };
+        let Phase::Starting(starting) = std::mem::replace(&mut self.phase, Phase::Configuring)
+        else {
+            unreachable!("the phase was Starting just above");
+        };
         let Starting {
-            job,
-            waiters,
-            shutdown,
-            ..
+            waiters, shutdown, ..
         } = starting;
-        match job
-            .join()
-            .unwrap_or_else(|panic| Err(StartError::Panicked(panic)))
-        {
+        match result.unwrap_or_else(|panic| Err(StartError::Panicked(panic))) {
             Ok(Started::Running(microvm)) => {
                 for w in waiters {
                     let _ = w.send(Ok(VmmData::Empty));
@@ -235,6 +241,7 @@ impl Vmm {
                 );
                 self.slices = microvm.slices.clone();
                 self.phase = Phase::Running(microvm);
+                self.inject_spurious_job_events();
                 if let Some((reason, at)) = shutdown {
                     self.begin_shutdown(reason, at);
                 }
@@ -254,6 +261,17 @@ impl Vmm {
                     self.stop_unstarted();
                 }
             }
+        }
+    }
+
+    /// With the fault `spurious-job-events`: both jobs' completion events
+    /// are written though no job ended (a phase that does not await one
+    /// must ignore it, and one that does must not take a result that is not
+    /// there).
+    fn inject_spurious_job_events(&self) {
+        if crate::faults::injected(crate::faults::SPURIOUS_JOB_EVENTS) {
+            let _ = self.start_evt.write(1);
+            let _ = self.reclaim_evt.write(1);
         }
     }
 
@@ -325,10 +343,18 @@ impl Vmm {
     /// The `reclaim` job ended (or panicked: its memory was unmapped as it
     /// unwound).
     pub(super) fn reclaim_done(&mut self) {
-        let Phase::Reclaiming(r) = std::mem::replace(&mut self.phase, Phase::Configuring) else {
+        let result = match &self.phase {
+            Phase::Reclaiming(r) => r.job.try_join(),
+            _ => None,
+        };
+        let Some(result) = result else {
+            log::warn!(
+                "a reclaim-job completion event while {} with no result: ignored",
+                self.state().as_str()
+            );
             return;
         };
-        let report = r.job.join().unwrap_or_else(|panic| {
+        let report = result.unwrap_or_else(|panic| {
             self.progress.finish(false);
             ShutdownReport {
                 error: Some(panic),

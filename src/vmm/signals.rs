@@ -37,17 +37,28 @@ fn shutdown_set() -> libc::sigset_t {
     }
 }
 
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and so in every
+/// thread it starts afterwards: the first thing `main` does, before any
+/// thread exists (a thread without the mask would take the signal's
+/// default action, ending the process without a reclaim). What arrives
+/// meanwhile stays pending for [`ShutdownSignals`].
+pub fn block() -> Result<(), SignalError> {
+    let set = shutdown_set();
+    // SAFETY: `set` is a valid, initialised sigset; the old mask is not wanted.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(SignalError::Block(io::Error::from_raw_os_error(rc)));
+    }
+    Ok(())
+}
+
 impl ShutdownSignals {
     /// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and so in every
     /// thread it spawns afterwards) and opens a signalfd for them. Call it
     /// before spawning any thread.
     pub fn new() -> Result<ShutdownSignals, SignalError> {
+        block()?;
         let set = shutdown_set();
-        // SAFETY: `set` is a valid, initialised sigset; the old mask is not wanted.
-        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-        if rc != 0 {
-            return Err(SignalError::Block(io::Error::from_raw_os_error(rc)));
-        }
         // SAFETY: -1 asks for a new fd; `set` is valid; the result is checked.
         let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
         if fd < 0 {
