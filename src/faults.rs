@@ -13,7 +13,7 @@
 //! - `spurious-job-events`: the start and reclaim jobs' completion events
 //!   are written when a start begins and when the microVM runs, though no
 //!   job ended (the phase machine must ignore them);
-//! - `vcpu-ignores-stop`: the last vCPU's thread ignores stop requests and
+//! - `vcpu-ignores-stop`: vCPU 1's thread ignores stop requests and
 //!   kicks and goes on running the guest (the VMM must free guest memory
 //!   anyway and keep its address range reserved until exit).
 //!
@@ -27,7 +27,7 @@ pub const FAULT_INJECT_ENV: &str = "TERAVM_FAULT_INJECT";
 /// The fault that writes the jobs' completion events when no job ended.
 pub const SPURIOUS_JOB_EVENTS: &str = "spurious-job-events";
 
-/// The fault that makes the last vCPU's thread ignore stop requests.
+/// The fault that makes vCPU 1's thread ignore stop requests.
 pub const VCPU_IGNORES_STOP: &str = "vcpu-ignores-stop";
 
 /// The fault that makes vCPU threads call a forbidden system call.

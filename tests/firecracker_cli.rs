@@ -66,7 +66,7 @@ fn flags_teravm_lacks_and_bad_values_are_refused_in_one_line() {
     );
     refused(
         &["--api-sock", s, "--log-path", "/nonexistent-dir/teravm.log"],
-        "cannot open the log path",
+        "--log-path: logger.log_path: cannot use /nonexistent-dir/teravm.log",
     );
     assert!(!sock.exists(), "a refused launch left a socket");
 }

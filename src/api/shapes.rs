@@ -51,6 +51,14 @@ pub struct ReclaimReport {
     pub workers: u32,
     /// Per host node.
     pub nodes: Vec<NodeReport>,
+    /// Address space freed but kept reserved until exit (a vCPU thread did
+    /// not stop); shown only when not 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reserved_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One host node's part of a [`ReclaimReport`].
@@ -94,6 +102,7 @@ impl From<&memory::ReclaimReport> for ReclaimReport {
             resident_bytes_freed: r.resident_bytes_freed,
             workers: r.workers,
             nodes: r.nodes.iter().map(NodeReport::from).collect(),
+            reserved_bytes: r.reserved_bytes,
         }
     }
 }
@@ -199,6 +208,7 @@ mod tests {
                 workers: 4,
                 elapsed_ms: 499,
             }],
+            reserved_bytes: 0,
         };
         let json = serde_json::to_value(ReclaimReport::from(&r)).unwrap();
         assert_eq!(

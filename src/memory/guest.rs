@@ -19,7 +19,7 @@ use super::populate::{self, PopulateError, PopulateProgress, PopulateStats};
 use super::progress::{ReclaimProgress, ReclaimReport};
 use super::reclaim::{self, HostRange, ReclaimError, ReclaimOptions};
 use super::slots::{split_slots, GuestSlot, MAX_SLOT_BYTES};
-use super::view::{GuestView, Mappings};
+use super::view::{GuestLease, GuestView, Mappings};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -152,7 +152,10 @@ impl GuestMemory {
                 opts.policy,
             )?);
         }
-        let mappings = Arc::new(Mappings(mapped));
+        let mappings = Arc::new(Mappings {
+            slices: mapped,
+            lease: Arc::new(()),
+        });
         let view = GuestView::new(&mappings)?;
         Ok(GuestMemory {
             view,
@@ -192,9 +195,16 @@ impl GuestMemory {
         })
     }
 
+    /// A lease for a thread that may make KVM touch guest memory (a vCPU):
+    /// while one is held, dropping or reclaiming the memory frees it but
+    /// keeps its address range reserved.
+    pub fn lease(&self) -> GuestLease {
+        GuestLease(self.mappings.lease.clone())
+    }
+
     /// The slices and their mappings, in guest address order.
     pub fn slices(&self) -> &[SliceMapping] {
-        &self.mappings.0
+        &self.mappings.slices
     }
 
     /// Guest RAM in bytes.
@@ -304,7 +314,8 @@ impl GuestMemory {
         let Some(mappings) = Arc::into_inner(mappings) else {
             return Err(ReclaimError::ViewStillHeld { views });
         };
-        let ranges: Vec<HostRange> = mappings.0.iter().flat_map(|s| s.free_ranges()).collect();
+        let mut mappings = mappings;
+        let ranges: Vec<HostRange> = mappings.slices.iter().flat_map(|s| s.free_ranges()).collect();
         let mut opts = opts.clone();
         if let Some(page) = page_size.hugetlb_bytes() {
             // Huge pages are only freed whole.
@@ -315,15 +326,14 @@ impl GuestMemory {
         // is what reclaim is for. The calls themselves cannot touch memory
         // outside those ranges.
         let result = unsafe { reclaim::execute(&ranges, &opts, topology, progress) };
-        let mut unmapped = None;
-        for s in mappings.0 {
-            if let Err((addr, len, source)) = s.unmap() {
-                unmapped.get_or_insert(ReclaimError::Unmap { addr, len, source });
-            }
-        }
+        let (reserved, unmapped) = mappings.release();
+        let unmapped = unmapped.map(|(addr, len, source)| ReclaimError::Unmap { addr, len, source });
         match (result, unmapped) {
             (Err(e), _) | (Ok(_), Some(e)) => Err(e),
-            (Ok(report), None) => Ok(report),
+            (Ok(mut report), None) => {
+                report.reserved_bytes = reserved;
+                Ok(report)
+            }
         }
     }
 }

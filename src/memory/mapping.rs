@@ -136,6 +136,38 @@ impl SliceMapping {
         result
     }
 
+    /// Replaces the slice's mapping with an inaccessible reservation
+    /// (`PROT_NONE`, `MAP_FIXED`: the old pages go at once) that is never
+    /// unmapped, and closes the memfds: for a range a guest may still write
+    /// through KVM (a vCPU thread that did not stop), so that no later
+    /// mapping of this process can land there. Its accesses then fail in
+    /// KVM instead of reaching other memory.
+    pub(crate) fn reserve(self) -> std::io::Result<()> {
+        let SliceMapping { map, stripes, .. } = self;
+        let (addr, len) = (map.addr, map.len);
+        // Never unmapped from here on: the range stays ours until exit.
+        std::mem::forget(map);
+        // SAFETY: `addr..addr+len` is the mapping this value owned (its
+        // `Mapping` was consumed above); MAP_FIXED replaces exactly that
+        // range, which no Rust reference points into any more (views hold
+        // the `Arc` that owned this slice and are gone).
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        drop(stripes);
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Maps `slice` as asked: advised, `MADV_DONTDUMP`, bound to its node
     /// (unless `policy` is none). On error nothing stays mapped.
     pub(crate) fn new(

@@ -40,4 +40,4 @@ pub use populate::{PopulateError, PopulateProgress, PopulateStats};
 pub use progress::{NodeReport, ReclaimProgress, ReclaimReport, ReclaimState};
 pub use reclaim::{FreeMethod, HostRange, ReclaimError, ReclaimOptions};
 pub use slots::{GuestSlot, MAX_SLOT_BYTES};
-pub use view::GuestView;
+pub use view::{GuestLease, GuestView};

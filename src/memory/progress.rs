@@ -38,6 +38,10 @@ pub struct ReclaimReport {
     pub workers: u32,
     /// Per host node.
     pub nodes: Vec<NodeReport>,
+    /// Guest address space freed but kept reserved (`PROT_NONE`) instead of
+    /// unmapped, because a vCPU thread that did not stop may still enter
+    /// the guest; 0 normally.
+    pub reserved_bytes: u64,
 }
 
 /// Progress of one host node's memory.
@@ -93,6 +97,7 @@ impl ReclaimReport {
                     elapsed_ms: 0,
                 })
                 .collect(),
+            reserved_bytes: 0,
         }
     }
 
@@ -218,6 +223,7 @@ impl ReclaimProgress {
                 resident_bytes_freed: 0,
                 workers: 0,
                 nodes: Vec::new(),
+                reserved_bytes: 0,
             };
         };
         let elapsed_us = match state {
@@ -247,6 +253,7 @@ impl ReclaimProgress {
             resident_bytes_freed: nodes.iter().map(|n| n.resident_bytes_freed).sum(),
             workers: run.workers,
             nodes,
+            reserved_bytes: 0,
         }
     }
 }
@@ -319,6 +326,7 @@ mod tests {
             resident_bytes_freed: 3 << 30,
             workers: 4,
             nodes: vec![],
+            reserved_bytes: 0,
         };
         assert!((r.gib_per_s() - 6.0).abs() < 1e-9);
         assert_eq!(

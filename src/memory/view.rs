@@ -14,9 +14,73 @@ use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 use super::guest::GuestMemoryError;
 use super::mapping::SliceMapping;
 
-/// The slices' mappings, shared by the `GuestMemory` and its views.
+/// The slices' mappings, shared by the `GuestMemory` and its views. When
+/// the last owner drops them while a [`GuestLease`] is held (a vCPU thread
+/// that did not stop), each range is freed and kept reserved instead of
+/// unmapped ([`SliceMapping::reserve`]): nothing else may be mapped where a
+/// guest may still write.
 #[derive(Debug)]
-pub(crate) struct Mappings(pub(crate) Vec<SliceMapping>);
+pub(crate) struct Mappings {
+    pub(crate) slices: Vec<SliceMapping>,
+    pub(crate) lease: Arc<()>,
+}
+
+impl Mappings {
+    /// Whether a [`GuestLease`] is still held.
+    pub(crate) fn leased(&self) -> bool {
+        Arc::strong_count(&self.lease) > 1
+    }
+
+    /// Unmaps every slice, or, while a lease is held, reserves it; returns
+    /// the bytes kept reserved and the first `munmap` failure.
+    pub(crate) fn release(&mut self) -> (u64, Option<(usize, u64, std::io::Error)>) {
+        let leased = self.leased();
+        let mut reserved = 0;
+        let mut failed = None;
+        for s in std::mem::take(&mut self.slices) {
+            if leased {
+                reserved += s.slice().len;
+                if let Err(e) = s.reserve() {
+                    log::error!("cannot reserve guest memory while a vCPU may run: {e}; left mapped");
+                }
+            } else if let Err(e) = s.unmap() {
+                failed.get_or_insert(e);
+            }
+        }
+        if reserved > 0 {
+            log::warn!(
+                "a vCPU thread did not stop: {} MiB of guest address space kept reserved until exit",
+                reserved >> 20
+            );
+        }
+        (reserved, failed)
+    }
+}
+
+impl Drop for Mappings {
+    fn drop(&mut self) {
+        if let (_, Some((addr, len, e))) = self.release() {
+            log::warn!("munmap of {addr:#x}+{len:#x} failed: {e}");
+        }
+    }
+}
+
+/// Held by each vCPU thread for as long as it may enter the guest (its vCPU
+/// fd keeps the VM and its memslots alive): while one is held, guest memory
+/// is never unmapped, only freed and kept reserved until exit.
+#[derive(Debug, Clone)]
+pub struct GuestLease(
+    // Never read: holding it is its whole job.
+    #[allow(dead_code)] pub(crate) Arc<()>,
+);
+
+impl GuestLease {
+    /// A lease on no teravm guest memory (tests that map memory of their
+    /// own).
+    pub fn unbound() -> GuestLease {
+        GuestLease(Arc::new(()))
+    }
+}
 
 /// Keeps the mappings alive: the "dirty bitmap" of every view region, which
 /// tracks nothing (no dirty logging) but owns a clone of the `Arc`.
@@ -68,8 +132,8 @@ impl GuestView {
 
     /// A view over `mappings`: one region per slice.
     pub(crate) fn new(mappings: &Arc<Mappings>) -> Result<GuestView, GuestMemoryError> {
-        let mut regions = Vec::with_capacity(mappings.0.len());
-        for s in &mappings.0 {
+        let mut regions = Vec::with_capacity(mappings.slices.len());
+        for s in &mappings.slices {
             let flags = if s.stripes().is_empty() {
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
             } else {

@@ -347,6 +347,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             microvm.vcpus.control().clone(),
             events.clone(),
             ready,
+            microvm.memory.lease(),
         )?);
     }
     Ok(Started::Running(microvm))

@@ -49,6 +49,12 @@ impl ShutdownReport {
         if self.vcpus.stuck > 0 {
             line.push_str(&format!("; {} vCPUs did not stop", self.vcpus.stuck));
         }
+        if let Some(r) = self.reclaim.as_ref().filter(|r| r.reserved_bytes > 0) {
+            line.push_str(&format!(
+                ": guest memory freed, its {} MiB of address space kept reserved until exit",
+                r.reserved_bytes >> 20
+            ));
+        }
         Some(line)
     }
 }

@@ -81,6 +81,7 @@ fn boot_and_end(vcpus: u8, mib: u64, cmdline: &str, wait: Duration, end: End) ->
                 control.clone(),
                 tx.clone(),
                 evt.try_clone().unwrap(),
+                crate::memory::GuestLease::unbound(),
             )
             .unwrap(),
         );

@@ -23,6 +23,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 use super::boot::{initial_regs, setup_sregs, BootLayout};
 use super::linux::LinuxEntry;
 use crate::devices::{BusEvent, PioBus};
+use crate::memory::GuestLease;
 
 /// Offset from `SIGRTMIN` of the signal that kicks a vCPU out of `KVM_RUN`.
 const KICK_SIGNAL_OFFSET: i32 = 0;
@@ -310,6 +311,7 @@ impl VcpuHandle {
         control: Arc<VcpuControl>,
         events: Sender<VcpuEvent>,
         events_ready: EventFd,
+        lease: GuestLease,
     ) -> Result<VcpuHandle, VcpuError> {
         install_kick_handler()?;
         let (ended_tx, ended) = std::sync::mpsc::channel::<()>();
@@ -318,6 +320,9 @@ impl VcpuHandle {
             .spawn(move || {
                 crate::seccomp::install_thread(crate::seccomp::Role::Vcpu);
                 let _ended = ended_tx;
+                // Declared after `_ended`, so released before the VMM hears
+                // that the thread ended: guest memory may then be unmapped.
+                let _lease = lease;
                 let run = std::panic::AssertUnwindSafe(|| run_loop(index, fd, &bus, &control));
                 let event = std::panic::catch_unwind(run).unwrap_or_else(|_| {
                     Some(VcpuEvent::Crashed {
@@ -475,9 +480,10 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
     // Declared after `fd` is bound (a parameter), so it is dropped first.
     let _guard = KvmRunGuard;
     let inject_panic = index == 0 && crate::faults::injected("vcpu-panic");
+    let ignore_stop = index == 1 && crate::faults::injected(crate::faults::VCPU_IGNORES_STOP);
     let mut seen_wake = 0;
     loop {
-        if control.stop_requested() {
+        if control.stop_requested() && !ignore_stop {
             break None;
         }
         match fd.run() {
