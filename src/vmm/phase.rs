@@ -451,7 +451,7 @@ fn reclaim_job(
             report: r,
         }) => {
             report.reclaim = Some(*r);
-            report.error = Some(failures.join("; "));
+            report.error = Some(failures.to_string());
         }
         Err(e) => report.error = Some(e.to_string()),
     }
