@@ -269,11 +269,7 @@ where
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => failures.push(WorkerFailure::Failed { name, error }),
                 Err(payload) => {
-                    let message = payload
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| payload.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
+                    let message = crate::util::panic_text(&*payload).to_string();
                     failures.push(WorkerFailure::Panicked { name, message });
                 }
             }

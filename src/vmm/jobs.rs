@@ -84,11 +84,7 @@ impl<T: Send + 'static> Job<T> {
     /// event was seen and [`Job::is_finished`] holds.
     pub fn join(self) -> Result<T, String> {
         self.thread.join().map_err(|panic| {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".into());
+            let what = crate::util::panic_text(&*panic);
             format!("the {} thread panicked: {what}", self.name)
         })
     }

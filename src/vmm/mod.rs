@@ -335,8 +335,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         let wait = vmm.lock().unwrap_or_else(|p| p.into_inner()).exit_in();
         let timeout_ms = match wait {
             Some(d) if d.is_zero() => break,
-            Some(d) => i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX),
-            None => -1,
+            left => crate::util::poll_timeout_ms(left),
         };
         match manager.run_with_timeout(timeout_ms) {
             Ok(_) => {}
