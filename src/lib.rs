@@ -18,5 +18,6 @@ pub mod logger;
 pub mod memory;
 pub mod metrics;
 pub mod seccomp;
+pub mod util;
 pub mod vmm;
 pub mod vstate;

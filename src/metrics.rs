@@ -18,17 +18,19 @@
 //! has no room for is dropped and counted, never waited for.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
+use vmm_sys_util::timerfd::TimerFd;
 
-use crate::api::shapes::ReclaimReport;
 use crate::config::MetricsConfig;
 use crate::logger::LineSink;
+use crate::memory::{ReclaimReport, ReclaimState};
+use crate::util::{clock_us, process_cpu_us};
 
 /// How often the event loop writes a line, as in Firecracker.
 pub const FLUSH_PERIOD: Duration = Duration::from_secs(60);
@@ -227,19 +229,6 @@ pub fn set_startup_times(wall_us: Option<u64>, cpu_us: Option<u64>) {
     }
 }
 
-/// A clock's time in microseconds.
-fn clock_us(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64) * 1_000_000 + (ts.tv_nsec as u64) / 1_000
-}
-
 /// From the jailer's `--start-time-us` (CLOCK_MONOTONIC), `--start-time-cpu-us`
 /// and `--parent-cpu-time-us`: the wall and CPU time from the jailer's start
 /// to now, as Firecracker computes them; stored in the metrics and returned.
@@ -250,7 +239,7 @@ pub fn process_startup_times(
 ) -> (Option<u64>, Option<u64>) {
     let wall = start_us.map(|s| clock_us(libc::CLOCK_MONOTONIC).saturating_sub(s));
     let cpu = start_cpu_us.map(|s| {
-        clock_us(libc::CLOCK_PROCESS_CPUTIME_ID)
+        process_cpu_us()
             .saturating_sub(s)
             .saturating_add(parent_cpu_us.unwrap_or(0))
     });
@@ -320,6 +309,41 @@ fn totals(counters: &[[Counter; NR]; NM]) -> Value {
     Value::Object(map)
 }
 
+/// The reclaim report as a line shows it: the fields of the memory layer's
+/// report, the state in lower case (as `GET /reclaim` shows them).
+fn reclaim_json(r: &ReclaimReport) -> Value {
+    let state = match r.state {
+        ReclaimState::Idle => "idle",
+        ReclaimState::Running => "running",
+        ReclaimState::Done => "done",
+        ReclaimState::Failed => "failed",
+    };
+    let nodes: Vec<Value> = r
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "node": n.node,
+                "address_bytes": n.address_bytes,
+                "address_bytes_done": n.address_bytes_done,
+                "resident_bytes_freed": n.resident_bytes_freed,
+                "workers": n.workers,
+                "elapsed_ms": n.elapsed_ms,
+            })
+        })
+        .collect();
+    json!({
+        "state": state,
+        "elapsed_ms": r.elapsed_ms,
+        "elapsed_us": r.elapsed_us,
+        "address_bytes": r.address_bytes,
+        "address_bytes_done": r.address_bytes_done,
+        "resident_bytes_freed": r.resident_bytes_freed,
+        "workers": r.workers,
+        "nodes": nodes,
+    })
+}
+
 /// Makes one line (and moves the "since the last line" marks).
 fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
     let (get, put, patch) = (0, 1, 2);
@@ -371,7 +395,7 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
         "teravm": {
             "version": env!("CARGO_PKG_VERSION"),
             "state": vmm.state,
-            "reclaim": vmm.reclaim,
+            "reclaim": reclaim_json(vmm.reclaim),
             "api": { "requests": totals(&m.requests), "errors": totals(&m.fails) },
             "console": {
                 "bytes_dropped": vmm.console_dropped_bytes
@@ -410,69 +434,46 @@ pub fn flush(vmm: &VmmSnapshot<'_>) -> Result<bool, MetricsError> {
 /// watch; on each event, call [`FlushTimer::ack`] and then [`flush`].
 #[derive(Debug)]
 pub struct FlushTimer {
-    fd: OwnedFd,
+    timer: TimerFd,
 }
 
 impl FlushTimer {
     /// A non-blocking timer firing every `period` from now.
     pub fn new(period: Duration) -> Result<FlushTimer, MetricsError> {
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(MetricsError::Timer(io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let ts = libc::timespec {
-            tv_sec: libc::time_t::try_from(period.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: libc::c_long::from(period.subsec_nanos() as i32),
-        };
-        let spec = libc::itimerspec {
-            it_interval: ts,
-            it_value: ts,
-        };
-        // SAFETY: `fd` is a timerfd; `spec` is a valid itimerspec; the old
-        // value is not wanted; the result is checked.
-        let rc = unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-        if rc != 0 {
-            return Err(MetricsError::Timer(io::Error::last_os_error()));
-        }
-        Ok(FlushTimer { fd })
+        let mut timer = crate::util::nonblocking_timer().map_err(MetricsError::Timer)?;
+        timer
+            .reset(period, Some(period))
+            .map_err(|e| MetricsError::Timer(e.into()))?;
+        Ok(FlushTimer { timer })
     }
 
     /// Consumes the pending expirations; returns how many there were.
-    pub fn ack(&self) -> u64 {
-        let mut n = 0u64;
-        // SAFETY: reads at most 8 bytes into `n`, which has that size.
-        let r = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut n as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        if r == 8 {
-            n
-        } else {
-            0
-        }
+    pub fn ack(&mut self) -> u64 {
+        self.timer.wait().unwrap_or(0)
     }
 }
 
 impl AsRawFd for FlushTimer {
     fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.timer.as_raw_fd()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reclaim_object_is_what_get_reclaim_shows() {
+        let opts = crate::memory::ReclaimOptions::default();
+        let mut r = ReclaimReport::planned(&[(0, 2 << 30), (3, 1 << 30)], &opts);
+        r.state = ReclaimState::Failed;
+        r.elapsed_us = 1500;
+        r.nodes[1].resident_bytes_freed = 4096;
+        let api = crate::api::shapes::ReclaimReport::from(&r);
+        assert_eq!(reclaim_json(&r), serde_json::to_value(&api).unwrap());
+        assert_eq!(reclaim_json(&r)["state"], "failed");
+    }
 
     #[test]
     fn paths_map_to_resources() {
@@ -504,7 +505,7 @@ mod tests {
         record_request("GET", "/version");
         record_request("PUT", "/drives/1");
         record_failure("PUT", "/drives/1");
-        let report = ReclaimReport::from(&crate::memory::ReclaimProgress::new().snapshot());
+        let report = crate::memory::ReclaimProgress::new().snapshot();
         let text = line(&VmmSnapshot {
             state: "Running",
             reclaim: &report,
@@ -529,7 +530,7 @@ mod tests {
 
     #[test]
     fn the_timer_fires() {
-        let t = FlushTimer::new(Duration::from_millis(1)).unwrap();
+        let mut t = FlushTimer::new(Duration::from_millis(1)).unwrap();
         let mut pfd = libc::pollfd {
             fd: t.as_raw_fd(),
             events: libc::POLLIN,

@@ -280,10 +280,7 @@ fn pollin(fd: RawFd) -> libc::pollfd {
 
 /// Milliseconds until `deadline` for `poll` (rounded up; -1 for none).
 fn poll_timeout(deadline: Option<Instant>) -> libc::c_int {
-    deadline.map_or(-1, |d| {
-        let left = d.saturating_duration_since(Instant::now());
-        left.as_millis().saturating_add(1).min(i32::MAX as u128) as libc::c_int
-    })
+    crate::util::poll_timeout_ms(deadline.map(|d| d.saturating_duration_since(Instant::now())))
 }
 
 fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {

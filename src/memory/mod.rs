@@ -38,6 +38,6 @@ pub use options::{Backing, MemoryOptions, NumaPolicy, PageSize};
 pub use plan::{NodeSlice, PlanError};
 pub use populate::{PopulateError, PopulateProgress, PopulateStats};
 pub use progress::{NodeReport, ReclaimProgress, ReclaimReport, ReclaimState};
-pub use reclaim::{FreeMethod, HostRange, ReclaimError, ReclaimOptions};
+pub use reclaim::{Failures, FreeMethod, HostRange, ReclaimError, ReclaimOptions};
 pub use slots::{GuestSlot, MAX_SLOT_BYTES};
 pub use view::{GuestLease, GuestView};

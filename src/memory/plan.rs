@@ -112,16 +112,67 @@ pub struct Chunk {
     pub len: u64,
 }
 
-/// The chunks of one node, in the order its workers take them.
+/// One range of a node's queue: its chunks are numbered from `first_chunk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueRange {
+    /// Index into the ranges given to [`plan_chunks`].
+    pub range: usize,
+    /// Length in bytes (never 0: empty ranges have no chunk and are left out).
+    pub len: u64,
+    /// The queue index of this range's first chunk.
+    pub first_chunk: u64,
+}
+
+/// The chunks of one node, in the order its workers take them: its ranges
+/// in the order given, each cut into chunks of the plan's size. Chunks are
+/// computed from their index ([`NodeQueue::chunk`]), never stored, so a
+/// queue costs one entry per range however small the chunks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeQueue {
     /// The host node.
     pub node: u32,
-    /// Its chunks.
-    pub chunks: Vec<Chunk>,
+    /// Its non-empty ranges, in order.
+    pub ranges: Vec<QueueRange>,
+    /// How many chunks it has in all.
+    pub chunk_count: u64,
+    /// Bytes of all its chunks.
+    pub bytes: u64,
+    /// The chunk size (0: one chunk per range).
+    chunk_bytes: u64,
 }
 
-/// One queue per node.
+impl NodeQueue {
+    /// Chunk `i` of the queue, `None` past the end. O(log ranges).
+    pub fn chunk(&self, i: u64) -> Option<Chunk> {
+        if i >= self.chunk_count {
+            return None;
+        }
+        // The last range whose first chunk is at or before `i`.
+        let at = self.ranges.partition_point(|r| r.first_chunk <= i) - 1;
+        let r = &self.ranges[at];
+        if self.chunk_bytes == 0 {
+            return Some(Chunk {
+                range: r.range,
+                offset: 0,
+                len: r.len,
+            });
+        }
+        let offset = (i - r.first_chunk) * self.chunk_bytes;
+        Some(Chunk {
+            range: r.range,
+            offset,
+            len: self.chunk_bytes.min(r.len - offset),
+        })
+    }
+
+    /// All its chunks in order, computed one by one.
+    pub fn chunks(&self) -> impl Iterator<Item = Chunk> + '_ {
+        (0..self.chunk_count).map_while(|i| self.chunk(i))
+    }
+}
+
+/// One queue per node; its size grows with the nodes and their ranges, not
+/// with the chunks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReclaimPlan {
     /// The queues, by ascending node number.
@@ -131,17 +182,19 @@ pub struct ReclaimPlan {
 impl ReclaimPlan {
     /// Total bytes of all chunks.
     pub fn total_bytes(&self) -> u64 {
-        self.queues
-            .iter()
-            .flat_map(|q| q.chunks.iter())
-            .map(|c| c.len)
-            .sum()
+        self.queues.iter().map(|q| q.bytes).sum()
+    }
+
+    /// Total number of chunks.
+    pub fn chunk_count(&self) -> u64 {
+        self.queues.iter().map(|q| q.chunk_count).sum()
     }
 }
 
 /// Cuts each range `(node, len)` into chunks of at most `chunk_bytes` (a
 /// `chunk_bytes` of 0 means one chunk per range); one queue per node, in
-/// ascending node order, with each node's ranges in the order given.
+/// ascending node order, with each node's ranges in the order given. Only
+/// counts are computed: O(ranges) time and memory, whatever the chunk size.
 pub fn plan_chunks(ranges: &[(u32, u64)], chunk_bytes: u64) -> ReclaimPlan {
     let mut nodes: Vec<u32> = ranges.iter().map(|r| r.0).collect();
     nodes.sort_unstable();
@@ -149,25 +202,30 @@ pub fn plan_chunks(ranges: &[(u32, u64)], chunk_bytes: u64) -> ReclaimPlan {
     let queues = nodes
         .into_iter()
         .map(|node| {
-            let mut chunks = Vec::new();
+            let mut queue = NodeQueue {
+                node,
+                ranges: Vec::new(),
+                chunk_count: 0,
+                bytes: 0,
+                chunk_bytes,
+            };
             for (range, &(_, len)) in ranges.iter().enumerate().filter(|(_, r)| r.0 == node) {
-                let step = if chunk_bytes == 0 {
-                    len.max(1)
-                } else {
-                    chunk_bytes
-                };
-                let mut offset = 0;
-                while offset < len {
-                    let this = step.min(len - offset);
-                    chunks.push(Chunk {
-                        range,
-                        offset,
-                        len: this,
-                    });
-                    offset += this;
+                if len == 0 {
+                    continue;
                 }
+                queue.ranges.push(QueueRange {
+                    range,
+                    len,
+                    first_chunk: queue.chunk_count,
+                });
+                queue.chunk_count += if chunk_bytes == 0 {
+                    1
+                } else {
+                    len.div_ceil(chunk_bytes)
+                };
+                queue.bytes += len;
             }
-            NodeQueue { node, chunks }
+            queue
         })
         .collect();
     ReclaimPlan { queues }
@@ -371,7 +429,7 @@ mod tests {
             for (i, &(node, len)) in ranges.iter().enumerate() {
                 let q = plan.queues.iter().find(|q| q.node == node).unwrap();
                 let mut next = 0;
-                for c in q.chunks.iter().filter(|c| c.range == i) {
+                for c in q.chunks().filter(|c| c.range == i) {
                     assert_eq!(c.offset, next, "contiguous, no overlap");
                     assert!(c.len > 0 && c.len <= chunk);
                     next += c.len;
@@ -380,14 +438,85 @@ mod tests {
             }
             let total: u64 = ranges.iter().map(|r| r.1).sum();
             assert_eq!(plan.total_bytes(), total);
+            let counted: u64 = plan.queues.iter().map(|q| q.chunks().count() as u64).sum();
+            assert_eq!(plan.chunk_count(), counted);
+            for q in &plan.queues {
+                assert_eq!(q.chunk(q.chunk_count), None, "nothing past the end");
+                assert_eq!(q.bytes, q.chunks().map(|c| c.len).sum::<u64>());
+            }
         }
+    }
+
+    /// Heap bytes a plan holds: its vectors' capacities.
+    fn heap_bytes(plan: &ReclaimPlan) -> usize {
+        plan.queues.capacity() * std::mem::size_of::<NodeQueue>()
+            + plan
+                .queues
+                .iter()
+                .map(|q| q.ranges.capacity() * std::mem::size_of::<QueueRange>())
+                .sum::<usize>()
+    }
+
+    #[test]
+    fn a_64_tib_plan_of_2_mib_chunks_grows_with_nodes_not_chunks() {
+        const TIB: u64 = 1 << 40;
+        let slices = partition(&ram_regions(64 * TIB), &[0, 1, 2, 3, 4, 5, 6, 7], GIB).unwrap();
+        let ranges: Vec<(u32, u64)> = slices.iter().map(|s| (s.node, s.len)).collect();
+        // A per-chunk plan would hold 33.5 M entries (~0.8 GB); this one holds
+        // one entry per range.
+        let plan = plan_chunks(&ranges, 2 * MIB);
+        assert_eq!(plan.chunk_count(), 64 * TIB / (2 * MIB));
+        assert_eq!(plan.chunk_count(), 33_554_432);
+        assert_eq!(plan.total_bytes(), 64 * TIB);
+        assert_eq!(plan.queues.len(), 8);
+        assert_eq!(
+            plan.queues.iter().map(|q| q.ranges.len()).sum::<usize>(),
+            slices.len()
+        );
+        assert!(heap_bytes(&plan) < 2048, "{} bytes", heap_bytes(&plan));
+        // Node 0's slice crosses the MMIO gap: two ranges, chunks continue
+        // from one to the next.
+        let q0 = &plan.queues[0];
+        assert_eq!(q0.ranges.len(), 2);
+        let first_of_second = q0.ranges[1].first_chunk;
+        assert_eq!(first_of_second, 3 * GIB / (2 * MIB));
+        assert_eq!(
+            q0.chunk(first_of_second - 1),
+            Some(Chunk {
+                range: 0,
+                offset: 3 * GIB - 2 * MIB,
+                len: 2 * MIB
+            })
+        );
+        assert_eq!(
+            q0.chunk(first_of_second),
+            Some(Chunk {
+                range: 1,
+                offset: 0,
+                len: 2 * MIB
+            })
+        );
+        let last = plan.queues[7]
+            .chunk(plan.queues[7].chunk_count - 1)
+            .unwrap();
+        assert_eq!(last.offset + last.len, ranges[last.range].1);
+        // With 4 KiB chunks (2^34 of them, 400 GB as a list) the plan is
+        // the same size: planning never walks the chunks.
+        let plan = plan_chunks(&ranges, 4096);
+        assert_eq!(plan.chunk_count(), 64 * TIB / 4096);
+        assert!(heap_bytes(&plan) < 2048);
     }
 
     #[test]
     fn zero_chunk_size_is_one_chunk_per_range() {
         let plan = plan_chunks(&[(0, 5 * MIB), (0, 0)], 0);
         assert_eq!(
-            plan.queues[0].chunks,
+            plan.queues[0].ranges.len(),
+            1,
+            "the empty range is left out"
+        );
+        assert_eq!(
+            plan.queues[0].chunks().collect::<Vec<_>>(),
             vec![Chunk {
                 range: 0,
                 offset: 0,

@@ -101,10 +101,11 @@ pub(crate) unsafe fn execute(
     let stop = AtomicBool::new(false);
     let start = Instant::now();
     let failures = run_pinned("populate", &nodes, workers_per_node, topology, |w| {
-        while let Some((_, _, chunk)) = queues.take(w.queue, true) {
+        while let Some(claim) = queues.take(w.queue, true) {
             if stop.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed) {
                 break;
             }
+            let chunk = claim.chunk;
             let (node, base, _) = ranges[chunk.range];
             let addr = base + chunk.offset as usize;
             // SAFETY: the caller's live writable mapping; populating only
@@ -125,6 +126,7 @@ pub(crate) unsafe fn execute(
                 ));
             }
             progress.done.fetch_add(chunk.len, Ordering::Relaxed);
+            claim.done();
         }
         Ok(())
     });

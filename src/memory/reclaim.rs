@@ -32,10 +32,10 @@ pub enum ReclaimError {
     /// Some chunks could not be freed by their workers (errors or panics);
     /// everything left was then freed on the caller's thread, unless a
     /// failure says otherwise.
-    #[error("reclaim had {} failure(s): {}", failures.len(), failures.join("; "))]
+    #[error("reclaim had {} failure(s): {failures}", failures.total())]
     Failed {
-        /// What went wrong, one line each.
-        failures: Vec<String>,
+        /// What went wrong: the count, and the first few with their text.
+        failures: Failures,
         /// The statistics of the reclaim as it ended.
         report: Box<ReclaimReport>,
     },
@@ -57,6 +57,95 @@ pub enum ReclaimError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// The failures of a reclaim, in bounded memory: every one is counted,
+/// the first [`Failures::KEPT`] are kept with their text. Shown as the kept
+/// texts joined by `; `, then `; and N more` for the rest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Failures {
+    kept: Vec<String>,
+    total: u64,
+}
+
+impl Failures {
+    /// How many failures keep their text.
+    pub const KEPT: usize = 8;
+
+    /// No failure yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts a failure; its text is only written while fewer than
+    /// [`Failures::KEPT`] are kept.
+    pub fn push(&mut self, failure: impl std::fmt::Display) {
+        self.total += 1;
+        if self.kept.len() < Self::KEPT {
+            self.kept.push(failure.to_string());
+        }
+    }
+
+    /// How many failures there were.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The texts of the first ones.
+    pub fn kept(&self) -> &[String] {
+        &self.kept
+    }
+
+    /// Whether there was none.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+}
+
+impl std::fmt::Display for Failures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.kept.join("; "))?;
+        let more = self.total - self.kept.len() as u64;
+        if more > 0 {
+            write!(f, "; and {more} more")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why one chunk could not be freed; its text is written only when shown.
+#[derive(Debug)]
+pub(crate) struct ChunkError {
+    what: &'static str,
+    addr: usize,
+    len: u64,
+    node: u32,
+    /// The file and offset, for a hole punch.
+    file: Option<(RawFd, u64)>,
+    source: std::io::Error,
+}
+
+impl std::fmt::Display for ChunkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ChunkError {
+            what,
+            addr,
+            len,
+            node,
+            file,
+            source,
+        } = self;
+        match file {
+            Some((fd, offset)) => write!(
+                f,
+                "{what} of fd {fd} at {offset:#x}+{len:#x} (node {node}) failed: {source}"
+            ),
+            None => write!(
+                f,
+                "{what} of {addr:#x}+{len:#x} (node {node}) failed: {source}"
+            ),
+        }
+    }
 }
 
 /// How a range's memory is given back.
@@ -132,7 +221,7 @@ impl Default for ReclaimOptions {
 }
 
 /// A hook called with a thread name, a queue and a chunk index.
-type FreedHook<'a> = &'a (dyn Fn(&str, usize, usize) + Sync);
+type FreedHook<'a> = &'a (dyn Fn(&str, usize, u64) + Sync);
 
 /// Test hooks into the executor (all `None` outside tests).
 #[derive(Default)]
@@ -140,7 +229,7 @@ pub(crate) struct Hooks<'a> {
     /// Called on each worker thread once it is pinned, before any chunk.
     pub on_start: Option<&'a (dyn Fn(u32, u32) + Sync)>,
     /// Called with (queue, index) before a chunk is freed (may panic).
-    pub before_free: Option<&'a (dyn Fn(usize, usize) + Sync)>,
+    pub before_free: Option<&'a (dyn Fn(usize, u64) + Sync)>,
     /// Called with (thread name, queue, index) after a chunk is freed.
     pub after_free: Option<FreedHook<'a>>,
 }
@@ -159,7 +248,7 @@ pub unsafe fn execute(
     progress: &ReclaimProgress,
 ) -> Result<ReclaimReport, ReclaimError> {
     let fired = std::sync::atomic::AtomicBool::new(false);
-    let panic_once = |_: usize, _: usize| {
+    let panic_once = |_: usize, _: u64| {
         if !fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
             panic!(
                 "injected reclaim worker panic ({})",
@@ -169,7 +258,7 @@ pub unsafe fn execute(
     };
     let hooks = Hooks {
         before_free: crate::faults::injected("reclaim-worker-panic")
-            .then_some(&panic_once as &(dyn Fn(usize, usize) + Sync)),
+            .then_some(&panic_once as &(dyn Fn(usize, u64) + Sync)),
         ..Hooks::default()
     };
     // SAFETY: the caller's contract is the same as ours.
@@ -199,11 +288,7 @@ pub(crate) unsafe fn execute_with(
         &ranges.iter().map(|r| (r.node, r.len)).collect::<Vec<_>>(),
         chunk_bytes,
     );
-    let nodes: Vec<(u32, u64)> = plan
-        .queues
-        .iter()
-        .map(|q| (q.node, q.chunks.iter().map(|c| c.len).sum()))
-        .collect();
+    let nodes: Vec<(u32, u64)> = plan.queues.iter().map(|q| (q.node, q.bytes)).collect();
     let total: u64 = nodes.iter().map(|n| n.1).sum();
     let parallel = total >= opts.parallel_threshold_bytes;
     let (workers, per_node) = opts.worker_counts(total, nodes.len());
@@ -212,16 +297,18 @@ pub(crate) unsafe fn execute_with(
     }
     let queues = ChunkQueues::new(&plan);
 
-    // One worker's loop: take chunks until none is left for it.
-    let drain = |name: &str, own: usize, steal: bool| -> Result<(), String> {
+    // One worker's loop: take chunks until none is left for it. A chunk
+    // whose free fails or panics is abandoned by its claim, for the caller.
+    let drain = |name: &str, own: usize, steal: bool| -> Result<(), ChunkError> {
         let mut buf = Vec::new();
-        while let Some((q, i, chunk)) = queues.take(own, steal) {
+        while let Some(claim) = queues.take(own, steal) {
+            let (q, i, chunk) = (claim.queue, claim.index, claim.chunk);
             if let Some(h) = hooks.before_free {
                 h(q, i);
             }
             // SAFETY: the range is the caller's live mapping, given to us to free.
             let resident = unsafe { free_chunk(&ranges[chunk.range], &chunk, &mut buf) }?;
-            queues.mark_done(q, i);
+            claim.done();
             progress.add(q, chunk.len, resident);
             if let Some(h) = hooks.after_free {
                 h(name, q, i);
@@ -230,7 +317,7 @@ pub(crate) unsafe fn execute_with(
         Ok(())
     };
 
-    let mut failures: Vec<String> = Vec::new();
+    let mut failures = Failures::new();
     if parallel {
         let ids: Vec<u32> = nodes.iter().map(|n| n.0).collect();
         let failed = run_pinned("reclaim", &ids, opts.workers_per_node, topology, |w| {
@@ -239,7 +326,7 @@ pub(crate) unsafe fn execute_with(
             }
             drain(&w.name, w.queue, opts.steal)
         });
-        failures.extend(failed.iter().map(|f| f.to_string()));
+        failed.iter().for_each(|f| failures.push(f));
     } else {
         let name = std::thread::current()
             .name()
@@ -247,30 +334,34 @@ pub(crate) unsafe fn execute_with(
             .to_string();
         match std::panic::catch_unwind(AssertUnwindSafe(|| drain(&name, 0, true))) {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => failures.push(format!("{name}: {e}")),
-            Err(_) => failures.push(format!("{name} panicked while freeing")),
+            Ok(Err(e)) => failures.push(format_args!("{name}: {e}")),
+            Err(_) => failures.push(format_args!("{name} panicked while freeing")),
         }
     }
 
-    // Whatever the workers left (errors, panics) is freed here.
-    let undone = queues.undone();
-    if !undone.is_empty() {
+    // Whatever the workers left (errors, panics) is freed here, one try
+    // per chunk.
+    let left = queues.left();
+    if left > 0 {
         log::warn!(
-            "reclaim: freeing {} chunk(s) left by failed workers on the caller's thread",
-            undone.len()
+            "reclaim: freeing {left} chunk(s) left by failed workers on the caller's thread"
         );
         let mut buf = Vec::new();
-        for (q, i, chunk) in undone {
+        while let Some(claim) = queues.take_left() {
+            let (q, i, chunk) = (claim.queue, claim.index, claim.chunk);
             // SAFETY: as above; no worker runs any more.
             match unsafe { free_chunk(&ranges[chunk.range], &chunk, &mut buf) } {
                 Ok(resident) => {
-                    queues.mark_done(q, i);
+                    claim.done();
                     progress.add(q, chunk.len, resident);
                     if let Some(h) = hooks.after_free {
                         h("fallback", q, i);
                     }
                 }
-                Err(e) => failures.push(format!("caller thread: {e}")),
+                Err(e) => {
+                    claim.give_up();
+                    failures.push(format_args!("caller thread: {e}"));
+                }
             }
         }
     }
@@ -291,33 +382,32 @@ pub(crate) unsafe fn execute_with(
 ///
 /// # Safety
 /// `range` is a live mapping the caller may discard.
-unsafe fn free_chunk(range: &HostRange, chunk: &Chunk, buf: &mut Vec<u8>) -> Result<u64, String> {
+unsafe fn free_chunk(
+    range: &HostRange,
+    chunk: &Chunk,
+    buf: &mut Vec<u8>,
+) -> Result<u64, ChunkError> {
     let addr = range.host_addr + chunk.offset as usize;
     let len = chunk.len as usize;
-    let resident = sys::resident_bytes(addr, len, buf).map_err(|e| {
-        format!(
-            "mincore of {addr:#x}+{len:#x} (node {}) failed: {e}",
-            range.node
-        )
-    })?;
+    let fail = |what, file, source| ChunkError {
+        what,
+        addr,
+        len: chunk.len,
+        node: range.node,
+        file,
+        source,
+    };
+    let resident = sys::resident_bytes(addr, len, buf).map_err(|e| fail("mincore", None, e))?;
     match range.method {
         FreeMethod::DontNeed => {
             // SAFETY: the caller owns the mapping and discards its contents.
-            unsafe { sys::madvise(addr, len, libc::MADV_DONTNEED) }.map_err(|e| {
-                format!(
-                    "madvise(MADV_DONTNEED) of {addr:#x}+{len:#x} (node {}) failed: {e}",
-                    range.node
-                )
-            })?
+            unsafe { sys::madvise(addr, len, libc::MADV_DONTNEED) }
+                .map_err(|e| fail("madvise(MADV_DONTNEED)", None, e))?
         }
         FreeMethod::PunchHole { fd, file_offset } => {
             let offset = file_offset + chunk.offset;
-            sys::punch_hole(fd, offset, chunk.len).map_err(|e| {
-                format!(
-                    "hole punch of fd {fd} at {offset:#x}+{len:#x} (node {}) failed: {e}",
-                    range.node
-                )
-            })?
+            sys::punch_hole(fd, offset, chunk.len)
+                .map_err(|e| fail("hole punch", Some((fd, offset)), e))?
         }
     }
     Ok(resident)

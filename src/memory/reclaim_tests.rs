@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
 
 use super::super::numa::HostNode;
 use super::super::progress::ReclaimState;
@@ -215,19 +217,19 @@ fn memfd_is_hole_punched_on_one_thread_below_threshold() {
 /// count each chunk freed, by whom, and what each worker's affinity was.
 struct Run {
     result: Result<ReclaimReport, ReclaimError>,
-    freed: HashMap<(usize, usize), Vec<String>>,
+    freed: HashMap<(usize, u64), Vec<String>>,
     affinity: Vec<(u32, u32, Vec<usize>)>,
-    chunks: usize,
+    chunks: u64,
 }
 
 fn run(
     maps: &[&Map],
     nodes: &[u32],
     o: &ReclaimOptions,
-    before: &(dyn Fn(usize, usize) + Sync),
+    before: &(dyn Fn(usize, u64) + Sync),
 ) -> Run {
     let ranges: Vec<HostRange> = maps.iter().zip(nodes).map(|(m, &n)| m.range(n)).collect();
-    let freed = Mutex::new(HashMap::<(usize, usize), Vec<String>>::new());
+    let freed = Mutex::new(HashMap::<(usize, u64), Vec<String>>::new());
     let affinity = Mutex::new(Vec::new());
     let on_start = |node: u32, index: u32| {
         affinity
@@ -235,7 +237,7 @@ fn run(
             .unwrap()
             .push((node, index, sys::get_affinity().unwrap()));
     };
-    let after = |name: &str, q: usize, i: usize| {
+    let after = |name: &str, q: usize, i: u64| {
         freed
             .lock()
             .unwrap()
@@ -253,10 +255,7 @@ fn run(
         &ranges.iter().map(|r| (r.node, r.len)).collect::<Vec<_>>(),
         chunk,
     )
-    .queues
-    .iter()
-    .map(|q| q.chunks.len())
-    .sum();
+    .chunk_count();
     // SAFETY: our own mappings, not used during the call.
     let result = unsafe {
         execute_with(
@@ -284,7 +283,7 @@ fn four_fake_nodes_pinned_each_chunk_once() {
     let report = r.result.unwrap();
     assert_eq!(report.workers, 8);
     assert_eq!(report.nodes.len(), 4);
-    assert_eq!(r.freed.len(), r.chunks);
+    assert_eq!(r.freed.len() as u64, r.chunks);
     assert_eq!(r.chunks, 32);
     for ((q, _), by) in &r.freed {
         assert_eq!(by.len(), 1, "each chunk freed exactly once");
@@ -310,31 +309,57 @@ fn four_fake_nodes_pinned_each_chunk_once() {
 }
 
 #[test]
-fn idle_workers_steal_from_the_longest_queue() {
-    let big = Map::anon(96 * MIB);
-    let small: Vec<Map> = (0..3).map(|_| Map::anon(2 * MIB)).collect();
-    big.touch();
-    small.iter().for_each(Map::touch);
-    let mut refs = vec![&big];
-    refs.extend(small.iter());
-    // Node 0's chunks are slow, so the others run out and steal.
-    let slow = |q: usize, _i: usize| {
-        if q == 0 {
-            std::thread::sleep(std::time::Duration::from_millis(2));
+fn an_idle_worker_steals_from_the_queue_with_most_left() {
+    // Nodes 0 (8 chunks) and 2 (4 chunks) have one worker each, held before
+    // each chunk until node 1's worker (1 chunk) has stolen one: the reclaim
+    // can only go on by stealing (without it the held workers time out once
+    // and the test fails), and the thief's first pick is the queue with the
+    // most left, node 0's (at least 7 against at most 4).
+    let maps = [Map::anon(16 * MIB), Map::anon(2 * MIB), Map::anon(8 * MIB)];
+    maps.iter().for_each(Map::touch);
+    let refs: Vec<&Map> = maps.iter().collect();
+    let stolen = (Mutex::new(None::<usize>), Condvar::new());
+    let timed_out = AtomicBool::new(false);
+    let gate = |q: usize, _i: u64| {
+        let me = std::thread::current().name().unwrap_or("").to_string();
+        let mut first = stolen.0.lock().unwrap();
+        if me == "reclaim-n1-0" && q != 1 {
+            first.get_or_insert(q);
+            stolen.1.notify_all();
+        } else if (me == "reclaim-n0-0" || me == "reclaim-n2-0")
+            && !timed_out.load(Ordering::Relaxed)
+        {
+            let (first, wait) = stolen
+                .1
+                .wait_timeout_while(first, Duration::from_secs(10), |s| s.is_none())
+                .unwrap();
+            drop(first);
+            if wait.timed_out() {
+                timed_out.store(true, Ordering::Relaxed);
+            }
         }
     };
-    let r = run(&refs, &[0, 1, 2, 3], &opts(1, 2 * MIB, true), &slow);
+    let r = run(&refs, &[0, 1, 2], &opts(1, 2 * MIB, true), &gate);
     let report = r.result.unwrap();
-    assert_eq!(r.freed.len(), r.chunks);
+    assert!(
+        !timed_out.load(Ordering::Relaxed),
+        "node 1's worker stole within 10 s"
+    );
+    assert_eq!(
+        *stolen.0.lock().unwrap(),
+        Some(0),
+        "first steal from node 0"
+    );
+    assert_eq!(r.freed.len() as u64, r.chunks);
     assert!(r.freed.values().all(|by| by.len() == 1));
     let stolen = r
         .freed
         .iter()
-        .filter(|((q, _), by)| *q == 0 && !by[0].starts_with("reclaim-n0-"))
+        .filter(|((q, _), by)| *q != 1 && by[0] == "reclaim-n1-0")
         .count();
-    assert!(stolen > 0, "other workers took some of node 0's chunks");
-    assert_eq!(report.nodes[0].address_bytes_done, 96 * MIB as u64);
-    assert_freed(&refs, &report, 102 * MIB as u64);
+    assert!(stolen > 0, "node 1's worker freed chunks of other nodes");
+    assert_eq!(report.nodes[0].address_bytes_done, 16 * MIB as u64);
+    assert_freed(&refs, &report, 26 * MIB as u64);
 }
 
 #[test]
@@ -342,7 +367,7 @@ fn a_panicking_worker_still_frees_everything() {
     let maps: Vec<Map> = (0..4).map(|_| Map::anon(8 * MIB)).collect();
     maps.iter().for_each(Map::touch);
     let refs: Vec<&Map> = maps.iter().collect();
-    let boom = |q: usize, i: usize| {
+    let boom = |q: usize, i: u64| {
         if q == 1 && i == 1 {
             panic!("injected reclaim panic");
         }
@@ -351,14 +376,14 @@ fn a_panicking_worker_still_frees_everything() {
     let Err(ReclaimError::Failed { failures, report }) = r.result else {
         panic!("expected a failure");
     };
-    assert_eq!(failures.len(), 1);
+    assert_eq!((failures.total(), failures.kept().len()), (1, 1));
     assert!(
-        failures[0].contains("reclaim-n1-0 panicked: injected reclaim panic"),
+        failures.kept()[0].contains("reclaim-n1-0 panicked: injected reclaim panic"),
         "{failures:?}"
     );
     assert_eq!(report.state, ReclaimState::Failed);
     assert_eq!(report.address_bytes_done, report.address_bytes);
-    assert_eq!(r.freed.len(), r.chunks);
+    assert_eq!(r.freed.len() as u64, r.chunks);
     assert!(r.freed.values().all(|by| by.len() == 1));
     assert_eq!(r.freed[&(1, 1)], vec!["fallback".to_string()]);
     for m in &maps {
@@ -394,6 +419,42 @@ fn a_failing_chunk_is_reported() {
 }
 
 #[test]
+fn many_failing_chunks_keep_the_first_texts_and_a_count() {
+    // 100 unmapped chunks: the worker fails on its first and stops, then the
+    // caller's thread tries each of the 100 once.
+    let bogus = HostRange {
+        node: 0,
+        host_addr: 4096,
+        len: 100 * 4096,
+        method: FreeMethod::DontNeed,
+    };
+    // SAFETY: the range is not mapped: nothing can be freed.
+    let e = unsafe {
+        execute(
+            &[bogus],
+            &opts(1, 4096, false),
+            &real_topology(),
+            &ReclaimProgress::new(),
+        )
+    }
+    .unwrap_err();
+    let text = e.to_string();
+    let ReclaimError::Failed { failures, report } = e else {
+        panic!("{text}");
+    };
+    assert_eq!(failures.total(), 101);
+    assert_eq!(failures.kept().len(), Failures::KEPT);
+    assert!(
+        failures.kept()[0].starts_with("reclaim-n0-0: mincore"),
+        "{text}"
+    );
+    assert!(text.starts_with("reclaim had 101 failure(s): "), "{text}");
+    assert!(text.ends_with("; and 93 more"), "{text}");
+    assert_eq!(report.state, ReclaimState::Failed);
+    assert_eq!(report.address_bytes_done, 0);
+}
+
+#[test]
 fn bad_options_and_reused_progress() {
     let topo = real_topology();
     let p = ReclaimProgress::new();
@@ -417,7 +478,7 @@ fn progress_is_readable_while_running() {
     m.touch();
     let progress = ReclaimProgress::new();
     let range = m.range(0);
-    let slow = |_: usize, _: usize| std::thread::sleep(std::time::Duration::from_millis(3));
+    let slow = |_: usize, _: u64| std::thread::sleep(std::time::Duration::from_millis(3));
     let hooks = Hooks {
         before_free: Some(&slow),
         ..Hooks::default()

@@ -5,55 +5,97 @@
 //! Workers talk only through the queues' atomics and the caller's own
 //! (atomic) progress; their errors and panics come back at join.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use super::numa::HostTopology;
 use super::plan::{Chunk, ReclaimPlan};
 use super::sys;
 
-/// The queues of a plan, shared by the workers.
+/// The queues of a plan, shared by the workers: one next-chunk index per
+/// queue, and the chunks that were taken but not finished (at most one per
+/// worker, since a worker stops at its first failure). Its size grows with
+/// the nodes and the workers, never with the chunks.
 pub(crate) struct ChunkQueues<'a> {
     plan: &'a ReclaimPlan,
-    next: Vec<AtomicUsize>,
-    done: Vec<Vec<AtomicBool>>,
+    next: Vec<AtomicU64>,
+    abandoned: Mutex<Vec<(usize, u64)>>,
+}
+
+/// A chunk taken from a queue: `queue`, `index` in it, and the `chunk`.
+/// Unless [`Claim::done`] is called, dropping it (an error, a panic, a
+/// cancel) records the chunk as abandoned, for [`ChunkQueues::take_left`].
+pub(crate) struct Claim<'q, 'a> {
+    queues: &'q ChunkQueues<'a>,
+    pub queue: usize,
+    pub index: u64,
+    pub chunk: Chunk,
+    finished: bool,
+}
+
+impl Claim<'_, '_> {
+    /// The chunk is finished.
+    pub(crate) fn done(mut self) {
+        self.finished = true;
+    }
+
+    /// The chunk failed and is not to be retried (the last attempt).
+    pub(crate) fn give_up(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Claim<'_, '_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.queues
+                .abandoned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((self.queue, self.index));
+        }
+    }
 }
 
 impl<'a> ChunkQueues<'a> {
     pub(crate) fn new(plan: &'a ReclaimPlan) -> Self {
         ChunkQueues {
             plan,
-            next: plan.queues.iter().map(|_| AtomicUsize::new(0)).collect(),
-            done: plan
-                .queues
-                .iter()
-                .map(|q| q.chunks.iter().map(|_| AtomicBool::new(false)).collect())
-                .collect(),
+            next: plan.queues.iter().map(|_| AtomicU64::new(0)).collect(),
+            abandoned: Mutex::new(Vec::new()),
         }
     }
 
-    fn remaining(&self, q: usize) -> usize {
+    fn remaining(&self, q: usize) -> u64 {
         self.plan.queues[q]
-            .chunks
-            .len()
+            .chunk_count
             .saturating_sub(self.next[q].load(Ordering::Relaxed))
     }
 
-    fn take_from(&self, q: usize) -> Option<usize> {
-        let len = self.plan.queues[q].chunks.len();
-        if self.next[q].load(Ordering::Relaxed) >= len {
+    fn take_from(&self, q: usize) -> Option<Claim<'_, 'a>> {
+        let queue = &self.plan.queues[q];
+        if self.next[q].load(Ordering::Relaxed) >= queue.chunk_count {
             return None;
         }
-        let i = self.next[q].fetch_add(1, Ordering::Relaxed);
-        (i < len).then_some(i)
+        let index = self.next[q].fetch_add(1, Ordering::Relaxed);
+        self.claim(q, index)
+    }
+
+    fn claim(&self, queue: usize, index: u64) -> Option<Claim<'_, 'a>> {
+        Some(Claim {
+            queues: self,
+            queue,
+            index,
+            chunk: self.plan.queues[queue].chunk(index)?,
+            finished: false,
+        })
     }
 
     /// The next chunk for a worker of queue `own`: from its own queue, else
     /// (with `steal`) from the other queue with the most chunks left.
-    /// Returns `(queue, index, chunk)`.
-    pub(crate) fn take(&self, own: usize, steal: bool) -> Option<(usize, usize, Chunk)> {
-        if let Some(i) = self.take_from(own) {
-            return Some((own, i, self.plan.queues[own].chunks[i]));
+    pub(crate) fn take(&self, own: usize, steal: bool) -> Option<Claim<'_, 'a>> {
+        if let Some(c) = self.take_from(own) {
+            return Some(c);
         }
         if !steal {
             return None;
@@ -62,28 +104,34 @@ impl<'a> ChunkQueues<'a> {
             let q = (0..self.next.len())
                 .filter(|&q| self.remaining(q) > 0)
                 .max_by_key(|&q| self.remaining(q))?;
-            if let Some(i) = self.take_from(q) {
-                return Some((q, i, self.plan.queues[q].chunks[i]));
+            if let Some(c) = self.take_from(q) {
+                return Some(c);
             }
         }
     }
 
-    /// Records that chunk `i` of queue `q` is finished.
-    pub(crate) fn mark_done(&self, q: usize, i: usize) {
-        self.done[q][i].store(true, Ordering::Release);
+    /// Once no worker runs: the next chunk not finished, first those that
+    /// workers abandoned, then those no worker took, queue by queue.
+    pub(crate) fn take_left(&self) -> Option<Claim<'_, 'a>> {
+        let abandoned = self
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        if let Some((q, i)) = abandoned {
+            return self.claim(q, i);
+        }
+        (0..self.next.len()).find_map(|q| self.take_from(q))
     }
 
-    /// The chunks not marked done, as `(queue, index, chunk)`.
-    pub(crate) fn undone(&self) -> Vec<(usize, usize, Chunk)> {
-        let mut out = Vec::new();
-        for (q, flags) in self.done.iter().enumerate() {
-            for (i, f) in flags.iter().enumerate() {
-                if !f.load(Ordering::Acquire) {
-                    out.push((q, i, self.plan.queues[q].chunks[i]));
-                }
-            }
-        }
-        out
+    /// How many chunks are not finished (abandoned or never taken).
+    pub(crate) fn left(&self) -> u64 {
+        let abandoned = self
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        abandoned as u64 + (0..self.next.len()).map(|q| self.remaining(q)).sum::<u64>()
     }
 }
 
@@ -221,11 +269,7 @@ where
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => failures.push(WorkerFailure::Failed { name, error }),
                 Err(payload) => {
-                    let message = payload
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| payload.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
+                    let message = crate::util::panic_text(&*payload).to_string();
                     failures.push(WorkerFailure::Panicked { name, message });
                 }
             }
@@ -256,26 +300,86 @@ mod tests {
         let queues = ChunkQueues::new(&plan);
         let mut seen = Vec::new();
         // A worker of queue 0 drains its own queue, then steals.
-        while let Some((q, i, _)) = queues.take(0, true) {
-            seen.push((q, i));
-            queues.mark_done(q, i);
+        while let Some(c) = queues.take(0, true) {
+            seen.push((c.queue, c.index));
+            c.done();
         }
         assert_eq!(seen.len(), 110);
+        assert!(
+            seen[..10].iter().all(|&(q, _)| q == 0),
+            "its own queue first"
+        );
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), 110);
-        assert!(queues.undone().is_empty());
+        assert_eq!(queues.left(), 0);
+        assert!(queues.take_left().is_none());
         assert!(queues.take(1, true).is_none());
+    }
+
+    #[test]
+    fn a_thief_takes_from_the_queue_with_most_left() {
+        let plan = plan_chunks(&[(0, 3), (1, 0), (2, 7), (3, 5)], 1);
+        let queues = ChunkQueues::new(&plan);
+        // Queue 1 (node 1) is empty: its worker steals from queue 2 (7 left),
+        // until queue 2 has no more left than queue 3.
+        let stolen: Vec<usize> = (0..4)
+            .map(|_| {
+                let c = queues.take(1, true).unwrap();
+                let q = c.queue;
+                c.done();
+                q
+            })
+            .collect();
+        assert_eq!(&stolen[..2], &[2, 2]);
+        assert_eq!(queues.left(), 15 - 4);
     }
 
     #[test]
     fn without_stealing_a_worker_keeps_to_its_queue() {
         let plan = plan_chunks(&[(0, 2), (1, 5)], 1);
         let queues = ChunkQueues::new(&plan);
-        assert!(queues.take(0, false).is_some());
-        assert!(queues.take(0, false).is_some());
+        queues.take(0, false).unwrap().done();
+        queues.take(0, false).unwrap().done();
         assert!(queues.take(0, false).is_none());
-        assert_eq!(queues.undone().len(), 7);
+        assert_eq!(queues.left(), 5);
+    }
+
+    #[test]
+    fn an_unfinished_claim_is_left_for_the_caller_once() {
+        let plan = plan_chunks(&[(0, 4)], 1);
+        let queues = ChunkQueues::new(&plan);
+        queues.take(0, false).unwrap().done();
+        let dropped = queues.take(0, false).unwrap();
+        assert_eq!(dropped.index, 1);
+        drop(dropped); // an error or a panic
+        assert_eq!(queues.left(), 3);
+        // The caller gets the abandoned chunk first, then the untaken ones.
+        let order: Vec<u64> = std::iter::from_fn(|| {
+            let c = queues.take_left()?;
+            let i = c.index;
+            if i == 2 {
+                c.give_up(); // fails again: not retried
+            } else {
+                c.done();
+            }
+            Some(i)
+        })
+        .collect();
+        assert_eq!(order, vec![1, 2, 3]);
+        assert_eq!(queues.left(), 0);
+    }
+
+    #[test]
+    fn queues_of_a_64_tib_plan_of_2_mib_chunks_are_small() {
+        let plan = plan_chunks(&[(0, 32 << 40), (1, 32 << 40)], 2 << 20);
+        let queues = ChunkQueues::new(&plan);
+        assert_eq!(queues.next.len(), 2);
+        assert_eq!(queues.left(), 1 << 25);
+        let c = queues.take(1, false).unwrap();
+        assert_eq!((c.queue, c.index, c.chunk.range), (1, 0, 1));
+        c.done();
+        assert_eq!(queues.left(), (1 << 25) - 1);
     }
 
     #[test]

@@ -77,7 +77,7 @@ impl Vmm {
     /// Writes a metrics line (if metrics are set up) with the VM's state and
     /// its reclaim report; a failure is logged, never fatal.
     pub(super) fn flush_metrics(&self) -> Result<bool, crate::metrics::MetricsError> {
-        let report = shapes::ReclaimReport::from(&self.reclaim_report());
+        let report = self.reclaim_report();
         let console_dropped_bytes = match &self.phase {
             super::phase::Phase::Running(m) => m.console.buffer().stats().dropped_bytes,
             _ => self

@@ -66,15 +66,6 @@ pub struct JobRunner {
     tx: Sender<Task>,
 }
 
-/// What a panic said, as text.
-pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "no message".into())
-}
-
 impl JobRunner {
     /// Starts the runner thread `name`, which installs `role`'s filter.
     pub fn spawn(name: &'static str, role: Role) -> Result<JobRunner, JobError> {
@@ -109,7 +100,7 @@ impl JobRunner {
             // Declared first, so dropped last: after the result is sent.
             let _guard = guard;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-                .map_err(|panic| format!("the {name} thread panicked: {}", panic_text(&*panic)));
+                .map_err(|panic| format!("the {name} thread panicked: {}", crate::util::panic_text(&*panic)));
             let _ = result_tx.send(r);
         });
         self.tx
@@ -185,12 +176,5 @@ mod tests {
         let job = runner.run(&evt, || "again").unwrap();
         wait(&evt);
         assert_eq!(job.join(), Ok("again"));
-    }
-
-    #[test]
-    fn panic_text_reads_both_payloads() {
-        assert_eq!(panic_text(&"a"), "a");
-        assert_eq!(panic_text(&String::from("b")), "b");
-        assert_eq!(panic_text(&7u8), "no message");
     }
 }

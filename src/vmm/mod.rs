@@ -399,8 +399,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         let wait = vmm.lock().unwrap_or_else(|p| p.into_inner()).wait_for();
         let timeout_ms = match wait {
             None => break,
-            Some(Some(d)) => i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX),
-            Some(None) => -1,
+            Some(left) => crate::util::poll_timeout_ms(left),
         };
         let ran = manager.run_with_timeout(timeout_ms);
         vmm.lock()

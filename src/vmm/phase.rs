@@ -408,12 +408,7 @@ impl Vmm {
 /// Firecracker's words.
 fn log_boot_time(at: Instant) {
     let since_start = at.saturating_duration_since(crate::logger::process_start());
-    // SAFETY: `ts` is a valid timespec on our stack for the kernel to fill.
-    let cpu_us = unsafe {
-        let mut ts: libc::timespec = std::mem::zeroed();
-        libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts);
-        (ts.tv_sec as u64) * 1_000_000 + (ts.tv_nsec as u64) / 1000
-    };
+    let cpu_us = crate::util::process_cpu_us();
     log::info!(
         "Guest-boot-time = {:>6} us {} ms, {:>6} CPU us {} CPU ms",
         since_start.as_micros(),
@@ -480,7 +475,7 @@ fn reclaim_job(
             report: r,
         }) => {
             report.reclaim = Some(*r);
-            report.error = Some(failures.join("; "));
+            report.error = Some(failures.to_string());
         }
         Err(e) => report.error = Some(e.to_string()),
     }

@@ -15,7 +15,7 @@
 //! process exits, and on a panic.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
@@ -192,62 +192,26 @@ impl Drop for RawMode {
 /// [`RETRY_PERIOD`], `set(false)` stops it (and forgets expiries not read).
 #[derive(Debug)]
 struct RetryTimer {
-    fd: OwnedFd,
+    fd: vmm_sys_util::timerfd::TimerFd,
 }
 
 impl RetryTimer {
     fn new() -> std::io::Result<RetryTimer> {
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = crate::util::nonblocking_timer()?;
         Ok(RetryTimer { fd })
     }
 
-    fn set(&self, on: bool) -> std::io::Result<()> {
-        let period = if on {
-            libc::timespec {
-                tv_sec: 0,
-                tv_nsec: RETRY_PERIOD.as_nanos() as libc::c_long,
-            }
-        } else {
-            libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            }
+    fn set(&mut self, on: bool) -> std::io::Result<()> {
+        let done = match on {
+            true => self.fd.reset(RETRY_PERIOD, Some(RETRY_PERIOD)),
+            false => self.fd.clear(),
         };
-        let spec = libc::itimerspec {
-            it_interval: period,
-            it_value: period,
-        };
-        // SAFETY: `spec` is valid; the old value is not wanted.
-        let rc =
-            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        Ok(done?)
     }
 
     /// Reads the expiry count, if any (never blocks).
-    fn ack(&self) {
-        let mut ticks = 0u64;
-        // SAFETY: reads 8 bytes into `ticks`; the fd is non-blocking.
-        unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut ticks as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
+    fn ack(&mut self) {
+        let _ = self.fd.wait();
     }
 }
 

@@ -1,6 +1,6 @@
 use super::*;
 use crate::devices::bus::PioDevice;
-use std::os::fd::IntoRawFd;
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 
 #[test]
 fn buffer_keeps_up_to_its_capacity_and_counts_the_rest() {

@@ -39,8 +39,7 @@ pub(super) fn wait_readable(fd: RawFd, stop: RawFd, deadline: Option<Instant>) -
                 if left.is_zero() {
                     return Ok(Wait::Timeout);
                 }
-                // Round up so a sub-millisecond rest does not spin.
-                left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32
+                crate::util::poll_timeout_ms(Some(left))
             }
         };
         let mut fds = [

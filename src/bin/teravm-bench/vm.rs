@@ -135,7 +135,7 @@ impl RunningVm {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        let ms = teravm::util::poll_timeout_ms(Some(timeout));
         // SAFETY: `pfd` is one valid pollfd that lives across the call.
         let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
         if rc <= 0 {
