@@ -16,6 +16,7 @@ pub mod faults;
 pub mod logger;
 pub mod memory;
 pub mod metrics;
+pub mod output;
 pub mod seccomp;
 pub mod vmm;
 pub mod vstate;

@@ -97,13 +97,30 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     teravm::logger::init(log::LevelFilter::Warn);
+    // The seccomp policy first (the `output` thread installs its filter as
+    // it starts), then the `output` thread, before any other thread: all of
+    // teravm's own output goes through it from here on.
+    let policy = teravm::seccomp::Policy::from_enabled(!cli.no_seccomp);
+    if let Err(e) = teravm::seccomp::prepare(policy) {
+        let message = format!("teravm: seccomp: {e}");
+        teravm::seccomp::write_stderr_bounded(format!("{message}\n").as_bytes());
+        return ExitCode::from(u8::try_from(EXIT_ERROR).unwrap_or(1));
+    }
+    if let Err(e) = teravm::output::start() {
+        let message = format!("teravm: cannot start the output thread: {e}");
+        teravm::seccomp::write_stderr_bounded(format!("{message}\n").as_bytes());
+        return ExitCode::from(u8::try_from(EXIT_ERROR).unwrap_or(1));
+    }
     let code = match run(cli) {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("teravm: {message}");
+            teravm::output::line(&format!("teravm: {message}"));
             EXIT_ERROR
         }
     };
+    // The summary and the last lines reach a stderr that is read; a full
+    // one delays the exit by at most this.
+    teravm::output::flush(teravm::output::EXIT_FLUSH_WAIT);
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 

@@ -158,6 +158,9 @@ pub(crate) const BASE: &[Allow] = &[
     // The SIGSYS handler reads the name of a thread that installed no filter
     // of its own (a worker).
     one_of(libc::SYS_prctl, 0, &[libc::PR_GET_NAME as u64]),
+    // The SIGSYS handler (and a failed filter install) waits a bounded time
+    // for room on stderr before writing, so a full stderr cannot hang it.
+    any(libc::SYS_poll),
     MMAP_ANON,
     MPROTECT_NO_EXEC,
 ];
@@ -234,6 +237,10 @@ const CONSOLE: &[Allow] = &[];
 /// `progress`: writes a line to stderr every tick and waits on a channel
 /// with a timeout (`write`, `futex` in [`BASE`]).
 const PROGRESS: &[Allow] = &[];
+
+/// `output`: writes teravm's queued output to stderr and the log path's
+/// sink and waits for more (`write`, `futex` in [`BASE`]).
+const OUTPUT: &[Allow] = &[];
 
 /// `start` (and the main thread while the start runs on it): the KVM VM,
 /// guest memory (anonymous, memfd or hugetlb mappings; THP advice; NUMA
@@ -386,6 +393,7 @@ impl Role {
             Role::Start => START,
             Role::Reclaim => RECLAIM,
             Role::Progress => PROGRESS,
+            Role::Output => OUTPUT,
         }
     }
 

@@ -36,7 +36,7 @@ use seccompiler::{
     SeccompRule,
 };
 
-pub use sigsys::EXIT_BAD_SYSCALL;
+pub use sigsys::{write_stderr_bounded, EXIT_BAD_SYSCALL};
 
 use filters::{Allow, Only};
 
@@ -61,11 +61,14 @@ pub enum Role {
     /// `progress`: redraws the populate or reclaim progress line on a
     /// terminal's stderr.
     Progress,
+    /// `output`: writes teravm's own output (logs, the summary) to stderr
+    /// and the log path.
+    Output,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 8] = [
+    pub const ALL: [Role; 9] = [
         Role::Vmm,
         Role::Api,
         Role::ApiConnection,
@@ -74,6 +77,7 @@ impl Role {
         Role::Start,
         Role::Reclaim,
         Role::Progress,
+        Role::Output,
     ];
 
     /// The role's name, as in the thread names and docs/seccomp.md.
@@ -87,6 +91,7 @@ impl Role {
             Role::Start => "start",
             Role::Reclaim => "reclaim",
             Role::Progress => "progress",
+            Role::Output => "output",
         }
     }
 
@@ -299,14 +304,28 @@ fn fix_malloc_arenas() {
 /// would open and map the binary's debug info, which no filter allows: the
 /// panic would end as a forbidden call instead of being reported. So with
 /// [`Policy::Enforce`] every thread's panic prints the default hook's first
-/// line only (workers cannot tell that they inherited a filter).
+/// line only (workers cannot tell that they inherited a filter). The
+/// message goes through [`crate::output`]'s queue, which the hook waits on
+/// for at most [`PANIC_FLUSH_WAIT`] (the process may end with this panic);
+/// a panic of the `output` writer itself is written directly, bounded.
 fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let thread = std::thread::current();
         let name = thread.name().unwrap_or("<unnamed>");
-        eprintln!("\nthread '{name}' panicked at {info}\n(no backtrace under seccomp; run with --no-seccomp for one)");
+        let message = format!(
+            "\nthread '{name}' panicked at {info}\n(no backtrace under seccomp; run with --no-seccomp for one)"
+        );
+        if crate::output::is_writer_thread() {
+            sigsys::write_stderr_bounded(format!("{message}\n").as_bytes());
+        } else {
+            crate::output::line(&message);
+            crate::output::flush(PANIC_FLUSH_WAIT);
+        }
     }));
 }
+
+/// How long a panicking thread waits for its message to be written.
+const PANIC_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The policy [`prepare`] set ([`Policy::Off`] if it was never called).
 pub fn process_policy() -> Policy {
@@ -340,7 +359,9 @@ pub fn install(role: Role, policy: Policy) -> Result<(), SeccompError> {
 /// makes a forbidden call (see [`crate::faults`]).
 pub fn install_thread(role: Role) {
     if let Err(e) = install(role, process_policy()) {
-        eprintln!("teravm: {e}");
+        // Written directly (the `output` writer may be the thread that
+        // failed), after a bounded wait for room: never hangs.
+        sigsys::write_stderr_bounded(format!("teravm: {e}\n").as_bytes());
         // SAFETY: _exit ends the process at once; no Rust state is relied on
         // afterwards. Not `process::exit`: other threads may hold the stdio
         // locks that its flush would wait on.
