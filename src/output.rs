@@ -12,7 +12,12 @@
 //! out, never across a system call other than a futex wake. A push never
 //! waits: what does not fit in [`OUTPUT_BUFFER_BYTES`] is dropped and
 //! counted ([`dropped_lines`], [`dropped_bytes`] for stderr;
-//! [`missed_log_lines`] for the log path). The `output` thread takes the
+//! [`missed_log_lines`] for the log path), and so is everything pushed
+//! while one write of the writer has been waiting on the host for
+//! [`STALL_AFTER`] (a stderr nobody reads): the count then says at once
+//! that output is being lost, not only once the queue is full. What is
+//! queued or being written then is kept, for a reader who comes back. The
+//! `output` thread takes the
 //! whole queue at once and writes it to fd 2 (a blocking write: a stderr
 //! nobody reads stalls only this thread) or to the log path's sink (opened
 //! non-blocking). At exit, [`flush`] waits a bounded time for the queue to
@@ -42,6 +47,11 @@ use crate::logger::LineSink;
 /// dropped (a few thousand log lines; the writer also holds at most this
 /// much while it writes).
 pub const OUTPUT_BUFFER_BYTES: usize = 256 * 1024;
+
+/// A write of the writer that has waited this long on the host marks its
+/// destination as stalled: further output is dropped and counted until the
+/// write returns.
+pub const STALL_AFTER: Duration = Duration::from_millis(100);
 
 /// How long the binary waits at exit for its output to be written.
 pub const EXIT_FLUSH_WAIT: Duration = Duration::from_millis(200);
@@ -73,6 +83,8 @@ struct State {
     queued_bytes: usize,
     /// The writer holds a batch it has not finished writing.
     busy: bool,
+    /// When the writer's write under way began (none between writes).
+    writing_since: Option<Instant>,
     /// A writer drains this queue.
     has_writer: bool,
 }
@@ -110,6 +122,7 @@ impl OutputQueue {
                 entries: VecDeque::new(),
                 queued_bytes: 0,
                 busy: false,
+                writing_since: None,
                 has_writer: false,
             }),
             more: Condvar::new(),
@@ -127,12 +140,13 @@ impl OutputQueue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues `entry` if it fits, else drops and counts it. Never blocks on
-    /// the host.
+    /// Queues `entry` if it fits and the writer is not stalled, else drops
+    /// and counts it. Never blocks on the host.
     fn push(&self, entry: Entry) {
         let len = entry.bytes.len();
         let mut s = self.lock();
-        if s.queued_bytes + len <= self.capacity {
+        let stalled = s.writing_since.is_some_and(|t| t.elapsed() >= STALL_AFTER);
+        if !stalled && s.queued_bytes + len <= self.capacity {
             s.queued_bytes += len;
             s.entries.push_back(entry);
             drop(s);
@@ -263,6 +277,7 @@ impl OutputQueue {
     fn drain(&self, stderr: &mut dyn Write) -> ! {
         loop {
             for entry in self.take() {
+                self.lock().writing_since = Some(Instant::now());
                 let written = match &entry.dest {
                     Dest::Stderr => stderr.write_all(&entry.bytes).is_ok(),
                     Dest::Log(sink) => sink
@@ -270,6 +285,7 @@ impl OutputQueue {
                         .unwrap_or_else(|p| p.into_inner())
                         .write_line(&entry.bytes),
                 };
+                self.lock().writing_since = None;
                 if !written {
                     self.count_lost(&entry);
                 }
@@ -474,7 +490,7 @@ mod tests {
         let q = spawn(100, Stuck);
         // The first line goes to the stuck writer; then the queue fills.
         q.line("stuck in the host");
-        while !q.lock().busy {
+        while q.lock().writing_since.is_none() {
             std::thread::yield_now();
         }
         let started = Instant::now();
@@ -484,9 +500,11 @@ mod tests {
         q.raw(&[b'x'; 200]);
         let pushing = started.elapsed();
         assert!(pushing < Duration::from_secs(2), "{pushing:?}");
-        // 100 bytes hold nine 11-byte lines; the rest is dropped and counted.
-        assert_eq!(q.dropped_lines(), 10_000 - 9);
-        assert_eq!(q.dropped_bytes(), (10_000 - 9) * 11 + 200);
+        // 100 bytes hold at most nine 11-byte lines (fewer if the write
+        // counted as stalled meanwhile); the rest is dropped and counted.
+        let queued = 10_000 - q.dropped_lines();
+        assert!(queued <= 9, "{queued}");
+        assert_eq!(q.dropped_bytes(), (10_000 - queued) * 11 + 200);
         let waited = Instant::now();
         assert!(!q.flush(Duration::from_millis(100)));
         let took = waited.elapsed();
@@ -494,6 +512,22 @@ mod tests {
             took >= Duration::from_millis(100) && took < Duration::from_secs(2),
             "{took:?}"
         );
+    }
+
+    #[test]
+    fn a_stalled_write_drops_what_comes_next_though_the_queue_has_room() {
+        let q = spawn(1 << 20, Stuck);
+        q.line("stuck in the host");
+        while q.lock().writing_since.is_none() {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(STALL_AFTER + Duration::from_millis(20));
+        for _ in 0..100 {
+            q.line("dropped");
+        }
+        assert_eq!(q.dropped_lines(), 100);
+        assert_eq!(q.dropped_bytes(), 800);
+        assert!(q.lock().entries.is_empty());
     }
 
     #[test]
