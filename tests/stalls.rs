@@ -95,9 +95,16 @@ fn spawn(
     (child, metrics)
 }
 
-/// Waits for the guest to touch its memory, sends SIGTERM, and asserts that
-/// teravm exits 0 within [`EXIT_WITHIN`]; returns how long it took.
-fn sigterm_ends_it(child: &mut Child, what: &str) -> Duration {
+/// How long a test with a full stderr lets teravm run after the guest
+/// touched its memory: longer than teravm's `output::STALL_AFTER` (100 ms)
+/// since its first blocked write (a log line at the start), so that the
+/// shutdown's lines are dropped and counted rather than queued.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// Waits for the guest to touch its memory, then `settle`, sends SIGTERM,
+/// and asserts that teravm exits 0 within [`EXIT_WITHIN`]; returns how long
+/// it took.
+fn sigterm_ends_it(child: &mut Child, what: &str, settle: Duration) -> Duration {
     let pid = child.id();
     let deadline = Instant::now() + T;
     while rss_of(pid) < TOUCH_MIB << 20 {
@@ -107,6 +114,7 @@ fn sigterm_ends_it(child: &mut Child, what: &str) -> Duration {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+    std::thread::sleep(settle);
     let sent = Instant::now();
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
@@ -164,7 +172,7 @@ fn a_stderr_nobody_reads_does_not_stop_sigterm() {
         Stdio::null(),
         Stdio::from(write_end),
     );
-    let took = sigterm_ends_it(&mut child, "stuck stderr");
+    let took = sigterm_ends_it(&mut child, "stuck stderr", SETTLE);
     let m = final_metrics(&metrics);
     let dropped = assert_reclaimed(&m, "stuck stderr");
     assert!(dropped > 0, "no stderr line counted as dropped: {m}");
@@ -190,7 +198,7 @@ fn stdout_and_stderr_both_full_do_not_stop_sigterm() {
         Stdio::from(out_write),
         Stdio::from(err_write),
     );
-    let took = sigterm_ends_it(&mut child, "stuck stdout and stderr");
+    let took = sigterm_ends_it(&mut child, "stuck stdout and stderr", SETTLE);
     let m = final_metrics(&metrics);
     let dropped = assert_reclaimed(&m, "stuck stdout and stderr");
     assert!(dropped > 0, "no stderr line counted as dropped: {m}");
@@ -229,7 +237,7 @@ fn a_log_fifo_nobody_reads_does_not_stop_sigterm() {
         Stdio::null(),
         Stdio::piped(),
     );
-    let took = sigterm_ends_it(&mut child, "stuck log FIFO");
+    let took = sigterm_ends_it(&mut child, "stuck log FIFO", Duration::ZERO);
     let m = final_metrics(&metrics);
     assert_reclaimed(&m, "stuck log FIFO");
     let missed = u(&m["logger"], "missed_log_count");
