@@ -90,7 +90,7 @@ struct State {
 }
 
 /// A bounded queue of output and its drop counts; the binary's is static
-/// ([`start`], [`line`], ...), tests make their own.
+/// ([`start`], [`line()`], ...), tests make their own.
 pub struct OutputQueue {
     state: Mutex<State>,
     /// Signalled when entries arrive.

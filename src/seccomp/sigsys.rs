@@ -209,7 +209,7 @@ extern "C" fn on_sigsys(_signo: libc::c_int, info: *mut libc::siginfo_t, ctx: *m
 }
 
 /// Writes `bytes` (at most a few hundred: one line) to fd 2 if `poll` says
-/// within [`STDERR_WAIT_MS`] that it has room; drops them otherwise.
+/// within `STDERR_WAIT_MS` (100 ms) that it has room; drops them otherwise.
 /// Async-signal-safe (`poll` and `write` only, no allocation, no lock).
 /// A pipe that `poll` calls writable has a free buffer, which takes a
 /// line this short without waiting; only another writer filling it in
