@@ -17,6 +17,7 @@ pub mod files;
 pub mod logger;
 pub mod memory;
 pub mod metrics;
+pub mod output;
 pub mod seccomp;
 pub mod util;
 pub mod vmm;

@@ -12,15 +12,20 @@
 //! reads slowly, never blocks a thread of teravm; a line that does not fit
 //! is dropped and counted ([`missed_lines`], the metrics'
 //! `logger.missed_log_count`).
+//!
+//! The logger formats a record under its settings' lock and hands the line
+//! to [`crate::output`]'s bounded queue; only the `output` thread writes it
+//! (to stderr, or to the log path's sink), so logging never waits on the
+//! host and the lock is never held across a write.
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use crate::config::LoggerConfig;
+use crate::output::SharedSink;
 
 /// Longest log line written to a log path, newline included: a FIFO write
 /// of at most `PIPE_BUF` bytes is atomic, so lines never interleave.
@@ -91,7 +96,7 @@ impl LineSink {
 }
 
 struct Settings {
-    sink: Option<LineSink>,
+    sink: Option<SharedSink>,
     show_level: bool,
     show_origin: bool,
     module: Option<String>,
@@ -103,11 +108,10 @@ struct Logger {
     settings: Mutex<Settings>,
 }
 
-static MISSED_LINES: AtomicU64 = AtomicU64::new(0);
-
-/// Log lines dropped so far because the log path had no room for them.
+/// Log lines dropped so far because the log path (or the output queue in
+/// front of it) had no room for them.
 pub fn missed_lines() -> u64 {
-    MISSED_LINES.load(Ordering::Relaxed)
+    crate::output::missed_log_lines()
 }
 
 /// The wall-clock time in the local time zone, as Firecracker writes it
@@ -140,8 +144,9 @@ fn local_time() -> String {
 
 impl Logger {
     /// Writes one record (through the module filter when `filtered`).
+    /// Formats under the settings' lock, queues after it is released.
     fn write(&self, record: &log::Record, filtered: bool) {
-        let mut s = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        let s = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         if let (true, Some(module)) = (filtered, &s.module) {
             if !record.module_path().is_some_and(|m| m.starts_with(module)) {
                 return;
@@ -168,7 +173,8 @@ impl Logger {
                 tag.push(' ');
                 tag.push_str(&origin());
             }
-            let _ = writeln!(io::stderr().lock(), "[{tag}] {}", record.args());
+            drop(s);
+            crate::output::line(&format!("[{tag}] {}", record.args()));
             return;
         }
         let mut tag = format!("{}:{thread}", s.instance_id);
@@ -189,10 +195,9 @@ impl Logger {
             line.truncate(cut);
         }
         line.push('\n');
-        if let Some(sink) = s.sink.as_mut() {
-            if !sink.write_line(line.as_bytes()) {
-                MISSED_LINES.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(sink) = s.sink.clone() {
+            drop(s);
+            crate::output::log_line(&sink, line.into_bytes());
         }
     }
 }
@@ -265,7 +270,7 @@ pub fn configure(config: &LoggerConfig, log_file: Option<File>) -> Result<(), Lo
     let _ = log::set_logger(logger);
     let mut s = logger.settings.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(sink) = sink {
-        s.sink = Some(sink);
+        s.sink = Some(Arc::new(Mutex::new(sink)));
     }
     if let Some(show) = config.show_level {
         s.show_level = show;

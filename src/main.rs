@@ -104,13 +104,30 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     teravm::logger::init(log::LevelFilter::Warn);
+    // The seccomp policy first (the `output` thread installs its filter as
+    // it starts), then the `output` thread, before any other thread: all of
+    // teravm's own output goes through it from here on.
+    let policy = teravm::seccomp::Policy::from_enabled(!cli.no_seccomp);
+    if let Err(e) = teravm::seccomp::prepare(policy) {
+        let message = format!("teravm: seccomp: {e}");
+        teravm::seccomp::write_stderr_bounded(format!("{message}\n").as_bytes());
+        return ExitCode::from(u8::try_from(EXIT_ERROR).unwrap_or(1));
+    }
+    if let Err(e) = teravm::output::start() {
+        let message = format!("teravm: cannot start the output thread: {e}");
+        teravm::seccomp::write_stderr_bounded(format!("{message}\n").as_bytes());
+        return ExitCode::from(u8::try_from(EXIT_ERROR).unwrap_or(1));
+    }
     let code = match run(cli) {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("teravm: {message}");
+            teravm::output::line(&format!("teravm: {message}"));
             EXIT_ERROR
         }
     };
+    // The summary and the last lines reach a stderr that is read; a full
+    // one delays the exit by at most this.
+    teravm::output::flush(teravm::output::EXIT_FLUSH_WAIT);
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
@@ -164,11 +181,8 @@ fn run(cli: Cli) -> Result<i32, String> {
     if cli.http_api_max_payload_size == 0 {
         return Err("--http-api-max-payload-size must be at least 1".into());
     }
-    // The filters are built (and the SIGSYS handler installed) before any
-    // thread starts; the `files` thread, which opens every path named
-    // below, installs its own first thing.
-    teravm::seccomp::prepare(teravm::seccomp::Policy::from_enabled(!cli.no_seccomp))
-        .map_err(|e| e.to_string())?;
+    // The `files` thread opens every path named below (and later over the
+    // API); it installs its filter first thing.
     let files = FileOpener::spawn().map_err(|e| e.to_string())?;
     let flags_logger = LoggerConfig {
         log_path: cli.log_path.clone(),

@@ -10,7 +10,9 @@
 //! plus teravm's own group `teravm` (running totals): the VM's state, the
 //! reclaim report (state, elapsed, bytes freed per node, workers), API
 //! requests and errors per method and resource, bytes of guest console
-//! output dropped, and the shutdown signals received.
+//! output dropped, lines and bytes of teravm's own output that stderr did
+//! not take (also `logger.missed_stderr_count`, since the previous line),
+//! and the shutdown signals received.
 //!
 //! A line is written on `FlushMetrics`, by the event loop's periodic timer
 //! ([`FlushTimer`], every [`FLUSH_PERIOD`]) and once when the VM has
@@ -144,6 +146,7 @@ pub struct Metrics {
     missed_lines: Counter,
     write_fails: Counter,
     missed_log_lines: Counter,
+    missed_stderr_lines: Counter,
     sighup: Counter,
     sigterm: AtomicU64,
     sigint: AtomicU64,
@@ -165,6 +168,7 @@ impl Metrics {
             missed_lines: Counter::new(),
             write_fails: Counter::new(),
             missed_log_lines: Counter::new(),
+            missed_stderr_lines: Counter::new(),
             sighup: Counter::new(),
             sigterm: AtomicU64::new(0),
             sigint: AtomicU64::new(0),
@@ -356,6 +360,10 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
     let m = &METRICS;
     let seen = m.missed_log_lines.total();
     m.missed_log_lines.add(missed_log.saturating_sub(seen));
+    let missed_stderr = crate::output::dropped_lines();
+    let seen = m.missed_stderr_lines.total();
+    m.missed_stderr_lines
+        .add(missed_stderr.saturating_sub(seen));
     let value = json!({
         "utc_timestamp_ms": utc_ms,
         "api_server": {
@@ -390,6 +398,7 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
             "missed_metrics_count": m.missed_lines.since_last_line(),
             "metrics_fails": m.write_fails.since_last_line(),
             "missed_log_count": m.missed_log_lines.since_last_line(),
+            "missed_stderr_count": m.missed_stderr_lines.since_last_line(),
         },
         "signals": { "sighup": m.sighup.since_last_line() },
         "teravm": {
@@ -400,6 +409,10 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
             "console": {
                 "bytes_dropped": vmm.console_dropped_bytes
                     .max(m.console_bytes_dropped.load(Ordering::Relaxed)),
+            },
+            "stderr": {
+                "lines_dropped": missed_stderr,
+                "bytes_dropped": crate::output::dropped_bytes(),
             },
             "signals": {
                 "sigterm": m.sigterm.load(Ordering::Relaxed),
@@ -519,6 +532,9 @@ mod tests {
         assert!(v["get_api_requests"]["vmm_version_count"].as_u64().unwrap() >= 1);
         assert_eq!(v["teravm"]["state"], "Running");
         assert_eq!(v["teravm"]["console"]["bytes_dropped"], 7);
+        assert!(v["logger"]["missed_stderr_count"].is_u64());
+        assert!(v["teravm"]["stderr"]["lines_dropped"].is_u64());
+        assert!(v["teravm"]["stderr"]["bytes_dropped"].is_u64());
         assert_eq!(v["teravm"]["reclaim"]["state"], "idle");
         assert!(
             v["teravm"]["api"]["errors"]["PUT /drives"]

@@ -38,7 +38,7 @@ use seccompiler::{
 };
 
 pub use doc::describe;
-pub use sigsys::EXIT_BAD_SYSCALL;
+pub use sigsys::{write_stderr_bounded, EXIT_BAD_SYSCALL};
 
 use filters::{Allow, Only};
 

@@ -5,7 +5,11 @@
 //! Async-signal-safe: the handler reads a thread-local byte array (filled
 //! with the thread's name before its filter was installed; a worker, which
 //! installs none, asks `prctl(PR_GET_NAME)`), formats into a stack buffer,
-//! and calls `write(2)` and `_exit(2)`; every filter allows these calls.
+//! and calls `poll(2)`, `write(2)` and `_exit(2)`; every filter allows these
+//! calls. It cannot use teravm's output queue ([`crate::output`]): it
+//! writes to fd 2 itself, but only after `poll` said within
+//! [`STDERR_WAIT_MS`] that fd 2 has room ([`write_stderr_bounded`]), so a
+//! stderr nobody reads drops the line instead of hanging the process.
 
 use std::cell::Cell;
 use std::sync::Once;
@@ -16,6 +20,10 @@ use super::SeccompError;
 /// Exit code of a process that made a system call its filter forbids
 /// (Firecracker's `FcExitCode::BadSyscall` is the same number).
 pub const EXIT_BAD_SYSCALL: i32 = 148;
+
+/// How long the handler waits for room on stderr before it gives up on
+/// its line.
+pub(super) const STDERR_WAIT_MS: i32 = 100;
 
 /// Bytes of a thread name, as the kernel keeps it (`comm`, 15 + NUL).
 const NAME_LEN: usize = 16;
@@ -195,11 +203,28 @@ extern "C" fn on_sigsys(_signo: libc::c_int, info: *mut libc::siginfo_t, ctx: *m
         unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
     }
     let line = message(i64::from(info.syscall), trapped_args(ctx), &name);
-    // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is
-    // ours and `len` bytes of it are initialised.
-    unsafe {
-        libc::write(libc::STDERR_FILENO, line.buf.as_ptr().cast(), line.len);
-        libc::_exit(EXIT_BAD_SYSCALL);
+    write_stderr_bounded(&line.buf[..line.len]);
+    // SAFETY: _exit(2) is async-signal-safe and ends the process at once.
+    unsafe { libc::_exit(EXIT_BAD_SYSCALL) };
+}
+
+/// Writes `bytes` (at most a few hundred: one line) to fd 2 if `poll` says
+/// within `STDERR_WAIT_MS` (100 ms) that it has room; drops them otherwise.
+/// Async-signal-safe (`poll` and `write` only, no allocation, no lock).
+/// A pipe that `poll` calls writable has a free buffer, which takes a
+/// line this short without waiting; only another writer filling it in
+/// between could still make the write wait.
+pub fn write_stderr_bounded(bytes: &[u8]) {
+    let mut pfd = libc::pollfd {
+        fd: libc::STDERR_FILENO,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on our stack; a bounded wait.
+    let ready = unsafe { libc::poll(&mut pfd, 1, STDERR_WAIT_MS) };
+    if ready == 1 && pfd.revents & libc::POLLOUT != 0 {
+        // SAFETY: writes `bytes.len()` bytes from a live slice to fd 2.
+        unsafe { libc::write(libc::STDERR_FILENO, bytes.as_ptr().cast(), bytes.len()) };
     }
 }
 

@@ -364,7 +364,8 @@ impl Vmm {
         self.finish(report);
     }
 
-    fn finish(&mut self, report: ShutdownReport) {
+    fn finish(&mut self, mut report: ShutdownReport) {
+        report.stderr_dropped_lines = crate::output::dropped_lines();
         if let Some(line) = report.summary_line() {
             self.say(&line);
             log::info!("{line}");
@@ -374,7 +375,8 @@ impl Vmm {
             self.exit_code = self.exit_code.max(EXIT_GUEST_CRASHED);
         }
         let reply: ActionResult = match &report.error {
-            None => serde_json::to_value(report.to_shape())
+            None => report
+                .reply_json()
                 .map(VmmData::Json)
                 .map_err(|e| VmmActionError::Internal(e.to_string())),
             Some(e) => {
@@ -395,11 +397,10 @@ impl Vmm {
         let _ = self.flush_metrics();
     }
 
-    /// Writes one of teravm's own lines to stderr; a closed or failing
-    /// stderr is not an error worth dying for.
+    /// Queues one of teravm's own lines for stderr ([`crate::output`]): a
+    /// full, closed or failing stderr drops and counts it, never blocks.
     fn say(&self, line: &str) {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr().lock(), "{line}");
+        crate::output::line(line);
     }
 }
 

@@ -1,8 +1,9 @@
 //! A live progress line on stderr while populate and reclaim run, when
 //! stderr is a terminal (plain lines otherwise: the summary and the log).
-//! A `progress` thread redraws it every [`TICK`] from the atomic counters;
-//! it never holds a lock another thread needs, and a terminal that stops
-//! reading stalls only that thread, which is signalled, never joined.
+//! A `progress` thread redraws it every [`TICK`] from the atomic counters
+//! and hands the bytes to [`crate::output`]'s bounded queue: a terminal
+//! that stops reading stalls only the `output` writer; the redraws it has
+//! no room for are dropped and counted.
 
 use std::io::IsTerminal;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -15,8 +16,8 @@ pub const TICK: Duration = Duration::from_millis(200);
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// How long dropping the line waits for the thread to erase it (the
-/// process may exit right after).
+/// How long dropping the line waits for the thread to queue its erase
+/// (so that it comes before the summary).
 const ERASE_WAIT: Duration = Duration::from_millis(100);
 
 /// The running progress line; dropping it erases the line.
@@ -66,9 +67,8 @@ impl ProgressLine {
 
 impl Drop for ProgressLine {
     fn drop(&mut self) {
-        // The thread sees the channel close, erases the line and ends; wait
-        // a little for it (never long: a terminal that stopped reading
-        // stalls only that thread).
+        // The thread sees the channel close, queues the erase and ends;
+        // wait a little for it (never long: it only queues).
         self.stop.take();
         if let Some(ended) = self.ended.take() {
             let _ = ended.recv_timeout(ERASE_WAIT);
@@ -76,10 +76,9 @@ impl Drop for ProgressLine {
     }
 }
 
-/// Writes to fd 2 directly: no lock that a logging thread could wait on.
+/// Queues raw bytes for stderr, in order with teravm's lines.
 fn write_stderr(bytes: &[u8]) {
-    // SAFETY: writes `bytes.len()` bytes from a live slice to fd 2.
-    let _ = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+    crate::output::raw(bytes);
 }
 
 /// `populate: 1.2 / 6.0 GiB, 2.4 GiB/s`.

@@ -32,18 +32,27 @@ pub struct ShutdownReport {
     pub vcpus: VcpuStopReport,
     /// What the console wrote and dropped.
     pub console: ConsoleStats,
+    /// Lines of teravm's own output that stderr did not take
+    /// ([`crate::output::dropped_lines`] when the report was made).
+    pub stderr_dropped_lines: u64,
 }
 
 impl ShutdownReport {
     /// The summary line (stderr): `teravm: reclaimed <MiB> MiB in <ms> ms
-    /// (<GiB/s> GiB/s, <w> workers, <n> nodes)`, then the console's drops
-    /// and stuck vCPUs when there were any.
+    /// (<GiB/s> GiB/s, <w> workers, <n> nodes)`, then the console's and
+    /// stderr's drops and stuck vCPUs when there were any.
     pub fn summary_line(&self) -> Option<String> {
         let mut line = self.reclaim.as_ref()?.summary_line();
         if self.console.dropped_bytes > 0 {
             line.push_str(&format!(
                 "; console dropped {} bytes",
                 self.console.dropped_bytes
+            ));
+        }
+        if self.stderr_dropped_lines > 0 {
+            line.push_str(&format!(
+                "; stderr dropped {} lines",
+                self.stderr_dropped_lines
             ));
         }
         if self.vcpus.stuck > 0 {
@@ -69,6 +78,19 @@ impl ShutdownReport {
             console_dropped_bytes: self.console.dropped_bytes,
         })
     }
+
+    /// The sync `Shutdown` reply's JSON: [`ShutdownReport::to_shape`] plus
+    /// `stderr_dropped_lines` (null without a reclaim report).
+    pub fn reply_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let mut value = serde_json::to_value(self.to_shape())?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert(
+                "stderr_dropped_lines".into(),
+                self.stderr_dropped_lines.into(),
+            );
+        }
+        Ok(value)
+    }
 }
 
 #[cfg(test)]
@@ -87,12 +109,17 @@ mod tests {
             "{plain}"
         );
         assert!(!plain.contains("dropped"));
+        assert_eq!(r.reply_json().unwrap()["stderr_dropped_lines"], 0);
         r.console.dropped_bytes = 12;
+        r.stderr_dropped_lines = 3;
         r.vcpus.stuck = 1;
         let line = r.summary_line().unwrap();
         assert!(
-            line.ends_with("; console dropped 12 bytes; 1 vCPUs did not stop"),
+            line.ends_with(
+                "; console dropped 12 bytes; stderr dropped 3 lines; 1 vCPUs did not stop"
+            ),
             "{line}"
         );
+        assert_eq!(r.reply_json().unwrap()["stderr_dropped_lines"], 3);
     }
 }

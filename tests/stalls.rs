@@ -1,0 +1,254 @@
+//! Nothing on the host side can hang teravm (issue 16, item 3): a stderr
+//! nobody reads, stdout and stderr both full, a log FIFO nobody reads. Each
+//! on the real binary and /dev/kvm, with the default flags (seccomp on):
+//! SIGTERM ends the VM within 2 s with exit 0 and the memory reclaimed (the
+//! final metrics line says so; stderr cannot), and what stderr did not take
+//! is counted.
+
+mod common;
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::api::*;
+use common::*;
+use serde_json::Value;
+
+/// What a test allows between SIGTERM and the exit.
+const EXIT_WITHIN: Duration = Duration::from_secs(2);
+
+/// The firmware touches this much before the signal.
+const TOUCH_MIB: u64 = 64;
+
+/// A pipe: (read end, write end).
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both are new descriptors that nothing else owns.
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// Fills the pipe or FIFO behind `w` until a write would block, then makes
+/// it blocking again: the next writer waits until someone reads.
+fn fill(w: &OwnedFd) -> usize {
+    let fd = w.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) },
+        0
+    );
+    let chunk = [b'x'; 4096];
+    let mut filled = 0;
+    loop {
+        // SAFETY: writes from our buffer of that length.
+        let n = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
+        if n <= 0 {
+            break;
+        }
+        filled += n as usize;
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) }, 0);
+    filled
+}
+
+/// A full pipe that nobody reads: (its read end, kept open so that writes
+/// wait rather than fail; its write end, for the child).
+fn full_pipe() -> (OwnedFd, OwnedFd, usize) {
+    let (r, w) = pipe();
+    let filled = fill(&w);
+    (r, w, filled)
+}
+
+/// The RSS of process `pid`, in bytes.
+fn rss_of(pid: u32) -> u64 {
+    host::rss_bytes(pid).unwrap_or(0)
+}
+
+/// Spawns teravm on a 2-vCPU, 256 MiB firmware guest that touches
+/// [`TOUCH_MIB`] (plus `boot_args`), with metrics to a file and `extra`
+/// flags; returns the child and the metrics path.
+fn spawn(
+    dir: &Path,
+    boot_args: &str,
+    extra: &[&str],
+    stdout: Stdio,
+    stderr: Stdio,
+) -> (Child, PathBuf) {
+    let args = format!("touch={TOUCH_MIB} {boot_args}");
+    let cfg = config_file(dir, &config_json(2, 256, args.trim(), ""));
+    let metrics = dir.join("metrics.json");
+    let child = Command::new(teravm())
+        .args(["--config-file", cfg.to_str().unwrap(), "--no-api"])
+        .args(["--metrics-path", metrics.to_str().unwrap()])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    (child, metrics)
+}
+
+/// How long a test with a full stderr lets teravm run after the guest
+/// touched its memory: longer than teravm's `output::STALL_AFTER` (100 ms)
+/// since its first blocked write (a log line at the start), so that the
+/// shutdown's lines are dropped and counted rather than queued.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// Waits for the guest to touch its memory, then `settle`, sends SIGTERM,
+/// and asserts that teravm exits 0 within [`EXIT_WITHIN`]; returns how long
+/// it took.
+fn sigterm_ends_it(child: &mut Child, what: &str, settle: Duration) -> Duration {
+    let pid = child.id();
+    let deadline = Instant::now() + T;
+    while rss_of(pid) < TOUCH_MIB << 20 {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what}: the guest did not touch {TOUCH_MIB} MiB within {T:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(settle);
+    let sent = Instant::now();
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if sent.elapsed() > EXIT_WITHIN {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: teravm still alive {EXIT_WITHIN:?} after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = sent.elapsed();
+    assert_eq!(status.code(), Some(0), "{what}: {status:?}");
+    took
+}
+
+/// The last line of the metrics file: written when the VM stopped.
+fn final_metrics(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    let last = text.lines().last().unwrap_or_else(|| panic!("no metrics"));
+    serde_json::from_str(last).unwrap()
+}
+
+/// The final metrics say the VM stopped with its touched memory freed;
+/// returns the lines stderr dropped (their running total).
+fn assert_reclaimed(metrics: &Value, what: &str) -> u64 {
+    let teravm = &metrics["teravm"];
+    assert_eq!(teravm["state"], "Stopped", "{what}: {metrics}");
+    assert_eq!(teravm["reclaim"]["state"], "done", "{what}: {metrics}");
+    let freed = u(&teravm["reclaim"], "resident_bytes_freed");
+    assert!(
+        freed >= (TOUCH_MIB - 4) << 20,
+        "{what}: only {freed} bytes freed: {metrics}"
+    );
+    u(&teravm["stderr"], "lines_dropped")
+}
+
+#[test]
+fn a_stderr_nobody_reads_does_not_stop_sigterm() {
+    if !kvm_or_skip("stuck_stderr") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("stuck-stderr");
+    let (_read_end, write_end, filled) = full_pipe();
+    // Info lines from the event loop and the reclaim job, and a vCPU that
+    // keeps writing a port with no device (a warning from the vCPU thread).
+    let (mut child, metrics) = spawn(
+        &dir,
+        "fault=ports",
+        &["--level", "Info"],
+        Stdio::null(),
+        Stdio::from(write_end),
+    );
+    let took = sigterm_ends_it(&mut child, "stuck stderr", SETTLE);
+    let m = final_metrics(&metrics);
+    let dropped = assert_reclaimed(&m, "stuck stderr");
+    assert!(dropped > 0, "no stderr line counted as dropped: {m}");
+    eprintln!(
+        "stuck stderr ({filled} bytes in the pipe): exited {took:?} after SIGTERM; \
+         {dropped} lines dropped"
+    );
+}
+
+#[test]
+fn stdout_and_stderr_both_full_do_not_stop_sigterm() {
+    if !kvm_or_skip("stuck_stdout_and_stderr") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("stuck-both");
+    let (_out_read, out_write, _) = full_pipe();
+    let (_err_read, err_write, _) = full_pipe();
+    let (mut child, metrics) = spawn(
+        &dir,
+        "then=idle",
+        &["--level", "Info"],
+        Stdio::from(out_write),
+        Stdio::from(err_write),
+    );
+    let took = sigterm_ends_it(&mut child, "stuck stdout and stderr", SETTLE);
+    let m = final_metrics(&metrics);
+    let dropped = assert_reclaimed(&m, "stuck stdout and stderr");
+    assert!(dropped > 0, "no stderr line counted as dropped: {m}");
+    let console = u(&m["teravm"]["console"], "bytes_dropped");
+    assert!(console > 0, "no console byte counted as dropped: {m}");
+    eprintln!(
+        "stuck stdout and stderr: exited {took:?} after SIGTERM; {dropped} stderr lines \
+         and {console} console bytes dropped"
+    );
+}
+
+#[test]
+fn a_log_fifo_nobody_reads_does_not_stop_sigterm() {
+    if !kvm_or_skip("stuck_log_fifo") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("stuck-log-fifo");
+    let fifo = dir.join("log.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; the result is checked.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // Held open read-write and never read: the FIFO has a reader, so
+    // teravm's open succeeds, and it starts full.
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let held = OwnedFd::from(held);
+    let filled = fill(&held);
+    let (mut child, metrics) = spawn(
+        &dir,
+        "then=idle",
+        &["--level", "Debug", "--log-path", fifo.to_str().unwrap()],
+        Stdio::null(),
+        Stdio::piped(),
+    );
+    let took = sigterm_ends_it(&mut child, "stuck log FIFO", Duration::ZERO);
+    let m = final_metrics(&metrics);
+    assert_reclaimed(&m, "stuck log FIFO");
+    let missed = u(&m["logger"], "missed_log_count");
+    assert!(missed > 0, "no log line counted as missed: {m}");
+    // stderr is read: the summary reached it.
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let (mib, _, _) = summary(&stderr);
+    assert!(mib >= TOUCH_MIB - 4, "{stderr}");
+    eprintln!(
+        "stuck log FIFO ({filled} bytes in it): exited {took:?} after SIGTERM; \
+         {missed} log lines missed"
+    );
+}
