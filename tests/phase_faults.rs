@@ -69,7 +69,11 @@ fn a_vcpu_that_never_stops_gets_its_memory_freed_and_its_range_kept_reserved() {
         "/machine-config",
         &format!(r#"{{"vcpu_count": 2, "mem_size_mib": {mem}, "huge_pages": "None"}}"#),
     );
-    put_ok(&sock, "/boot-source", r#"{"boot_args": "touch=all keep=writing"}"#);
+    put_ok(
+        &sock,
+        "/boot-source",
+        r#"{"boot_args": "touch=all keep=writing"}"#,
+    );
     let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(status, 204, "{body}");
     let line = vmm.wait_line("touched", T);
@@ -86,7 +90,10 @@ fn a_vcpu_that_never_stops_gets_its_memory_freed_and_its_range_kept_reserved() {
     assert_eq!(u(&reply, "vcpus_stuck"), 1, "{reply}");
     assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
     // Its memory was freed all the same, and the range kept reserved.
-    assert!(u(&reply, "resident_bytes_freed") >= (mem << 20) / 2, "{reply}");
+    assert!(
+        u(&reply, "resident_bytes_freed") >= (mem << 20) / 2,
+        "{reply}"
+    );
     assert_eq!(u(&reply, "reserved_bytes"), mem << 20, "{reply}");
     let (perms, len) = mapping_at(pid, guest).expect("the range is still mapped");
     assert!(perms.starts_with("---p"), "{perms}");

@@ -95,16 +95,66 @@ fn spawn(
     (child, metrics)
 }
 
-/// How long a test with a full stderr lets teravm run after the guest
-/// touched its memory: longer than teravm's `output::STALL_AFTER` (100 ms)
-/// since its first blocked write (a log line at the start), so that the
-/// shutdown's lines are dropped and counted rather than queued.
-const SETTLE: Duration = Duration::from_millis(300);
+/// How long the `output` thread must have been blocked in one write before
+/// teravm counts what it is given as dropped: more than its
+/// `output::STALL_AFTER` (100 ms).
+const STALLED_FOR: Duration = Duration::from_millis(150);
 
-/// Waits for the guest to touch its memory, then `settle`, sends SIGTERM,
+/// The tid of `pid`'s thread named `name`.
+fn thread_named(pid: u32, name: &str) -> Option<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .find_map(|t| {
+            let t = t.ok()?.file_name().into_string().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{t}/comm")).ok()?;
+            (comm.trim() == name).then_some(t)
+        })
+}
+
+/// Waits until teravm's `output` thread is stalled: blocked in one pipe
+/// write (same `wchan`, no context switch) for [`STALLED_FOR`]; the event
+/// a full stderr causes, observed in /proc rather than slept for.
+fn wait_output_stalled(pid: u32, what: &str) {
+    let deadline = Instant::now() + T;
+    let mut since: Option<(Instant, String)> = None;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the output thread never stalled"
+        );
+        let Some(tid) = thread_named(pid, "output") else {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        let task = format!("/proc/{pid}/task/{tid}");
+        let wchan = std::fs::read_to_string(format!("{task}/wchan")).unwrap_or_default();
+        let switches = std::fs::read_to_string(format!("{task}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("voluntary_ctxt_switches"))
+            .unwrap_or_default()
+            .to_string();
+        if wchan.contains("pipe_write") {
+            match &since {
+                Some((t, s)) if *s == switches => {
+                    if t.elapsed() >= STALLED_FOR {
+                        return;
+                    }
+                }
+                _ => since = Some((Instant::now(), switches)),
+            }
+        } else {
+            since = None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits for the guest to touch its memory (and, with `stalled`, for the
+/// output thread to stall on the full stderr), sends SIGTERM,
 /// and asserts that teravm exits 0 within [`EXIT_WITHIN`]; returns how long
 /// it took.
-fn sigterm_ends_it(child: &mut Child, what: &str, settle: Duration) -> Duration {
+fn sigterm_ends_it(child: &mut Child, what: &str, stalled: bool) -> Duration {
     let pid = child.id();
     let deadline = Instant::now() + T;
     while rss_of(pid) < TOUCH_MIB << 20 {
@@ -114,7 +164,9 @@ fn sigterm_ends_it(child: &mut Child, what: &str, settle: Duration) -> Duration 
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    std::thread::sleep(settle);
+    if stalled {
+        wait_output_stalled(pid, what);
+    }
     let sent = Instant::now();
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
@@ -172,7 +224,7 @@ fn a_stderr_nobody_reads_does_not_stop_sigterm() {
         Stdio::null(),
         Stdio::from(write_end),
     );
-    let took = sigterm_ends_it(&mut child, "stuck stderr", SETTLE);
+    let took = sigterm_ends_it(&mut child, "stuck stderr", true);
     let m = final_metrics(&metrics);
     let dropped = assert_reclaimed(&m, "stuck stderr");
     assert!(dropped > 0, "no stderr line counted as dropped: {m}");
@@ -198,7 +250,7 @@ fn stdout_and_stderr_both_full_do_not_stop_sigterm() {
         Stdio::from(out_write),
         Stdio::from(err_write),
     );
-    let took = sigterm_ends_it(&mut child, "stuck stdout and stderr", SETTLE);
+    let took = sigterm_ends_it(&mut child, "stuck stdout and stderr", true);
     let m = final_metrics(&metrics);
     let dropped = assert_reclaimed(&m, "stuck stdout and stderr");
     assert!(dropped > 0, "no stderr line counted as dropped: {m}");
@@ -237,7 +289,7 @@ fn a_log_fifo_nobody_reads_does_not_stop_sigterm() {
         Stdio::null(),
         Stdio::piped(),
     );
-    let took = sigterm_ends_it(&mut child, "stuck log FIFO", Duration::ZERO);
+    let took = sigterm_ends_it(&mut child, "stuck log FIFO", false);
     let m = final_metrics(&metrics);
     assert_reclaimed(&m, "stuck log FIFO");
     let missed = u(&m["logger"], "missed_log_count");

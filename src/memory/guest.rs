@@ -315,7 +315,11 @@ impl GuestMemory {
             return Err(ReclaimError::ViewStillHeld { views });
         };
         let mut mappings = mappings;
-        let ranges: Vec<HostRange> = mappings.slices.iter().flat_map(|s| s.free_ranges()).collect();
+        let ranges: Vec<HostRange> = mappings
+            .slices
+            .iter()
+            .flat_map(|s| s.free_ranges())
+            .collect();
         let mut opts = opts.clone();
         if let Some(page) = page_size.hugetlb_bytes() {
             // Huge pages are only freed whole.
@@ -327,7 +331,8 @@ impl GuestMemory {
         // outside those ranges.
         let result = unsafe { reclaim::execute(&ranges, &opts, topology, progress) };
         let (reserved, unmapped) = mappings.release();
-        let unmapped = unmapped.map(|(addr, len, source)| ReclaimError::Unmap { addr, len, source });
+        let unmapped =
+            unmapped.map(|(addr, len, source)| ReclaimError::Unmap { addr, len, source });
         match (result, unmapped) {
             (Err(e), _) | (Ok(_), Some(e)) => Err(e),
             (Ok(mut report), None) => {

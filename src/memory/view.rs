@@ -41,7 +41,9 @@ impl Mappings {
             if leased {
                 reserved += s.slice().len;
                 if let Err(e) = s.reserve() {
-                    log::error!("cannot reserve guest memory while a vCPU may run: {e}; left mapped");
+                    log::error!(
+                        "cannot reserve guest memory while a vCPU may run: {e}; left mapped"
+                    );
                 }
             } else if let Err(e) = s.unmap() {
                 failed.get_or_insert(e);

@@ -99,8 +99,12 @@ impl JobRunner {
         let task: Task = Box::new(move || {
             // Declared first, so dropped last: after the result is sent.
             let _guard = guard;
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-                .map_err(|panic| format!("the {name} thread panicked: {}", crate::util::panic_text(&*panic)));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|panic| {
+                format!(
+                    "the {name} thread panicked: {}",
+                    crate::util::panic_text(&*panic)
+                )
+            });
             let _ = result_tx.send(r);
         });
         self.tx

@@ -482,7 +482,7 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
     let inject_panic = index == 0 && crate::faults::injected("vcpu-panic");
     let ignore_stop = index == 1 && crate::faults::injected(crate::faults::VCPU_IGNORES_STOP);
     let mut seen_wake = 0;
-    loop {
+    let event = loop {
         if control.stop_requested() && !ignore_stop {
             break None;
         }
@@ -504,7 +504,20 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> O
                 })
             }
         }
+    };
+    if ignore_stop {
+        // The injected fault: a thread that never ends, holding its vCPU fd
+        // (and so the VM and its memslots) and its lease on guest memory,
+        // as one stuck in the host kernel would; the process exit ends it.
+        log::warn!(
+            "vcpu{index}: {}: never ending",
+            crate::faults::VCPU_IGNORES_STOP
+        );
+        loop {
+            std::thread::park();
+        }
     }
+    event
 }
 
 /// Adds KVM's sub-error, the failing instruction's bytes (emulation
