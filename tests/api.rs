@@ -110,7 +110,12 @@ fn full_life_cycle_over_the_api() {
         "{report}"
     );
     let mut reclaim_only = report.clone();
-    for key in ["phases", "vcpus_stuck", "console_dropped_bytes"] {
+    for key in [
+        "phases",
+        "vcpus_stuck",
+        "console_dropped_bytes",
+        "stderr_dropped_lines",
+    ] {
         reclaim_only.as_object_mut().unwrap().remove(key);
     }
     assert_eq!(get(&sock, "/reclaim"), reclaim_only);

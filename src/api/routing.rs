@@ -7,7 +7,8 @@
 //!
 //! Firecracker's resources for devices teravm does not have (`/drives`,
 //! `/network-interfaces`, `/vsock`, `/balloon`, `/mmds`, `/snapshot/*`,
-//! `/entropy`, `/cpu-config`, `PATCH /vm`) answer 400 with a
+//! `/entropy`, `/cpu-config`, `/hotplug/memory`, `/serial`, `PATCH /vm`)
+//! answer 400 with a
 //! `fault_message` that names the missing feature, so a Firecracker
 //! client's log says why. Every request is counted in [`crate::metrics`].
 
@@ -86,6 +87,10 @@ fn unsupported(method: &str, path: &str) -> Option<&'static str> {
         "the entropy device is"
     } else if under("/cpu-config") {
         "custom CPU templates are"
+    } else if under("/hotplug") {
+        "memory hotplug is"
+    } else if under("/serial") {
+        "configuring the serial device over the API (PUT /serial) is"
     } else if path == "/vm" && method != "GET" {
         "pausing and resuming (PATCH /vm) are"
     } else {

@@ -184,6 +184,8 @@ pub struct ShutdownStats {
     pub vcpus_stuck: u64,
     /// Guest console bytes that reached no sink.
     pub console_dropped_bytes: u64,
+    /// teravm's own output lines stderr did not take (dropped, counted).
+    pub stderr_dropped_lines: u64,
 }
 
 #[cfg(test)]

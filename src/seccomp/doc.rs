@@ -41,7 +41,7 @@ fn table(out: &mut String, list: &[Allow]) {
     }
 }
 
-/// The markdown of every role's list: the sizes, then [`BASE`], [`SPAWN`]
+/// The markdown of every role's list: the sizes, then `BASE`, `SPAWN`
 /// and each role's own calls with their reasons.
 pub fn describe() -> String {
     let mut out = String::new();

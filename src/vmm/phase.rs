@@ -375,8 +375,7 @@ impl Vmm {
             self.exit_code = self.exit_code.max(EXIT_GUEST_CRASHED);
         }
         let reply: ActionResult = match &report.error {
-            None => report
-                .reply_json()
+            None => serde_json::to_value(report.to_shape())
                 .map(VmmData::Json)
                 .map_err(|e| VmmActionError::Internal(e.to_string())),
             Some(e) => {

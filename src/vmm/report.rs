@@ -76,20 +76,8 @@ impl ShutdownReport {
             phases: self.phases,
             vcpus_stuck: self.vcpus.stuck as u64,
             console_dropped_bytes: self.console.dropped_bytes,
+            stderr_dropped_lines: self.stderr_dropped_lines,
         })
-    }
-
-    /// The sync `Shutdown` reply's JSON: [`ShutdownReport::to_shape`] plus
-    /// `stderr_dropped_lines` (null without a reclaim report).
-    pub fn reply_json(&self) -> Result<serde_json::Value, serde_json::Error> {
-        let mut value = serde_json::to_value(self.to_shape())?;
-        if let Some(map) = value.as_object_mut() {
-            map.insert(
-                "stderr_dropped_lines".into(),
-                self.stderr_dropped_lines.into(),
-            );
-        }
-        Ok(value)
     }
 }
 
@@ -109,7 +97,10 @@ mod tests {
             "{plain}"
         );
         assert!(!plain.contains("dropped"));
-        assert_eq!(r.reply_json().unwrap()["stderr_dropped_lines"], 0);
+        assert_eq!(
+            serde_json::to_value(r.to_shape()).unwrap()["stderr_dropped_lines"],
+            0
+        );
         r.console.dropped_bytes = 12;
         r.stderr_dropped_lines = 3;
         r.vcpus.stuck = 1;
@@ -120,6 +111,9 @@ mod tests {
             ),
             "{line}"
         );
-        assert_eq!(r.reply_json().unwrap()["stderr_dropped_lines"], 3);
+        assert_eq!(
+            serde_json::to_value(r.to_shape()).unwrap()["stderr_dropped_lines"],
+            3
+        );
     }
 }

@@ -242,12 +242,36 @@ impl ConsoleInput {
         })
     }
 
-    /// Reads what stdin has (one read: the fd is readable, so it does not
-    /// block); false at EOF or on an error.
+    /// Reads what stdin has, never blocking: at most the bytes `FIONREAD`
+    /// says are there (stdin's file description is shared with the
+    /// process that started teravm, so it is not made non-blocking), and
+    /// only after `poll` says it is readable or at its end; false at EOF or
+    /// on an error.
     fn read_stdin(&mut self) -> bool {
         let mut chunk = [0u8; INPUT_BUFFER_BYTES];
-        // SAFETY: reads into our own buffer of that length.
-        let n = unsafe { libc::read(STDIN_FD, chunk.as_mut_ptr().cast(), chunk.len()) };
+        let mut pfd = libc::pollfd {
+            fd: STDIN_FD,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd on our stack; no wait (timeout 0).
+        if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+            return true;
+        }
+        let mut ready: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int into `ready`.
+        if unsafe { libc::ioctl(STDIN_FD, libc::FIONREAD, &mut ready) } != 0 {
+            ready = 0;
+        }
+        let want = match usize::try_from(ready) {
+            Ok(0) | Err(_) if pfd.revents & (libc::POLLHUP | libc::POLLERR) != 0 => chunk.len(),
+            // Readable with nothing to read: another reader took the bytes.
+            Ok(0) | Err(_) => return true,
+            Ok(n) => n.min(chunk.len()),
+        };
+        // SAFETY: reads into our own buffer, at most its length; `want`
+        // bytes are there (or the other end is gone: read returns 0).
+        let n = unsafe { libc::read(STDIN_FD, chunk.as_mut_ptr().cast(), want) };
         match n {
             0 => false,
             n if n > 0 => {
