@@ -1,0 +1,1 @@
+//! Drivers for the fuzz targets (placeholder).
