@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzz what a stranger or a guest reaches (the input parsers, the port I/O
-# bus, the virtio-mmio transport and the balloon's queues) with cargo-fuzz (libFuzzer) for SECONDS each (default 60), on the
-# stable toolchain, and exit non-zero on any finding.
+# bus, the virtio-mmio transport, the balloon's queues) with cargo-fuzz
+# (libFuzzer) for SECONDS each (default 60), on the stable toolchain, and
+# exit non-zero on any finding.
 #
 #   fuzz/run.sh [SECONDS]
 #

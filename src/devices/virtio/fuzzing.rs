@@ -54,7 +54,8 @@ struct CheckingSink {
 impl DiscardSink for CheckingSink {
     fn discard(&self, _kind: DiscardKind, ranges: Vec<GuestRange>, ack: DiscardAck) {
         let n = check_ranges(&self.ram, &ranges);
-        self.checked.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        self.checked
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.push(ack);
         assert!(held.len() <= 64, "unbounded batches in flight");
@@ -62,7 +63,8 @@ impl DiscardSink for CheckingSink {
 
     fn reclaimed(&self, ranges: &[GuestRange]) {
         let n = check_ranges(&self.ram, ranges);
-        self.checked.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        self.checked
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -380,7 +382,9 @@ mod tests {
         let mut out = Vec::new();
         for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
             let p = e.unwrap().path();
-            if p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+            if p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            {
                 continue;
             }
             let name = p.file_name().unwrap().to_string_lossy().into_owned();

@@ -437,7 +437,9 @@ impl<M: DeviceMemory> MmioTransport<M> {
                 status: self.status,
             });
         }
-        let i = self.selected().ok_or(MmioError::NoSuchQueue(self.queue_sel))?;
+        let i = self
+            .selected()
+            .ok_or(MmioError::NoSuchQueue(self.queue_sel))?;
         let max = self.max_sizes[i];
         let q = &mut self.queues[i];
         match offset {

@@ -80,8 +80,11 @@ struct Rig {
 
 fn rig() -> Rig {
     let mem: Mem = Arc::new(
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20), (GuestAddress(2 << 20), 1 << 20)])
-            .unwrap(),
+        GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 1 << 20),
+            (GuestAddress(2 << 20), 1 << 20),
+        ])
+        .unwrap(),
     );
     let dev = Arc::new(Mutex::new(TestDevice::default()));
     let t = MmioTransport::new(dev.clone(), mem, EventFd::new(EFD_NONBLOCK).unwrap()).unwrap();
@@ -105,7 +108,11 @@ fn negotiate(t: &mut MmioTransport<Mem>, features: u64) -> Result<(), MmioError>
     wr(t, regs::DRIVER_FEATURES, features as u32)?;
     wr(t, regs::DRIVER_FEATURES_SEL, 1)?;
     wr(t, regs::DRIVER_FEATURES, (features >> 32) as u32)?;
-    wr(t, regs::STATUS, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK)
+    wr(
+        t,
+        regs::STATUS,
+        status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
+    )
 }
 
 /// Sets up queue `q` of size `size` with rings at `base` (+0, +0x400, +0x800).
@@ -149,7 +156,11 @@ fn both_feature_pages() {
     assert_eq!(rd(&r.t, regs::DEVICE_FEATURES), OFFERED as u32);
     wr(&mut r.t, regs::DEVICE_FEATURES_SEL, 1).unwrap();
     assert_eq!(rd(&r.t, regs::DEVICE_FEATURES), (OFFERED >> 32) as u32);
-    assert_eq!(rd(&r.t, regs::DEVICE_FEATURES) & 1, 1, "VERSION_1 is bit 32");
+    assert_eq!(
+        rd(&r.t, regs::DEVICE_FEATURES) & 1,
+        1,
+        "VERSION_1 is bit 32"
+    );
     wr(&mut r.t, regs::DEVICE_FEATURES_SEL, 2).unwrap();
     assert_eq!(rd(&r.t, regs::DEVICE_FEATURES), 0);
     negotiate(&mut r.t, OFFERED).unwrap();
@@ -193,9 +204,17 @@ fn status_steps_in_order_and_never_clears_bits() {
     assert!(wr(&mut r.t, regs::STATUS, status::DRIVER).is_err());
     assert_eq!(r.t.status(), 0);
     wr(&mut r.t, regs::STATUS, status::ACKNOWLEDGE).unwrap();
-    assert!(wr(&mut r.t, regs::STATUS, status::ACKNOWLEDGE | status::DRIVER_OK).is_err());
+    assert!(wr(
+        &mut r.t,
+        regs::STATUS,
+        status::ACKNOWLEDGE | status::DRIVER_OK
+    )
+    .is_err());
     wr(&mut r.t, regs::STATUS, status::ACKNOWLEDGE | status::DRIVER).unwrap();
-    assert!(wr(&mut r.t, regs::STATUS, status::DRIVER).is_err(), "clears ACKNOWLEDGE");
+    assert!(
+        wr(&mut r.t, regs::STATUS, status::DRIVER).is_err(),
+        "clears ACKNOWLEDGE"
+    );
     assert_eq!(r.t.status(), status::ACKNOWLEDGE | status::DRIVER);
 }
 
@@ -222,7 +241,10 @@ fn queue_setup_only_between_features_ok_and_driver_ok() {
     assert_eq!(r.t.status(), UP | status::DRIVER_OK);
     {
         let d = r.dev.lock().unwrap();
-        assert_eq!(d.activated, vec![(VIRTIO_F_VERSION_1, vec![(true, 8), (true, 8)])]);
+        assert_eq!(
+            d.activated,
+            vec![(VIRTIO_F_VERSION_1, vec![(true, 8), (true, 8)])]
+        );
     }
     // After DRIVER_OK.
     wr(&mut r.t, regs::QUEUE_SEL, 0).unwrap();
@@ -262,7 +284,10 @@ fn rings_outside_ram_or_misaligned_need_a_reset() {
         let mut r = rig();
         negotiate(&mut r.t, VIRTIO_F_VERSION_1).unwrap();
         setup_queue(&mut r.t, 0, 16, base);
-        assert!(wr(&mut r.t, regs::STATUS, UP | status::DRIVER_OK).is_err(), "{base:#x}");
+        assert!(
+            wr(&mut r.t, regs::STATUS, UP | status::DRIVER_OK).is_err(),
+            "{base:#x}"
+        );
         assert_ne!(r.t.status() & status::DEVICE_NEEDS_RESET, 0, "{base:#x}");
         assert!(r.dev.lock().unwrap().activated.is_empty());
     }
@@ -298,12 +323,19 @@ fn interrupt_status_and_ack() {
     assert_eq!(rd(&r.t, regs::INTERRUPT_STATUS), INT_VRING);
     irq.trigger(VirtioInterruptType::Config).unwrap();
     assert_eq!(rd(&r.t, regs::INTERRUPT_STATUS), INT_VRING | INT_CONFIG);
-    assert_eq!(r.t.interrupt().irq_evt().read().unwrap(), 2, "irqfd signalled twice");
+    assert_eq!(
+        r.t.interrupt().irq_evt().read().unwrap(),
+        2,
+        "irqfd signalled twice"
+    );
     wr(&mut r.t, regs::INTERRUPT_ACK, INT_VRING).unwrap();
     assert_eq!(rd(&r.t, regs::INTERRUPT_STATUS), INT_CONFIG);
     wr(&mut r.t, regs::INTERRUPT_ACK, INT_CONFIG).unwrap();
     assert_eq!(rd(&r.t, regs::INTERRUPT_STATUS), 0);
-    assert!(wr(&mut r.t, regs::INTERRUPT_STATUS, 1).is_err(), "read-only");
+    assert!(
+        wr(&mut r.t, regs::INTERRUPT_STATUS, 1).is_err(),
+        "read-only"
+    );
 }
 
 #[test]
@@ -356,7 +388,10 @@ fn reset_clears_everything_and_tells_the_device() {
     wr(&mut r.t, regs::STATUS, UP | status::DRIVER_OK).unwrap();
     let d = r.dev.lock().unwrap();
     assert_eq!(d.activated.len(), 2);
-    assert_eq!(d.activated[1], (VIRTIO_F_VERSION_1 | 1 << 3, vec![(false, 16), (false, 8)]));
+    assert_eq!(
+        d.activated[1],
+        (VIRTIO_F_VERSION_1 | 1 << 3, vec![(false, 16), (false, 8)])
+    );
 }
 
 #[test]

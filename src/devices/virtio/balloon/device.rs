@@ -14,10 +14,7 @@ use super::metrics::BalloonMetrics;
 use super::ranges::RamMap;
 use super::sink::{Completion, DiscardSink};
 use super::stats::BalloonStats;
-use super::{
-    BalloonError, CONFIG_SPACE_BYTES, MAX_CHAINS_PER_PASS, PAGES_PER_MIB, QUEUE_SIZE,
-    VIRTIO_ID_BALLOON,
-};
+use super::{BalloonError, CONFIG_SPACE_BYTES, PAGES_PER_MIB, QUEUE_SIZE, VIRTIO_ID_BALLOON};
 use crate::devices::virtio::{
     ActivateError, DeviceMemory, VirtioDevice, VirtioInterrupt, VirtioInterruptType,
     VIRTIO_F_VERSION_1,
@@ -330,7 +327,12 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
             return Err(ActivateError::AlreadyActive);
         }
         let layout = QueueLayout::of(acked_features);
-        let needed = [Some(layout.inflate), Some(layout.deflate), layout.stats, layout.reporting];
+        let needed = [
+            Some(layout.inflate),
+            Some(layout.deflate),
+            layout.stats,
+            layout.reporting,
+        ];
         for i in needed.into_iter().flatten() {
             if !queues.get(i).is_some_and(|q| q.ready()) {
                 BalloonMetrics::add(&self.metrics.activate_fails, 1);
@@ -353,7 +355,6 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
             // buffer then): look at every queue once.
             pending: vec![true; n],
         });
-        debug_assert!(MAX_CHAINS_PER_PASS > 0);
         self.wake.write(1).map_err(ActivateError::Signal)
     }
 

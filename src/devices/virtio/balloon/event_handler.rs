@@ -91,8 +91,9 @@ impl<M: DeviceMemory> BalloonWorker<M> {
     pub fn run_once(&self, events: &mut [EpollEvent]) -> Result<bool, BalloonError> {
         let timeout_ms = {
             let b = self.lock();
-            b.stats_timeout(Instant::now())
-                .map_or(-1, |d| i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX))
+            b.stats_timeout(Instant::now()).map_or(-1, |d| {
+                i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX)
+            })
         };
         let n = match self.epoll.wait(timeout_ms, events) {
             Ok(n) => n,

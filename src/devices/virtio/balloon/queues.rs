@@ -18,7 +18,7 @@ use super::device::Active;
 use super::metrics::BalloonMetrics;
 use super::ranges::{pfns_to_ranges, GuestRange};
 use super::sink::{Completion, DiscardAck, DiscardKind};
-use super::stats::{STAT_ENTRY_BYTES, MAX_STAT_ENTRIES};
+use super::stats::{MAX_STAT_ENTRIES, STAT_ENTRY_BYTES};
 use super::{Balloon, MAX_CHAINS_PER_PASS, MAX_INFLIGHT_BATCHES, MAX_PFNS_PER_CHAIN};
 use crate::devices::virtio::{DeviceMemory, VirtioInterruptType};
 
@@ -239,7 +239,10 @@ impl<M: DeviceMemory> Balloon<M> {
         let ok = Self::return_chains(a, c.queue, &c.heads);
         Self::count_fail(&self.metrics, ok);
         // A batch completed: queues waiting for room get a pass.
-        for q in [Some(a.layout.inflate), a.layout.reporting].into_iter().flatten() {
+        for q in [Some(a.layout.inflate), a.layout.reporting]
+            .into_iter()
+            .flatten()
+        {
             if a.pending[q] && self.wake.write(1).is_err() {
                 BalloonMetrics::add(&self.metrics.event_fails, 1);
             }
