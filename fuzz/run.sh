@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzz what a stranger or a guest reaches (the input parsers, the port I/O
-# bus) with cargo-fuzz (libFuzzer) for SECONDS each (default 60), on the
-# stable toolchain, and exit non-zero on any finding.
+# bus, the virtio-mmio transport, the balloon's queues) with cargo-fuzz
+# (libFuzzer) for SECONDS each (default 60), on the stable toolchain, and
+# exit non-zero on any finding.
 #
 #   fuzz/run.sh [SECONDS]
 #
@@ -20,12 +21,15 @@ cd "$(dirname "$0")"
 secs=${1:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
 CARGO_FUZZ_VERSION=0.13.2
-targets=(http_request api_route api_body config_file port_io)
-declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_file]=json [port_io]=)
+targets=(http_request api_route api_body config_file port_io virtio_mmio balloon_queues)
+declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_file]=json [port_io]= [virtio_mmio]= [balloon_queues]=)
 # Longest input: past MAX_LINE_BYTES (8 KiB) for the HTTP parser, the default
 # (4 KiB, or the longest seed) for the JSON bodies and files, and 4 KiB (1024
-# accesses) for the port I/O bus, which has no dictionary.
-declare -A max_len=([http_request]=20000 [api_route]=4096 [api_body]=4096 [config_file]=4096 [port_io]=4096)
+# accesses) for the port I/O bus, which has no dictionary; 8 KiB for the
+# virtio transport (1024 register accesses: a whole driver set-up and then
+# some) and the balloon's queues (hundreds of descriptors and ring entries).
+# Their seeds replay in `cargo test` (devices::virtio::fuzzing).
+declare -A max_len=([http_request]=20000 [api_route]=4096 [api_body]=4096 [config_file]=4096 [port_io]=4096 [virtio_mmio]=8192 [balloon_queues]=8192)
 
 export RUSTC_BOOTSTRAP=1
 # -a: debug assertions and overflow checks on, so an arithmetic overflow panics.

@@ -10,6 +10,7 @@ pub mod console;
 pub mod i8042;
 pub mod ports;
 pub mod serial;
+pub mod virtio;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

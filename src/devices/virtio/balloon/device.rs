@@ -1,0 +1,368 @@
+//! The balloon device: features, configuration space, target, activation
+//! and reset. The queue work is in [`super::queues`]; it runs on the
+//! balloon's thread, never in these calls.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use virtio_queue::{Queue, QueueT};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::features::{DEFLATE_ON_OOM, MUST_TELL_HOST, REPORTING, STATS_VQ};
+use super::metrics::BalloonMetrics;
+use super::ranges::RamMap;
+use super::sink::{Completion, DiscardSink};
+use super::stats::BalloonStats;
+use super::{BalloonError, CONFIG_SPACE_BYTES, PAGES_PER_MIB, QUEUE_SIZE, VIRTIO_ID_BALLOON};
+use crate::devices::virtio::{
+    ActivateError, DeviceMemory, VirtioDevice, VirtioInterrupt, VirtioInterruptType,
+    VIRTIO_F_VERSION_1,
+};
+
+/// What the balloon is made with (the API's `PUT /balloon`, checked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BalloonOptions {
+    /// The first target, MiB.
+    pub amount_mib: u64,
+    /// Offer `DEFLATE_ON_OOM`.
+    pub deflate_on_oom: bool,
+    /// Seconds between statistics updates; 0: no statistics queue.
+    pub stats_polling_interval_s: u16,
+    /// Offer free page reporting.
+    pub free_page_reporting: bool,
+    /// Free page hinting: refused.
+    pub free_page_hinting: bool,
+}
+
+/// Which queue index does what, from the features the driver accepted
+/// (virtio 5.5.2: absent queues take no index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLayout {
+    /// Inflate (always 0).
+    pub inflate: usize,
+    /// Deflate (always 1).
+    pub deflate: usize,
+    /// Statistics, with `STATS_VQ`.
+    pub stats: Option<usize>,
+    /// Free page reporting, with `REPORTING`.
+    pub reporting: Option<usize>,
+}
+
+impl QueueLayout {
+    /// The layout for `acked` features.
+    pub fn of(acked: u64) -> QueueLayout {
+        let mut next = 2;
+        let mut take = |on: bool| {
+            on.then(|| {
+                next += 1;
+                next - 1
+            })
+        };
+        let stats = take(acked & STATS_VQ != 0);
+        let reporting = take(acked & REPORTING != 0);
+        QueueLayout {
+            inflate: 0,
+            deflate: 1,
+            stats,
+            reporting,
+        }
+    }
+}
+
+/// What exists while the device runs (between `DRIVER_OK` and a reset).
+pub(super) struct Active<M: DeviceMemory> {
+    pub mem: M,
+    pub ram: RamMap,
+    pub queues: Vec<Queue>,
+    pub layout: QueueLayout,
+    pub interrupt: Arc<dyn VirtioInterrupt>,
+    /// The statistics buffer the device holds until the next update.
+    pub stats_head: Option<u16>,
+    pub next_stats_at: Option<Instant>,
+    /// Batches at the sink.
+    pub inflight: usize,
+    /// Queues with work left over from a bounded pass.
+    pub pending: Vec<bool>,
+}
+
+/// A virtio-balloon.
+pub struct Balloon<M: DeviceMemory> {
+    pub(super) opts: BalloonOptions,
+    avail_features: u64,
+    queue_sizes: Vec<u16>,
+    ram_mib: u64,
+    num_pages: u32,
+    actual_pages: u32,
+    config_generation: u32,
+    pub(super) discard_page_bytes: u64,
+    pub(super) sink: Arc<dyn DiscardSink>,
+    pub(super) metrics: Arc<BalloonMetrics>,
+    pub(super) stats: BalloonStats,
+    pub(super) stats_interval: Duration,
+    pub(super) active: Option<Active<M>>,
+    /// Bumped at each activation; a completion of an older one is stale.
+    pub(super) epoch: u64,
+    pub(super) completion_tx: Sender<Completion>,
+    pub(super) completion_rx: Receiver<Completion>,
+    pub(super) wake: Arc<EventFd>,
+}
+
+impl<M: DeviceMemory> std::fmt::Debug for Balloon<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Balloon")
+            .field("opts", &self.opts)
+            .field("num_pages", &self.num_pages)
+            .field("actual_pages", &self.actual_pages)
+            .field("active", &self.active.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: DeviceMemory> Balloon<M> {
+    /// A balloon for a guest of `ram_mib` MiB, discarding whole pages of
+    /// `discard_page_bytes` (4 KiB, or the huge page size) through `sink`.
+    pub fn new(
+        opts: BalloonOptions,
+        ram_mib: u64,
+        discard_page_bytes: u64,
+        sink: Arc<dyn DiscardSink>,
+    ) -> Result<Balloon<M>, BalloonError> {
+        if opts.free_page_hinting {
+            return Err(BalloonError::HintingNotSupported);
+        }
+        let num_pages = Self::pages_for(opts.amount_mib, ram_mib)?;
+        let mut avail_features = VIRTIO_F_VERSION_1 | MUST_TELL_HOST;
+        let mut queue_sizes = vec![QUEUE_SIZE, QUEUE_SIZE];
+        if opts.stats_polling_interval_s > 0 {
+            avail_features |= STATS_VQ;
+            queue_sizes.push(QUEUE_SIZE);
+        }
+        if opts.deflate_on_oom {
+            avail_features |= DEFLATE_ON_OOM;
+        }
+        if opts.free_page_reporting {
+            avail_features |= REPORTING;
+            queue_sizes.push(QUEUE_SIZE);
+        }
+        let (completion_tx, completion_rx) = channel();
+        Ok(Balloon {
+            opts,
+            avail_features,
+            queue_sizes,
+            ram_mib,
+            num_pages,
+            actual_pages: 0,
+            config_generation: 0,
+            discard_page_bytes,
+            sink,
+            metrics: Arc::new(BalloonMetrics::default()),
+            stats: BalloonStats::default(),
+            stats_interval: Duration::from_secs(u64::from(opts.stats_polling_interval_s)),
+            active: None,
+            epoch: 0,
+            completion_tx,
+            completion_rx,
+            wake: Arc::new(EventFd::new(EFD_NONBLOCK).map_err(BalloonError::EventFd)?),
+        })
+    }
+
+    fn pages_for(amount_mib: u64, ram_mib: u64) -> Result<u32, BalloonError> {
+        if amount_mib > ram_mib {
+            return Err(BalloonError::TargetAboveRam {
+                amount_mib,
+                ram_mib,
+            });
+        }
+        u32::try_from(amount_mib * PAGES_PER_MIB).map_err(|_| BalloonError::TargetAboveRam {
+            amount_mib,
+            ram_mib: u64::from(u32::MAX) / PAGES_PER_MIB,
+        })
+    }
+
+    /// `PATCH /balloon`: a new target; the guest is told by a configuration
+    /// interrupt (if the device runs).
+    pub fn set_target(&mut self, amount_mib: u64) -> Result<(), BalloonError> {
+        self.num_pages = Self::pages_for(amount_mib, self.ram_mib)?;
+        self.opts.amount_mib = amount_mib;
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if let Some(a) = &self.active {
+            if a.interrupt.trigger(VirtioInterruptType::Config).is_err() {
+                BalloonMetrics::add(&self.metrics.event_fails, 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// `PATCH /balloon/statistics`: a new interval. Statistics cannot be
+    /// switched on or off once the device exists (Firecracker's rule).
+    pub fn set_stats_polling_interval(&mut self, secs: u16) -> Result<(), BalloonError> {
+        match (self.opts.stats_polling_interval_s > 0, secs > 0) {
+            (false, true) => return Err(BalloonError::StatsSwitch("on", "0")),
+            (true, false) => return Err(BalloonError::StatsSwitch("off", "above 0")),
+            _ => {}
+        }
+        self.opts.stats_polling_interval_s = secs;
+        self.stats_interval = Duration::from_secs(u64::from(secs));
+        if let Some(a) = &mut self.active {
+            a.next_stats_at = Some(Instant::now() + self.stats_interval);
+        }
+        Ok(())
+    }
+
+    /// The options as they are now (the target follows `set_target`).
+    pub fn options(&self) -> BalloonOptions {
+        self.opts
+    }
+
+    /// The target, in 4 KiB pages (`num_pages`).
+    pub fn target_pages(&self) -> u32 {
+        self.num_pages
+    }
+
+    /// What the guest says it holds, in 4 KiB pages (`actual`).
+    pub fn actual_pages(&self) -> u32 {
+        self.actual_pages
+    }
+
+    /// The target, MiB.
+    pub fn target_mib(&self) -> u64 {
+        u64::from(self.num_pages) / PAGES_PER_MIB
+    }
+
+    /// What the guest holds, MiB (rounded down).
+    pub fn actual_mib(&self) -> u64 {
+        u64::from(self.actual_pages) / PAGES_PER_MIB
+    }
+
+    /// The guest's latest statistics (an error when the statistics queue is
+    /// off).
+    pub fn latest_stats(&self) -> Result<&BalloonStats, BalloonError> {
+        if self.opts.stats_polling_interval_s == 0 {
+            return Err(BalloonError::StatsDisabled);
+        }
+        Ok(&self.stats)
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &Arc<BalloonMetrics> {
+        &self.metrics
+    }
+
+    /// The eventfd the balloon's thread polls besides the queue eventfds:
+    /// sink completions and left-over work.
+    pub fn wake_evt(&self) -> &EventFd {
+        &self.wake
+    }
+
+    /// Whether the device runs (between `DRIVER_OK` and a reset).
+    pub fn is_active(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// The queue layout while the device runs.
+    pub fn layout(&self) -> Option<QueueLayout> {
+        self.active.as_ref().map(|a| a.layout)
+    }
+
+    fn config_bytes(&self) -> [u8; CONFIG_SPACE_BYTES] {
+        let mut b = [0u8; CONFIG_SPACE_BYTES];
+        b[0..4].copy_from_slice(&self.num_pages.to_le_bytes());
+        b[4..8].copy_from_slice(&self.actual_pages.to_le_bytes());
+        b
+    }
+}
+
+impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BALLOON
+    }
+
+    fn avail_features(&self) -> u64 {
+        self.avail_features
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let b = self.config_bytes();
+        for (i, d) in data.iter_mut().enumerate() {
+            *d = usize::try_from(offset)
+                .ok()
+                .and_then(|o| o.checked_add(i))
+                .and_then(|o| b.get(o))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        // Only `actual` (bytes 4..8) is the driver's to write.
+        let mut b = self.config_bytes();
+        for (i, &d) in data.iter().enumerate() {
+            if let Some(o) = usize::try_from(offset).ok().and_then(|o| o.checked_add(i)) {
+                if (4..8).contains(&o) {
+                    b[o] = d;
+                }
+            }
+        }
+        self.actual_pages = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    }
+
+    fn config_generation(&self) -> u32 {
+        self.config_generation
+    }
+
+    fn activate(
+        &mut self,
+        mem: M,
+        acked_features: u64,
+        queues: Vec<Queue>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> Result<(), ActivateError> {
+        if self.active.is_some() {
+            BalloonMetrics::add(&self.metrics.activate_fails, 1);
+            return Err(ActivateError::AlreadyActive);
+        }
+        let layout = QueueLayout::of(acked_features);
+        let needed = [
+            Some(layout.inflate),
+            Some(layout.deflate),
+            layout.stats,
+            layout.reporting,
+        ];
+        for i in needed.into_iter().flatten() {
+            if !queues.get(i).is_some_and(|q| q.ready()) {
+                BalloonMetrics::add(&self.metrics.activate_fails, 1);
+                return Err(ActivateError::QueueNotReady(i));
+            }
+        }
+        let ram = RamMap::of(&*mem, self.discard_page_bytes);
+        let n = queues.len();
+        self.epoch += 1;
+        self.active = Some(Active {
+            mem,
+            ram,
+            queues,
+            layout,
+            interrupt,
+            stats_head: None,
+            next_stats_at: layout.stats.map(|_| Instant::now() + self.stats_interval),
+            inflight: 0,
+            // Buffers added before DRIVER_OK (Linux adds the statistics
+            // buffer then): look at every queue once.
+            pending: vec![true; n],
+        });
+        self.wake.write(1).map_err(ActivateError::Signal)
+    }
+
+    fn reset(&mut self) {
+        // Drops the queues and the guest memory. Batches still at the sink
+        // complete into a stale epoch and are ignored.
+        self.active = None;
+        self.actual_pages = 0;
+        while self.completion_rx.try_recv().is_ok() {}
+    }
+}

@@ -1,0 +1,106 @@
+//! Where inflated and reported guest ranges go to be freed, and how the
+//! sink says they are.
+//!
+//! The balloon hands each batch to a [`DiscardSink`] with a [`DiscardAck`].
+//! The sink frees the ranges (production: the per-node discard pool, on its
+//! own threads; small batches may be freed inline) and then calls
+//! [`DiscardAck::freed`], or [`DiscardAck::failed`]. Dropping the ack without
+//! either counts as failed: the ack is a drop guard, so a sink that panics
+//! still hands the guest its descriptors back. The ack's completion travels
+//! over a channel and wakes the balloon's thread through an eventfd; only
+//! that thread touches the queues.
+
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use super::ranges::GuestRange;
+
+/// Why the guest gave the ranges back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscardKind {
+    /// Inflated balloon pages: already acknowledged to the guest, which will
+    /// not touch them until it deflates them.
+    Inflate,
+    /// Free page reporting: the guest waits for the acknowledgement, which
+    /// comes only after the sink says the ranges are freed.
+    Report,
+}
+
+/// Frees guest ranges. Every range it is given lies inside guest RAM (one
+/// region each) and is aligned to the balloon's discard page size.
+pub trait DiscardSink: Send + Sync {
+    /// Frees `ranges`, then completes `ack` (from any thread). Must not
+    /// block for long: the balloon's thread calls it.
+    fn discard(&self, kind: DiscardKind, ranges: Vec<GuestRange>, ack: DiscardAck);
+
+    /// The guest takes `ranges` back (deflate): returns once no discard
+    /// overlapping them is still in flight, so a page is never freed after
+    /// the guest got it back. The default does nothing (for sinks that free
+    /// before they complete the ack).
+    fn reclaimed(&self, ranges: &[GuestRange]) {
+        let _ = ranges;
+    }
+}
+
+/// What a completed ack tells the balloon's thread.
+#[derive(Debug)]
+pub(crate) struct Completion {
+    /// The activation the batch belongs to (a reset in between makes it
+    /// stale: its heads are not returned to the new queues).
+    pub epoch: u64,
+    pub kind: DiscardKind,
+    /// The queue and the chain heads to return to the guest now.
+    pub queue: usize,
+    pub heads: Vec<u16>,
+    pub bytes: u64,
+    pub ranges: u64,
+    pub freed: bool,
+}
+
+/// The sink's promise to say when a batch is freed. Call [`Self::freed`] or
+/// [`Self::failed`]; a drop without either is a failure.
+#[derive(Debug)]
+pub struct DiscardAck {
+    done: Option<(Completion, Sender<Completion>, Arc<EventFd>)>,
+}
+
+impl DiscardAck {
+    pub(crate) fn new(c: Completion, tx: Sender<Completion>, wake: Arc<EventFd>) -> DiscardAck {
+        DiscardAck {
+            done: Some((c, tx, wake)),
+        }
+    }
+
+    /// Bytes in the batch.
+    pub fn bytes(&self) -> u64 {
+        self.done.as_ref().map_or(0, |(c, _, _)| c.bytes)
+    }
+
+    /// The ranges are freed.
+    pub fn freed(mut self) {
+        self.complete(true);
+    }
+
+    /// The ranges could not be freed (they stay the guest's, untouched).
+    pub fn failed(mut self) {
+        self.complete(false);
+    }
+
+    fn complete(&mut self, freed: bool) {
+        if let Some((mut c, tx, wake)) = self.done.take() {
+            c.freed = freed;
+            // The balloon may be gone (shutdown): nothing to tell then.
+            if tx.send(c).is_ok() {
+                let _ = wake.write(1);
+            }
+        }
+    }
+}
+
+impl Drop for DiscardAck {
+    fn drop(&mut self) {
+        self.complete(false);
+    }
+}
