@@ -41,6 +41,9 @@ pub const MAX_BOOT_REGIONS: usize = 8;
 pub const MMIO_WINDOW_START: u64 = MMIO_GAP_START;
 /// End of that window (exclusive).
 pub const MMIO_WINDOW_END: u64 = MMIO_WINDOW_START + 0x10_0000;
+// The firmware and the tests expect the window in one 2 MiB page.
+const _: () =
+    assert!(MMIO_WINDOW_START % TWO_MIB + (MMIO_WINDOW_END - MMIO_WINDOW_START) <= TWO_MIB);
 
 const GIB: u64 = 1 << 30;
 const TWO_MIB: u64 = 2 << 20;
@@ -370,9 +373,9 @@ mod tests {
     /// Follows the page tables at `pml4` to the entry mapping `addr`: the
     /// flags of the PML4, PDPT and PD entries, and the PD entry itself.
     fn walk(m: &GuestMemoryMmap, pml4: u64, addr: u64) -> ([u64; 2], u64) {
-        let e4 = read_u64(m, pml4 + (addr >> 39 & 511) * 8);
-        let e3 = read_u64(m, (e4 & !0xfff) + (addr >> 30 & 511) * 8);
-        let e2 = read_u64(m, (e3 & !0xfff) + (addr >> 21 & 511) * 8);
+        let e4 = read_u64(m, pml4 + ((addr >> 39) & 511) * 8);
+        let e3 = read_u64(m, (e4 & !0xfff) + ((addr >> 30) & 511) * 8);
+        let e2 = read_u64(m, (e3 & !0xfff) + ((addr >> 21) & 511) * 8);
         ([e4 & 0xfff, e3 & 0xfff], e2)
     }
 
@@ -386,7 +389,6 @@ mod tests {
         assert_eq!(pde, MMIO_WINDOW_START | PTE_2M_UNCACHED);
         // User, present, writable, PWT and PCD, a 2 MiB page.
         assert_eq!(pde & 0x9f, 0x9f);
-        assert!(MMIO_WINDOW_END - MMIO_WINDOW_START <= TWO_MIB);
         // The rest of that directory maps nothing, nor do the GiBs between
         // RAM and the window.
         let pdpt = read_u64(&m, l.pml4) & !0xfff;
@@ -414,7 +416,7 @@ mod tests {
         assert_eq!(pde, MMIO_WINDOW_START | PTE_2M_UNCACHED);
         let next = MMIO_WINDOW_START + TWO_MIB;
         assert_eq!(walk(&m, l.pml4, next).1, next | PTE_2M);
-        assert_eq!(walk(&m, l.pml4, 4 * GIB).1, 4 * GIB | PTE_2M);
+        assert_eq!(walk(&m, l.pml4, 4 * GIB).1, (4 * GIB) | PTE_2M);
         let below = MMIO_WINDOW_START - TWO_MIB;
         assert_eq!(walk(&m, l.pml4, below).1, below | PTE_2M);
     }
