@@ -65,6 +65,23 @@
  *   (or the queue's size) device-writable descriptors, each at most 4 MiB
  *   and split at 4 MiB-aligned addresses and region ends, from the top of
  *   the touched RAM downwards; one chain in flight, waited for until used.
+ *   Then every reported page is read (all of it) and must be zero.
+ *   Serving (balloon, then=idle): vCPU 0 spins (pause) and every ~65536
+ *   rounds checks the statsq's used idx (memory), num_pages (one MMIO
+ *   exit) and the i8042 for a Ctrl-Alt-Del (one port exit); the other
+ *   vCPUs park as usual (with keep=writing they would rewrite balloon pages
+ *   of their share: do not combine the two). A device given up (timeout)
+ *   ends in the usual idle.
+ *   Lines, all "teravm firmware: balloon ...":
+ *     device at 0x<base> features 0x<accepted>
+ *     actual <pages> pages
+ *     reported <MiB> MiB, read back zero: yes|no
+ *     error no device | error device reset did not complete |
+ *     error device does not offer VERSION_1 | error device refused the
+ *     features (FEATURES_OK) | error queue <i> unusable (in use or
+ *     QueueNumMax 0) | error queue <i> timed out; device given up |
+ *     error target <n> pages is more than the <m> pages touched |
+ *     error device does not offer REPORTING
  *
  * Memory the firmware uses (all below BI_FW_END, so never in the touched
  * RAM the balloon takes pages from):
