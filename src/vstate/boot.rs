@@ -1,7 +1,7 @@
 //! How the built-in firmware is started: the low guest memory layout (GDT,
 //! boot-info block, command line, firmware image, stacks, page tables), the
-//! identity page tables with 2 MiB pages, and each vCPU's long-mode registers
-//! at CPL3.
+//! identity page tables with 2 MiB pages (plus the virtio-mmio window,
+//! uncached), and each vCPU's long-mode registers at CPL3.
 //!
 //! CPL3 because on PVM hosts (paging-based KVM, no VMX/SVM) every instruction
 //! a guest runs at CPL0 is emulated, about 1,000x slower, while CPL3 code
@@ -10,6 +10,8 @@
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
+use crate::memory::layout::MMIO_GAP_START;
 
 /// The firmware image, assembled from `firmware/firmware.S` by `build.rs`.
 pub static FIRMWARE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/firmware.bin"));
@@ -34,6 +36,14 @@ pub const STACK_BYTES: u64 = 0x1000;
 pub const PAGE_TABLES_ADDR: u64 = 0x20_0000;
 /// Most RAM regions the boot-info block lists.
 pub const MAX_BOOT_REGIONS: usize = 8;
+/// Start of the guest-physical window of virtio-mmio devices the firmware
+/// probes (Firecracker's: 4 KiB devices from 0xC000_1000, in the MMIO gap).
+pub const MMIO_WINDOW_START: u64 = MMIO_GAP_START;
+/// End of that window (exclusive).
+pub const MMIO_WINDOW_END: u64 = MMIO_WINDOW_START + 0x10_0000;
+// The firmware and the tests expect the window in one 2 MiB page.
+const _: () =
+    assert!(MMIO_WINDOW_START % TWO_MIB + (MMIO_WINDOW_END - MMIO_WINDOW_START) <= TWO_MIB);
 
 const GIB: u64 = 1 << 30;
 const TWO_MIB: u64 = 2 << 20;
@@ -71,6 +81,9 @@ const RFLAGS_CPL3_IOPL3: u64 = 0x3002;
 const PTE_TABLE: u64 = 0x7;
 /// Present, writable, user, 2 MiB page.
 const PTE_2M: u64 = 0x87;
+/// Present, writable, user, write-through, cache disabled, 2 MiB page: the
+/// MMIO window (PAT entry 3, uncached).
+const PTE_2M_UNCACHED: u64 = 0x9f;
 
 /// Errors of writing the boot state into guest memory.
 #[derive(Debug, thiserror::Error)]
@@ -112,10 +125,17 @@ pub struct BootLayout {
     pub entry: u64,
 }
 
-/// Bytes of page tables needed to identity-map `[0, top)` with 2 MiB pages.
+/// Page directories (one per GiB, from 0) for RAM up to `top` and the MMIO
+/// window; the directories of gigabytes between the two stay unused.
+fn page_directories(top: u64) -> u64 {
+    top.div_ceil(GIB).max(MMIO_WINDOW_END.div_ceil(GIB))
+}
+
+/// Bytes of page tables needed to identity-map `[0, top)` and the MMIO
+/// window with 2 MiB pages.
 pub fn page_table_bytes(top: u64) -> u64 {
-    let pds = top.div_ceil(GIB);
-    let pdpts = top.div_ceil(512 * GIB);
+    let pds = page_directories(top);
+    let pdpts = pds.div_ceil(512);
     (1 + pdpts + pds) * PAGE
 }
 
@@ -154,9 +174,13 @@ pub fn write_boot_state<M: GuestMemoryBackend>(
     let gdt: Vec<u8> = GDT.iter().flat_map(|e| e.to_le_bytes()).collect();
     write("the GDT", GDT_ADDR, &gdt)?;
 
-    // Page tables: PML4 | PDPTs | PDs, identity-mapping [0, top) with 2 MiB pages.
-    let pds = top.div_ceil(GIB);
-    let pdpts = top.div_ceil(512 * GIB);
+    // Page tables: PML4 | PDPTs | PDs, identity-mapping [0, top) with 2 MiB
+    // pages, and the MMIO window uncached. Directory `i` maps GiB `i`; those
+    // of gigabytes with neither RAM nor the window are left unused.
+    let ram_pds = top.div_ceil(GIB);
+    let pds = page_directories(top);
+    let pdpts = pds.div_ceil(512);
+    let window_pds = MMIO_WINDOW_START / GIB..MMIO_WINDOW_END.div_ceil(GIB);
     let pml4 = PAGE_TABLES_ADDR;
     let pdpt_base = pml4 + PAGE;
     let pd_base = pdpt_base + pdpts * PAGE;
@@ -165,19 +189,48 @@ pub fn write_boot_state<M: GuestMemoryBackend>(
         .collect();
     write("the PML4", pml4, &pml4_entries)?;
     let pdpt_entries: Vec<u8> = (0..pds)
-        .flat_map(|i| ((pd_base + i * PAGE) | PTE_TABLE).to_le_bytes())
+        .map(|i| {
+            if i < ram_pds || window_pds.contains(&i) {
+                (pd_base + i * PAGE) | PTE_TABLE
+            } else {
+                0
+            }
+        })
+        .flat_map(u64::to_le_bytes)
         .collect();
     write("the PDPTs", pdpt_base, &pdpt_entries)?;
     // The directories in pieces of 64 (256 KiB of entries), so a 64 TiB guest
     // does not build 256 MiB of entries in one vector.
     let mut pd = 0;
-    while pd < pds {
-        let n = (pds - pd).min(64);
+    while pd < ram_pds {
+        let n = (ram_pds - pd).min(64);
         let entries: Vec<u8> = (pd * 512..(pd + n) * 512)
             .flat_map(|i| ((i * TWO_MIB) | PTE_2M).to_le_bytes())
             .collect();
         write("the page directories", pd_base + pd * PAGE, &entries)?;
         pd += n;
+    }
+    // The window's directories: a fresh one where no RAM shares its GiB;
+    // where RAM does (a guest above 4 GiB maps the gap too), only the
+    // window's entries change.
+    for i in window_pds {
+        if i >= ram_pds {
+            write(
+                "the page directories",
+                pd_base + i * PAGE,
+                &[0; PAGE as usize],
+            )?;
+        }
+    }
+    let mut page = MMIO_WINDOW_START & !(TWO_MIB - 1);
+    while page < MMIO_WINDOW_END {
+        let entry = pd_base + (page / GIB) * PAGE + (page % GIB) / TWO_MIB * 8;
+        write(
+            "the MMIO window's page table entry",
+            entry,
+            &(page | PTE_2M_UNCACHED).to_le_bytes(),
+        )?;
+        page += TWO_MIB;
     }
 
     let mut info = Vec::with_capacity(48 + 16 * MAX_BOOT_REGIONS);
@@ -313,7 +366,59 @@ mod tests {
         // 1 TiB of RAM plus the gap: 1025 directories and 3 PDPTs.
         let top = (1u64 << 40) + GIB;
         assert_eq!(page_table_bytes(top), (1 + 3 + 1025) * PAGE);
-        assert_eq!(page_table_bytes(64 << 20), 3 * PAGE);
+        // A small guest: its RAM's directory, two unused ones, the window's.
+        assert_eq!(page_table_bytes(64 << 20), (1 + 1 + 4) * PAGE);
+    }
+
+    /// Follows the page tables at `pml4` to the entry mapping `addr`: the
+    /// flags of the PML4, PDPT and PD entries, and the PD entry itself.
+    fn walk(m: &GuestMemoryMmap, pml4: u64, addr: u64) -> ([u64; 2], u64) {
+        let e4 = read_u64(m, pml4 + ((addr >> 39) & 511) * 8);
+        let e3 = read_u64(m, (e4 & !0xfff) + ((addr >> 30) & 511) * 8);
+        let e2 = read_u64(m, (e3 & !0xfff) + ((addr >> 21) & 511) * 8);
+        ([e4 & 0xfff, e3 & 0xfff], e2)
+    }
+
+    #[test]
+    fn the_mmio_window_is_mapped_uncached_for_cpl3() {
+        // A small guest: the window's GiB has no RAM.
+        let m = mem(64 << 20);
+        let l = write_boot_state(&m, &[(0, 64 << 20)], 1, 64, "").unwrap();
+        let (upper, pde) = walk(&m, l.pml4, MMIO_WINDOW_START);
+        assert_eq!(upper, [PTE_TABLE, PTE_TABLE]);
+        assert_eq!(pde, MMIO_WINDOW_START | PTE_2M_UNCACHED);
+        // User, present, writable, PWT and PCD, a 2 MiB page.
+        assert_eq!(pde & 0x9f, 0x9f);
+        // The rest of that directory maps nothing, nor do the GiBs between
+        // RAM and the window.
+        let pdpt = read_u64(&m, l.pml4) & !0xfff;
+        let pd3 = read_u64(&m, pdpt + 3 * 8) & !0xfff;
+        for i in 1..512 {
+            assert_eq!(read_u64(&m, pd3 + i * 8), 0);
+        }
+        assert_eq!(read_u64(&m, pdpt + 8), 0);
+        assert_eq!(read_u64(&m, pdpt + 16), 0);
+        // RAM is still mapped as before, and the tables end below fw_end.
+        assert_eq!(walk(&m, l.pml4, 0x20_0000).1, 0x20_0000 | PTE_2M);
+        assert!(PAGE_TABLES_ADDR + page_table_bytes(64 << 20) <= l.fw_end);
+
+        // A guest above 4 GiB maps the gap as RAM pages; the window's entry
+        // becomes uncached, its neighbours stay.
+        let regions = [(0, 3 * GIB), (4 * GIB, 64 << 20)];
+        let m = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 3 * GIB as usize),
+            (GuestAddress(4 * GIB), 64 << 20),
+        ])
+        .unwrap();
+        let l = write_boot_state(&m, &regions, 1, 3136, "").unwrap();
+        let (upper, pde) = walk(&m, l.pml4, MMIO_WINDOW_START + 0x1000);
+        assert_eq!(upper, [PTE_TABLE, PTE_TABLE]);
+        assert_eq!(pde, MMIO_WINDOW_START | PTE_2M_UNCACHED);
+        let next = MMIO_WINDOW_START + TWO_MIB;
+        assert_eq!(walk(&m, l.pml4, next).1, next | PTE_2M);
+        assert_eq!(walk(&m, l.pml4, 4 * GIB).1, (4 * GIB) | PTE_2M);
+        let below = MMIO_WINDOW_START - TWO_MIB;
+        assert_eq!(walk(&m, l.pml4, below).1, below | PTE_2M);
     }
 
     #[test]
