@@ -383,7 +383,7 @@ fn a_kernel_over_the_api_runs_until_the_guest_crashes_and_exits_3() {
     put(
         "/boot-source",
         format!(
-            r#"{{"kernel_image_path": "{}", "boot_args": "console=ttyS0 reboot=k panic=1 pci=off"}}"#,
+            r#"{{"kernel_image_path": "{}", "boot_args": "console=ttyS0 earlyprintk=serial reboot=k panic=1 pci=off"}}"#,
             kernel.display()
         ),
     );
