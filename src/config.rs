@@ -6,8 +6,9 @@
 //! (`machine-config`, `boot-source`, `vcpu_count`, `mem_size_mib`,
 //! `huge_pages`); `memory` and `reclaim` are teravm's own. Firecracker's
 //! other fields and sections (`smt`, `logger`, `metrics`, `drives`, ...)
-//! are in [`firecracker`].
+//! are in [`firecracker`], its `balloon` in [`balloon`].
 
+pub mod balloon;
 pub mod firecracker;
 
 use std::io::Read;
@@ -47,6 +48,7 @@ pub fn check_worker_threads(workers_per_node: u32, nodes: usize) -> Result<(), C
 /// stops `--config-file /dev/zero` from filling memory).
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 
+pub use balloon::{check_balloon_target, BalloonConfig, BalloonStatsUpdate, BalloonUpdate};
 pub use firecracker::{
     LogLevel, LoggerConfig, MachineConfigBody, MachineConfigPatch, MetricsConfig,
     UnsupportedSection,
@@ -438,9 +440,9 @@ pub struct VmConfig {
     /// Firecracker's vsock device: only empty.
     #[serde(default, skip_serializing)]
     pub vsock: UnsupportedSection,
-    /// Firecracker's balloon device: only empty.
-    #[serde(default, skip_serializing)]
-    pub balloon: UnsupportedSection,
+    /// Firecracker's balloon device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<BalloonConfig>,
     /// Firecracker's metadata service: only empty.
     #[serde(rename = "mmds-config", default, skip_serializing)]
     pub mmds_config: UnsupportedSection,
@@ -498,7 +500,10 @@ impl VmConfig {
         self.drives.check("drives")?;
         self.network_interfaces.check("network-interfaces")?;
         self.vsock.check("vsock")?;
-        self.balloon.check("balloon")?;
+        if let Some(balloon) = &self.balloon {
+            balloon.validate()?;
+            check_balloon_target(balloon.amount_mib, self.machine_config.mem_size_mib)?;
+        }
         self.mmds_config.check("mmds-config")?;
         self.entropy.check("entropy")
     }

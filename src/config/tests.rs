@@ -162,7 +162,6 @@ fn firecracker_sections_are_accepted_when_empty() {
         ("drives", r#"[{"drive_id": "rootfs"}]"#),
         ("network-interfaces", r#"[{"iface_id": "eth0"}]"#),
         ("vsock", r#"{"guest_cid": 3}"#),
-        ("balloon", r#"{"amount_mib": 1}"#),
         ("mmds-config", r#"{"network_interfaces": ["eth0"]}"#),
         ("entropy", r#"{"rate_limiter": null}"#),
         ("drives", "true"),
@@ -245,4 +244,76 @@ fn worker_threads_are_capped_in_all() {
         e.contains("reclaim.workers_per_node") && e.contains("2048 threads"),
         "{e}"
     );
+}
+
+#[test]
+fn balloon_section() {
+    let c = parse(
+        r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 256},
+            "balloon": {"amount_mib": 64, "deflate_on_oom": true,
+                        "stats_polling_interval_s": 1, "free_page_reporting": true}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        c.balloon,
+        Some(BalloonConfig {
+            amount_mib: 64,
+            deflate_on_oom: true,
+            stats_polling_interval_s: 1,
+            free_page_reporting: true,
+            free_page_hinting: false,
+        })
+    );
+    // GET /vm/config shows it, with every field, and reads back the same.
+    let v = serde_json::to_value(&c).unwrap();
+    assert_eq!(
+        v["balloon"],
+        serde_json::json!({"amount_mib": 64, "deflate_on_oom": true,
+            "stats_polling_interval_s": 1, "free_page_reporting": true,
+            "free_page_hinting": false})
+    );
+    assert_eq!(parse(&v.to_string()).unwrap(), c);
+    // Absent or null: no balloon, and none shown.
+    for text in ["{}", r#"{"balloon": null}"#] {
+        let c = parse(text).unwrap();
+        assert_eq!(c.balloon, None);
+        assert!(serde_json::to_value(&c).unwrap().get("balloon").is_none());
+    }
+    let cases = [
+        (r#"{}"#, "missing field `amount_mib`"),
+        (r#"{"amount_mib": 1}"#, "missing field `deflate_on_oom`"),
+        (
+            r#"{"amount_mib": 1, "deflate_on_oom": true, "must_tell_host": true}"#,
+            "unknown field `must_tell_host`",
+        ),
+        (
+            r#"{"amount_mib": "1", "deflate_on_oom": true}"#,
+            "invalid type",
+        ),
+        (
+            r#"{"amount_mib": 1, "deflate_on_oom": true, "free_page_hinting": true}"#,
+            "balloon.free_page_hinting",
+        ),
+        (
+            r#"{"amount_mib": 129, "deflate_on_oom": true}"#,
+            "invalid value for balloon.amount_mib: the balloon target 129 MiB is above the \
+             guest's RAM (128 MiB)",
+        ),
+        (
+            r#"{"amount_mib": 16777216, "deflate_on_oom": true}"#,
+            "balloon.amount_mib",
+        ),
+    ];
+    for (section, needle) in cases {
+        let e = parse(&format!(r#"{{"balloon": {section}}}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle) && !e.contains('\n'), "{section}: {e}");
+    }
+    let e = parse(
+        r#"{"balloon": {"amount_mib": 1, "deflate_on_oom": true, "free_page_hinting": true}}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("use free_page_reporting"), "{e}");
 }
