@@ -12,8 +12,8 @@ use std::sync::mpsc::Sender;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{
-    BootSource, LoggerConfig, MachineConfig, MachineConfigPatch, MemoryConfig, MetricsConfig,
-    ReclaimConfig,
+    BalloonConfig, BalloonStatsUpdate, BalloonUpdate, BootSource, LoggerConfig, MachineConfig,
+    MachineConfigPatch, MemoryConfig, MetricsConfig, ReclaimConfig,
 };
 
 /// When a `Shutdown` action replies.
@@ -65,6 +65,18 @@ pub enum VmmAction {
     PutMetrics(MetricsConfig),
     /// `PUT /actions` `{"action_type": "FlushMetrics"}`.
     FlushMetrics,
+    /// `PUT /balloon` (fields checked alone; the target against the guest's
+    /// RAM, and the state, by the VMM).
+    PutBalloon(BalloonConfig),
+    /// `PATCH /balloon`: a new target (checked alone; against the guest's
+    /// RAM by the VMM).
+    PatchBalloon(BalloonUpdate),
+    /// `GET /balloon`: the balloon's configuration, with the target in force.
+    GetBalloon,
+    /// `GET /balloon/statistics`: sizes, the guest's counters, teravm's.
+    GetBalloonStatistics,
+    /// `PATCH /balloon/statistics`: a new polling interval.
+    PatchBalloonStatistics(BalloonStatsUpdate),
 }
 
 impl VmmAction {
@@ -89,6 +101,11 @@ impl VmmAction {
             VmmAction::GetVersion => ("GET", "/version"),
             VmmAction::PutLogger(_) => ("PUT", "/logger"),
             VmmAction::PutMetrics(_) => ("PUT", "/metrics"),
+            VmmAction::PutBalloon(_) => ("PUT", "/balloon"),
+            VmmAction::PatchBalloon(_) => ("PATCH", "/balloon"),
+            VmmAction::GetBalloon => ("GET", "/balloon"),
+            VmmAction::GetBalloonStatistics => ("GET", "/balloon/statistics"),
+            VmmAction::PatchBalloonStatistics(_) => ("PATCH", "/balloon/statistics"),
         }
     }
 }

@@ -6,20 +6,23 @@
 //! `invalid machine-config body: machine-config.vcpu_count: invalid type: ...`.
 //!
 //! Firecracker's resources for devices teravm does not have (`/drives`,
-//! `/network-interfaces`, `/vsock`, `/balloon`, `/mmds`, `/snapshot/*`,
-//! `/entropy`, `/cpu-config`, `/hotplug/memory`, `/serial`, `PATCH /vm`)
-//! answer 400 with a
-//! `fault_message` that names the missing feature, so a Firecracker
-//! client's log says why. Every request is counted in [`crate::metrics`].
+//! `/network-interfaces`, `/vsock`, `/mmds`, `/snapshot/*`, `/entropy`,
+//! `/cpu-config`, `/hotplug/memory`, `/serial`, `PATCH /vm`) answer 400
+//! with a `fault_message` that names the missing feature, so a Firecracker
+//! client's log says why. The balloon's free page hinting endpoints
+//! (`/balloon/hinting/*`) answer 400 with the reason teravm refuses hinting
+//! (the device's [`BalloonError::HintingNotSupported`]). Every request is
+//! counted in [`crate::metrics`].
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::action::{ReclaimMode, VmmAction};
 use crate::config::{
-    BootSource, ConfigError, LoggerConfig, MachineConfig, MachineConfigPatch, MemoryConfig,
-    MetricsConfig, ReclaimConfig,
+    BalloonConfig, BalloonStatsUpdate, BalloonUpdate, BootSource, ConfigError, LoggerConfig,
+    MachineConfig, MachineConfigPatch, MemoryConfig, MetricsConfig, ReclaimConfig,
 };
+use crate::devices::virtio::balloon::BalloonError;
 
 /// Why a request does not make an action.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +53,17 @@ pub enum RouteError {
         /// What is missing, e.g. "block devices (drives) are".
         feature: &'static str,
     },
+    /// A Firecracker resource teravm knows and refuses, with the reason
+    /// (400): the balloon's free page hinting.
+    #[error("{method} {path}: {reason}")]
+    Refused {
+        /// The method asked for.
+        method: String,
+        /// The resource.
+        path: String,
+        /// Why, and what to use instead.
+        reason: String,
+    },
 }
 
 impl RouteError {
@@ -58,7 +72,9 @@ impl RouteError {
         match self {
             RouteError::NotFound(_) => 404,
             RouteError::MethodNotAllowed { .. } => 405,
-            RouteError::BadBody(_) | RouteError::NotSupported { .. } => 400,
+            RouteError::BadBody(_)
+            | RouteError::NotSupported { .. }
+            | RouteError::Refused { .. } => 400,
         }
     }
 }
@@ -77,8 +93,6 @@ fn unsupported(method: &str, path: &str) -> Option<&'static str> {
         "network interfaces are"
     } else if under("/vsock") {
         "vsock devices are"
-    } else if under("/balloon") {
-        "the balloon device is"
     } else if under("/mmds") {
         "the metadata service (MMDS) is"
     } else if under("/snapshot") {
@@ -120,7 +134,10 @@ fn allowed(path: &str) -> Option<&'static str> {
     Some(match path {
         "/" | "/vm/config" | "/version" => "GET",
         "/memory" | "/reclaim" => "GET, PUT",
-        "/machine-config" => "GET, PUT, PATCH",
+        "/machine-config" | "/balloon" => "GET, PUT, PATCH",
+        "/balloon/statistics" => "GET, PATCH",
+        "/balloon/hinting/start" | "/balloon/hinting/stop" => "PATCH",
+        "/balloon/hinting/status" => "GET",
         "/boot-source" | "/actions" | "/logger" | "/metrics" => "PUT",
         _ => return None,
     })
@@ -154,6 +171,13 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
     if !allow.split(", ").any(|m| m == method) {
         return Err(not_allowed());
     }
+    if path.starts_with("/balloon/hinting/") {
+        return Err(RouteError::Refused {
+            method: method.to_string(),
+            path: path.to_string(),
+            reason: BalloonError::HintingNotSupported.to_string(),
+        });
+    }
     match method {
         "GET" => {
             if !body.is_empty() {
@@ -166,6 +190,8 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 "/reclaim" => VmmAction::GetReclaim,
                 "/vm/config" => VmmAction::GetVmConfig,
                 "/version" => VmmAction::GetVersion,
+                "/balloon" => VmmAction::GetBalloon,
+                "/balloon/statistics" => VmmAction::GetBalloonStatistics,
                 _ => return Err(not_allowed()),
             })
         }
@@ -191,6 +217,11 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 Ok(VmmAction::PutReclaim(c))
             }
             "/actions" => action(body),
+            "/balloon" => {
+                let c: BalloonConfig = section(body, "balloon")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutBalloon(c))
+            }
             "/logger" => {
                 let c: LoggerConfig = section(body, "logger")?;
                 checked(c.validate())?;
@@ -203,16 +234,29 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
             }
             _ => Err(not_allowed()),
         },
-        "PATCH" => {
-            let p: MachineConfigPatch = section(body, "machine-config")?;
-            if p.is_empty() {
-                return Err(RouteError::BadBody(
-                    "the machine-config PATCH changes nothing: give at least one field".into(),
-                ));
+        "PATCH" => match path {
+            "/machine-config" => {
+                let p: MachineConfigPatch = section(body, "machine-config")?;
+                if p.is_empty() {
+                    return Err(RouteError::BadBody(
+                        "the machine-config PATCH changes nothing: give at least one field".into(),
+                    ));
+                }
+                checked(p.validate())?;
+                Ok(VmmAction::PatchMachineConfig(p))
             }
-            checked(p.validate())?;
-            Ok(VmmAction::PatchMachineConfig(p))
-        }
+            "/balloon" => {
+                let u: BalloonUpdate = section(body, "balloon")?;
+                checked(u.validate())?;
+                Ok(VmmAction::PatchBalloon(u))
+            }
+            "/balloon/statistics" => {
+                let u: BalloonStatsUpdate = section(body, "balloon")?;
+                checked(u.validate())?;
+                Ok(VmmAction::PatchBalloonStatistics(u))
+            }
+            _ => Err(not_allowed()),
+        },
         _ => Err(not_allowed()),
     }
 }
@@ -323,3 +367,7 @@ mod tests;
 #[cfg(test)]
 #[path = "routing_fc_tests.rs"]
 mod fc_tests;
+
+#[cfg(test)]
+#[path = "routing_balloon_tests.rs"]
+mod balloon_tests;

@@ -216,6 +216,14 @@ impl Vmm {
                 .flush_metrics()
                 .map(|_| VmmData::Empty)
                 .map_err(|e| VmmActionError::Internal(e.to_string())),
+            // Placeholder until the balloon is wired into the VMM.
+            VmmAction::PutBalloon(_)
+            | VmmAction::PatchBalloon(_)
+            | VmmAction::GetBalloon
+            | VmmAction::GetBalloonStatistics
+            | VmmAction::PatchBalloonStatistics(_) => Err(VmmActionError::BadRequest(
+                "the balloon is not wired yet".into(),
+            )),
         }
     }
 
