@@ -22,7 +22,7 @@ pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
         Err(e) => {
             let status = e.status();
             assert!(matches!(status, 400 | 404 | 405), "{e:?} -> {status}");
-            if let RouteError::BadBody(msg) = &e {
+            if let RouteError::BadBody(msg) | RouteError::Refused { reason: msg, .. } = &e {
                 assert!(
                     !msg.contains(['\r', '\n']),
                     "a body error is not one line: {msg:?}"
@@ -39,7 +39,9 @@ pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
                 | (VmmAction::GetMemory, "GET", "/memory")
                 | (VmmAction::GetReclaim, "GET", "/reclaim")
                 | (VmmAction::GetVmConfig, "GET", "/vm/config")
-                | (VmmAction::GetVersion, "GET", "/version") => {
+                | (VmmAction::GetVersion, "GET", "/version")
+                | (VmmAction::GetBalloon, "GET", "/balloon")
+                | (VmmAction::GetBalloonStatistics, "GET", "/balloon/statistics") => {
                     assert!(body.is_empty(), "GET with a body: {action:?}");
                     return;
                 }
@@ -68,6 +70,17 @@ pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
                 }
                 (VmmAction::PutMetrics(c), "PUT", "/metrics") => {
                     c.validate().expect("routed metrics validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PutBalloon(c), "PUT", "/balloon") => {
+                    c.validate().expect("routed balloon validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PatchBalloon(c), "PATCH", "/balloon") => {
+                    c.validate().expect("routed balloon update validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PatchBalloonStatistics(c), "PATCH", "/balloon/statistics") => {
                     serde_json::to_vec(c).unwrap()
                 }
                 (VmmAction::FlushMetrics, "PUT", "/actions") => {
