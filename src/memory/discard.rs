@@ -51,12 +51,14 @@ const MIB: u64 = 1 << 20;
 
 /// Batches smaller than this are freed on the caller's thread. Measured on
 /// the development host (release build, test `inline_threshold_measurement`,
-/// ignored by default): one `madvise(MADV_DONTNEED)` of touched 4 KiB pages
-/// costs about 9 us for 64 KiB, 60 us for 1 MiB and 110 us for 2 MiB, while
-/// handing a part to a parked worker and being told it is done costs about
-/// 30-60 us of wake-ups. Below 2 MiB the hand-off buys no time; above it the
-/// caller (a device thread) would block for more than ~100 us per batch.
-pub const INLINE_THRESHOLD_BYTES: u64 = 2 * MIB;
+/// ignored by default; best of 20): one `madvise(MADV_DONTNEED)` of touched
+/// 4 KiB pages took 1 us for 4 KiB, 3.4 us for 64 KiB, 12 us for 256 KiB,
+/// 52 us for 1 MiB, 105 us for 2 MiB and 860 us for 16 MiB, while handing a
+/// 4 KiB part to a parked worker and being told it is done took 51 us
+/// (median; best 38 us) of wake-ups. So 1 MiB is where freeing inline costs
+/// the caller (a device thread) as much as the hand-off: below it inline is
+/// cheaper, above it the hand-off blocks the caller less.
+pub const INLINE_THRESHOLD_BYTES: u64 = MIB;
 
 /// Largest part a worker frees in one call (rounded up to whole pages): a
 /// big reported range is spread over the node's workers, and one
@@ -469,8 +471,7 @@ struct Part {
 impl Part {
     fn finish(mut self, freed: bool) {
         self.ended = true;
-        self.batch
-            .part_ended(freed.then_some(self.piece.len));
+        self.batch.part_ended(freed.then_some(self.piece.len));
     }
 }
 
@@ -579,7 +580,10 @@ impl Shared {
             let left: Vec<Part> = q.lock().drain(..).collect();
             q.ready.notify_all();
             if !left.is_empty() {
-                log::debug!("discard: {} queued part(s) not freed at shutdown", left.len());
+                log::debug!(
+                    "discard: {} queued part(s) not freed at shutdown",
+                    left.len()
+                );
             }
             self.counters
                 .failures
@@ -696,19 +700,22 @@ impl DiscardPool {
                     exits: pool.exits.clone(),
                     name: name.clone(),
                 };
-                let (mine, cpus, hook) = (shared.clone(), cpus.clone(), opts.on_worker_start.clone());
+                let (mine, cpus, hook) =
+                    (shared.clone(), cpus.clone(), opts.on_worker_start.clone());
                 let thread_name = name.clone();
-                let spawned = std::thread::Builder::new().name(name.clone()).spawn(move || {
-                    // Dropped in reverse order: `mine` (and with it the
-                    // view) before the guard reports the exit.
-                    let _guard = guard;
-                    let mine = mine;
-                    pin_current(&thread_name, cpus);
-                    if let Some(hook) = hook {
-                        hook(&thread_name);
-                    }
-                    mine.work(q);
-                });
+                let spawned = std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || {
+                        // Dropped in reverse order: `mine` (and with it the
+                        // view) before the guard reports the exit.
+                        let _guard = guard;
+                        let mine = mine;
+                        pin_current(&thread_name, cpus);
+                        if let Some(hook) = hook {
+                            hook(&thread_name);
+                        }
+                        mine.work(q);
+                    });
                 match spawned {
                     Ok(h) => pool.workers.push((name, h)),
                     Err(source) => {
@@ -725,7 +732,9 @@ impl DiscardPool {
 
     fn shared(&self) -> &Shared {
         // Only `shutdown` (which consumes the pool) and `Drop` take it.
-        self.shared.as_ref().expect("discard pool used after shutdown")
+        self.shared
+            .as_ref()
+            .expect("discard pool used after shutdown")
     }
 
     /// The page size discards are aligned to.
@@ -748,7 +757,8 @@ impl DiscardPool {
         let c = &shared.counters;
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.ranges.fetch_add(ranges.len() as u64, Ordering::Relaxed);
-        c.refused_bytes.fetch_add(t.refused_bytes, Ordering::Relaxed);
+        c.refused_bytes
+            .fetch_add(t.refused_bytes, Ordering::Relaxed);
         c.unaligned_bytes
             .fetch_add(t.unaligned_bytes, Ordering::Relaxed);
         let outcome = DiscardOutcome {
