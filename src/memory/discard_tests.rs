@@ -563,3 +563,10 @@ fn inline_threshold_measurement() {
     );
     pool.shutdown(Instant::now() + PATIENCE).unwrap();
 }
+
+#[test]
+fn the_pool_is_shared_between_threads() {
+    fn check<T: Send + Sync>() {}
+    check::<DiscardPool>();
+    check::<DiscardOptions>();
+}
