@@ -1,8 +1,8 @@
 //! The discard pool: frees the guest ranges a running guest gives back
 //! (virtio-balloon inflate, free page reporting) with long-lived worker
 //! threads per host node, through the reclaim executor's free path
-//! ([`reclaim::free_part`]: `MADV_DONTNEED`, or a hole punch in the memfd
-//! stripe) and its pinning ([`workers::node_cpus`], [`workers::pin_current`]).
+//! (`reclaim::free_part`: `MADV_DONTNEED`, or a hole punch in the memfd
+//! stripe) and its pinning (`workers::node_cpus`, `workers::pin_current`).
 //!
 //! What it owns: a translation table built once from the slices' mappings
 //! (one entry per anonymous slice or memfd stripe: guest range, host range,
