@@ -387,12 +387,21 @@ fn a_kernel_over_the_api_runs_until_the_guest_crashes_and_exits_3() {
             kernel.display()
         ),
     );
-    put("/actions", r#"{"action_type": "InstanceStart"}"#.to_string());
+    put(
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#.to_string(),
+    );
     vmm.wait_line("Linux version", FIRST_LINE);
     let crash = vmm.wait_err_line("guest crashed", Duration::from_secs(300));
-    assert!(crash.contains("vcpu0") && crash.contains("guest rip 0x"), "{crash}");
+    assert!(
+        crash.contains("vcpu0") && crash.contains("guest rip 0x"),
+        "{crash}"
+    );
     let (code, _stdout, stderr) = vmm.wait(Duration::from_secs(60));
     assert_eq!(code, 3, "{stderr}");
     assert!(!stderr.contains("seccomp"), "{stderr}");
-    assert!(stderr.contains("teravm: reclaimed "), "no summary: {stderr}");
+    assert!(
+        stderr.contains("teravm: reclaimed "),
+        "no summary: {stderr}"
+    );
 }

@@ -3,8 +3,9 @@
 //! ([`plan`]), its own option types ([`options`]), admission against what
 //! the process may get ([`admission`]), the owned mappings ([`mapping`]) and
 //! their owner ([`guest`]) with its vm-memory view ([`view`]) and memslots
-//! ([`slots`]), and the parallel per-node [`populate`] and [`reclaim`]
-//! executors. It knows no file format: the config file's types are
+//! ([`slots`]), the parallel per-node [`populate`] and [`reclaim`]
+//! executors, and the [`discard`] pool that frees what a running guest
+//! gives back. It knows no file format: the config file's types are
 //! converted into [`MemoryOptions`] and [`ReclaimOptions`] by `config`, and
 //! its reports into the API's JSON by `api::shapes`.
 //!
@@ -13,9 +14,12 @@
 //! CPUs; they share only atomic chunk queues and the atomic
 //! [`PopulateProgress`] / [`ReclaimProgress`], which another thread may read
 //! while they run (and a cancel flag for populate). Worker errors and panics
-//! come back to the caller at join.
+//! come back to the caller at join. The discard pool's long-lived workers
+//! (`discard-n{node}-{i}`, pinned the same way) take parts from bounded
+//! per-node queues and end each batch from a drop guard.
 
 pub mod admission;
+pub mod discard;
 pub mod guest;
 pub mod layout;
 pub mod mapping;
@@ -31,6 +35,10 @@ pub mod view;
 mod workers;
 
 pub use admission::AdmissionError;
+pub use discard::{
+    DiscardDone, DiscardError, DiscardOptions, DiscardOutcome, DiscardPool, DiscardSnapshot,
+    NodeDiscard,
+};
 pub use guest::{GuestMemory, GuestMemoryError};
 pub use mapping::{SliceMapping, Stripe};
 pub use numa::{host_has_node, HostNode, HostTopology, NumaError};

@@ -398,19 +398,42 @@ unsafe fn free_chunk(
         source,
     };
     let resident = sys::resident_bytes(addr, len, buf).map_err(|e| fail("mincore", None, e))?;
+    // SAFETY: the caller's contract is the same as ours; the chunk lies
+    // inside the range (the plan cuts ranges into chunks).
+    unsafe { free_part(range, chunk.offset, chunk.len) }?;
+    Ok(resident)
+}
+
+/// Frees `offset..offset+len` of `range` as its method says: one
+/// `madvise(MADV_DONTNEED)`, or one hole punch in its file at the matching
+/// offset. The one free path of guest memory, shared by reclaim and the
+/// discard pool ([`crate::memory::discard`]).
+///
+/// # Safety
+/// `range` is a live mapping the caller may discard, and
+/// `offset..offset+len` lies inside it.
+pub(crate) unsafe fn free_part(range: &HostRange, offset: u64, len: u64) -> Result<(), ChunkError> {
+    let addr = range.host_addr + offset as usize;
+    let fail = |what, file, source| ChunkError {
+        what,
+        addr,
+        len,
+        node: range.node,
+        file,
+        source,
+    };
     match range.method {
         FreeMethod::DontNeed => {
-            // SAFETY: the caller owns the mapping and discards its contents.
-            unsafe { sys::madvise(addr, len, libc::MADV_DONTNEED) }
-                .map_err(|e| fail("madvise(MADV_DONTNEED)", None, e))?
+            // SAFETY: the caller owns the mapping and discards its contents;
+            // the part lies inside it.
+            unsafe { sys::madvise(addr, len as usize, libc::MADV_DONTNEED) }
+                .map_err(|e| fail("madvise(MADV_DONTNEED)", None, e))
         }
         FreeMethod::PunchHole { fd, file_offset } => {
-            let offset = file_offset + chunk.offset;
-            sys::punch_hole(fd, offset, chunk.len)
-                .map_err(|e| fail("hole punch", Some((fd, offset)), e))?
+            let offset = file_offset + offset;
+            sys::punch_hole(fd, offset, len).map_err(|e| fail("hole punch", Some((fd, offset)), e))
         }
     }
-    Ok(resident)
 }
 
 #[cfg(test)]

@@ -203,6 +203,20 @@ pub(crate) fn node_cpus(
     (!cpus.is_empty()).then_some(cpus)
 }
 
+/// Pins the calling thread (a worker called `name`) to `cpus` (from
+/// [`node_cpus`]); returns the CPUs it is pinned to, `None` when it runs
+/// unpinned (no CPUs, or `sched_setaffinity` failed, which is logged).
+pub(crate) fn pin_current(name: &str, cpus: Option<Vec<usize>>) -> Option<Vec<usize>> {
+    let cpus = cpus?;
+    match sys::set_affinity(&cpus) {
+        Ok(()) => Some(cpus),
+        Err(e) => {
+            log::warn!("{name}: cannot pin to CPUs {cpus:?}: {e}");
+            None
+        }
+    }
+}
+
 /// Runs `work` on `workers_per_node` scoped threads per queue of the plan
 /// (`nodes[q]` is the node of queue `q`), named `<prefix>-n{node}-{i}` and
 /// pinned to their node's CPUs, all started together. Returns the failures.
@@ -245,12 +259,7 @@ where
                     .name(worker.name.clone())
                     .spawn_scoped(scope, move || {
                         let mut worker = worker;
-                        if let Some(cpus) = &worker.pinned {
-                            if let Err(e) = sys::set_affinity(cpus) {
-                                log::warn!("{}: cannot pin to CPUs {cpus:?}: {e}", worker.name);
-                                worker.pinned = None;
-                            }
-                        }
+                        worker.pinned = pin_current(&worker.name, worker.pinned.take());
                         gate.wait();
                         work(&worker)
                     });
