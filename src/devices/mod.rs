@@ -8,6 +8,7 @@
 pub mod bus;
 pub mod console;
 pub mod i8042;
+pub mod mmio;
 pub mod ports;
 pub mod serial;
 pub mod virtio;
@@ -18,6 +19,7 @@ use std::time::Instant;
 pub use bus::{BusError, BusEvent, PioBus, PioDevice};
 pub use console::{ConsoleBuffer, ConsoleOut, ConsoleSink, ConsoleStats, ConsoleWriter};
 pub use i8042::I8042;
+pub use mmio::{MmioBus, MmioDevice, MmioSlot};
 pub use ports::FirmwarePorts;
 pub use serial::{SerialConsole, SerialIrq};
 
@@ -38,4 +40,13 @@ pub fn microvm_bus<W: std::io::Write + Send + 'static>(
         Arc::new(Mutex::new(FirmwarePorts::new(boot))),
     )?;
     Ok(bus)
+}
+
+/// The buses a vCPU's exits reach: port I/O and MMIO.
+#[derive(Default)]
+pub struct Buses {
+    /// Port I/O: the serial port, the i8042, the firmware's ports.
+    pub pio: PioBus,
+    /// MMIO: the virtio-mmio devices.
+    pub mmio: MmioBus,
 }

@@ -26,8 +26,8 @@ const IOC_READ: u64 = 2;
 pub(crate) mod kvm {
     use super::{kvm_ioc, IOC_NONE, IOC_READ, IOC_WRITE};
     use kvm_bindings::{
-        kvm_cpuid2, kvm_fpu, kvm_irqfd, kvm_lapic_state, kvm_msrs, kvm_pit_config, kvm_regs,
-        kvm_sregs, kvm_userspace_memory_region,
+        kvm_cpuid2, kvm_fpu, kvm_ioeventfd, kvm_irqfd, kvm_lapic_state, kvm_msrs, kvm_pit_config,
+        kvm_regs, kvm_sregs, kvm_userspace_memory_region,
     };
     use std::mem::size_of;
 
@@ -65,6 +65,8 @@ pub(crate) mod kvm {
     pub const CREATE_IRQCHIP: u64 = kvm_ioc(IOC_NONE, 0x60, 0);
     /// `KVM_IRQFD` (`Vm::register_irqfd`, for Linux guests' interrupts).
     pub const IRQFD: u64 = kvm_ioc(IOC_WRITE, 0x76, size_of::<kvm_irqfd>());
+    /// `KVM_IOEVENTFD` (virtio queue notifications without an exit).
+    pub const IOEVENTFD: u64 = kvm_ioc(IOC_WRITE, 0x79, size_of::<kvm_ioeventfd>());
     /// `KVM_CREATE_PIT2` (Linux guests).
     pub const CREATE_PIT2: u64 = kvm_ioc(IOC_WRITE, 0x77, size_of::<kvm_pit_config>());
     /// `KVM_SET_MSRS` (Linux guests' boot MSRs).
@@ -397,6 +399,36 @@ const FILES: &[Allow] = &[
     one_of(libc::SYS_ioctl, 1, &[named!(libc::TCGETS)], "is an output device a terminal?"),
 ];
 
+/// `balloon`: the virtio-balloon's queue work (its epoll was built by the
+/// `start` job): waits for queue notifications, its wake eventfd and the
+/// statistics deadline, reads guest memory through its view (no call),
+/// acknowledges by eventfd (`write`, BASE), and hands ranges to the discard
+/// pool, which frees small batches inline on this thread.
+const BALLOON: &[Allow] = &[
+    any(
+        libc::SYS_epoll_wait,
+        "wait for the queues, the wake eventfd, the statistics deadline",
+    ),
+    any(libc::SYS_read, "clear the eventfds"),
+    PUNCH_HOLE,
+];
+
+/// `discard-n{node}-{i}`: frees the ranges of its node's queue, pinned to
+/// the node's CPUs before its filter: `madvise(MADV_DONTNEED)` (BASE) or a
+/// hole punch; waits on its queue (futex, BASE).
+const DISCARD: &[Allow] = &[PUNCH_HOLE];
+
+/// `fallocate` that only punches holes (memfd and hugetlb slices).
+const PUNCH_HOLE: Allow = one_of(
+    libc::SYS_fallocate,
+    1,
+    &[(
+        (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u64,
+        "FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE",
+    )],
+    "free memfd and hugetlb slices",
+);
+
 /// `start` (a job runner thread): the KVM VM (on the `/dev/kvm` descriptor
 /// opened at start-up), guest memory (anonymous, memfd or hugetlb mappings;
 /// THP advice; NUMA binding), memslots, the kernel and initrd (already
@@ -404,7 +436,17 @@ const FILES: &[Allow] = &[
 /// `populate-n{node}-{i}` workers (pinned, `MADV_POPULATE_WRITE`), which run
 /// under this filter.
 const START: &[Allow] = &[
-    any(libc::SYS_eventfd2, "COM1's interrupt line for a Linux guest (an irqfd)"),
+    any(
+        libc::SYS_eventfd2,
+        "COM1's interrupt line for a Linux guest (an irqfd); the virtio devices' queue and interrupt eventfds",
+    ),
+    any(libc::SYS_epoll_create1, "a device thread's epoll, built before it starts"),
+    one_of(
+        libc::SYS_epoll_ctl,
+        1,
+        &[named!(libc::EPOLL_CTL_ADD)],
+        "the device thread's event sources, added as its epoll is built",
+    ),
     one_of(
         libc::SYS_openat,
         2,
@@ -432,13 +474,14 @@ const START: &[Allow] = &[
             named!(kvm::SET_TSS_ADDR),
             named!(kvm::CREATE_IRQCHIP),
             named!(kvm::IRQFD),
+            named!(kvm::IOEVENTFD),
             named!(kvm::CREATE_PIT2),
             named!(kvm::SET_MSRS),
             named!(kvm::GET_LAPIC),
             named!(kvm::SET_LAPIC),
             named!(libc::TCGETS),
         ],
-        "the VM, its memslots, irqchip and PIT, the vCPUs' setup; TCGETS: is stderr a terminal (progress line)",
+        "the VM, its memslots, irqchip and PIT, the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line)",
     ),
     mmap_no_exec("guest memory, memfd slices, each vCPU's kvm_run"),
     any(libc::SYS_memfd_create, "memfd backing"),
@@ -576,6 +619,8 @@ impl Role {
             Role::Progress => PROGRESS,
             Role::Output => OUTPUT,
             Role::Files => FILES,
+            Role::Balloon => BALLOON,
+            Role::Discard => DISCARD,
         }
     }
 
@@ -585,7 +630,13 @@ impl Role {
     pub(crate) fn children(self) -> &'static [Role] {
         match self {
             Role::Api => &[Role::ApiConnection],
-            Role::Start => &[Role::Vcpu, Role::Progress, Role::Console],
+            Role::Start => &[
+                Role::Vcpu,
+                Role::Progress,
+                Role::Console,
+                Role::Balloon,
+                Role::Discard,
+            ],
             Role::Reclaim => &[Role::Progress],
             _ => &[],
         }

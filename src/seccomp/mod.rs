@@ -68,11 +68,15 @@ pub enum Role {
     /// `files`: opens the files a user names (kernel, initrd, log, metrics,
     /// serial file).
     Files,
+    /// `balloon`: the virtio-balloon's queue work.
+    Balloon,
+    /// `discard-n{node}-{i}`: the balloon's per-node discard workers.
+    Discard,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 10] = [
+    pub const ALL: [Role; 12] = [
         Role::Vmm,
         Role::Api,
         Role::ApiConnection,
@@ -83,6 +87,8 @@ impl Role {
         Role::Progress,
         Role::Output,
         Role::Files,
+        Role::Balloon,
+        Role::Discard,
     ];
 
     /// The role's name, as in the thread names and docs/seccomp.md.
@@ -98,6 +104,8 @@ impl Role {
             Role::Progress => "progress",
             Role::Output => "output",
             Role::Files => "files",
+            Role::Balloon => "balloon",
+            Role::Discard => "discard",
         }
     }
 

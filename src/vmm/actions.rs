@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use crate::config::check_balloon_target;
 use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
 use super::opens::{boot_requests, output_request, Pending};
@@ -20,6 +21,18 @@ fn to_json<T: serde::Serialize>(value: &T) -> ActionResult {
     serde_json::to_value(value)
         .map(VmmData::Json)
         .map_err(|e| VmmActionError::Internal(e.to_string()))
+}
+
+fn bad(e: impl std::fmt::Display) -> VmmActionError {
+    VmmActionError::BadRequest(e.to_string())
+}
+
+fn no_balloon() -> VmmActionError {
+    VmmActionError::BadRequest("the balloon device is not configured (PUT /balloon first)".into())
+}
+
+fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn refused(what: &str, state: VmState) -> ActionResult {
@@ -217,14 +230,107 @@ impl Vmm {
                 .map(|_| VmmData::Empty)
                 .map_err(|e| VmmActionError::Internal(e.to_string())),
             // Placeholder until the balloon is wired into the VMM.
-            VmmAction::PutBalloon(_)
-            | VmmAction::PatchBalloon(_)
-            | VmmAction::GetBalloon
-            | VmmAction::GetBalloonStatistics
-            | VmmAction::PatchBalloonStatistics(_) => Err(VmmActionError::BadRequest(
-                "the balloon is not wired yet".into(),
-            )),
+            VmmAction::PutBalloon(b) if not_started => {
+                check_balloon_target(b.amount_mib, self.config.machine_config.mem_size_mib)
+                    .map_err(bad)?;
+                self.config.balloon = Some(b);
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutBalloon(_) => refused("configuring the balloon (PUT /balloon)", state),
+            VmmAction::PatchBalloon(u) => self.patch_balloon(u.amount_mib),
+            VmmAction::GetBalloon => match (&self.phase, &self.config.balloon) {
+                (Phase::Running(m), _) if m.devices.balloon.is_some() => {
+                    let b = m.devices.balloon.as_ref().map(|b| lock(&b.device).options());
+                    to_json(&b.as_ref().map(shapes::BalloonShape::from))
+                }
+                (_, Some(b)) => to_json(&shapes::BalloonShape::from(b)),
+                (_, None) => Err(no_balloon()),
+            },
+            VmmAction::GetBalloonStatistics => self.balloon_statistics(),
+            VmmAction::PatchBalloonStatistics(u) => {
+                let Some(config) = self.config.balloon.as_mut() else {
+                    return Err(no_balloon());
+                };
+                match &self.phase {
+                    Phase::Running(m) => {
+                        if let Some(b) = &m.devices.balloon {
+                            lock(&b.device)
+                                .set_stats_polling_interval(u.stats_polling_interval_s)
+                                .map_err(bad)?;
+                        }
+                    }
+                    Phase::Configuring => {}
+                    _ => return refused("changing the balloon statistics", state),
+                }
+                config.stats_polling_interval_s = u.stats_polling_interval_s;
+                Ok(VmmData::Empty)
+            }
         }
+    }
+
+    /// `PATCH /balloon`: a new target, before start in the configuration,
+    /// while running on the device (the guest is told by a configuration
+    /// interrupt).
+    fn patch_balloon(&mut self, amount_mib: u32) -> ActionResult {
+        check_balloon_target(amount_mib, self.config.machine_config.mem_size_mib).map_err(bad)?;
+        let state = self.state();
+        let Some(config) = self.config.balloon.as_mut() else {
+            return Err(no_balloon());
+        };
+        match &self.phase {
+            Phase::Running(m) => {
+                let Some(b) = &m.devices.balloon else {
+                    return Err(no_balloon());
+                };
+                lock(&b.device)
+                    .set_target(u64::from(amount_mib))
+                    .map_err(bad)?;
+            }
+            Phase::Configuring => {}
+            _ => return refused("changing the balloon target", state),
+        }
+        config.amount_mib = amount_mib;
+        Ok(VmmData::Empty)
+    }
+
+    /// `GET /balloon/statistics`: the target and actual size, the guest's
+    /// counters (when its statistics queue is on) and teravm's own discard
+    /// counters.
+    fn balloon_statistics(&self) -> ActionResult {
+        let Phase::Running(m) = &self.phase else {
+            return match self.config.balloon {
+                Some(_) => Err(VmmActionError::BadRequest(format!(
+                    "the balloon's statistics exist while the microVM runs; it is \"{}\"",
+                    self.state().as_str()
+                ))),
+                None => Err(no_balloon()),
+            };
+        };
+        let Some(b) = &m.devices.balloon else {
+            return Err(no_balloon());
+        };
+        let teravm = b
+            .discard
+            .snapshot()
+            .map(|s| shapes::BalloonTeravmCounters {
+                discarded_bytes: s.bytes_discarded,
+                discarded_bytes_per_node: s.per_node.iter().map(|n| (n.node, n.bytes)).collect(),
+                ranges: s.ranges,
+                refused_bytes: s.refused_bytes,
+                failures: s.failures,
+                discard_bytes_per_s: s.rate_bytes_per_sec as u64,
+            })
+            .unwrap_or_default();
+        let device = lock(&b.device);
+        let sizes = shapes::BalloonSizes {
+            target_pages: device.target_pages(),
+            actual_pages: device.actual_pages(),
+            target_mib: device.target_mib(),
+            actual_mib: device.actual_mib(),
+        };
+        let none = crate::devices::virtio::balloon::BalloonStats::default();
+        let guest = device.latest_stats().unwrap_or(&none);
+        to_json(&shapes::BalloonStatisticsShape::new(sizes, guest, &teravm))
     }
 
     /// How many host nodes the guest spans: its slices once it runs, else

@@ -26,7 +26,10 @@ use crate::memory::layout::ram_regions;
 use crate::memory::{GuestMemory, HostTopology, MemoryOptions, PopulateProgress};
 use crate::vstate::boot::{write_boot_state, BootError};
 use crate::vstate::linux::acpi::{guest_nodes, vcpu_node};
-use crate::vstate::linux::{self, params::kernel_cmdline, KernelSpec, LinuxError};
+use crate::vstate::linux::params::{kernel_cmdline, with_params};
+use crate::vstate::linux::{self, KernelSpec, LinuxError};
+
+use super::devices::{DeviceError, DeviceSpecs, Devices};
 use crate::vstate::vcpu::{
     configure_vcpu, GuestEntry, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus,
 };
@@ -65,6 +68,9 @@ pub enum StartError {
     /// The console writer could not be started.
     #[error(transparent)]
     Console(#[from] crate::devices::console::ConsoleError),
+    /// The devices could not be built.
+    #[error("devices: {0}")]
+    Devices(#[from] DeviceError),
     /// A kernel is configured but its files were not opened (a bug).
     #[error("the boot source's kernel was not opened")]
     BootFilesMissing,
@@ -99,6 +105,9 @@ pub struct SliceInfo {
 pub struct MicroVm {
     /// The vCPU threads (stopped and joined when dropped).
     pub vcpus: Vcpus,
+    /// The devices and their threads (stopped when dropped, after the
+    /// vCPUs and before guest memory).
+    pub devices: Devices,
     /// The guest console's writer thread.
     pub console: ConsoleWriter,
     /// The KVM VM.
@@ -119,6 +128,8 @@ pub struct MicroVm {
 pub struct Teardown {
     /// The vCPUs, if they were started.
     pub vcpus: Option<Vcpus>,
+    /// The devices, if they were built.
+    pub devices: Option<Devices>,
     /// The console, if it was started.
     pub console: Option<ConsoleWriter>,
     /// The VM, if it was made.
@@ -131,6 +142,7 @@ impl From<MicroVm> for Teardown {
     fn from(m: MicroVm) -> Self {
         Teardown {
             vcpus: Some(m.vcpus),
+            devices: Some(m.devices),
             console: Some(m.console),
             vm: Some(m.vm),
             memory: m.memory,
@@ -160,6 +172,8 @@ pub struct StartContext {
     pub cancel: Arc<AtomicBool>,
     /// Populate's progress, for the API.
     pub populate: Arc<PopulateProgress>,
+    /// The virtio devices to build.
+    pub devices: DeviceSpecs,
 }
 
 /// How a start ended.
@@ -184,16 +198,18 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         events_ready,
         cancel,
         populate,
+        devices: device_specs,
     } = ctx;
     let console = ConsoleWriter::spawn(CONSOLE_BUFFER_BYTES, console_sinks, on_first_output)
         .map_err(StartError::Console)?;
     let cancelled = || cancel.load(Ordering::Acquire);
     let machine = &config.machine_config;
-    let vm = Vm::create(&kvm)?;
+    let mut vm = Vm::create(&kvm)?;
     let memory = GuestMemory::new(&MemoryOptions::from(&config), &topology)?;
     let teardown = |vm, memory, console| {
         Ok(Started::Cancelled(Teardown {
             vcpus: None,
+            devices: None,
             console: Some(console),
             vm: Some(vm),
             memory,
@@ -254,10 +270,15 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         Some(kernel) => {
             vm.setup_irqchip()?;
             let files = boot_files.ok_or(StartError::BootFilesMissing)?;
+            let cmdline = with_params(
+                kernel_cmdline(&config.boot_source.boot_args),
+                &device_specs.cmdline_params(),
+            )
+            .map_err(LinuxError::from)?;
             let spec = KernelSpec {
                 kernel: files.kernel,
                 initrd: files.initrd,
-                cmdline: kernel_cmdline(&config.boot_source.boot_args).to_string(),
+                cmdline,
             };
             let mut slices: Vec<(u64, u64, u32)> = memory
                 .slices()
@@ -304,7 +325,9 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         ConsoleOut::new(console.buffer().clone()),
         serial_irq,
     )));
-    let bus = Arc::new(microvm_bus(serial.clone(), i8042.clone(), Instant::now())?);
+    let pio = microvm_bus(serial.clone(), i8042.clone(), Instant::now())?;
+    let devices = Devices::build(&device_specs, pio, &vm, &memory, &topology)?;
+    let bus = devices.buses.clone();
 
     let slices = memory
         .slices()
@@ -325,6 +348,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
     let cpuid = vm.supported_cpuid()?;
     let mut microvm = MicroVm {
         vcpus: Vcpus::new(Arc::new(VcpuControl::new())),
+        devices,
         console,
         vm,
         memory,

@@ -18,6 +18,8 @@
 
 mod actions;
 pub mod builder;
+pub mod devices;
+pub mod discard;
 pub mod jobs;
 pub mod opens;
 pub mod phase;

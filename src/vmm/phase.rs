@@ -149,6 +149,7 @@ impl Vmm {
             events_ready,
             cancel: cancel.clone(),
             populate: self.populate.clone(),
+            devices: self.device_specs(),
         };
         match self
             .start_runner
@@ -272,6 +273,18 @@ impl Vmm {
         if crate::faults::injected(crate::faults::SPURIOUS_JOB_EVENTS) {
             let _ = self.start_evt.write(1);
             let _ = self.reclaim_evt.write(1);
+        }
+    }
+
+    /// The devices the configuration asks for.
+    pub(super) fn device_specs(&self) -> super::devices::DeviceSpecs {
+        super::devices::DeviceSpecs {
+            balloon: self
+                .config
+                .balloon
+                .as_ref()
+                .map(crate::devices::virtio::balloon::BalloonOptions::from),
+            discard_workers_per_node: self.config.reclaim.workers_per_node,
         }
     }
 
@@ -428,6 +441,7 @@ fn reclaim_job(
 ) -> ShutdownReport {
     let Teardown {
         vcpus,
+        devices,
         console,
         vm,
         memory,
@@ -444,6 +458,11 @@ fn reclaim_job(
     };
     if let Some(mut vcpus) = vcpus {
         report.vcpus = vcpus.stop(VCPU_STOP_TIMEOUT);
+    }
+    // The devices next: their threads stop, they are reset and taken off
+    // the bus, and the discard pool lets go of guest memory.
+    if let Some(mut devices) = devices {
+        report.devices = devices.stop(Instant::now() + VCPU_STOP_TIMEOUT);
     }
     lap(&mut phases.stop_vcpus_ms);
     if let Some(console) = console {

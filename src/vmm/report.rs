@@ -30,6 +30,8 @@ pub struct ShutdownReport {
     pub phases: PhaseTimes,
     /// How the vCPUs stopped.
     pub vcpus: VcpuStopReport,
+    /// How the device threads stopped.
+    pub devices: super::devices::DeviceStopReport,
     /// What the console wrote and dropped.
     pub console: ConsoleStats,
     /// Lines of teravm's own output that stderr did not take

@@ -64,7 +64,10 @@ fn boot_and_end(vcpus: u8, mib: u64, cmdline: &str, wait: Duration, end: End) ->
         write_boot_state(&mem, &[(0, mib << 20)], usize::from(vcpus), mib, cmdline).unwrap();
     let serial = Arc::new(Mutex::new(SerialConsole::new(Vec::new())));
     let i8042 = Arc::new(Mutex::new(I8042::new()));
-    let bus = Arc::new(microvm_bus(serial.clone(), i8042, Instant::now()).unwrap());
+    let bus = Arc::new(crate::devices::Buses {
+        pio: microvm_bus(serial.clone(), i8042, Instant::now()).unwrap(),
+        mmio: crate::devices::MmioBus::default(),
+    });
     let control = Arc::new(VcpuControl::new());
     let (tx, rx) = channel();
     let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();

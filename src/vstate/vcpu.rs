@@ -22,7 +22,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::boot::{initial_regs, setup_sregs, BootLayout};
 use super::linux::LinuxEntry;
-use crate::devices::{BusEvent, PioBus};
+use crate::devices::{BusEvent, Buses};
 use crate::memory::GuestLease;
 
 /// Offset from `SIGRTMIN` of the signal that kicks a vCPU out of `KVM_RUN`.
@@ -100,10 +100,10 @@ pub enum ExitAction {
 }
 
 /// Handles one exit of vCPU `index`.
-pub fn handle_exit(index: u8, exit: VcpuExit<'_>, bus: &PioBus) -> ExitAction {
+pub fn handle_exit(index: u8, exit: VcpuExit<'_>, bus: &Buses) -> ExitAction {
     let crashed = |reason: String| ExitAction::Stop(VcpuEvent::Crashed { index, reason });
     match exit {
-        VcpuExit::IoOut(port, data) => match bus.write(port, data) {
+        VcpuExit::IoOut(port, data) => match bus.pio.write(port, data) {
             None => ExitAction::Continue,
             Some(BusEvent::Park) => ExitAction::Park,
             Some(BusEvent::Reset) => ExitAction::Stop(VcpuEvent::Reset { index }),
@@ -112,16 +112,15 @@ pub fn handle_exit(index: u8, exit: VcpuExit<'_>, bus: &PioBus) -> ExitAction {
             }
         },
         VcpuExit::IoIn(port, data) => {
-            bus.read(port, data);
+            bus.pio.read(port, data);
             ExitAction::Continue
         }
         VcpuExit::MmioRead(addr, data) => {
-            log::debug!("vcpu{index}: MMIO read at {addr:#x} with no device");
-            data.fill(0xff);
+            bus.mmio.read(addr, data);
             ExitAction::Continue
         }
-        VcpuExit::MmioWrite(addr, _) => {
-            log::debug!("vcpu{index}: MMIO write at {addr:#x} with no device");
+        VcpuExit::MmioWrite(addr, data) => {
+            bus.mmio.write(addr, data);
             ExitAction::Continue
         }
         VcpuExit::Hlt => ExitAction::Park,
@@ -307,7 +306,7 @@ impl VcpuHandle {
     pub fn spawn(
         index: u8,
         fd: VcpuFd,
-        bus: Arc<PioBus>,
+        bus: Arc<Buses>,
         control: Arc<VcpuControl>,
         events: Sender<VcpuEvent>,
         events_ready: EventFd,
@@ -475,7 +474,7 @@ impl Drop for KvmRunGuard {
     }
 }
 
-fn run_loop(index: u8, mut fd: VcpuFd, bus: &PioBus, control: &VcpuControl) -> Option<VcpuEvent> {
+fn run_loop(index: u8, mut fd: VcpuFd, bus: &Buses, control: &VcpuControl) -> Option<VcpuEvent> {
     KVM_RUN.with(|run| run.set(fd.get_kvm_run()));
     // Declared after `fd` is bound (a parameter), so it is dropped first.
     let _guard = KvmRunGuard;
@@ -582,10 +581,13 @@ mod tests {
     use crate::devices::{microvm_bus, SerialConsole, I8042};
     use std::time::Instant;
 
-    fn bus() -> PioBus {
+    fn bus() -> Buses {
         let serial = SerialConsole::new(Vec::new());
         let i8042 = Arc::new(Mutex::new(I8042::new()));
-        microvm_bus(Arc::new(Mutex::new(serial)), i8042, Instant::now()).unwrap()
+        Buses {
+            pio: microvm_bus(Arc::new(Mutex::new(serial)), i8042, Instant::now()).unwrap(),
+            mmio: crate::devices::MmioBus::default(),
+        }
     }
 
     #[test]

@@ -59,6 +59,14 @@ pub enum VmError {
         /// KVM's error.
         source: kvm_ioctls::Error,
     },
+    /// `KVM_IOEVENTFD` failed.
+    #[error("KVM_IOEVENTFD at MMIO {addr:#x} failed: {source}")]
+    Ioeventfd {
+        /// The address.
+        addr: u64,
+        /// KVM's error.
+        source: kvm_ioctls::Error,
+    },
     /// `KVM_CREATE_VCPU` failed.
     #[error("KVM_CREATE_VCPU {index} failed: {source}")]
     CreateVcpu {
@@ -113,6 +121,7 @@ impl KvmDevice {
 pub struct Vm {
     kvm: Kvm,
     fd: VmFd,
+    irqchip: bool,
 }
 
 impl Vm {
@@ -120,14 +129,22 @@ impl Vm {
     pub fn new() -> Result<Vm, VmError> {
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
         let fd = kvm.create_vm().map_err(VmError::CreateVm)?;
-        Ok(Vm { kvm, fd })
+        Ok(Vm {
+            kvm,
+            fd,
+            irqchip: false,
+        })
     }
 
     /// Creates a VM on `/dev/kvm` opened already (the `start` job).
     pub fn create(device: &KvmDevice) -> Result<Vm, VmError> {
         let kvm = device.kvm()?;
         let fd = kvm.create_vm().map_err(VmError::CreateVm)?;
-        Ok(Vm { kvm, fd })
+        Ok(Vm {
+            kvm,
+            fd,
+            irqchip: false,
+        })
     }
 
     /// Whether `/dev/kvm` can be opened (tests and benchmarks skip without it).
@@ -182,12 +199,13 @@ impl Vm {
 
     /// Creates the in-kernel irqchip (PIC, IOAPIC, a LAPIC per vCPU) and the
     /// PIT, for a Linux guest. Must come before the vCPUs are created.
-    pub fn setup_irqchip(&self) -> Result<(), VmError> {
+    pub fn setup_irqchip(&mut self) -> Result<(), VmError> {
         if let Err(e) = self.fd.set_tss_address(KVM_TSS_ADDR) {
             // Only VMX needs it; PVM and SVM hosts may refuse it harmlessly.
             log::debug!("KVM_SET_TSS_ADDR: {e} (ignored)");
         }
         self.fd.create_irq_chip().map_err(VmError::CreateIrqchip)?;
+        self.irqchip = true;
         let pit = kvm_pit_config {
             flags: KVM_PIT_SPEAKER_DUMMY,
             ..Default::default()
@@ -200,6 +218,25 @@ impl Vm {
         self.fd
             .register_irqfd(fd, gsi)
             .map_err(|source| VmError::Irqfd { gsi, source })
+    }
+
+    /// Registers `fd` to be written when the guest writes the 32-bit
+    /// `datamatch` at MMIO address `addr` (a virtio queue notification),
+    /// without an exit to teravm.
+    pub fn register_mmio_ioevent(
+        &self,
+        fd: &EventFd,
+        addr: u64,
+        datamatch: u32,
+    ) -> Result<(), VmError> {
+        self.fd
+            .register_ioevent(fd, &kvm_ioctls::IoEventAddress::Mmio(addr), datamatch)
+            .map_err(|source| VmError::Ioeventfd { addr, source })
+    }
+
+    /// Whether the in-kernel irqchip was set up (irqfds need it).
+    pub fn has_irqchip(&self) -> bool {
+        self.irqchip
     }
 
     /// Creates vCPU `index`.

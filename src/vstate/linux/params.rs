@@ -41,6 +41,9 @@ pub const DEFAULT_KERNEL_CMDLINE: &str = "console=ttyS0 reboot=k panic=1 pci=off
 /// Errors of the zero page.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ParamsError {
+    /// The command line cannot carry the device parameters.
+    #[error("kernel command line: {0}")]
+    BadCmdline(String),
     /// The slices are empty, unsorted, overlapping, or cross the MMIO gap.
     #[error("the guest RAM slices are not a valid map: {0}")]
     BadSlices(String),
@@ -179,6 +182,24 @@ pub fn kernel_cmdline(boot_args: &str) -> &str {
     }
 }
 
+/// `cmdline` with `params` appended (the virtio-mmio devices'
+/// `virtio_mmio.device=4K@<addr>:<irq>`), built with linux-loader's
+/// `Cmdline`, which refuses what a kernel would misread (a NUL, a space
+/// inside a parameter) and a line past teravm's area.
+pub fn with_params(cmdline: &str, params: &[String]) -> Result<String, ParamsError> {
+    use linux_loader::cmdline::Cmdline;
+    let bad = |e: linux_loader::cmdline::Error| ParamsError::BadCmdline(e.to_string());
+    let mut line = Cmdline::new(CMDLINE_MAX).map_err(bad)?;
+    line.insert_str(cmdline).map_err(bad)?;
+    for p in params {
+        line.insert_str(p).map_err(bad)?;
+    }
+    line.as_cstring()
+        .map_err(bad)?
+        .into_string()
+        .map_err(|e| ParamsError::BadCmdline(e.to_string()))
+}
+
 /// Checks the command line against the kernel's `cmdline_size` (0: the
 /// x86 default of 2047) and teravm's area.
 pub fn check_cmdline(cmdline: &str, kernel_max: u32) -> Result<(), ParamsError> {
@@ -274,6 +295,22 @@ pub fn boot_params(
     }
     params.e820_entries = map.len() as u8;
     Ok(params)
+}
+
+#[cfg(test)]
+mod cmdline_tests {
+    use super::*;
+
+    #[test]
+    fn device_params_follow_the_boot_args() {
+        let p = vec!["virtio_mmio.device=4K@0xc0001000:5".to_string()];
+        assert_eq!(
+            with_params("console=ttyS0 reboot=k", &p).unwrap(),
+            "console=ttyS0 reboot=k virtio_mmio.device=4K@0xc0001000:5"
+        );
+        assert_eq!(with_params("quiet", &[]).unwrap(), "quiet");
+        assert!(with_params("a", &["b c".to_string()]).is_err());
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,105 @@
+//! The balloon's sink: the ranges a running guest gives back (inflated
+//! pages, free page reports) go to the memory layer's per-node discard pool
+//! ([`crate::memory::DiscardPool`]), which frees them in parallel on
+//! workers pinned to each node, with the reclaim executor's free path. The
+//! device layer knows nothing of nodes or host addresses; the memory layer
+//! nothing of virtio: this adapter is the boundary.
+
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+use crate::devices::virtio::balloon::{DiscardAck, DiscardKind, DiscardSink, GuestRange};
+use crate::memory::{DiscardOptions, DiscardPool, DiscardSnapshot, GuestMemory, HostTopology};
+
+/// How long a deflate waits for discards of its pages still in flight.
+const RECLAIMED_WAIT: Duration = Duration::from_secs(10);
+
+/// The pool behind the balloon; gone once shut down. Read-locked by every
+/// use (the balloon's thread, the API's counters), write-locked only to
+/// shut it down, so a deflate waiting on the pool never stalls a reader.
+pub struct BalloonDiscard {
+    pool: RwLock<Option<DiscardPool>>,
+}
+
+impl BalloonDiscard {
+    /// Starts the pool over `memory`'s slices: `workers_per_node` workers
+    /// per node (each installs the `discard` filter once pinned), freeing
+    /// whole pages of at least `page_bytes`.
+    pub fn start(
+        memory: &GuestMemory,
+        topology: &HostTopology,
+        workers_per_node: u32,
+        page_bytes: u64,
+    ) -> Result<BalloonDiscard, String> {
+        let opts = DiscardOptions {
+            workers_per_node: workers_per_node.max(1),
+            min_page_bytes: page_bytes,
+            on_worker_start: Some(std::sync::Arc::new(|_name: &str| {
+                crate::seccomp::install_thread(crate::seccomp::Role::Discard)
+            })),
+            ..DiscardOptions::default()
+        };
+        let pool = DiscardPool::start(memory, topology, &opts).map_err(|e| e.to_string())?;
+        Ok(BalloonDiscard {
+            pool: RwLock::new(Some(pool)),
+        })
+    }
+
+    fn lock(&self) -> RwLockReadGuard<'_, Option<DiscardPool>> {
+        self.pool.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops the workers and lets go of guest memory (before reclaim).
+    pub fn shutdown(&self, deadline: Instant) {
+        let pool = self
+            .pool
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(pool) = pool {
+            if let Err(e) = pool.shutdown(deadline) {
+                log::error!("balloon discard pool: {e}");
+            }
+        }
+    }
+
+    /// The pool's counters (zeros once shut down).
+    pub fn snapshot(&self) -> Option<DiscardSnapshot> {
+        self.lock().as_ref().map(DiscardPool::snapshot)
+    }
+}
+
+impl DiscardSink for BalloonDiscard {
+    fn discard(&self, kind: DiscardKind, ranges: Vec<GuestRange>, ack: DiscardAck) {
+        let ranges: Vec<(u64, u64)> = ranges.iter().map(|r| (r.gpa, r.len)).collect();
+        let pool = self.lock();
+        let Some(pool) = pool.as_ref() else {
+            // Shut down: nothing is freed, the guest keeps its pages.
+            ack.failed();
+            return;
+        };
+        log::trace!(
+            "balloon {kind:?}: {} ranges to the discard pool",
+            ranges.len()
+        );
+        pool.discard(
+            &ranges,
+            Box::new(move |outcome| {
+                if outcome.failed == 0 {
+                    ack.freed();
+                } else {
+                    ack.failed();
+                }
+            }),
+        );
+    }
+
+    fn reclaimed(&self, ranges: &[GuestRange]) {
+        let ranges: Vec<(u64, u64)> = ranges.iter().map(|r| (r.gpa, r.len)).collect();
+        if let Some(pool) = self.lock().as_ref() {
+            if let Err(e) = pool.wait_overlapping(&ranges, Instant::now() + RECLAIMED_WAIT) {
+                log::warn!("balloon deflate: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The balloon on the real binary and /dev/kvm with the default flags
+//! (issue 17): the built-in firmware's polling driver (`balloon`,
+//! `report=<MiB>`) against teravm's virtio-mmio balloon, freed by the
+//! per-node discard pool while the guest runs.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::api::*;
+use common::*;
+use serde_json::Value;
+
+/// The RSS of process `pid`, in bytes.
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb << 10)
+}
+
+/// Polls `GET /balloon/statistics` until `check` holds, or panics.
+fn stats_until(sock: &Path, what: &str, mut check: impl FnMut(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + T;
+    loop {
+        let v = get(sock, "/balloon/statistics");
+        if check(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: last {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn patch(sock: &Path, path: &str, body: &str) -> (u16, String) {
+    common::client::request(sock, "PATCH", path, Some(body)).expect("the API answers")
+}
+
+/// teravm with an API socket, configured with `machine`, `balloon` and the
+/// firmware's `args`, started; returns once the firmware touched its RAM.
+fn started(
+    name: &str,
+    machine: &str,
+    balloon: &str,
+    args: &str,
+    extra: &[&str],
+) -> (Vmm, std::path::PathBuf) {
+    let dir = temp_dir(name);
+    let sock = dir.join("api.sock");
+    let mut a = vec!["--api-sock", sock.to_str().unwrap()];
+    a.extend_from_slice(extra);
+    let mut vmm = Vmm::spawn(&a);
+    wait_for_api(&sock, T);
+    put_ok(&sock, "/machine-config", machine);
+    if extra.contains(&"--sysfs-root") {
+        // A fake host: its nodes cannot be bound to.
+        put_ok(&sock, "/memory", r#"{"numa_policy": "none"}"#);
+    }
+    put_ok(&sock, "/balloon", balloon);
+    put_ok(
+        &sock,
+        "/boot-source",
+        &format!(r#"{{"boot_args": "{args}"}}"#),
+    );
+    let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(status, 204, "{body}");
+    vmm.wait_line("touched", T);
+    (vmm, sock)
+}
+
+#[test]
+fn inflate_by_patch_frees_the_pages_and_deflate_gives_them_back() {
+    if !kvm_or_skip("balloon_inflate") {
+        return;
+    }
+    let _big = big_memory();
+    let (mut vmm, sock) = started(
+        "balloon-inflate",
+        r#"{"vcpu_count": 1, "mem_size_mib": 512, "huge_pages": "None"}"#,
+        r#"{"amount_mib": 0, "deflate_on_oom": false}"#,
+        "touch=384 balloon then=idle",
+        &[],
+    );
+    vmm.wait_line("teravm firmware: balloon device at", T);
+    let pid = vmm.child.id();
+    let before = rss_of(pid);
+    assert!(before > 380 << 20, "the guest touched 384 MiB: {before}");
+    let (status, body) = patch(&sock, "/balloon", r#"{"amount_mib": 256}"#);
+    assert_eq!(status, 204, "{body}");
+    let s = stats_until(&sock, "inflate to 256 MiB", |v| v["actual_mib"] == 256);
+    assert_eq!(s["target_mib"], 256, "{s}");
+    assert_eq!(s["target_pages"], 256 * 256, "{s}");
+    // The pages went back to the host, counted by the pool.
+    let deadline = Instant::now() + T;
+    while rss_of(pid) > before - (240 << 20) {
+        assert!(Instant::now() < deadline, "RSS {} of {before}", rss_of(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = stats_until(&sock, "discard counted", |v| {
+        v["teravm"]["discarded_bytes"].as_u64() >= Some(256 << 20)
+    });
+    assert!(s["teravm"]["ranges"].as_u64().unwrap() > 0, "{s}");
+    let (status, body) = patch(&sock, "/balloon", r#"{"amount_mib": 0}"#);
+    assert_eq!(status, 204, "{body}");
+    stats_until(&sock, "deflate to 0", |v| v["actual_mib"] == 0);
+    // A target above RAM is refused and changes nothing.
+    let (status, body) = patch(&sock, "/balloon", r#"{"amount_mib": 4096}"#);
+    assert_fault(status, &body, 400, "512");
+    assert_eq!(get(&sock, "/balloon")["amount_mib"], 0);
+    // After start the balloon cannot be put again.
+    let (status, body) = put(
+        &sock,
+        "/balloon",
+        r#"{"amount_mib": 1, "deflate_on_oom": false}"#,
+    );
+    assert_fault(status, &body, 400, "Running");
+    let (status, body) = action(&sock, r#"{"action_type": "Shutdown"}"#);
+    assert_eq!(status, 200, "{body}");
+    let reply = json(&body);
+    // The device let go of guest memory: shutdown freed with every worker.
+    assert_eq!(reply["state"], "done", "{reply}");
+    assert_eq!(u(&reply, "address_bytes_done"), 512 << 20, "{reply}");
+    assert_eq!(u(&reply, "workers"), 1, "{reply}");
+    let (code, _, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn reported_ranges_are_freed_in_both_nodes_slices_and_read_back_zero() {
+    if !kvm_or_skip("balloon_report") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("balloon-report-sys");
+    let sysfs = fake_sysfs(&dir, 2);
+    let (mut vmm, sock) = started(
+        "balloon-report",
+        r#"{"vcpu_count": 1, "mem_size_mib": 2048, "huge_pages": "None"}"#,
+        r#"{"amount_mib": 0, "deflate_on_oom": false, "free_page_reporting": true}"#,
+        "touch=1536 report=1024 balloon then=idle",
+        &["--sysfs-root", sysfs.to_str().unwrap()],
+    );
+    let line = vmm.wait_line("teravm firmware: balloon reported", T);
+    assert!(
+        line.ends_with("balloon reported 1024 MiB, read back zero: yes"),
+        "{line}"
+    );
+    let s = get(&sock, "/balloon/statistics");
+    let per_node = s["teravm"]["discarded_bytes_per_node"]
+        .as_array()
+        .unwrap()
+        .clone();
+    // Touched [6 MiB, 1542 MiB), reported from the top down: [518, 1542)
+    // MiB, across the two 1 GiB slices.
+    assert_eq!(per_node.len(), 2, "{s}");
+    for n in &per_node {
+        assert!(n["bytes"].as_u64().unwrap() >= 400 << 20, "{s}");
+    }
+    assert!(
+        s["teravm"]["discarded_bytes"].as_u64().unwrap() >= 1000 << 20,
+        "{s}"
+    );
+    vmm.signal(libc::SIGTERM);
+    let (code, _, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+    // The balloon and its pool let go of guest memory before reclaim: every
+    // worker of both nodes freed it (a view still held would refuse).
+    assert!(stderr.contains("4 workers, 2 nodes"), "{stderr}");
+}
+
+#[test]
+fn statistics_come_from_the_guest_at_the_polling_interval() {
+    if !kvm_or_skip("balloon_stats") {
+        return;
+    }
+    let _big = big_memory();
+    let (vmm, sock) = started(
+        "balloon-stats",
+        r#"{"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "None"}"#,
+        r#"{"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1}"#,
+        "touch=64 balloon then=idle",
+        &[],
+    );
+    let s = stats_until(&sock, "the guest's counters", |v| {
+        v["total_memory"].as_u64().is_some() && v["free_memory"].as_u64().is_some()
+    });
+    assert_eq!(s["total_memory"], 256u64 << 20, "{s}");
+    assert!(s["free_memory"].as_u64().unwrap() < 256 << 20, "{s}");
+    let (status, body) = patch(
+        &sock,
+        "/balloon/statistics",
+        r#"{"stats_polling_interval_s": 2}"#,
+    );
+    assert_eq!(status, 204, "{body}");
+    vmm.signal(libc::SIGTERM);
+    let (code, _, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn hinting_is_refused_with_its_reason() {
+    let (vmm, sock, _dir) = start_api("balloon-hinting", &[]);
+    let (status, body) = put(
+        &sock,
+        "/balloon",
+        r#"{"amount_mib": 0, "deflate_on_oom": false, "free_page_hinting": true}"#,
+    );
+    assert_fault(status, &body, 400, "free_page_reporting");
+    for path in ["/balloon/hinting/start", "/balloon/hinting/stop"] {
+        let (status, body) = patch(&sock, path, "{}");
+        assert_fault(status, &body, 400, "hint");
+    }
+    let (status, body) =
+        common::client::request(&sock, "GET", "/balloon/hinting/status", None).unwrap();
+    assert_fault(status, &body, 400, "hint");
+    // Nothing was configured: GET /balloon says so, and the VMM lives.
+    let (status, _) = common::client::request(&sock, "GET", "/balloon", None).unwrap();
+    assert_eq!(status, 400);
+    assert_eq!(state(&sock), "Not started");
+    drop(vmm);
+}
