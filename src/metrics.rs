@@ -281,6 +281,9 @@ pub struct VmmSnapshot<'a> {
     pub reclaim: &'a ReclaimReport,
     /// Guest console bytes dropped so far (the console's own count).
     pub console_dropped_bytes: u64,
+    /// The devices' groups (Firecracker's `balloon`, `block`, `net`,
+    /// `vsock`), already in their JSON shape.
+    pub device_groups: Vec<(&'static str, Value)>,
 }
 
 fn fc_group(method: usize, fields: &[(&str, usize)], with_fails: bool) -> Value {
@@ -421,6 +424,12 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
             },
         },
     });
+    let mut value = value;
+    if let Value::Object(map) = &mut value {
+        for (name, group) in &vmm.device_groups {
+            map.insert((*name).to_string(), group.clone());
+        }
+    }
     let mut text = serde_json::to_string(&value).map_err(MetricsError::Serialize)?;
     text.push('\n');
     Ok(text)
@@ -523,10 +532,12 @@ mod tests {
             state: "Running",
             reclaim: &report,
             console_dropped_bytes: 7,
+            device_groups: vec![("balloon", json!({"inflate_count": 3}))],
         })
         .unwrap();
         assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
         let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["balloon"]["inflate_count"], 3);
         assert!(v["utc_timestamp_ms"].as_u64().unwrap() > 0);
         assert!(v["put_api_requests"]["drive_fails"].as_u64().unwrap() >= 1);
         assert!(v["get_api_requests"]["vmm_version_count"].as_u64().unwrap() >= 1);

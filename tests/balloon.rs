@@ -222,3 +222,43 @@ fn hinting_is_refused_with_its_reason() {
     assert_eq!(state(&sock), "Not started");
     drop(vmm);
 }
+
+#[test]
+fn a_guest_that_never_drives_the_balloon_still_shuts_down_with_reclaim() {
+    if !kvm_or_skip("balloon_undriven") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("balloon-undriven-metrics");
+    let metrics = dir.join("metrics");
+    let (mut vmm, sock) = started(
+        "balloon-undriven",
+        r#"{"vcpu_count": 2, "mem_size_mib": 1024, "huge_pages": "None"}"#,
+        r#"{"amount_mib": 64, "deflate_on_oom": true, "stats_polling_interval_s": 1}"#,
+        // No `balloon` word: the device is there, no driver ever acks.
+        "touch=512 then=idle",
+        &["--metrics-path", metrics.to_str().unwrap()],
+    );
+    vmm.wait_line("idle", T);
+    let (status, body) = patch(&sock, "/balloon", r#"{"amount_mib": 512}"#);
+    assert_eq!(status, 204, "{body}");
+    let s = get(&sock, "/balloon/statistics");
+    assert_eq!(s["target_mib"], 512, "{s}");
+    assert_eq!(s["actual_mib"], 0, "{s}");
+    assert!(s.get("total_memory").is_none(), "no guest counters: {s}");
+    let (status, body) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
+    assert_eq!(status, 204, "{body}");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["balloon"]["inflate_count"], 0, "{last}");
+    assert_eq!(last["balloon"]["activate_fails"], 0, "{last}");
+    let (status, body) = action(&sock, r#"{"action_type": "Shutdown"}"#);
+    assert_eq!(status, 200, "{body}");
+    let reply = json(&body);
+    assert_eq!(u(&reply, "address_bytes_done"), 1024 << 20, "{reply}");
+    // 1 GiB on one node: the parallel threshold is met, both workers free.
+    assert_eq!(u(&reply, "workers"), 2, "{reply}");
+    assert!(u(&reply, "resident_bytes_freed") >= 500 << 20, "{reply}");
+    let (code, _, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+}

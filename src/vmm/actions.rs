@@ -102,6 +102,7 @@ impl Vmm {
             state: self.state().as_str(),
             reclaim: &report,
             console_dropped_bytes,
+            device_groups: self.device_metrics(),
         });
         if let Err(e) = &result {
             log::warn!("metrics: {e}");
@@ -266,6 +267,25 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
         }
+    }
+
+    /// The devices' metrics groups, while they run: Firecracker's `balloon`
+    /// group, with the discard pool's counters beside the device's.
+    fn device_metrics(&self) -> Vec<(&'static str, Value)> {
+        let mut groups = Vec::new();
+        if let Phase::Running(m) = &self.phase {
+            if let Some(b) = &m.devices.balloon {
+                let mut v = serde_json::to_value(lock(&b.device).metrics().snapshot())
+                    .unwrap_or(Value::Null);
+                if let (Value::Object(map), Some(p)) = (&mut v, b.discard.snapshot()) {
+                    map.insert("pool_discarded_bytes".into(), p.bytes_discarded.into());
+                    map.insert("pool_free_calls".into(), p.calls.into());
+                    map.insert("pool_failures".into(), p.failures.into());
+                }
+                groups.push(("balloon", v));
+            }
+        }
+        groups
     }
 
     /// `PATCH /balloon`: a new target, before start in the configuration,
