@@ -184,8 +184,8 @@ pub fn kernel_cmdline(boot_args: &str) -> &str {
 
 /// `cmdline` with `params` appended (the virtio-mmio devices'
 /// `virtio_mmio.device=4K@<addr>:<irq>`), built with linux-loader's
-/// `Cmdline`, which refuses what a kernel would misread (a NUL, a space
-/// inside a parameter) and a line past teravm's area.
+/// `Cmdline`, which refuses what a kernel would misread (anything but
+/// printable ASCII) and a line past teravm's area.
 pub fn with_params(cmdline: &str, params: &[String]) -> Result<String, ParamsError> {
     use linux_loader::cmdline::Cmdline;
     let bad = |e: linux_loader::cmdline::Error| ParamsError::BadCmdline(e.to_string());
@@ -309,7 +309,9 @@ mod cmdline_tests {
             "console=ttyS0 reboot=k virtio_mmio.device=4K@0xc0001000:5"
         );
         assert_eq!(with_params("quiet", &[]).unwrap(), "quiet");
-        assert!(with_params("a", &["b c".to_string()]).is_err());
+        // A control character or a non-ASCII one is refused.
+        assert!(with_params("a", &["b\u{1}c".to_string()]).is_err());
+        assert!(with_params("caf\u{e9}", &[]).is_err());
     }
 }
 
