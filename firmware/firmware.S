@@ -28,6 +28,19 @@
  *   report=<MiB>        after touching, report that much of the touched RAM
  *                       as free on the balloon's reporting queue, then read
  *                       it back and say whether it reads as zero
+ *   blk                 after touching, drive the first virtio-blk once
+ *                       (read sector 0, write sector 1, read it back, GET_ID)
+ *   vsock=echo:<port>   after touching, listen on <port> of the first
+ *                       virtio-vsock and echo each connection's bytes
+ *   vsock=connect:<port> after touching, connect to the host's <port>, send a
+ *                       greeting, shut down
+ *   net=echo            after touching, send one frame on the first
+ *                       virtio-net, then echo every frame, MACs swapped
+ *   Devices are driven in the order balloon, blk, vsock, net, each found by
+ *   its DeviceID wherever it sits. With then=idle and an echo (vsock=echo:
+ *   or net=echo) set up, vCPU 0 keeps serving (serve_loop) instead of
+ *   parking; with then=reset everything one-shot is done, the echoes are set
+ *   up, and the reset follows.
  *
  * The balloon driver (vCPU 0 only, polling: no interrupts at CPL3).
  *   Discovery: virtio-mmio version 2 devices of 4 KiB from 0xC000_1000
@@ -83,17 +96,116 @@
  *     error target <n> pages is more than the <m> pages touched |
  *     error device does not offer REPORTING
  *
+ * The block, vsock and net drivers (vCPU 0 only, polling, after the
+ * balloon). Each finds the first device of its ID as bl_probe does (32
+ * slots), resets it, accepts VERSION_1 (required) and the few features
+ * below where offered, sets its queues up as the balloon's (min(QueueNumMax,
+ * 64) entries, a power of two, rings in the queue slot's page,
+ * NO_INTERRUPT), sets DRIVER_OK and checks the device took it (no
+ * DEVICE_NEEDS_RESET). Buffers are posted with a notification each; used
+ * rings are polled in memory; one request or packet is sent at a time and
+ * waited for (VQ_TIMEOUT_MS, then "queue <i> timed out; device given up"
+ * and FAILED). Descriptor chains put device-readable before device-
+ * writable buffers and assume nothing about how the device splits them.
+ *   Block (ID 2), queue 0; accepts RO (5) and FLUSH (9). Requests are
+ *   descriptor 0 (16-byte header {u32 type, u32 0, u64 sector}, readable) ->
+ *   1 (data: 512 bytes, writable for IN, readable for OUT; 20 bytes
+ *   writable for GET_ID; skipped by FLUSH) -> 2 (status byte, writable,
+ *   preset to 0xff). In order: IN sector 0; OUT sector 1 (512 x 0xa5),
+ *   then FLUSH if FLUSH was negotiated and the write succeeded (a refused
+ *   write, e.g. RO, is still tried and shows the device's answer); IN
+ *   sector 1, compared with 0xa5; GET_ID. Then done (no serving).
+ *   Vsock (ID 19), rx 0, tx 1, event 2; accepts STREAM (0) if offered;
+ *   guest_cid (config 0, u64) read at start and after a TRANSPORT_RESET
+ *   event (which also drops every connection, silently). Up to 8 rx
+ *   buffers (queue size / 2), buffer i = descriptors 2i (the 44-byte
+ *   header) -> 2i+1 (4 KiB of payload), both writable, posted again as
+ *   soon as their packet is handled; 4 event buffers of 4 bytes. Sending:
+ *   descriptor 0 (header) -> 1 (payload, if any), both readable. Every
+ *   packet sent carries buf_alloc = 16 KiB and the connection's fwd_cnt;
+ *   every packet received updates the host's buf_alloc and fwd_cnt.
+ *   Ops as the spec numbers them (REQUEST 1, RESPONSE 2, RST 3, SHUTDOWN
+ *   4, RW 5, CREDIT_UPDATE 6, CREDIT_REQUEST 7). A packet for no
+ *   connection (not a REQUEST we take, or not STREAM) is answered RST,
+ *   except an RST.
+ *   echo:<port>: a table of 4 connections (host cid, host port, our
+ *   port); a REQUEST to <port> takes a free entry and is answered
+ *   RESPONSE (none free: RST). RW payload is kept in the entry's 16 KiB
+ *   ring (the credit we gave bounds it) and sent back as RW as the host's
+ *   credit, buf_alloc - (tx_cnt - fwd_cnt), allows, at most 4 KiB a packet;
+ *   fwd_cnt counts the bytes sent back, so each echo is also the credit
+ *   update for what it consumed. With no credit left, one CREDIT_REQUEST
+ *   (again after the next packet from the host). CREDIT_REQUEST is
+ *   answered CREDIT_UPDATE. SHUTDOWN: what is held is still sent (unless
+ *   the host said RCV), then RST, the line, the entry freed; an RST from
+ *   the host frees it with the line and no answer.
+ *   connect:<port>: REQUEST from (guest_cid, 49152) to (2, <port>), wait
+ *   for RESPONSE (RST: refused), wait for 27 bytes of credit (a
+ *   CREDIT_REQUEST if short), RW "hello from teravm firmware\n",
+ *   SHUTDOWN with RCV|SEND, wait for the host's RST (a SHUTDOWN from the
+ *   host is answered RST); bytes the host sends are read and dropped.
+ *   Each wait is VQ_TIMEOUT_MS at most.
+ *   Net (ID 1), rx 0, tx 1; accepts MAC (5) only (no offloads, no
+ *   MRG_RXBUF, no control queue), so every buffer starts with the 12-byte
+ *   virtio_net_hdr_v1, sent as zeros. MAC from config 0 (6 byte reads) if
+ *   MAC, else 02:00:00:00:00:01. Up to 8 rx buffers of 2 KiB (header and
+ *   frame in one writable descriptor, at least the spec's 1526); tx is
+ *   descriptor 0, header and frame, readable. First a broadcast frame
+ *   (ff:ff:ff:ff:ff:ff, our MAC, EtherType 0x88b5, "teravm firmware net",
+ *   33 bytes, not padded); then each frame received of at least 12 bytes
+ *   is sent back with the two MACs swapped (the buffer posted again
+ *   first); shorter ones are dropped.
+ *   Serving (an echo set up, then=idle): vCPU 0 polls the vsock and net
+ *   used rings every round (memory reads), and every SERVE_SPIN rounds
+ *   serves the balloon (if `balloon`: statistics, num_pages) and looks at
+ *   the i8042 for a Ctrl-Alt-Del (one port exit); once every device is
+ *   given up and there is no balloon, it parks.
+ *   Lines ("teravm firmware: " then the device's name):
+ *     blk device at 0x<base> features 0x<accepted> capacity <n> sectors
+ *     blk sector0 <32 lower-case hex digits> | blk sector0 <status>
+ *     blk write <status>          (ok | ioerr | unsupp | status <n>)
+ *     blk readback match | mismatch | <status other than ok>
+ *     blk id <up to 20 bytes, to the first NUL; others than ' '..'~' as ?>
+ *       | blk get_id <status other than ok>
+ *     vsock device at 0x<base> features 0x<accepted> cid <guest_cid>
+ *     vsock listening on <port>
+ *     vsock echo <n> bytes        (a connection closed: bytes sent back)
+ *     vsock connect refused | vsock connect error timed out |
+ *       vsock connect error no RST from the host (then the next line) |
+ *       vsock connect sent <n> bytes
+ *     net device at 0x<base> features 0x<accepted>
+ *     net sent hello from <xx:xx:xx:xx:xx:xx>
+ *     net echoed <n> frames       (after each of the first 16, then every 16th)
+ *     <name> error no device | error device reset did not complete |
+ *       error device does not offer VERSION_1 | error device refused the
+ *       features (FEATURES_OK) | error device did not take DRIVER_OK
+ *       (DEVICE_NEEDS_RESET) | error queue <i> unusable (in use or
+ *       QueueNumMax 0) | error queue <i> timed out; device given up
+ *
  * Memory the firmware uses (all below BI_FW_END, so never in the touched
  * RAM the balloon takes pages from):
  *   0x7000 boot info, 0x8000 command line (the VMM's), 0x10000 this image
- *   (.text, .rodata, .data), then page aligned, not part of the image
- *   (.bss, firmware.ld keeps it below the stacks at 0x100000):
- *     ring_area   4 pages, one per queue slot (inflate, deflate, stats,
- *                 reporting): descriptors at +0 (16-byte aligned, 64 x 16
- *                 bytes), available ring at +0x400 (2-aligned, 4 + 2 x 64),
- *                 used ring at +0x800 (4-aligned, 4 + 8 x 64)
+ *   (.text, .rodata, .data: options, driver state, the vsock connection
+ *   table), then page aligned, not part of the image (.bss, firmware.ld
+ *   keeps it below the stacks at 0x100000; about 0x13000-0x3c000 today;
+ *   every byte is written before it is read):
+ *     ring_area   10 pages, one per queue slot: 0-3 the balloon's (inflate,
+ *                 deflate, stats, reporting), 4 blk, 5-7 vsock rx, tx,
+ *                 event, 8-9 net rx, tx; descriptors at +0 (16-byte
+ *                 aligned, 64 x 16 bytes), available ring at +0x400
+ *                 (2-aligned, 4 + 2 x 64), used ring at +0x800 (4-aligned,
+ *                 4 + 8 x 64)
  *     pfn_buf     1 KiB, 256 PFNs of one inflate or deflate batch
  *     stats_buf   30 bytes, the statistics buffer
+ *     blk_hdr, blk_status, blk_id, blk_data   16, 1, 20 and 512 bytes
+ *     vs_rxhdr    8 x 64 bytes, the rx buffers' headers (44 used)
+ *     vs_txhdr    64 bytes, the header being sent
+ *     vs_evbuf    4 x 8 bytes, the event buffers (4 used)
+ *     vs_rxdata   8 x 4 KiB, the rx buffers' payload (page aligned)
+ *     vs_txdata   4 KiB, the payload being sent
+ *     vs_rings    4 x 16 KiB, each connection's bytes not yet echoed
+ *     net_rxbuf   8 x 2 KiB, the rx buffers
+ *     net_txbuf   2 KiB, the frame being sent
  *   0x100000 stacks (4 KiB per vCPU), 0x200000 page tables, BI_FW_END.
  */
 
