@@ -922,62 +922,17 @@ ram_total:
 
 /* Look for the balloon: rbx = its base and CF clear, or CF set (said). */
 bl_probe:
-        mov     ebx, VIRTIO_MMIO_FIRST
-        mov     ecx, VIRTIO_MMIO_SLOTS
-1:      mov     eax, dword ptr [rbx + VM_MAGIC]
-        cmp     eax, VIRTIO_MAGIC
-        jne     2f
-        mov     eax, dword ptr [rbx + VM_VERSION]
-        cmp     eax, 2
-        jne     2f
-        mov     eax, dword ptr [rbx + VM_DEVICE_ID]
-        cmp     eax, VIRTIO_ID_BALLOON
-        jne     2f
-        clc
-        ret
-2:      add     ebx, 0x1000
-        dec     ecx
-        jnz     1b
-        lea     rsi, [rip + msg_bl_nodev]
-        call    puts
-        stc
-        ret
+        mov     edi, VIRTIO_ID_BALLOON
+        jmp     vdev_probe
 
 /* Initialise the device at rbx; on success bl_base = rbx, CF clear. */
 bl_init:
         push    r12
         push    r13
-        mov     dword ptr [rbx + VM_STATUS], 0      /* reset */
-        mov     ecx, 1000
-1:      mov     eax, dword ptr [rbx + VM_STATUS]
-        test    eax, eax
-        jz      2f
-        pause
-        dec     ecx
-        jnz     1b
-        lea     rsi, [rip + msg_bl_noreset]
-        jmp     .Linit_fail
-2:      mov     dword ptr [rbx + VM_STATUS], ST_ACK
-        mov     dword ptr [rbx + VM_STATUS], ST_ACK | ST_DRIVER
-        mov     dword ptr [rbx + VM_DEV_FEAT_SEL], 1
-        mov     eax, dword ptr [rbx + VM_DEV_FEAT]
-        and     eax, F_VERSION_1_HI
-        jz      .Lno_v1
-        mov     r12d, eax
-        shl     r12, 32
-        mov     dword ptr [rbx + VM_DEV_FEAT_SEL], 0
-        mov     eax, dword ptr [rbx + VM_DEV_FEAT]
-        and     eax, F_WANTED_LO
-        or      r12, rax                /* the features accepted */
-        mov     [rip + bl_feat], r12
-        mov     dword ptr [rbx + VM_DRV_FEAT_SEL], 0
-        mov     dword ptr [rbx + VM_DRV_FEAT], eax
-        mov     dword ptr [rbx + VM_DRV_FEAT_SEL], 1
-        mov     dword ptr [rbx + VM_DRV_FEAT], F_VERSION_1_HI
-        mov     dword ptr [rbx + VM_STATUS], ST_ACK | ST_DRIVER | ST_FEATURES_OK
-        mov     eax, dword ptr [rbx + VM_STATUS]
-        test    eax, ST_FEATURES_OK
-        jz      .Lfeat_refused
+        mov     esi, F_WANTED_LO
+        call    vdev_begin              /* said, FAILED, on failure */
+        jc      .Linit_out
+        mov     [rip + bl_feat], rax
         /* Queues: inflateq 0, deflateq 1, statsq 2 if STATS_VQ, then
          * reportingq if REPORTING (no free_page_vq: FREE_PAGE_HINT refused). */
         mov     r12d, SLOT_INFLATE
@@ -1021,17 +976,9 @@ bl_init:
         pop     r12
         clc
         ret
-.Lno_v1:
-        lea     rsi, [rip + msg_bl_nov1]
-        jmp     .Linit_fail
-.Lfeat_refused:
-        lea     rsi, [rip + msg_bl_featrefused]
-.Linit_fail:
-        call    puts
 .Linit_failed:                          /* vq_setup said why */
-        mov     eax, dword ptr [rbx + VM_STATUS]
-        or      eax, ST_FAILED
-        mov     dword ptr [rbx + VM_STATUS], eax
+        call    vdev_fail
+.Linit_out:
         pop     r13
         pop     r12
         stc
@@ -1102,56 +1049,23 @@ vq_ptrs:
 /* Make the chain headed by descriptor 0 of slot r12 available and notify
  * the device at rbx. */
 vq_post:
-        call    vq_ptrs
-        movzx   eax, word ptr [rsi + VQS_AVAIL]
-        movzx   ecx, word ptr [rsi + VQS_SIZE]
-        dec     ecx
-        and     ecx, eax
-        mov     word ptr [rdi + VQ_AVAIL + 4 + rcx * 2], 0  /* head: descriptor 0 */
-        inc     eax
-        mov     [rsi + VQS_AVAIL], ax
-        /* x86 keeps stores in order: the ring entry is seen before idx. */
-        mov     [rdi + VQ_AVAIL + 2], ax
-        mfence                          /* idx before the notification */
-        mov     eax, [rsi + VQS_INDEX]
-        mov     dword ptr [rbx + VM_QUEUE_NOTIFY], eax
-        ret
+        xor     eax, eax
+        jmp     vq_post_head
 
-/* Wait until the device has used slot r12's buffer: CF clear; or, after
- * VQ_TIMEOUT_MS, say so, give the device up (bl_base = 0) and set CF. */
+/* Wait until the device has used slot r12's buffer (and take it): CF
+ * clear; or, after VQ_TIMEOUT_MS, say so, give the device up (bl_base = 0)
+ * and set CF. The balloon's: it may run while serving the others. */
 vq_wait:
+        lea     rax, [rip + tag_balloon]
+        mov     [rip + dev_tag], rax
+        call    vq_wait_any
+        jc      1f
         call    vq_ptrs
-        mov     dx, PORT_CLOCK
-        in      eax, dx
-        mov     r8d, eax
-        xor     r9d, r9d
-1:      movzx   eax, word ptr [rdi + VQ_USED + 2]   /* the device writes it */
-        cmp     ax, [rsi + VQS_USED]
-        jne     2f
-        pause
-        inc     r9d
-        test    r9d, 0xfff
-        jnz     1b
-        mov     dx, PORT_CLOCK
-        in      eax, dx
-        sub     eax, r8d
-        cmp     eax, VQ_TIMEOUT_MS
-        jb      1b
-        lea     rsi, [rip + msg_bl_queue]
-        call    puts
-        call    vq_ptrs
-        mov     eax, [rsi + VQS_INDEX]
-        call    put_u64
-        lea     rsi, [rip + msg_bl_timeout]
-        call    puts
-        mov     qword ptr [rip + bl_base], 0
-        mov     eax, dword ptr [rbx + VM_STATUS]
-        or      eax, ST_FAILED
-        mov     dword ptr [rbx + VM_STATUS], eax
-        stc
-        ret
-2:      inc     word ptr [rsi + VQS_USED]
+        inc     word ptr [rsi + VQS_USED]
         clc
+        ret
+1:      mov     qword ptr [rip + bl_base], 0
+        stc
         ret
 
 /* Linear touched page rax (0 = the first page above BI_FW_END, counted
@@ -2893,11 +2807,6 @@ val_triple:      .asciz "triple"
 val_ports:       .asciz "ports"
 val_writing:     .asciz "writing"
 hex_digits:      .ascii "0123456789abcdef"
-msg_bl_nodev:    .asciz "teravm firmware: balloon error no device\n"
-msg_bl_noreset:  .asciz "teravm firmware: balloon error device reset did not complete\n"
-msg_bl_nov1:     .asciz "teravm firmware: balloon error device does not offer VERSION_1\n"
-msg_bl_featrefused: .asciz "teravm firmware: balloon error device refused the features (FEATURES_OK)\n"
-msg_bl_queue:    .asciz "teravm firmware: balloon error queue "
 msg_bl_unusable: .asciz " unusable (in use or QueueNumMax 0)\n"
 msg_bl_timeout:  .asciz " timed out; device given up\n"
 msg_bl_dev:      .asciz "teravm firmware: balloon device at "
