@@ -28,6 +28,19 @@
  *   report=<MiB>        after touching, report that much of the touched RAM
  *                       as free on the balloon's reporting queue, then read
  *                       it back and say whether it reads as zero
+ *   blk                 after touching, drive the first virtio-blk once
+ *                       (read sector 0, write sector 1, read it back, GET_ID)
+ *   vsock=echo:<port>   after touching, listen on <port> of the first
+ *                       virtio-vsock and echo each connection's bytes
+ *   vsock=connect:<port> after touching, connect to the host's <port>, send a
+ *                       greeting, shut down
+ *   net=echo            after touching, send one frame on the first
+ *                       virtio-net, then echo every frame, MACs swapped
+ *   Devices are driven in the order balloon, blk, vsock, net, each found by
+ *   its DeviceID wherever it sits. With then=idle and an echo (vsock=echo:
+ *   or net=echo) set up, vCPU 0 keeps serving (serve_loop) instead of
+ *   parking; with then=reset everything one-shot is done, the echoes are set
+ *   up, and the reset follows.
  *
  * The balloon driver (vCPU 0 only, polling: no interrupts at CPL3).
  *   Discovery: virtio-mmio version 2 devices of 4 KiB from 0xC000_1000
@@ -83,17 +96,116 @@
  *     error target <n> pages is more than the <m> pages touched |
  *     error device does not offer REPORTING
  *
+ * The block, vsock and net drivers (vCPU 0 only, polling, after the
+ * balloon). Each finds the first device of its ID as bl_probe does (32
+ * slots), resets it, accepts VERSION_1 (required) and the few features
+ * below where offered, sets its queues up as the balloon's (min(QueueNumMax,
+ * 64) entries, a power of two, rings in the queue slot's page,
+ * NO_INTERRUPT), sets DRIVER_OK and checks the device took it (no
+ * DEVICE_NEEDS_RESET). Buffers are posted with a notification each; used
+ * rings are polled in memory; one request or packet is sent at a time and
+ * waited for (VQ_TIMEOUT_MS, then "queue <i> timed out; device given up"
+ * and FAILED). Descriptor chains put device-readable before device-
+ * writable buffers and assume nothing about how the device splits them.
+ *   Block (ID 2), queue 0; accepts RO (5) and FLUSH (9). Requests are
+ *   descriptor 0 (16-byte header {u32 type, u32 0, u64 sector}, readable) ->
+ *   1 (data: 512 bytes, writable for IN, readable for OUT; 20 bytes
+ *   writable for GET_ID; skipped by FLUSH) -> 2 (status byte, writable,
+ *   preset to 0xff). In order: IN sector 0; OUT sector 1 (512 x 0xa5),
+ *   then FLUSH if FLUSH was negotiated and the write succeeded (a refused
+ *   write, e.g. RO, is still tried and shows the device's answer); IN
+ *   sector 1, compared with 0xa5; GET_ID. Then done (no serving).
+ *   Vsock (ID 19), rx 0, tx 1, event 2; accepts STREAM (0) if offered;
+ *   guest_cid (config 0, u64) read at start and after a TRANSPORT_RESET
+ *   event (which also drops every connection, silently). Up to 8 rx
+ *   buffers (queue size / 2), buffer i = descriptors 2i (the 44-byte
+ *   header) -> 2i+1 (4 KiB of payload), both writable, posted again as
+ *   soon as their packet is handled; 4 event buffers of 4 bytes. Sending:
+ *   descriptor 0 (header) -> 1 (payload, if any), both readable. Every
+ *   packet sent carries buf_alloc = 16 KiB and the connection's fwd_cnt;
+ *   every packet received updates the host's buf_alloc and fwd_cnt.
+ *   Ops as the spec numbers them (REQUEST 1, RESPONSE 2, RST 3, SHUTDOWN
+ *   4, RW 5, CREDIT_UPDATE 6, CREDIT_REQUEST 7). A packet for no
+ *   connection (not a REQUEST we take, or not STREAM) is answered RST,
+ *   except an RST.
+ *   echo:<port>: a table of 4 connections (host cid, host port, our
+ *   port); a REQUEST to <port> takes a free entry and is answered
+ *   RESPONSE (none free: RST). RW payload is kept in the entry's 16 KiB
+ *   ring (the credit we gave bounds it) and sent back as RW as the host's
+ *   credit, buf_alloc - (tx_cnt - fwd_cnt), allows, at most 4 KiB a packet;
+ *   fwd_cnt counts the bytes sent back, so each echo is also the credit
+ *   update for what it consumed. With no credit left, one CREDIT_REQUEST
+ *   (again after the next packet from the host). CREDIT_REQUEST is
+ *   answered CREDIT_UPDATE. SHUTDOWN: what is held is still sent (unless
+ *   the host said RCV), then RST, the line, the entry freed; an RST from
+ *   the host frees it with the line and no answer.
+ *   connect:<port>: REQUEST from (guest_cid, 49152) to (2, <port>), wait
+ *   for RESPONSE (RST: refused), wait for 27 bytes of credit (a
+ *   CREDIT_REQUEST if short), RW "hello from teravm firmware\n",
+ *   SHUTDOWN with RCV|SEND, wait for the host's RST (a SHUTDOWN from the
+ *   host is answered RST); bytes the host sends are read and dropped.
+ *   Each wait is VQ_TIMEOUT_MS at most.
+ *   Net (ID 1), rx 0, tx 1; accepts MAC (5) only (no offloads, no
+ *   MRG_RXBUF, no control queue), so every buffer starts with the 12-byte
+ *   virtio_net_hdr_v1, sent as zeros. MAC from config 0 (6 byte reads) if
+ *   MAC, else 02:00:00:00:00:01. Up to 8 rx buffers of 2 KiB (header and
+ *   frame in one writable descriptor, at least the spec's 1526); tx is
+ *   descriptor 0, header and frame, readable. First a broadcast frame
+ *   (ff:ff:ff:ff:ff:ff, our MAC, EtherType 0x88b5, "teravm firmware net",
+ *   33 bytes, not padded); then each frame received of at least 12 bytes
+ *   is sent back with the two MACs swapped (the buffer posted again
+ *   first); shorter ones are dropped.
+ *   Serving (an echo set up, then=idle): vCPU 0 polls the vsock and net
+ *   used rings every round (memory reads), and every SERVE_SPIN rounds
+ *   serves the balloon (if `balloon`: statistics, num_pages) and looks at
+ *   the i8042 for a Ctrl-Alt-Del (one port exit); once every device is
+ *   given up and there is no balloon, it parks.
+ *   Lines ("teravm firmware: " then the device's name):
+ *     blk device at 0x<base> features 0x<accepted> capacity <n> sectors
+ *     blk sector0 <32 lower-case hex digits> | blk sector0 <status>
+ *     blk write <status>          (ok | ioerr | unsupp | status <n>)
+ *     blk readback match | mismatch | <status other than ok>
+ *     blk id <up to 20 bytes, to the first NUL; others than ' '..'~' as ?>
+ *       | blk get_id <status other than ok>
+ *     vsock device at 0x<base> features 0x<accepted> cid <guest_cid>
+ *     vsock listening on <port>
+ *     vsock echo <n> bytes        (a connection closed: bytes sent back)
+ *     vsock connect refused | vsock connect error timed out |
+ *       vsock connect error no RST from the host (then the next line) |
+ *       vsock connect sent <n> bytes
+ *     net device at 0x<base> features 0x<accepted>
+ *     net sent hello from <xx:xx:xx:xx:xx:xx>
+ *     net echoed <n> frames       (after each of the first 16, then every 16th)
+ *     <name> error no device | error device reset did not complete |
+ *       error device does not offer VERSION_1 | error device refused the
+ *       features (FEATURES_OK) | error device did not take DRIVER_OK
+ *       (DEVICE_NEEDS_RESET) | error queue <i> unusable (in use or
+ *       QueueNumMax 0) | error queue <i> timed out; device given up
+ *
  * Memory the firmware uses (all below BI_FW_END, so never in the touched
  * RAM the balloon takes pages from):
  *   0x7000 boot info, 0x8000 command line (the VMM's), 0x10000 this image
- *   (.text, .rodata, .data), then page aligned, not part of the image
- *   (.bss, firmware.ld keeps it below the stacks at 0x100000):
- *     ring_area   4 pages, one per queue slot (inflate, deflate, stats,
- *                 reporting): descriptors at +0 (16-byte aligned, 64 x 16
- *                 bytes), available ring at +0x400 (2-aligned, 4 + 2 x 64),
- *                 used ring at +0x800 (4-aligned, 4 + 8 x 64)
+ *   (.text, .rodata, .data: options, driver state, the vsock connection
+ *   table), then page aligned, not part of the image (.bss, firmware.ld
+ *   keeps it below the stacks at 0x100000; about 0x13000-0x3c000 today;
+ *   every byte is written before it is read):
+ *     ring_area   10 pages, one per queue slot: 0-3 the balloon's (inflate,
+ *                 deflate, stats, reporting), 4 blk, 5-7 vsock rx, tx,
+ *                 event, 8-9 net rx, tx; descriptors at +0 (16-byte
+ *                 aligned, 64 x 16 bytes), available ring at +0x400
+ *                 (2-aligned, 4 + 2 x 64), used ring at +0x800 (4-aligned,
+ *                 4 + 8 x 64)
  *     pfn_buf     1 KiB, 256 PFNs of one inflate or deflate batch
  *     stats_buf   30 bytes, the statistics buffer
+ *     blk_hdr, blk_status, blk_id, blk_data   16, 1, 20 and 512 bytes
+ *     vs_rxhdr    8 x 64 bytes, the rx buffers' headers (44 used)
+ *     vs_txhdr    64 bytes, the header being sent
+ *     vs_evbuf    4 x 8 bytes, the event buffers (4 used)
+ *     vs_rxdata   8 x 4 KiB, the rx buffers' payload (page aligned)
+ *     vs_txdata   4 KiB, the payload being sent
+ *     vs_rings    4 x 16 KiB, each connection's bytes not yet echoed
+ *     net_rxbuf   8 x 2 KiB, the rx buffers
+ *     net_txbuf   2 KiB, the frame being sent
  *   0x100000 stacks (4 KiB per vCPU), 0x200000 page tables, BI_FW_END.
  */
 
@@ -182,6 +294,90 @@
         .set REPORT_CHUNK,    4 << 20   /* bytes per report descriptor, at most */
         .set VQ_TIMEOUT_MS,   20000
         .set SERVE_SPIN,      65536     /* pause rounds between device checks */
+        .set ST_NEEDS_RESET,  0x40
+/* The other devices (virtio 1.2, 5.1, 5.2, 5.10) and their queue slots. */
+        .set VIRTIO_ID_NET,   1
+        .set VIRTIO_ID_BLOCK, 2
+        .set VIRTIO_ID_VSOCK, 19
+        .set SLOT_BLK,        4
+        .set SLOT_VS_RX,      5
+        .set SLOT_VS_TX,      6
+        .set SLOT_VS_EV,      7
+        .set SLOT_NET_RX,     8
+        .set SLOT_NET_TX,     9
+        .set VQ_SLOTS,        10
+/* virtio-blk */
+        .set BLK_F_RO,        1 << 5
+        .set BLK_F_FLUSH,     1 << 9
+        .set BLK_CAPACITY,    0x100     /* config: u64 capacity in sectors */
+        .set BLK_T_IN,        0
+        .set BLK_T_OUT,       1
+        .set BLK_T_FLUSH,     4
+        .set BLK_T_GET_ID,    8
+        .set BLK_SECTOR,      512
+        .set BLK_ID_BYTES,    20
+/* virtio-vsock */
+        .set VS_F_STREAM,     1 << 0
+        .set VS_GUEST_CID,    0x100     /* config: u64 guest_cid */
+        .set VS_HDR,          44        /* struct virtio_vsock_hdr */
+        .set H_SRC_CID,       0
+        .set H_DST_CID,       8
+        .set H_SRC_PORT,      16
+        .set H_DST_PORT,      20
+        .set H_LEN,           24
+        .set H_TYPE,          28
+        .set H_OP,            30
+        .set H_FLAGS,         32
+        .set H_BUF_ALLOC,     36
+        .set H_FWD_CNT,       40
+        .set VS_TYPE_STREAM,  1
+        .set VS_OP_REQUEST,   1
+        .set VS_OP_RESPONSE,  2
+        .set VS_OP_RST,       3
+        .set VS_OP_SHUTDOWN,  4
+        .set VS_OP_RW,        5
+        .set VS_OP_CREDIT_UPDATE, 6
+        .set VS_OP_CREDIT_REQUEST, 7
+        .set VS_SHUT_RCV,     1
+        .set VS_SHUT_SEND,    2
+        .set VS_EVENT_TRANSPORT_RESET, 0
+        .set VS_HOST_CID,     2
+        .set VS_LOCAL_PORT,   49152     /* our port for vsock=connect: */
+        .set VS_NRX,          8         /* rx buffers */
+        .set VS_RXDATA,       4096      /* payload bytes per rx buffer */
+        .set VS_TXDATA,       4096      /* payload bytes per packet sent */
+        .set VS_NEV,          4         /* event buffers */
+        .set VS_CONNS,        4         /* connections at once */
+        .set VS_BUF,          16384     /* buf_alloc: bytes held per connection */
+        .set VS_HELLO_LEN,    27
+        .set VS_ECHO,         1         /* opt_vsock */
+        .set VS_CONNECT,      2
+/* A connection entry (vs_conns). */
+        .set C_STATE,         0         /* u8 */
+        .set C_SHUT,          1         /* u8 the host's SHUTDOWN flags */
+        .set C_CREQ,          2         /* u8 a CREDIT_REQUEST is out */
+        .set C_PEER_PORT,     4
+        .set C_PEER_CID,      8
+        .set C_LOCAL_PORT,    16
+        .set C_RX,            20        /* payload bytes received */
+        .set C_FWD,           24        /* of them consumed (echoed) */
+        .set C_TX,            28        /* payload bytes sent */
+        .set C_PEER_BUF,      32        /* the host's buf_alloc */
+        .set C_PEER_FWD,      36        /* the host's fwd_cnt */
+        .set C_RING,          40        /* u64 its VS_BUF bytes in vs_rings */
+        .set C_SIZE,          64
+        .set C_FREE,          0
+        .set C_OPEN,          1
+        .set C_CLOSING,       2         /* the host shut down: send, then RST */
+        .set C_CONNECTING,    3
+/* virtio-net */
+        .set NET_F_MAC,       1 << 5
+        .set NET_CFG_MAC,     0x100     /* config: u8 mac[6] */
+        .set NET_HDR,         12        /* struct virtio_net_hdr_v1 */
+        .set NET_BUF,         2048      /* bytes per rx buffer, header included */
+        .set NET_NRX,         8
+        .set NET_ETHERTYPE_BE, 0xb588   /* 0x88b5 in network order */
+        .set NET_HELLO_LEN,   19
 /* Statistics tags (virtio 1.2, 5.5.6.3). */
         .set S_MEMFREE,       4
         .set S_MEMTOT,        5
@@ -266,7 +462,8 @@ _start:
         je      8f
 7:      call    balloon_start
 
-8:      cmp     byte ptr [rip + opt_fault], 2
+8:      call    devices_start           /* blk, vsock=, net= */
+        cmp     byte ptr [rip + opt_fault], 2
         jne     4f
         mov     dx, PORT_UNKNOWN
 5:      out     dx, al
@@ -275,6 +472,8 @@ _start:
         jne     9f
         lea     rsi, [rip + msg_idle]
         call    puts
+        cmp     byte ptr [rip + serve_echo], 0
+        jne     serve_loop
         cmp     byte ptr [rip + opt_balloon], 0
         je      idle
         jmp     balloon_serve
@@ -434,7 +633,18 @@ parse_cmdline:
         lea     rdi, [rip + key_report]
         call    match_key
         jc      .Lreport_val
-        lea     rdi, [rip + key_balloon]
+        lea     rdi, [rip + key_vsock]
+        call    match_key
+        jc      .Lvsock_val
+        lea     rdi, [rip + key_net]
+        call    match_key
+        jc      .Lnet_val
+        lea     rdi, [rip + key_blk]
+        call    match_value
+        jnc     1f
+        mov     byte ptr [rip + opt_blk], 1
+        jmp     .Lword
+1:      lea     rdi, [rip + key_balloon]
         call    match_value
         jnc     .Lskip
         mov     byte ptr [rip + opt_balloon], 1
@@ -489,6 +699,26 @@ parse_cmdline:
         jnc     .Lbad
         mov     byte ptr [rip + opt_keep], 1
         jmp     .Lword
+.Lvsock_val:                            /* echo:<port> | connect:<port> */
+        lea     rdi, [rip + val_echo_port]
+        call    match_key
+        jnc     1f
+        mov     byte ptr [rip + opt_vsock], VS_ECHO
+        jmp     2f
+1:      lea     rdi, [rip + val_connect_port]
+        call    match_key
+        jnc     .Lbad
+        mov     byte ptr [rip + opt_vsock], VS_CONNECT
+2:      call    parse_u32
+        jc      .Lbad
+        mov     [rip + vs_port], eax
+        jmp     .Lword
+.Lnet_val:
+        lea     rdi, [rip + val_echo]
+        call    match_value
+        jnc     .Lbad
+        mov     byte ptr [rip + opt_net], 1
+        jmp     .Lword
 .Lsay_val:                              /* the rest of the line is the text */
         mov     [rip + say_ptr], rsi
         mov     rax, r8
@@ -529,6 +759,34 @@ parse_mib:
 2:      test    edx, edx
         jz      3f
         shl     rax, 20
+        clc
+        ret
+3:      stc
+        ret
+
+/* Parse the decimal u32 at rsi (< r8) up to a space or the end: eax, CF
+ * clear; CF set when there are no digits, a non-digit or it is too big. */
+parse_u32:
+        xor     eax, eax
+        xor     edx, edx
+1:      cmp     rsi, r8
+        jae     2f
+        movzx   ecx, byte ptr [rsi]
+        cmp     cl, ' '
+        je      2f
+        sub     ecx, '0'
+        cmp     ecx, 9
+        ja      3f
+        imul    rax, rax, 10
+        add     rax, rcx
+        mov     rcx, rax
+        shr     rcx, 32
+        jnz     3f
+        inc     edx
+        inc     rsi
+        jmp     1b
+2:      test    edx, edx
+        jz      3f
         clc
         ret
 3:      stc
@@ -614,6 +872,8 @@ put_u64:
 /* Find, initialise and (report=) report. Prints its own errors. */
 balloon_start:
         push    rbx
+        lea     rax, [rip + tag_balloon]
+        mov     [rip + dev_tag], rax
         call    ram_above_fw
         sub     rax, [rip + touch_bytes]
         mov     [rip + bl_untouched], rax
@@ -662,62 +922,17 @@ ram_total:
 
 /* Look for the balloon: rbx = its base and CF clear, or CF set (said). */
 bl_probe:
-        mov     ebx, VIRTIO_MMIO_FIRST
-        mov     ecx, VIRTIO_MMIO_SLOTS
-1:      mov     eax, dword ptr [rbx + VM_MAGIC]
-        cmp     eax, VIRTIO_MAGIC
-        jne     2f
-        mov     eax, dword ptr [rbx + VM_VERSION]
-        cmp     eax, 2
-        jne     2f
-        mov     eax, dword ptr [rbx + VM_DEVICE_ID]
-        cmp     eax, VIRTIO_ID_BALLOON
-        jne     2f
-        clc
-        ret
-2:      add     ebx, 0x1000
-        dec     ecx
-        jnz     1b
-        lea     rsi, [rip + msg_bl_nodev]
-        call    puts
-        stc
-        ret
+        mov     edi, VIRTIO_ID_BALLOON
+        jmp     vdev_probe
 
 /* Initialise the device at rbx; on success bl_base = rbx, CF clear. */
 bl_init:
         push    r12
         push    r13
-        mov     dword ptr [rbx + VM_STATUS], 0      /* reset */
-        mov     ecx, 1000
-1:      mov     eax, dword ptr [rbx + VM_STATUS]
-        test    eax, eax
-        jz      2f
-        pause
-        dec     ecx
-        jnz     1b
-        lea     rsi, [rip + msg_bl_noreset]
-        jmp     .Linit_fail
-2:      mov     dword ptr [rbx + VM_STATUS], ST_ACK
-        mov     dword ptr [rbx + VM_STATUS], ST_ACK | ST_DRIVER
-        mov     dword ptr [rbx + VM_DEV_FEAT_SEL], 1
-        mov     eax, dword ptr [rbx + VM_DEV_FEAT]
-        and     eax, F_VERSION_1_HI
-        jz      .Lno_v1
-        mov     r12d, eax
-        shl     r12, 32
-        mov     dword ptr [rbx + VM_DEV_FEAT_SEL], 0
-        mov     eax, dword ptr [rbx + VM_DEV_FEAT]
-        and     eax, F_WANTED_LO
-        or      r12, rax                /* the features accepted */
-        mov     [rip + bl_feat], r12
-        mov     dword ptr [rbx + VM_DRV_FEAT_SEL], 0
-        mov     dword ptr [rbx + VM_DRV_FEAT], eax
-        mov     dword ptr [rbx + VM_DRV_FEAT_SEL], 1
-        mov     dword ptr [rbx + VM_DRV_FEAT], F_VERSION_1_HI
-        mov     dword ptr [rbx + VM_STATUS], ST_ACK | ST_DRIVER | ST_FEATURES_OK
-        mov     eax, dword ptr [rbx + VM_STATUS]
-        test    eax, ST_FEATURES_OK
-        jz      .Lfeat_refused
+        mov     esi, F_WANTED_LO
+        call    vdev_begin              /* said, FAILED, on failure */
+        jc      .Linit_out
+        mov     [rip + bl_feat], rax
         /* Queues: inflateq 0, deflateq 1, statsq 2 if STATS_VQ, then
          * reportingq if REPORTING (no free_page_vq: FREE_PAGE_HINT refused). */
         mov     r12d, SLOT_INFLATE
@@ -761,17 +976,9 @@ bl_init:
         pop     r12
         clc
         ret
-.Lno_v1:
-        lea     rsi, [rip + msg_bl_nov1]
-        jmp     .Linit_fail
-.Lfeat_refused:
-        lea     rsi, [rip + msg_bl_featrefused]
-.Linit_fail:
-        call    puts
 .Linit_failed:                          /* vq_setup said why */
-        mov     eax, dword ptr [rbx + VM_STATUS]
-        or      eax, ST_FAILED
-        mov     dword ptr [rbx + VM_STATUS], eax
+        call    vdev_fail
+.Linit_out:
         pop     r13
         pop     r12
         stc
@@ -818,8 +1025,8 @@ vq_setup:
         mov     byte ptr [rsi + VQS_PRESENT], 1
         clc
         ret
-1:      lea     rsi, [rip + msg_bl_queue]
-        call    puts
+1:      lea     rsi, [rip + msg_e_queue]
+        call    say_err                 /* "<dev_tag> error queue " */
         mov     eax, r13d
         call    put_u64
         lea     rsi, [rip + msg_bl_unusable]
@@ -842,56 +1049,23 @@ vq_ptrs:
 /* Make the chain headed by descriptor 0 of slot r12 available and notify
  * the device at rbx. */
 vq_post:
-        call    vq_ptrs
-        movzx   eax, word ptr [rsi + VQS_AVAIL]
-        movzx   ecx, word ptr [rsi + VQS_SIZE]
-        dec     ecx
-        and     ecx, eax
-        mov     word ptr [rdi + VQ_AVAIL + 4 + rcx * 2], 0  /* head: descriptor 0 */
-        inc     eax
-        mov     [rsi + VQS_AVAIL], ax
-        /* x86 keeps stores in order: the ring entry is seen before idx. */
-        mov     [rdi + VQ_AVAIL + 2], ax
-        mfence                          /* idx before the notification */
-        mov     eax, [rsi + VQS_INDEX]
-        mov     dword ptr [rbx + VM_QUEUE_NOTIFY], eax
-        ret
+        xor     eax, eax
+        jmp     vq_post_head
 
-/* Wait until the device has used slot r12's buffer: CF clear; or, after
- * VQ_TIMEOUT_MS, say so, give the device up (bl_base = 0) and set CF. */
+/* Wait until the device has used slot r12's buffer (and take it): CF
+ * clear; or, after VQ_TIMEOUT_MS, say so, give the device up (bl_base = 0)
+ * and set CF. The balloon's: it may run while serving the others. */
 vq_wait:
+        lea     rax, [rip + tag_balloon]
+        mov     [rip + dev_tag], rax
+        call    vq_wait_any
+        jc      1f
         call    vq_ptrs
-        mov     dx, PORT_CLOCK
-        in      eax, dx
-        mov     r8d, eax
-        xor     r9d, r9d
-1:      movzx   eax, word ptr [rdi + VQ_USED + 2]   /* the device writes it */
-        cmp     ax, [rsi + VQS_USED]
-        jne     2f
-        pause
-        inc     r9d
-        test    r9d, 0xfff
-        jnz     1b
-        mov     dx, PORT_CLOCK
-        in      eax, dx
-        sub     eax, r8d
-        cmp     eax, VQ_TIMEOUT_MS
-        jb      1b
-        lea     rsi, [rip + msg_bl_queue]
-        call    puts
-        call    vq_ptrs
-        mov     eax, [rsi + VQS_INDEX]
-        call    put_u64
-        lea     rsi, [rip + msg_bl_timeout]
-        call    puts
-        mov     qword ptr [rip + bl_base], 0
-        mov     eax, dword ptr [rbx + VM_STATUS]
-        or      eax, ST_FAILED
-        mov     dword ptr [rbx + VM_STATUS], eax
-        stc
-        ret
-2:      inc     word ptr [rsi + VQS_USED]
+        inc     word ptr [rsi + VQS_USED]
         clc
+        ret
+1:      mov     qword ptr [rip + bl_base], 0
+        stc
         ret
 
 /* Linear touched page rax (0 = the first page above BI_FW_END, counted
@@ -1210,6 +1384,1378 @@ bl_report:
         pop     r12
         ret
 
+/* ------------------------------------------------------------------------
+ * Helpers shared by the block, vsock and net drivers (and vq_setup's
+ * message). rbx = the device's MMIO base, r12 = a queue slot; dev_tag
+ * names the device in every line.
+ */
+
+/* Print "teravm firmware: <dev_tag> ". */
+say_tag:
+        lea     rsi, [rip + msg_fw]
+        call    puts
+        mov     rsi, [rip + dev_tag]
+        call    puts
+        mov     al, ' '
+        jmp     putc
+
+/* Print "teravm firmware: <dev_tag> " and the string at rsi. */
+say_err:
+        push    rsi
+        call    say_tag
+        pop     rsi
+        jmp     puts
+
+/* edi = a virtio device ID: rbx = the base of the first device with it
+ * (slots as bl_probe tries them), CF clear; or CF set (said). */
+vdev_probe:
+        mov     ebx, VIRTIO_MMIO_FIRST
+        mov     ecx, VIRTIO_MMIO_SLOTS
+1:      mov     eax, dword ptr [rbx + VM_MAGIC]
+        cmp     eax, VIRTIO_MAGIC
+        jne     2f
+        mov     eax, dword ptr [rbx + VM_VERSION]
+        cmp     eax, 2
+        jne     2f
+        mov     eax, dword ptr [rbx + VM_DEVICE_ID]
+        cmp     eax, edi
+        jne     2f
+        clc
+        ret
+2:      add     ebx, 0x1000
+        dec     ecx
+        jnz     1b
+        lea     rsi, [rip + msg_e_nodev]
+        call    say_err
+        stc
+        ret
+
+/* Reset the device at rbx and negotiate (virtio 1.2, 3.1.1): esi = the
+ * feature bits 0..31 wanted where offered; VERSION_1 (bit 32) is required
+ * and nothing else above bit 31 is taken. rax = the features accepted and
+ * CF clear (status ACKNOWLEDGE | DRIVER | FEATURES_OK); or said, FAILED
+ * set and CF set. */
+vdev_begin:
+        push    r12
+        mov     r12d, esi
+        mov     dword ptr [rbx + VM_STATUS], 0
+        mov     ecx, 1000
+1:      mov     eax, dword ptr [rbx + VM_STATUS]
+        test    eax, eax
+        jz      2f
+        pause
+        dec     ecx
+        jnz     1b
+        lea     rsi, [rip + msg_e_noreset]
+        jmp     .Lbegin_fail
+2:      mov     dword ptr [rbx + VM_STATUS], ST_ACK
+        mov     dword ptr [rbx + VM_STATUS], ST_ACK | ST_DRIVER
+        mov     dword ptr [rbx + VM_DEV_FEAT_SEL], 1
+        mov     eax, dword ptr [rbx + VM_DEV_FEAT]
+        test    eax, F_VERSION_1_HI
+        jz      .Lbegin_nov1
+        mov     dword ptr [rbx + VM_DEV_FEAT_SEL], 0
+        mov     eax, dword ptr [rbx + VM_DEV_FEAT]
+        and     r12d, eax
+        mov     dword ptr [rbx + VM_DRV_FEAT_SEL], 0
+        mov     dword ptr [rbx + VM_DRV_FEAT], r12d
+        mov     dword ptr [rbx + VM_DRV_FEAT_SEL], 1
+        mov     dword ptr [rbx + VM_DRV_FEAT], F_VERSION_1_HI
+        mov     dword ptr [rbx + VM_STATUS], ST_ACK | ST_DRIVER | ST_FEATURES_OK
+        mov     eax, dword ptr [rbx + VM_STATUS]
+        test    eax, ST_FEATURES_OK
+        jz      .Lbegin_refused
+        mov     eax, r12d
+        bts     rax, 32
+        pop     r12
+        clc
+        ret
+.Lbegin_nov1:
+        lea     rsi, [rip + msg_e_nov1]
+        jmp     .Lbegin_fail
+.Lbegin_refused:
+        lea     rsi, [rip + msg_e_refused]
+.Lbegin_fail:
+        call    say_err
+        pop     r12
+        /* fall through */
+
+/* Set FAILED in the status of the device at rbx; CF set. */
+vdev_fail:
+        mov     eax, dword ptr [rbx + VM_STATUS]
+        or      eax, ST_FAILED
+        mov     dword ptr [rbx + VM_STATUS], eax
+        stc
+        ret
+
+/* DRIVER_OK for the device at rbx (its queues set up): CF clear; or, if
+ * the device did not take it (DEVICE_NEEDS_RESET), said, FAILED, CF set. */
+vdev_ok:
+        mov     dword ptr [rbx + VM_STATUS], ST_ACK | ST_DRIVER | ST_FEATURES_OK | ST_DRIVER_OK
+        mov     eax, dword ptr [rbx + VM_STATUS]
+        test    eax, ST_NEEDS_RESET
+        jnz     1f
+        test    eax, ST_DRIVER_OK
+        jz      1f
+        clc
+        ret
+1:      lea     rsi, [rip + msg_e_notok]
+        call    say_err
+        jmp     vdev_fail
+
+/* Print "teravm firmware: <tag> device at 0x<rbx> features 0x<rax>" (no
+ * end of line). */
+vdev_line:
+        push    rax
+        call    say_tag
+        lea     rsi, [rip + msg_dev_at]
+        call    puts
+        mov     rax, rbx
+        call    put_hex
+        lea     rsi, [rip + msg_bl_features]
+        call    puts
+        pop     rax
+        jmp     put_hex
+
+/* Descriptor ecx of slot r12 = { rax address, edx length, r8d: flags in
+ * the low 16 bits, next in the high 16 }. Clobbers rdi, rsi, r9. */
+vq_desc:
+        push    rax
+        call    vq_ptrs
+        pop     rax
+        mov     r9d, ecx
+        shl     r9d, 4
+        add     rdi, r9
+        mov     [rdi], rax
+        mov     [rdi + 8], edx
+        mov     [rdi + 12], r8d
+        ret
+
+/* Make the chain headed by descriptor eax of slot r12 available and
+ * notify the device at rbx. Clobbers rax, rcx, rdi, rsi, r8. */
+vq_post_head:
+        push    rax
+        call    vq_ptrs
+        pop     r8
+        movzx   eax, word ptr [rsi + VQS_AVAIL]
+        movzx   ecx, word ptr [rsi + VQS_SIZE]
+        dec     ecx
+        and     ecx, eax
+        mov     [rdi + VQ_AVAIL + 4 + rcx * 2], r8w
+        inc     eax
+        mov     [rsi + VQS_AVAIL], ax
+        mov     [rdi + VQ_AVAIL + 2], ax        /* after the entry (x86 order) */
+        mfence                                  /* idx before the notification */
+        mov     eax, [rsi + VQS_INDEX]
+        mov     dword ptr [rbx + VM_QUEUE_NOTIFY], eax
+        ret
+
+/* Take the next used element of slot r12: eax = id, edx = length, CF
+ * clear; CF set if there is none. Clobbers rcx, rdi, rsi. */
+vq_pop:
+        call    vq_ptrs
+        movzx   ecx, word ptr [rsi + VQS_USED]
+        cmp     cx, word ptr [rdi + VQ_USED + 2]        /* the device writes it */
+        je      1f
+        movzx   edx, word ptr [rsi + VQS_SIZE]
+        dec     edx
+        and     edx, ecx
+        mov     eax, [rdi + VQ_USED + 4 + rdx * 8]
+        mov     edx, [rdi + VQ_USED + 8 + rdx * 8]
+        inc     word ptr [rsi + VQS_USED]
+        clc
+        ret
+1:      stc
+        ret
+
+/* Wait until slot r12 has a used element not taken yet: CF clear; or,
+ * after VQ_TIMEOUT_MS, say "<tag> error queue <i> timed out; device given
+ * up", set FAILED and CF. Clobbers rax, rcx, rdx, rdi, rsi, r8, r9. */
+vq_wait_any:
+        call    vq_ptrs
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        mov     r8d, eax
+        xor     r9d, r9d
+1:      movzx   eax, word ptr [rdi + VQ_USED + 2]
+        cmp     ax, [rsi + VQS_USED]
+        jne     2f
+        pause
+        inc     r9d
+        test    r9d, 0xfff
+        jnz     1b
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        sub     eax, r8d
+        cmp     eax, VQ_TIMEOUT_MS
+        jb      1b
+        lea     rsi, [rip + msg_e_queue]
+        call    say_err
+        call    vq_ptrs
+        mov     eax, [rsi + VQS_INDEX]
+        call    put_u64
+        lea     rsi, [rip + msg_bl_timeout]
+        call    puts
+        jmp     vdev_fail
+2:      clc
+        ret
+
+/* Start a deadline of VQ_TIMEOUT_MS; deadline_passed: CF set once it has
+ * passed (the clock port read every 4096 calls only). Clobber rax, rdx. */
+deadline_start:
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        mov     [rip + dl_t0], eax
+        mov     dword ptr [rip + dl_n], 0
+        ret
+deadline_passed:
+        inc     dword ptr [rip + dl_n]
+        test    dword ptr [rip + dl_n], 0xfff
+        jnz     1f
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        sub     eax, [rip + dl_t0]
+        cmp     eax, VQ_TIMEOUT_MS
+        jb      1f
+        stc
+        ret
+1:      clc
+        ret
+
+/* Print al as two lower-case hex digits. Clobbers rax, rcx, rdx. */
+put_hex8:
+        push    rax
+        movzx   eax, al
+        shr     eax, 4
+        lea     rcx, [rip + hex_digits]
+        mov     al, [rcx + rax]
+        call    putc
+        pop     rax
+        and     eax, 15
+        lea     rcx, [rip + hex_digits]
+        mov     al, [rcx + rax]
+        jmp     putc
+
+/* The devices the command line names, in order: blk, vsock, net. */
+devices_start:
+        cmp     byte ptr [rip + opt_blk], 0
+        je      1f
+        call    blk_run
+1:      cmp     byte ptr [rip + opt_vsock], 0
+        je      2f
+        call    vs_start
+2:      cmp     byte ptr [rip + opt_net], 0
+        je      3f
+        call    net_start
+3:      ret
+
+/* vCPU 0 serving vsock=echo: and/or net=echo (then=idle): poll their used
+ * rings every round; every SERVE_SPIN rounds serve the balloon (if
+ * `balloon`) and look at the i8042 for a Ctrl-Alt-Del, as balloon_serve. */
+serve_loop:
+        mov     al, [rip + vs_live]
+        or      al, [rip + net_live]
+        jnz     4f
+        cmp     byte ptr [rip + opt_balloon], 0
+        je      idle                    /* every device given up */
+4:      cmp     byte ptr [rip + opt_balloon], 0
+        je      1f
+        cmp     qword ptr [rip + bl_base], 0
+        je      1f
+        call    bl_stats_poll
+        call    bl_sync
+1:      mov     dx, I8042_CMD
+        in      al, dx
+        test    al, 1
+        jz      2f
+        mov     dx, I8042_DATA
+        in      al, dx
+        jmp     reset
+2:      mov     dword ptr [rip + serve_spin], SERVE_SPIN
+3:      call    vs_poll
+        call    net_poll
+        pause
+        dec     dword ptr [rip + serve_spin]
+        jnz     3b
+        jmp     serve_loop
+
+/* ------------------------------------------------------------------------
+ * virtio-blk (virtio 1.2, 5.2), `blk`: one request at a time on queue 0,
+ * each a chain of descriptors 0 (header, device-readable), 1 (data) and 2
+ * (status, device-writable), headed by descriptor 0.
+ */
+blk_run:
+        push    rbx
+        push    r12
+        push    r13
+        lea     rax, [rip + tag_blk]
+        mov     [rip + dev_tag], rax
+        mov     edi, VIRTIO_ID_BLOCK
+        call    vdev_probe
+        jc      .Lblk_done
+        mov     esi, BLK_F_RO | BLK_F_FLUSH
+        call    vdev_begin
+        jc      .Lblk_done
+        mov     [rip + blk_feat], rax
+        mov     r12d, SLOT_BLK
+        xor     r13d, r13d
+        call    vq_setup
+        jc      .Lblk_fail
+        call    vdev_ok
+        jc      .Lblk_done
+        mov     rax, [rip + blk_feat]
+        call    vdev_line
+        lea     rsi, [rip + msg_capacity]
+        call    puts
+        mov     eax, dword ptr [rbx + BLK_CAPACITY + 4]
+        shl     rax, 32
+        mov     ecx, dword ptr [rbx + BLK_CAPACITY]
+        or      rax, rcx
+        call    put_u64
+        lea     rsi, [rip + msg_sectors]
+        call    puts
+
+        /* Sector 0: its first 16 bytes. */
+        mov     r12d, SLOT_BLK
+        mov     eax, BLK_T_IN
+        xor     edx, edx
+        call    blk_request
+        jc      .Lblk_done
+        push    rax
+        call    say_tag
+        lea     rsi, [rip + msg_blk_sector0]
+        call    puts
+        pop     rax
+        test    eax, eax
+        jz      1f
+        call    blk_say_status
+        jmp     2f
+1:      xor     r13d, r13d
+3:      lea     rax, [rip + blk_data]
+        movzx   eax, byte ptr [rax + r13]
+        call    put_hex8
+        inc     r13d
+        cmp     r13d, 16
+        jb      3b
+2:      mov     al, 10
+        call    putc
+
+        /* Sector 1: 512 bytes of 0xa5, then a flush if negotiated. */
+        lea     rdi, [rip + blk_data]
+        mov     ecx, BLK_SECTOR
+        mov     al, 0xa5
+        rep stosb
+        mov     eax, BLK_T_OUT
+        mov     edx, 1
+        call    blk_request
+        jc      .Lblk_done
+        test    eax, eax
+        jnz     4f
+        test    dword ptr [rip + blk_feat], BLK_F_FLUSH
+        jz      4f
+        mov     eax, BLK_T_FLUSH
+        xor     edx, edx
+        call    blk_request
+        jc      .Lblk_done
+4:      push    rax
+        call    say_tag
+        lea     rsi, [rip + msg_blk_write]
+        call    puts
+        pop     rax
+        call    blk_say_status
+        mov     al, 10
+        call    putc
+
+        /* Sector 1 back. */
+        lea     rdi, [rip + blk_data]
+        mov     ecx, BLK_SECTOR
+        xor     eax, eax
+        rep stosb
+        mov     eax, BLK_T_IN
+        mov     edx, 1
+        call    blk_request
+        jc      .Lblk_done
+        push    rax
+        call    say_tag
+        lea     rsi, [rip + msg_blk_readback]
+        call    puts
+        pop     rax
+        test    eax, eax
+        jz      5f
+        call    blk_say_status
+        mov     al, 10
+        call    putc
+        jmp     6f
+5:      lea     rdi, [rip + blk_data]
+        mov     ecx, BLK_SECTOR
+        mov     al, 0xa5
+        repe scasb
+        lea     rsi, [rip + msg_blk_match]
+        je      7f
+        lea     rsi, [rip + msg_blk_mismatch]
+7:      call    puts
+
+        /* GET_ID: up to 20 bytes, to the first NUL. */
+6:      lea     rdi, [rip + blk_id]
+        mov     ecx, BLK_ID_BYTES
+        xor     eax, eax
+        rep stosb
+        mov     eax, BLK_T_GET_ID
+        xor     edx, edx
+        call    blk_request
+        jc      .Lblk_done
+        push    rax
+        call    say_tag
+        pop     rax
+        test    eax, eax
+        jz      8f
+        push    rax
+        lea     rsi, [rip + msg_blk_getid]
+        call    puts
+        pop     rax
+        call    blk_say_status
+        jmp     9f
+8:      lea     rsi, [rip + msg_blk_id]
+        call    puts
+        xor     r13d, r13d
+10:     lea     rax, [rip + blk_id]
+        movzx   eax, byte ptr [rax + r13]
+        test    al, al
+        jz      9f
+        cmp     al, 0x20
+        jb      11f
+        cmp     al, 0x7e
+        jbe     12f
+11:     mov     al, '?'
+12:     call    putc
+        inc     r13d
+        cmp     r13d, BLK_ID_BYTES
+        jb      10b
+9:      mov     al, 10
+        call    putc
+        jmp     .Lblk_done
+.Lblk_fail:
+        call    vdev_fail
+.Lblk_done:
+        pop     r13
+        pop     r12
+        pop     rbx
+        ret
+
+/* One request on the block queue (r12 = SLOT_BLK, rbx = the device): eax =
+ * type, rdx = sector. eax = the status byte, CF clear; CF set on a timeout
+ * (said). IN and OUT move blk_data (one sector), GET_ID fills blk_id. */
+blk_request:
+        lea     rdi, [rip + blk_hdr]
+        mov     [rdi], eax
+        mov     dword ptr [rdi + 4], 0
+        mov     [rdi + 8], rdx
+        mov     byte ptr [rip + blk_status], 0xff     /* a status never written */
+        push    rax
+        lea     rax, [rip + blk_hdr]
+        mov     edx, 16
+        mov     r8d, DESC_F_NEXT | (1 << 16)
+        cmp     dword ptr [rsp], BLK_T_FLUSH
+        jne     1f
+        mov     r8d, DESC_F_NEXT | (2 << 16)        /* no data */
+1:      xor     ecx, ecx
+        call    vq_desc
+        lea     rax, [rip + blk_data]
+        mov     edx, BLK_SECTOR
+        mov     r8d, DESC_F_NEXT | DESC_F_WRITE | (2 << 16)
+        mov     ecx, [rsp]
+        cmp     ecx, BLK_T_OUT
+        jne     2f
+        mov     r8d, DESC_F_NEXT | (2 << 16)        /* device-readable */
+2:      cmp     ecx, BLK_T_GET_ID
+        jne     3f
+        lea     rax, [rip + blk_id]
+        mov     edx, BLK_ID_BYTES
+3:      mov     ecx, 1
+        call    vq_desc
+        lea     rax, [rip + blk_status]
+        mov     edx, 1
+        mov     r8d, DESC_F_WRITE
+        mov     ecx, 2
+        call    vq_desc
+        add     rsp, 8
+        xor     eax, eax
+        call    vq_post_head
+        call    vq_wait_any
+        jc      4f
+        call    vq_pop
+        movzx   eax, byte ptr [rip + blk_status]
+        clc
+4:      ret
+
+/* Print a block status (eax): ok, ioerr, unsupp or "status <n>". */
+blk_say_status:
+        lea     rsi, [rip + msg_st_ok]
+        test    eax, eax
+        jz      1f
+        lea     rsi, [rip + msg_st_ioerr]
+        cmp     eax, 1
+        je      1f
+        lea     rsi, [rip + msg_st_unsupp]
+        cmp     eax, 2
+        je      1f
+        push    rax
+        lea     rsi, [rip + msg_st_other]
+        call    puts
+        pop     rax
+        jmp     put_u64
+1:      jmp     puts
+
+/* ------------------------------------------------------------------------
+ * virtio-vsock (virtio 1.2, 5.10), `vsock=echo:<port>` / `connect:<port>`.
+ * rx: buffer i is descriptors 2i (its 44-byte header) and 2i+1 (4 KiB of
+ * payload), both device-writable, always posted again once read. tx: one
+ * packet at a time, descriptor 0 (header) and 1 (payload, if any),
+ * waited for until used. event: 4-byte buffers; a TRANSPORT_RESET drops
+ * every connection and reads guest_cid again. r13 = a connection entry.
+ */
+vs_start:
+        push    rbx
+        push    r12
+        push    r13
+        lea     rax, [rip + tag_vsock]
+        mov     [rip + dev_tag], rax
+        mov     edi, VIRTIO_ID_VSOCK
+        call    vdev_probe
+        jc      .Lvs_done
+        mov     esi, VS_F_STREAM
+        call    vdev_begin
+        jc      .Lvs_done
+        mov     [rip + vs_feat], rax
+        mov     r12d, SLOT_VS_RX
+        xor     r13d, r13d
+        call    vq_setup
+        jc      .Lvs_fail
+        mov     r12d, SLOT_VS_TX
+        mov     r13d, 1
+        call    vq_setup
+        jc      .Lvs_fail
+        mov     r12d, SLOT_VS_EV
+        mov     r13d, 2
+        call    vq_setup
+        jc      .Lvs_fail
+        call    vdev_ok
+        jc      .Lvs_done
+        call    vs_read_cid
+        mov     rax, [rip + vs_feat]
+        call    vdev_line
+        lea     rsi, [rip + msg_cid]
+        call    puts
+        mov     rax, [rip + vs_cid]
+        call    put_u64
+        mov     al, 10
+        call    putc
+        /* rx buffers: min(VS_NRX, size / 2) */
+        mov     r12d, SLOT_VS_RX
+        movzx   eax, word ptr [rip + vq_state + SLOT_VS_RX * 16 + VQS_SIZE]
+        shr     eax, 1
+        mov     ecx, VS_NRX
+        cmp     eax, ecx
+        cmova   eax, ecx
+        mov     [rip + vs_nrx], eax
+        xor     r13d, r13d
+1:      cmp     r13d, [rip + vs_nrx]
+        jae     2f
+        call    vs_rx_post
+        inc     r13d
+        jmp     1b
+2:      /* event buffers: min(VS_NEV, size) */
+        mov     r12d, SLOT_VS_EV
+        movzx   eax, word ptr [rip + vq_state + SLOT_VS_EV * 16 + VQS_SIZE]
+        mov     ecx, VS_NEV
+        cmp     eax, ecx
+        cmova   eax, ecx
+        mov     [rip + vs_nev], eax
+        xor     r13d, r13d
+3:      cmp     r13d, [rip + vs_nev]
+        jae     4f
+        lea     rax, [rip + vs_evbuf]
+        lea     rax, [rax + r13 * 8]
+        mov     edx, 4                  /* struct virtio_vsock_event */
+        mov     r8d, DESC_F_WRITE
+        mov     ecx, r13d
+        call    vq_desc
+        mov     eax, r13d
+        call    vq_post_head
+        inc     r13d
+        jmp     3b
+4:      mov     [rip + vs_base], rbx
+        mov     byte ptr [rip + vs_live], 1
+        cmp     byte ptr [rip + opt_vsock], VS_ECHO
+        jne     5f
+        call    say_tag
+        lea     rsi, [rip + msg_vs_listen]
+        call    puts
+        mov     eax, [rip + vs_port]
+        call    put_u64
+        mov     al, 10
+        call    putc
+        mov     byte ptr [rip + serve_echo], 1
+        jmp     .Lvs_done
+5:      call    vs_connect
+        jmp     .Lvs_done
+.Lvs_fail:
+        call    vdev_fail
+.Lvs_done:
+        pop     r13
+        pop     r12
+        pop     rbx
+        ret
+
+vs_read_cid:
+        mov     eax, dword ptr [rbx + VS_GUEST_CID + 4]
+        shl     rax, 32
+        mov     ecx, dword ptr [rbx + VS_GUEST_CID]
+        or      rax, rcx
+        mov     [rip + vs_cid], rax
+        ret
+
+/* Post rx buffer r13d (r12 = SLOT_VS_RX, rbx = the device). */
+vs_rx_post:
+        mov     eax, r13d
+        shl     eax, 6
+        lea     rdx, [rip + vs_rxhdr]
+        add     rax, rdx
+        mov     edx, VS_HDR
+        lea     ecx, [r13 * 2 + 1]
+        mov     r8d, ecx
+        shl     r8d, 16
+        or      r8d, DESC_F_WRITE | DESC_F_NEXT
+        dec     ecx
+        call    vq_desc
+        mov     eax, r13d
+        shl     eax, 12
+        lea     rdx, [rip + vs_rxdata]
+        add     rax, rdx
+        mov     edx, VS_RXDATA
+        mov     r8d, DESC_F_WRITE
+        lea     ecx, [r13 * 2 + 1]
+        call    vq_desc
+        lea     eax, [r13 * 2]
+        jmp     vq_post_head
+
+/* Serve the vsock device (vsock_live): every packet received, every event,
+ * then (echo) what the connections owe the host. */
+vs_poll:
+        cmp     byte ptr [rip + vs_live], 0
+        je      1f
+        call    vs_poll_rx
+        cmp     byte ptr [rip + opt_vsock], VS_ECHO
+        jne     1f
+        push    r13
+        lea     r13, [rip + vs_conns]
+2:      cmp     byte ptr [r13 + C_STATE], C_OPEN
+        jb      3f
+        call    vs_flush
+3:      add     r13, C_SIZE
+        lea     rax, [rip + vs_conns + VS_CONNS * C_SIZE]
+        cmp     r13, rax
+        jb      2b
+        pop     r13
+1:      ret
+
+/* Take every used rx buffer (handle its packet, post it again) and every
+ * used event buffer. */
+vs_poll_rx:
+        cmp     byte ptr [rip + vs_live], 0
+        je      9f
+        lea     rax, [rip + tag_vsock]
+        mov     [rip + dev_tag], rax
+        push    rbx
+        push    r12
+        push    r13
+        mov     rbx, [rip + vs_base]
+1:      cmp     byte ptr [rip + vs_live], 0
+        je      8f
+        mov     r12d, SLOT_VS_RX
+        call    vq_pop
+        jc      3f
+        test    eax, 1
+        jnz     1b                      /* not a head we post: drop it */
+        shr     eax, 1
+        cmp     eax, [rip + vs_nrx]
+        jae     1b
+        mov     r13d, eax
+        push    r13
+        call    vs_packet
+        pop     r13
+        cmp     byte ptr [rip + vs_live], 0
+        je      8f
+        mov     r12d, SLOT_VS_RX
+        call    vs_rx_post
+        jmp     1b
+3:      mov     r12d, SLOT_VS_EV
+        call    vq_pop
+        jc      8f
+        cmp     eax, [rip + vs_nev]
+        jae     3b
+        mov     r13d, eax
+        lea     rcx, [rip + vs_evbuf]
+        cmp     dword ptr [rcx + r13 * 8], VS_EVENT_TRANSPORT_RESET
+        jne     4f
+        call    vs_read_cid             /* connections are gone; so is the cid */
+        lea     rdi, [rip + vs_conns]
+        mov     ecx, VS_CONNS * C_SIZE
+        xor     eax, eax
+        rep stosb
+4:      mov     eax, r13d
+        call    vq_post_head
+        jmp     3b
+8:      pop     r13
+        pop     r12
+        pop     rbx
+9:      ret
+
+/* The packet in rx buffer r13d, edx bytes of it written. */
+vs_packet:
+        mov     eax, r13d
+        shl     eax, 6
+        lea     r10, [rip + vs_rxhdr]
+        add     r10, rax                /* r10 = header */
+        mov     eax, r13d
+        shl     eax, 12
+        lea     r11, [rip + vs_rxdata]
+        add     r11, rax                /* r11 = payload */
+        sub     edx, VS_HDR
+        jb      .Lpkt_drop
+        mov     ecx, [r10 + H_LEN]
+        cmp     ecx, edx
+        cmova   ecx, edx
+        mov     ecx, ecx
+        cmp     ecx, VS_RXDATA
+        jbe     1f
+        mov     ecx, VS_RXDATA
+1:      mov     [rip + vs_plen], ecx
+        movzx   eax, word ptr [r10 + H_OP]
+        cmp     word ptr [r10 + H_TYPE], VS_TYPE_STREAM
+        jne     .Lpkt_noconn
+        /* The connection: the host's cid and port, our port. */
+        lea     r13, [rip + vs_conns]
+2:      cmp     byte ptr [r13 + C_STATE], C_FREE
+        je      3f
+        mov     rcx, [r10 + H_SRC_CID]
+        cmp     rcx, [r13 + C_PEER_CID]
+        jne     3f
+        mov     ecx, [r10 + H_SRC_PORT]
+        cmp     ecx, [r13 + C_PEER_PORT]
+        jne     3f
+        mov     ecx, [r10 + H_DST_PORT]
+        cmp     ecx, [r13 + C_LOCAL_PORT]
+        je      .Lpkt_conn
+3:      add     r13, C_SIZE
+        lea     rcx, [rip + vs_conns + VS_CONNS * C_SIZE]
+        cmp     r13, rcx
+        jb      2b
+.Lpkt_noconn:
+        cmp     eax, VS_OP_RST
+        je      .Lpkt_drop              /* never answer a reset */
+        cmp     eax, VS_OP_REQUEST
+        jne     .Lpkt_rst
+        cmp     word ptr [r10 + H_TYPE], VS_TYPE_STREAM
+        jne     .Lpkt_rst
+        cmp     byte ptr [rip + opt_vsock], VS_ECHO
+        jne     .Lpkt_rst
+        mov     ecx, [r10 + H_DST_PORT]
+        cmp     ecx, [rip + vs_port]
+        jne     .Lpkt_rst
+        lea     r13, [rip + vs_conns]
+        xor     r9d, r9d
+4:      cmp     byte ptr [r13 + C_STATE], C_FREE
+        je      5f
+        add     r13, C_SIZE
+        inc     r9d
+        cmp     r9d, VS_CONNS
+        jb      4b
+        jmp     .Lpkt_rst               /* table full */
+5:      mov     rdi, r13
+        mov     ecx, C_SIZE
+        xor     eax, eax
+        rep stosb
+        mov     byte ptr [r13 + C_STATE], C_OPEN
+        mov     rax, [r10 + H_SRC_CID]
+        mov     [r13 + C_PEER_CID], rax
+        mov     eax, [r10 + H_SRC_PORT]
+        mov     [r13 + C_PEER_PORT], eax
+        mov     eax, [r10 + H_DST_PORT]
+        mov     [r13 + C_LOCAL_PORT], eax
+        mov     eax, [r10 + H_BUF_ALLOC]
+        mov     [r13 + C_PEER_BUF], eax
+        mov     eax, [r10 + H_FWD_CNT]
+        mov     [r13 + C_PEER_FWD], eax
+        shl     r9, 14                  /* VS_BUF */
+        lea     rax, [rip + vs_rings]
+        add     rax, r9
+        mov     [r13 + C_RING], rax
+        mov     eax, VS_OP_RESPONSE
+        xor     edx, edx
+        jmp     vs_send_op
+.Lpkt_rst:                              /* answer RST from the port it was sent to */
+        lea     r13, [rip + vs_tmp]
+        mov     rax, [r10 + H_SRC_CID]
+        mov     [r13 + C_PEER_CID], rax
+        mov     eax, [r10 + H_SRC_PORT]
+        mov     [r13 + C_PEER_PORT], eax
+        mov     eax, [r10 + H_DST_PORT]
+        mov     [r13 + C_LOCAL_PORT], eax
+        mov     dword ptr [r13 + C_FWD], 0
+        mov     eax, VS_OP_RST
+        xor     edx, edx
+        jmp     vs_send_op
+.Lpkt_drop:
+        ret
+.Lpkt_conn:
+        mov     ecx, [r10 + H_BUF_ALLOC]        /* every packet carries credit */
+        mov     [r13 + C_PEER_BUF], ecx
+        mov     ecx, [r10 + H_FWD_CNT]
+        mov     [r13 + C_PEER_FWD], ecx
+        mov     byte ptr [r13 + C_CREQ], 0
+        cmp     eax, VS_OP_RW
+        je      .Lpkt_rw
+        cmp     eax, VS_OP_CREDIT_REQUEST
+        je      .Lpkt_creq
+        cmp     eax, VS_OP_SHUTDOWN
+        je      .Lpkt_shut
+        cmp     eax, VS_OP_RST
+        je      .Lpkt_reset
+        cmp     eax, VS_OP_RESPONSE
+        jne     .Lpkt_drop              /* CREDIT_UPDATE: taken above */
+        cmp     byte ptr [r13 + C_STATE], C_CONNECTING
+        jne     .Lpkt_drop
+        mov     byte ptr [r13 + C_STATE], C_OPEN
+        ret
+.Lpkt_creq:
+        mov     eax, VS_OP_CREDIT_UPDATE
+        xor     edx, edx
+        jmp     vs_send_op
+.Lpkt_shut:
+        mov     eax, [r10 + H_FLAGS]
+        or      [r13 + C_SHUT], al
+        cmp     byte ptr [r13 + C_STATE], C_CONNECTING
+        je      .Lpkt_drop
+        mov     byte ptr [r13 + C_STATE], C_CLOSING
+        ret
+.Lpkt_reset:
+        mov     byte ptr [rip + vs_got_rst], 1
+        xor     eax, eax                /* no RST back */
+        jmp     vs_end
+.Lpkt_rw:
+        cmp     byte ptr [r13 + C_STATE], C_CONNECTING
+        je      .Lpkt_drop
+        mov     ecx, [rip + vs_plen]
+        cmp     byte ptr [rip + opt_vsock], VS_ECHO
+        je      6f
+        add     [r13 + C_RX], ecx       /* connect: read and dropped at once */
+        add     [r13 + C_FWD], ecx
+        ret
+6:      mov     eax, [r13 + C_RX]
+        sub     eax, [r13 + C_FWD]      /* held */
+        mov     edx, VS_BUF
+        sub     edx, eax                /* room (more is the host's fault) */
+        cmp     ecx, edx
+        cmova   ecx, edx
+        mov     rdi, [r13 + C_RING]
+        mov     edx, [r13 + C_RX]
+        add     [r13 + C_RX], ecx
+7:      test    ecx, ecx
+        jz      .Lpkt_drop
+        mov     al, [r11]
+        mov     r9d, edx
+        and     r9d, VS_BUF - 1
+        mov     [rdi + r9], al
+        inc     r11
+        inc     edx
+        dec     ecx
+        jmp     7b
+
+/* Send what connection r13 holds, as the host's credit allows (a
+ * CREDIT_REQUEST once when it allows nothing); a closing connection with
+ * nothing left to send (or a host that receives no more) is reset. */
+vs_flush:
+        cmp     byte ptr [rip + vs_live], 0
+        je      9f
+        mov     ecx, [r13 + C_RX]
+        sub     ecx, [r13 + C_FWD]      /* held */
+        jz      5f
+        test    byte ptr [r13 + C_SHUT], VS_SHUT_RCV
+        jz      1f
+        mov     eax, [r13 + C_RX]       /* the host reads no more: drop it */
+        mov     [r13 + C_FWD], eax
+        jmp     5f
+1:      mov     eax, [r13 + C_TX]
+        sub     eax, [r13 + C_PEER_FWD] /* in flight at the host */
+        mov     edx, [r13 + C_PEER_BUF]
+        sub     edx, eax
+        jae     2f
+        xor     edx, edx
+2:      cmp     ecx, edx
+        cmova   ecx, edx
+        cmp     ecx, VS_TXDATA
+        jbe     3f
+        mov     ecx, VS_TXDATA
+3:      test    ecx, ecx
+        jnz     4f
+        cmp     byte ptr [r13 + C_CREQ], 0
+        jne     9f
+        mov     byte ptr [r13 + C_CREQ], 1
+        mov     eax, VS_OP_CREDIT_REQUEST
+        xor     edx, edx
+        jmp     vs_send_op
+4:      mov     rsi, [r13 + C_RING]
+        lea     rdi, [rip + vs_txdata]
+        mov     edx, [r13 + C_FWD]
+        mov     r9d, ecx
+6:      mov     r8d, edx
+        and     r8d, VS_BUF - 1
+        mov     al, [rsi + r8]
+        mov     [rdi], al
+        inc     rdi
+        inc     edx
+        dec     r9d
+        jnz     6b
+        add     [r13 + C_FWD], ecx      /* consumed: the header says so */
+        add     [r13 + C_TX], ecx
+        push    rcx
+        mov     eax, VS_OP_RW
+        xor     edx, edx
+        call    vs_hdr
+        pop     rcx
+        call    vs_tx
+        jnc     vs_flush
+        ret
+5:      cmp     byte ptr [r13 + C_STATE], C_CLOSING
+        jne     9f
+        mov     eax, 1
+        jmp     vs_end
+9:      ret
+
+/* Close connection r13: send RST if eax != 0, say how much it echoed
+ * (echo), free the entry. */
+vs_end:
+        test    eax, eax
+        jz      1f
+        mov     eax, VS_OP_RST
+        xor     edx, edx
+        call    vs_send_op
+1:      cmp     byte ptr [rip + opt_vsock], VS_ECHO
+        jne     2f
+        call    say_tag
+        lea     rsi, [rip + msg_vs_echo]
+        call    puts
+        mov     eax, [r13 + C_TX]
+        call    put_u64
+        lea     rsi, [rip + msg_bytes]
+        call    puts
+2:      mov     byte ptr [r13 + C_STATE], C_FREE
+        ret
+
+/* Send op eax, flags edx, no payload, on connection r13. */
+vs_send_op:
+        call    vs_hdr
+        xor     ecx, ecx
+        jmp     vs_tx
+
+/* vs_txhdr = a header for connection r13: op eax, flags edx, len 0, our
+ * buf_alloc and fwd_cnt. */
+vs_hdr:
+        lea     rdi, [rip + vs_txhdr]
+        mov     rcx, [rip + vs_cid]
+        mov     [rdi + H_SRC_CID], rcx
+        mov     rcx, [r13 + C_PEER_CID]
+        mov     [rdi + H_DST_CID], rcx
+        mov     ecx, [r13 + C_LOCAL_PORT]
+        mov     [rdi + H_SRC_PORT], ecx
+        mov     ecx, [r13 + C_PEER_PORT]
+        mov     [rdi + H_DST_PORT], ecx
+        mov     dword ptr [rdi + H_LEN], 0
+        mov     word ptr [rdi + H_TYPE], VS_TYPE_STREAM
+        mov     [rdi + H_OP], ax
+        mov     [rdi + H_FLAGS], edx
+        mov     dword ptr [rdi + H_BUF_ALLOC], VS_BUF
+        mov     ecx, [r13 + C_FWD]
+        mov     [rdi + H_FWD_CNT], ecx
+        ret
+
+/* Send vs_txhdr with ecx bytes of vs_txdata and wait until it is used:
+ * CF clear; CF set if the device is gone or times out (then vs_live = 0). */
+vs_tx:
+        cmp     byte ptr [rip + vs_live], 0
+        je      2f
+        lea     rax, [rip + tag_vsock]
+        mov     [rip + dev_tag], rax
+        push    rbx
+        push    r12
+        mov     rbx, [rip + vs_base]
+        mov     r12d, SLOT_VS_TX
+        mov     [rip + vs_txhdr + H_LEN], ecx
+        push    rcx
+        lea     rax, [rip + vs_txhdr]
+        mov     edx, VS_HDR
+        xor     r8d, r8d
+        test    ecx, ecx
+        jz      1f
+        mov     r8d, DESC_F_NEXT | (1 << 16)
+1:      xor     ecx, ecx
+        call    vq_desc
+        pop     rdx
+        test    edx, edx
+        jz      3f
+        lea     rax, [rip + vs_txdata]
+        xor     r8d, r8d
+        mov     ecx, 1
+        call    vq_desc
+3:      xor     eax, eax
+        call    vq_post_head
+        call    vq_wait_any
+        jc      4f
+        call    vq_pop
+        pop     r12
+        pop     rbx
+        clc
+        ret
+4:      mov     byte ptr [rip + vs_live], 0
+        pop     r12
+        pop     rbx
+2:      stc
+        ret
+
+/* vsock=connect:<port>: connect to the host's port, send the greeting,
+ * shut down, wait for the host's RST. Connection entry 0. */
+vs_connect:
+        push    r13
+        lea     r13, [rip + vs_conns]
+        mov     rdi, r13
+        mov     ecx, C_SIZE
+        xor     eax, eax
+        rep stosb
+        mov     byte ptr [r13 + C_STATE], C_CONNECTING
+        mov     qword ptr [r13 + C_PEER_CID], VS_HOST_CID
+        mov     eax, [rip + vs_port]
+        mov     [r13 + C_PEER_PORT], eax
+        mov     dword ptr [r13 + C_LOCAL_PORT], VS_LOCAL_PORT
+        lea     rax, [rip + vs_rings]
+        mov     [r13 + C_RING], rax
+        mov     byte ptr [rip + vs_got_rst], 0
+        mov     eax, VS_OP_REQUEST
+        xor     edx, edx
+        call    vs_send_op
+        jc      .Lcon_done
+        call    deadline_start
+1:      call    vs_poll_rx
+        cmp     byte ptr [rip + vs_live], 0
+        je      .Lcon_done
+        cmp     byte ptr [r13 + C_STATE], C_CONNECTING
+        jne     2f
+        pause
+        call    deadline_passed
+        jnc     1b
+        lea     rsi, [rip + msg_vs_con_timeout]
+        call    say_err
+        mov     eax, 1
+        call    vs_end
+        jmp     .Lcon_done
+2:      cmp     byte ptr [r13 + C_STATE], C_FREE
+        jne     3f
+        lea     rsi, [rip + msg_vs_refused]
+        call    say_err
+        jmp     .Lcon_done
+3:      /* Connected: wait for credit for the greeting. */
+        call    deadline_start
+4:      mov     eax, [r13 + C_TX]
+        sub     eax, [r13 + C_PEER_FWD]
+        mov     edx, [r13 + C_PEER_BUF]
+        sub     edx, eax
+        jb      5f
+        cmp     edx, VS_HELLO_LEN
+        jae     6f
+5:      cmp     byte ptr [r13 + C_CREQ], 0
+        jne     7f
+        mov     byte ptr [r13 + C_CREQ], 1
+        mov     eax, VS_OP_CREDIT_REQUEST
+        xor     edx, edx
+        call    vs_send_op
+        jc      .Lcon_done
+7:      call    vs_poll_rx
+        cmp     byte ptr [rip + vs_live], 0
+        je      .Lcon_done
+        cmp     byte ptr [r13 + C_STATE], C_OPEN
+        jne     8f                      /* the host closed first */
+        pause
+        call    deadline_passed
+        jnc     4b
+        lea     rsi, [rip + msg_vs_con_timeout]
+        call    say_err
+        mov     eax, 1
+        call    vs_end
+        jmp     .Lcon_done
+6:      lea     rsi, [rip + vs_hello]
+        lea     rdi, [rip + vs_txdata]
+        mov     ecx, VS_HELLO_LEN
+        rep movsb
+        add     dword ptr [r13 + C_TX], VS_HELLO_LEN
+        mov     eax, VS_OP_RW
+        xor     edx, edx
+        call    vs_hdr
+        mov     ecx, VS_HELLO_LEN
+        call    vs_tx
+        jc      .Lcon_done
+8:      cmp     byte ptr [r13 + C_STATE], C_FREE
+        je      .Lcon_sent              /* reset already */
+        mov     eax, VS_OP_SHUTDOWN
+        mov     edx, VS_SHUT_RCV | VS_SHUT_SEND
+        call    vs_send_op
+        jc      .Lcon_done
+        call    deadline_start
+9:      call    vs_poll_rx
+        cmp     byte ptr [rip + vs_live], 0
+        je      .Lcon_done
+        cmp     byte ptr [r13 + C_STATE], C_FREE
+        je      .Lcon_sent
+        cmp     byte ptr [r13 + C_STATE], C_CLOSING
+        jne     10f
+        mov     eax, 1                  /* the host shut down too: reset */
+        call    vs_end
+        jmp     .Lcon_sent
+10:     pause
+        call    deadline_passed
+        jnc     9b
+        lea     rsi, [rip + msg_vs_no_rst]
+        call    say_err
+        mov     eax, 1
+        call    vs_end
+.Lcon_sent:
+        call    say_tag
+        lea     rsi, [rip + msg_vs_sent]
+        call    puts
+        mov     eax, [r13 + C_TX]
+        call    put_u64
+        lea     rsi, [rip + msg_bytes]
+        call    puts
+.Lcon_done:
+        pop     r13
+        ret
+
+/* ------------------------------------------------------------------------
+ * virtio-net (virtio 1.2, 5.1), `net=echo`: VERSION_1 and MAC only, so
+ * every buffer starts with the 12-byte virtio_net_hdr_v1. rx buffer i is
+ * descriptor i (2 KiB, device-writable, header and frame); tx is
+ * descriptor 0, header and frame, one frame at a time.
+ */
+net_start:
+        push    rbx
+        push    r12
+        push    r13
+        lea     rax, [rip + tag_net]
+        mov     [rip + dev_tag], rax
+        mov     edi, VIRTIO_ID_NET
+        call    vdev_probe
+        jc      .Lnet_done
+        mov     esi, NET_F_MAC
+        call    vdev_begin
+        jc      .Lnet_done
+        mov     [rip + net_feat], rax
+        lea     rdi, [rip + net_mac]
+        test    eax, NET_F_MAC
+        jz      1f
+        xor     ecx, ecx
+2:      mov     al, byte ptr [rbx + NET_CFG_MAC + rcx]
+        mov     [rdi + rcx], al
+        inc     ecx
+        cmp     ecx, 6
+        jb      2b
+1:      mov     r12d, SLOT_NET_RX
+        xor     r13d, r13d
+        call    vq_setup
+        jc      .Lnet_fail
+        mov     r12d, SLOT_NET_TX
+        mov     r13d, 1
+        call    vq_setup
+        jc      .Lnet_fail
+        call    vdev_ok
+        jc      .Lnet_done
+        mov     rax, [rip + net_feat]
+        call    vdev_line
+        mov     al, 10
+        call    putc
+        mov     r12d, SLOT_NET_RX
+        movzx   eax, word ptr [rip + vq_state + SLOT_NET_RX * 16 + VQS_SIZE]
+        mov     ecx, NET_NRX
+        cmp     eax, ecx
+        cmova   eax, ecx
+        mov     [rip + net_nrx], eax
+        xor     r13d, r13d
+3:      cmp     r13d, [rip + net_nrx]
+        jae     4f
+        call    net_rx_post
+        inc     r13d
+        jmp     3b
+4:      mov     [rip + net_base], rbx
+        mov     byte ptr [rip + net_live], 1
+        /* The greeting: broadcast, from our MAC, EtherType 0x88b5. */
+        lea     rdi, [rip + net_txbuf]
+        xor     eax, eax
+        mov     ecx, NET_HDR
+        rep stosb
+        mov     eax, -1
+        stosd
+        stosw
+        mov     eax, [rip + net_mac]
+        mov     [rdi], eax
+        mov     ax, [rip + net_mac + 4]
+        mov     [rdi + 4], ax
+        add     rdi, 6
+        mov     word ptr [rdi], NET_ETHERTYPE_BE
+        add     rdi, 2
+        lea     rsi, [rip + net_hello]
+        mov     ecx, NET_HELLO_LEN
+        rep movsb
+        mov     ecx, NET_HDR + 14 + NET_HELLO_LEN
+        call    net_tx
+        jc      .Lnet_done
+        call    say_tag
+        lea     rsi, [rip + msg_net_hello]
+        call    puts
+        xor     r13d, r13d
+5:      lea     rax, [rip + net_mac]
+        movzx   eax, byte ptr [rax + r13]
+        call    put_hex8
+        inc     r13d
+        cmp     r13d, 6
+        jae     6f
+        mov     al, ':'
+        call    putc
+        jmp     5b
+6:      mov     al, 10
+        call    putc
+        mov     byte ptr [rip + serve_echo], 1
+        jmp     .Lnet_done
+.Lnet_fail:
+        call    vdev_fail
+.Lnet_done:
+        pop     r13
+        pop     r12
+        pop     rbx
+        ret
+
+/* Post rx buffer r13d (r12 = SLOT_NET_RX, rbx = the device). */
+net_rx_post:
+        mov     eax, r13d
+        shl     eax, 11
+        lea     rdx, [rip + net_rxbuf]
+        add     rax, rdx
+        mov     edx, NET_BUF
+        mov     r8d, DESC_F_WRITE
+        mov     ecx, r13d
+        call    vq_desc
+        mov     eax, r13d
+        jmp     vq_post_head
+
+/* Send ecx bytes of net_txbuf (header and frame) and wait until used: CF
+ * clear; CF set if the device is gone or times out (then net_live = 0). */
+net_tx:
+        cmp     byte ptr [rip + net_live], 0
+        je      2f
+        lea     rax, [rip + tag_net]
+        mov     [rip + dev_tag], rax
+        push    rbx
+        push    r12
+        mov     rbx, [rip + net_base]
+        mov     r12d, SLOT_NET_TX
+        lea     rax, [rip + net_txbuf]
+        mov     edx, ecx
+        xor     r8d, r8d
+        xor     ecx, ecx
+        call    vq_desc
+        xor     eax, eax
+        call    vq_post_head
+        call    vq_wait_any
+        jc      1f
+        call    vq_pop
+        pop     r12
+        pop     rbx
+        clc
+        ret
+1:      mov     byte ptr [rip + net_live], 0
+        pop     r12
+        pop     rbx
+2:      stc
+        ret
+
+/* Echo every frame received, MACs swapped; say how many now and then. */
+net_poll:
+        cmp     byte ptr [rip + net_live], 0
+        je      9f
+        lea     rax, [rip + tag_net]
+        mov     [rip + dev_tag], rax
+        push    rbx
+        push    r12
+        push    r13
+        mov     rbx, [rip + net_base]
+1:      cmp     byte ptr [rip + net_live], 0
+        je      8f
+        mov     r12d, SLOT_NET_RX
+        call    vq_pop
+        jc      8f
+        cmp     eax, [rip + net_nrx]
+        jae     1b                      /* not a buffer we posted */
+        mov     r13d, eax
+        mov     ecx, edx
+        cmp     ecx, NET_BUF
+        jbe     2f
+        mov     ecx, NET_BUF
+2:      sub     ecx, NET_HDR + 12       /* at least both MACs */
+        jb      3f                      /* a runt: just post it again */
+        add     ecx, NET_HDR + 12
+        mov     [rip + net_len], ecx
+        mov     eax, r13d
+        shl     eax, 11
+        lea     rsi, [rip + net_rxbuf]
+        add     rsi, rax
+        lea     rdi, [rip + net_txbuf]
+        rep movsb
+        lea     rdi, [rip + net_txbuf]
+        xor     eax, eax                /* a header of zeros: no offloads */
+        mov     [rdi], rax
+        mov     [rdi + 8], eax
+        mov     eax, [rdi + NET_HDR]    /* swap destination and source */
+        mov     cx, [rdi + NET_HDR + 4]
+        mov     edx, [rdi + NET_HDR + 6]
+        mov     r8w, [rdi + NET_HDR + 10]
+        mov     [rdi + NET_HDR], edx
+        mov     [rdi + NET_HDR + 4], r8w
+        mov     [rdi + NET_HDR + 6], eax
+        mov     [rdi + NET_HDR + 10], cx
+        mov     r12d, SLOT_NET_RX
+        call    net_rx_post
+        mov     ecx, [rip + net_len]
+        call    net_tx
+        jc      8f
+        inc     dword ptr [rip + net_frames]
+        mov     eax, [rip + net_frames]
+        cmp     eax, 16
+        jbe     4f
+        test    eax, 15
+        jnz     1b
+4:      call    say_tag
+        lea     rsi, [rip + msg_net_echoed]
+        call    puts
+        mov     eax, [rip + net_frames]
+        call    put_u64
+        lea     rsi, [rip + msg_frames]
+        call    puts
+        jmp     1b
+3:      mov     r12d, SLOT_NET_RX
+        call    net_rx_post
+        jmp     1b
+8:      pop     r13
+        pop     r12
+        pop     rbx
+9:      ret
+
 /* Print rax in hexadecimal, with 0x. */
 put_hex:
         sub     rsp, 32
@@ -1248,6 +2794,12 @@ key_keep:        .asciz "keep="
 key_say:         .asciz "say="
 key_report:      .asciz "report="
 key_balloon:     .asciz "balloon"
+key_blk:         .asciz "blk"
+key_vsock:       .asciz "vsock="
+key_net:         .asciz "net="
+val_echo_port:   .asciz "echo:"
+val_connect_port: .asciz "connect:"
+val_echo:        .asciz "echo"
 val_all:         .asciz "all"
 val_reset:       .asciz "reset"
 val_idle:        .asciz "idle"
@@ -1255,11 +2807,6 @@ val_triple:      .asciz "triple"
 val_ports:       .asciz "ports"
 val_writing:     .asciz "writing"
 hex_digits:      .ascii "0123456789abcdef"
-msg_bl_nodev:    .asciz "teravm firmware: balloon error no device\n"
-msg_bl_noreset:  .asciz "teravm firmware: balloon error device reset did not complete\n"
-msg_bl_nov1:     .asciz "teravm firmware: balloon error device does not offer VERSION_1\n"
-msg_bl_featrefused: .asciz "teravm firmware: balloon error device refused the features (FEATURES_OK)\n"
-msg_bl_queue:    .asciz "teravm firmware: balloon error queue "
 msg_bl_unusable: .asciz " unusable (in use or QueueNumMax 0)\n"
 msg_bl_timeout:  .asciz " timed out; device given up\n"
 msg_bl_dev:      .asciz "teravm firmware: balloon device at "
@@ -1273,6 +2820,44 @@ msg_bl_norep:    .asciz "teravm firmware: balloon error device does not offer RE
 msg_bl_reported: .asciz "teravm firmware: balloon reported "
 msg_bl_zero_yes: .asciz " MiB, read back zero: yes\n"
 msg_bl_zero_no:  .asciz " MiB, read back zero: no\n"
+msg_fw:          .asciz "teravm firmware: "
+tag_balloon:     .asciz "balloon"
+tag_blk:         .asciz "blk"
+tag_vsock:       .asciz "vsock"
+tag_net:         .asciz "net"
+msg_e_nodev:     .asciz "error no device\n"
+msg_e_noreset:   .asciz "error device reset did not complete\n"
+msg_e_nov1:      .asciz "error device does not offer VERSION_1\n"
+msg_e_refused:   .asciz "error device refused the features (FEATURES_OK)\n"
+msg_e_notok:     .asciz "error device did not take DRIVER_OK (DEVICE_NEEDS_RESET)\n"
+msg_e_queue:     .asciz "error queue "
+msg_dev_at:      .asciz "device at "
+msg_capacity:    .asciz " capacity "
+msg_sectors:     .asciz " sectors\n"
+msg_cid:         .asciz " cid "
+msg_blk_sector0: .asciz "sector0 "
+msg_blk_write:   .asciz "write "
+msg_blk_readback: .asciz "readback "
+msg_blk_match:   .asciz "match\n"
+msg_blk_mismatch: .asciz "mismatch\n"
+msg_blk_id:      .asciz "id "
+msg_blk_getid:   .asciz "get_id "
+msg_st_ok:       .asciz "ok"
+msg_st_ioerr:    .asciz "ioerr"
+msg_st_unsupp:   .asciz "unsupp"
+msg_st_other:    .asciz "status "
+msg_vs_listen:   .asciz "listening on "
+msg_vs_echo:     .asciz "echo "
+msg_bytes:       .asciz " bytes\n"
+msg_vs_refused:  .asciz "connect refused\n"
+msg_vs_sent:     .asciz "connect sent "
+msg_vs_con_timeout: .asciz "connect error timed out\n"
+msg_vs_no_rst:   .asciz "connect error no RST from the host\n"
+msg_net_hello:   .asciz "sent hello from "
+msg_net_echoed:  .asciz "echoed "
+msg_frames:      .asciz " frames\n"
+vs_hello:        .ascii "hello from teravm firmware\n"
+net_hello:       .ascii "teravm firmware net"
 
         .data
         .balign 64
@@ -1303,12 +2888,55 @@ bl_warned:      .long 0                 /* last target said to be too big */
 bl_batch:       .long 0
 rep_count:      .long 0
 rep_max:        .long 0
+opt_blk:        .byte 0
+opt_vsock:      .byte 0                 /* VS_ECHO or VS_CONNECT */
+opt_net:        .byte 0
+serve_echo:     .byte 0                 /* vsock or net echo set up */
+vs_live:        .byte 0                 /* vsock driven (not given up) */
+net_live:       .byte 0
+vs_got_rst:     .byte 0
+        .balign 8
+dev_tag:        .quad tag_balloon       /* the device the lines name */
+blk_feat:       .quad 0
+vs_base:        .quad 0
+vs_feat:        .quad 0
+vs_cid:         .quad 0
+net_base:       .quad 0
+net_feat:       .quad 0
+vs_port:        .long 0
+vs_nrx:         .long 0
+vs_nev:         .long 0
+vs_plen:        .long 0
+net_nrx:        .long 0
+net_len:        .long 0
+net_frames:     .long 0
+serve_spin:     .long 0
+dl_t0:          .long 0
+dl_n:           .long 0
+net_mac:        .byte 2, 0, 0, 0, 0, 1, 0, 0  /* without NET_F_MAC */
+        .balign 64
+vs_conns:       .skip VS_CONNS * C_SIZE
+vs_tmp:         .skip C_SIZE            /* the addresses of an RST answer */
         .balign 16
-vq_state:       .skip 4 * 16
+vq_state:       .skip VQ_SLOTS * 16
 
 /* Not part of the image (firmware.ld): zeroed by the driver before use. */
         .bss
         .balign 4096
-ring_area:      .skip 4 * PAGE
+ring_area:      .skip VQ_SLOTS * PAGE
 pfn_buf:        .skip PFNS_MAX * 4
 stats_buf:      .skip 32
+        .balign 64
+blk_hdr:        .skip 16
+blk_status:     .skip 16
+blk_id:         .skip 32
+blk_data:       .skip BLK_SECTOR
+vs_rxhdr:       .skip VS_NRX * 64
+vs_txhdr:       .skip 64
+vs_evbuf:       .skip VS_NEV * 8
+        .balign 4096
+vs_rxdata:      .skip VS_NRX * VS_RXDATA
+vs_txdata:      .skip VS_TXDATA
+vs_rings:       .skip VS_CONNS * VS_BUF
+net_rxbuf:      .skip NET_NRX * NET_BUF
+net_txbuf:      .skip NET_BUF
