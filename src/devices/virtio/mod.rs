@@ -18,6 +18,7 @@
 //!   given at activation (`GuestView` in production) and drop it on reset.
 
 pub mod balloon;
+pub mod block;
 pub mod fuzzing;
 pub mod mmio;
 #[cfg(test)]
