@@ -19,6 +19,7 @@
 
 pub mod balloon;
 pub mod block;
+pub mod fuzz_block;
 pub mod fuzzing;
 pub mod mmio;
 #[cfg(test)]

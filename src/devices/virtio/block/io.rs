@@ -298,7 +298,9 @@ impl<M: DeviceMemory> BlockWorker<M> {
             Ok(s) => s,
             Err(e) => {
                 BlockMetrics::add(&m.update_fails, 1);
-                log::warn!("block: the new backing file's size cannot be read ({e}); kept the old file");
+                log::warn!(
+                    "block: the new backing file's size cannot be read ({e}); kept the old file"
+                );
                 return;
             }
         };

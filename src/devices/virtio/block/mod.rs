@@ -36,6 +36,8 @@ pub mod metrics;
 pub mod request;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_hostile;
 
 pub use device::{Block, BlockOptions, CacheType};
 pub use event_handler::BlockWorker;
