@@ -2,6 +2,7 @@
 //! overlong chains), a reset while the file stalls, the backing-file swap,
 //! and the worker on its own thread.
 
+use std::path::Path;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::tests::*;
 use super::*;
-use crate::devices::virtio::fuzz_block::{DiskLog, RecordingDisk};
+use crate::devices::virtio::fuzz_block::{block_queues, DiskLog, RecordingDisk};
 use crate::devices::virtio::{VirtioDevice, VirtioInterruptType};
 
 fn recording(sectors: u64) -> (Rig, Arc<DiskLog>) {
@@ -327,4 +328,50 @@ fn the_worker_thread_serves_notifications_and_stops_on_exit() {
     // Dropping the device lets go of the guest memory.
     drop(block);
     assert_eq!(Arc::strong_count(&mem), 1);
+}
+
+// The fuzz target's seeds (fuzz/corpus/block_queues/) replay here.
+fn replay(target: &str) -> Vec<(String, BlockMetricsSnapshot)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target);
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        out.push((name, block_queues(&std::fs::read(&p).unwrap())));
+    }
+    assert!(!out.is_empty(), "no seeds in {}", dir.display());
+    out
+}
+
+#[test]
+fn block_queues_corpus_replays() {
+    let got = replay("block_queues");
+    let get = |n: &str| {
+        got.iter()
+            .find(|(f, _)| f == n)
+            .map(|(_, r)| r.clone())
+            .unwrap_or_else(|| panic!("no seed {n}"))
+    };
+    let rw = get("read_write");
+    assert!(rw.read_count >= 1 && rw.write_count >= 1, "{rw:?}");
+    let ro = get("read_only_write");
+    assert!(ro.invalid_reqs_count >= 1 && ro.write_count == 0, "{ro:?}");
+    let bad = get("bad_status");
+    assert!(bad.dropped_reqs_count >= 1, "{bad:?}");
+    let lp = get("loop");
+    assert!(lp.dropped_reqs_count >= 1, "{lp:?}");
+    let sw = get("swap_file");
+    assert!(sw.update_count >= 1, "{sw:?}");
+}
+
+#[test]
+fn empty_and_short_inputs() {
+    let _ = block_queues(&[]);
+    let _ = block_queues(&[1, 2]);
+    let _ = block_queues(&[0xff; 200]);
 }
