@@ -18,6 +18,8 @@
 //!   given at activation (`GuestView` in production) and drop it on reset.
 
 pub mod balloon;
+pub mod block;
+pub mod fuzz_block;
 pub mod fuzzing;
 pub mod mmio;
 #[cfg(test)]

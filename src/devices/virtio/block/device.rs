@@ -1,0 +1,297 @@
+//! The block device: features, configuration space, activation, reset and
+//! the backing-file swap. Nothing here does host I/O on the file or waits
+//! for the device thread: the transport calls these from vCPU threads and
+//! the VMM from its event loop.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use virtio_queue::{Queue, QueueT};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::io::{disk_size, Disk};
+use super::metrics::BlockMetrics;
+use super::{
+    features, BlockError, CONFIG_SPACE_BYTES, ID_BYTES, QUEUE_SIZE, SECTOR_BYTES, VIRTIO_ID_BLOCK,
+};
+use crate::devices::virtio::{
+    ActivateError, DeviceMemory, VirtioDevice, VirtioInterrupt, VIRTIO_F_VERSION_1,
+};
+
+/// Firecracker's `cache_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheType {
+    /// FLUSH is not offered; a FLUSH the guest sends anyway is answered OK
+    /// without syncing. (Firecracker still runs `fsync` for it.)
+    #[default]
+    Unsafe,
+    /// `VIRTIO_BLK_F_FLUSH` is offered; FLUSH runs `fdatasync` on the file.
+    Writeback,
+}
+
+/// What a drive is made with (the API's `PUT /drives/{id}`, checked).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BlockOptions {
+    /// The drive's id; GET_ID answers its first 20 bytes, zero-padded.
+    pub drive_id: String,
+    /// Offer `VIRTIO_BLK_F_RO` and answer OUT with IOERR (the file is
+    /// opened read-only as well).
+    pub read_only: bool,
+    /// Whether FLUSH is offered.
+    pub cache_type: CacheType,
+}
+
+impl BlockOptions {
+    /// The 20 bytes GET_ID answers: the drive id's first 20 bytes,
+    /// zero-padded. (Firecracker answers `format!("{dev}{rdev}{ino}")` of
+    /// the file's `stat` instead, as kvmtool does.)
+    pub fn disk_id(&self) -> [u8; ID_BYTES] {
+        let mut id = [0u8; ID_BYTES];
+        let b = self.drive_id.as_bytes();
+        let n = b.len().min(ID_BYTES);
+        id[..n].copy_from_slice(&b[..n]);
+        id
+    }
+}
+
+/// What exists while the device runs (between `DRIVER_OK` and a reset).
+pub(super) struct Active<M: DeviceMemory> {
+    pub mem: M,
+    pub queue: Queue,
+    pub interrupt: Arc<dyn VirtioInterrupt>,
+    /// Which activation this is: a request begun under another is stale.
+    pub epoch: u64,
+}
+
+/// What the device and its thread share.
+pub(super) struct Shared<M: DeviceMemory> {
+    /// The running queue, memory and interrupt. The device thread locks it
+    /// only for guest-memory work (bounded copies, the used ring), never
+    /// across host I/O; activation and reset lock it from a vCPU.
+    pub ring: Mutex<Option<Active<M>>>,
+    /// The drive's size in sectors, as the thread's current file has it.
+    pub capacity_sectors: AtomicU64,
+    /// Bumped whenever the capacity changes.
+    pub config_generation: AtomicU32,
+    /// A file handed over by [`Block::update_file`], swapped in by the
+    /// thread between requests.
+    pub pending_disk: Mutex<Option<Box<dyn Disk>>>,
+    /// Wakes the thread: activation, a pending file, left-over work.
+    pub wake: EventFd,
+    pub metrics: Arc<BlockMetrics>,
+}
+
+impl<M: DeviceMemory> Shared<M> {
+    pub fn ring(&self) -> MutexGuard<'_, Option<Active<M>>> {
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A virtio-blk device over a host file.
+pub struct Block<M: DeviceMemory> {
+    opts: BlockOptions,
+    avail_features: u64,
+    queue_sizes: [u16; 1],
+    epoch: u64,
+    pub(super) shared: Arc<Shared<M>>,
+    /// The file until the worker takes it.
+    pub(super) disk: Option<Box<dyn Disk>>,
+}
+
+impl<M: DeviceMemory> std::fmt::Debug for Block<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Block")
+            .field("opts", &self.opts)
+            .field("capacity_sectors", &self.capacity_sectors())
+            .field("active", &self.is_active())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: DeviceMemory> Block<M> {
+    /// A drive over `file`, already opened (by teravm's files thread;
+    /// read-only when `opts.read_only`). Its size is read here (`lseek`):
+    /// the capacity is the size in whole 512-byte sectors, and trailing
+    /// bytes of a size that is not a multiple of 512 are not addressable by
+    /// the guest (as in Firecracker, which warns about it).
+    pub fn new(opts: BlockOptions, file: File) -> Result<Block<M>, BlockError> {
+        Self::with_disk(opts, Box::new(file))
+    }
+
+    /// A drive over any [`Disk`] (tests and the fuzz harness).
+    pub fn with_disk(opts: BlockOptions, disk: Box<dyn Disk>) -> Result<Block<M>, BlockError> {
+        let size = disk_size(&*disk).map_err(BlockError::FileSize)?;
+        if size % SECTOR_BYTES != 0 {
+            log::warn!(
+                "drive {}: size {size} is not a multiple of {SECTOR_BYTES}; the last {} bytes \
+                 are not visible to the guest",
+                opts.drive_id,
+                size % SECTOR_BYTES
+            );
+        }
+        let mut avail_features = VIRTIO_F_VERSION_1;
+        if opts.read_only {
+            avail_features |= features::RO;
+        }
+        if opts.cache_type == CacheType::Writeback {
+            avail_features |= features::FLUSH;
+        }
+        let shared = Arc::new(Shared {
+            ring: Mutex::new(None),
+            capacity_sectors: AtomicU64::new(size / SECTOR_BYTES),
+            config_generation: AtomicU32::new(0),
+            pending_disk: Mutex::new(None),
+            wake: EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?,
+            metrics: Arc::new(BlockMetrics::default()),
+        });
+        Ok(Block {
+            opts,
+            avail_features,
+            queue_sizes: [QUEUE_SIZE],
+            epoch: 0,
+            shared,
+            disk: Some(disk),
+        })
+    }
+
+    /// `PATCH /drives/{id}` with a new `path_on_host`: hands `file` (opened
+    /// like the first) to the device thread and returns at once. The thread
+    /// swaps it in between two requests (never in the middle of one), reads
+    /// its size, closes the old file, bumps the configuration generation
+    /// and raises a configuration interrupt so that the guest reads the new
+    /// capacity. Done when [`super::BlockMetricsSnapshot::update_count`]
+    /// grows (or `update_fails`, if its size cannot be read: the old file
+    /// stays). A file handed over before the last one was swapped replaces
+    /// it.
+    pub fn update_file(&self, file: File) -> Result<(), BlockError> {
+        self.update_disk(Box::new(file))
+    }
+
+    /// [`Self::update_file`] for any [`Disk`].
+    pub fn update_disk(&self, disk: Box<dyn Disk>) -> Result<(), BlockError> {
+        let old = self
+            .shared
+            .pending_disk
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(disk);
+        // A file never swapped in is closed here: it was never used, so its
+        // close cannot wait on outstanding writes.
+        drop(old);
+        self.shared.wake.write(1).map_err(BlockError::EventFd)
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &BlockOptions {
+        &self.opts
+    }
+
+    /// The drive's size in sectors (the current file's, once swapped in).
+    pub fn capacity_sectors(&self) -> u64 {
+        self.shared.capacity_sectors.load(Ordering::SeqCst)
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &Arc<BlockMetrics> {
+        &self.shared.metrics
+    }
+
+    /// The eventfd the device thread polls besides the queue's: activation,
+    /// a new file, left-over work.
+    pub fn wake_evt(&self) -> &EventFd {
+        &self.shared.wake
+    }
+
+    /// Whether the device runs (between `DRIVER_OK` and a reset).
+    pub fn is_active(&self) -> bool {
+        self.shared.ring().is_some()
+    }
+
+    fn config_bytes(&self) -> [u8; CONFIG_SPACE_BYTES] {
+        self.capacity_sectors().to_le_bytes()
+    }
+}
+
+impl<M: DeviceMemory> VirtioDevice<M> for Block<M> {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+
+    fn avail_features(&self) -> u64 {
+        self.avail_features
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let b = self.config_bytes();
+        let mut past_end = false;
+        for (i, d) in data.iter_mut().enumerate() {
+            let byte = usize::try_from(offset)
+                .ok()
+                .and_then(|o| o.checked_add(i))
+                .and_then(|o| b.get(o));
+            past_end |= byte.is_none();
+            *d = byte.copied().unwrap_or(0);
+        }
+        if past_end {
+            BlockMetrics::add(&self.shared.metrics.cfg_fails, 1);
+        }
+    }
+
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {
+        // `capacity` is the device's; Firecracker refuses and counts these.
+        BlockMetrics::add(&self.shared.metrics.cfg_fails, 1);
+    }
+
+    fn config_generation(&self) -> u32 {
+        self.shared.config_generation.load(Ordering::SeqCst)
+    }
+
+    fn activate(
+        &mut self,
+        mem: M,
+        _acked_features: u64,
+        queues: Vec<Queue>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> Result<(), ActivateError> {
+        let fail = |e| {
+            BlockMetrics::add(&self.shared.metrics.activate_fails, 1);
+            Err(e)
+        };
+        let mut ring = self.shared.ring();
+        if ring.is_some() {
+            return fail(ActivateError::AlreadyActive);
+        }
+        let Some(queue) = queues.into_iter().next().filter(|q| q.ready()) else {
+            return fail(ActivateError::QueueNotReady(0));
+        };
+        self.epoch += 1;
+        *ring = Some(Active {
+            mem,
+            queue,
+            interrupt,
+            epoch: self.epoch,
+        });
+        drop(ring);
+        // Chains added before DRIVER_OK get a pass.
+        self.shared.wake.write(1).map_err(ActivateError::Signal)
+    }
+
+    fn reset(&mut self) {
+        // Drops the queue and the guest memory now; a request in host I/O
+        // finds its epoch gone and writes nothing back.
+        *self.shared.ring() = None;
+    }
+}
+
+impl<M: DeviceMemory> Drop for Block<M> {
+    fn drop(&mut self) {
+        // A device thread stuck in host I/O keeps `shared`: it must not keep
+        // the guest memory view (reclaim would wait for it).
+        *self.shared.ring() = None;
+    }
+}
