@@ -22,6 +22,7 @@ pub mod fuzzing;
 pub mod mmio;
 #[cfg(test)]
 mod mmio_tests;
+pub mod net;
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering};
