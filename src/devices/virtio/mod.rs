@@ -18,6 +18,7 @@
 //!   given at activation (`GuestView` in production) and drop it on reset.
 
 pub mod balloon;
+pub mod fuzz_net;
 pub mod fuzzing;
 pub mod mmio;
 #[cfg(test)]

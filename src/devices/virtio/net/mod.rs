@@ -27,6 +27,10 @@ pub mod event_handler;
 pub mod metrics;
 pub mod queues;
 pub mod tap;
+#[cfg(test)]
+mod tap_tests;
+#[cfg(test)]
+mod tests;
 
 pub use device::{Net, NetOptions};
 pub use event_handler::NetWorker;
