@@ -38,7 +38,8 @@ net_metrics! {
     cfg_fails,
     /// Queue events that failed (a used ring write, an interrupt, a wake).
     event_fails,
-    /// Frames the device could not take from the tap.
+    /// Receive chains refused (read-only, outside RAM, shorter than the
+    /// header) and tap read errors.
     rx_fails,
     /// Receive queue notifications.
     rx_queue_event_count,
@@ -58,7 +59,7 @@ net_metrics! {
     /// Transmit chains the device refused (too short for the header, too
     /// long, write-only or outside guest RAM); returned unsent.
     tx_malformed_frames,
-    /// Frames the tap refused.
+    /// Transmit chains not sent: malformed, or the tap refused them.
     tx_fails,
     /// Transmit queue notifications.
     tx_queue_event_count,
