@@ -20,10 +20,12 @@
 pub mod balloon;
 pub mod block;
 pub mod fuzz_block;
+pub mod fuzz_net;
 pub mod fuzzing;
 pub mod mmio;
 #[cfg(test)]
 mod mmio_tests;
+pub mod net;
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering};

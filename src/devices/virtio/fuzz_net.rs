@@ -1,0 +1,410 @@
+//! What the fuzz target `net_queues` runs (a thin wrapper over
+//! [`net_queues`]), kept in the library so that its committed seeds
+//! (`fuzz/corpus/net_queues/`) replay in `cargo test`; and the
+//! [`RecordingBackend`] the network device's tests use. Not part of
+//! teravm's API: no stability, no use outside fuzzing and tests.
+//!
+//! Guest memory is two small regions with a hole between them (standing in
+//! for the MMIO gap). Around every call into the device the harness
+//! compares guest memory before and after: the device may only have written
+//! the used rings and buffers that some receive descriptor (direct or in an
+//! indirect table) marks device-writable. Frames the device sends are
+//! between the header and [`MAX_BUFFER_BYTES`] long; used lengths never
+//! exceed it.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::net::features::{GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF};
+use super::net::{Net, NetBackend, NetOptions, MAX_BUFFER_BYTES, RX_INDEX, VNET_HDR_BYTES};
+use super::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
+
+/// What a [`RecordingBackend`] saw and holds.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    /// Frames the device wrote, with their headers.
+    pub sent: Vec<Vec<u8>>,
+    /// Frames waiting for the device to read, with their headers.
+    pub to_guest: VecDeque<Vec<u8>>,
+    /// Every `set_offload` call's flags.
+    pub offloads: Vec<u32>,
+    /// Reads the device made that returned a frame.
+    pub reads: usize,
+    /// Refuse writes (as a tap whose queue is gone).
+    pub fail_writes: bool,
+}
+
+/// A backend that records what the device sends and hands it queued
+/// frames; its fd is an eventfd written when a frame is queued.
+#[derive(Debug, Clone)]
+pub struct RecordingBackend {
+    /// What it saw and holds.
+    pub state: Arc<Mutex<Recorded>>,
+    evt: Arc<EventFd>,
+}
+
+impl RecordingBackend {
+    /// An empty backend.
+    pub fn new() -> RecordingBackend {
+        RecordingBackend {
+            state: Arc::default(),
+            evt: Arc::new(EventFd::new(EFD_NONBLOCK).expect("eventfd")),
+        }
+    }
+
+    /// Locks what it saw.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Recorded> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a frame (with its header) for the device and signals the fd.
+    pub fn push(&self, frame: Vec<u8>) {
+        self.lock().to_guest.push_back(frame);
+        let _ = self.evt.write(1);
+    }
+}
+
+impl Default for RecordingBackend {
+    fn default() -> Self {
+        RecordingBackend::new()
+    }
+}
+
+impl AsRawFd for RecordingBackend {
+    fn as_raw_fd(&self) -> RawFd {
+        self.evt.as_raw_fd()
+    }
+}
+
+impl NetBackend for RecordingBackend {
+    fn read_frame(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut s = self.lock();
+        let Some(f) = s.to_guest.pop_front() else {
+            let _ = self.evt.read();
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        };
+        s.reads += 1;
+        // A tap truncates what does not fit.
+        let n = f.len().min(buf.len());
+        buf[..n].copy_from_slice(&f[..n]);
+        Ok(n)
+    }
+
+    fn write_frame(&mut self, frame: &[u8]) -> std::io::Result<usize> {
+        let mut s = self.lock();
+        if s.fail_writes {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        assert!(
+            (VNET_HDR_BYTES..=MAX_BUFFER_BYTES).contains(&frame.len()),
+            "frame of {} bytes sent",
+            frame.len()
+        );
+        s.sent.push(frame.to_vec());
+        Ok(frame.len())
+    }
+
+    fn set_offload(&mut self, tun_flags: u32) -> std::io::Result<()> {
+        self.lock().offloads.push(tun_flags);
+        Ok(())
+    }
+}
+
+type Mem = Arc<GuestMemoryMmap<()>>;
+
+const KIB: u64 = 1 << 10;
+/// Low RAM: [0, 256 KiB); the hole: [256, 512 KiB); high RAM: [512, 768 KiB).
+const LOW_LEN: u64 = 256 * KIB;
+const HIGH: u64 = 512 * KIB;
+const HIGH_LEN: u64 = 256 * KIB;
+/// Queue q's rings: descriptors at RING_BASE + q * RING_STRIDE, the
+/// available ring 4 KiB above, the used ring 8 KiB above.
+const RING_BASE: u64 = 4 * KIB;
+const RING_STRIDE: u64 = 16 * KIB;
+/// Where op 3 writes the driver's data.
+const DATA_BASE: u64 = 64 * KIB;
+
+struct NoIrq;
+
+impl VirtioInterrupt for NoIrq {
+    fn trigger(&self, _: VirtioInterruptType) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+struct Rings {
+    base: u64,
+    size: u16,
+}
+
+impl Rings {
+    fn desc(&self, i: u16) -> GuestAddress {
+        GuestAddress(self.base + u64::from(i % self.size) * 16)
+    }
+    fn avail(&self) -> GuestAddress {
+        GuestAddress(self.base + 4 * KIB)
+    }
+    fn used(&self) -> GuestAddress {
+        GuestAddress(self.base + 8 * KIB)
+    }
+    /// The used ring's bytes (flags, idx, ring, avail_event).
+    fn used_bytes(&self) -> u64 {
+        6 + 8 * u64::from(self.size)
+    }
+}
+
+fn activate(net: &mut Net<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings> {
+    let mut rings = Vec::new();
+    let mut queues = Vec::new();
+    for i in 0..2u64 {
+        let r = Rings {
+            base: RING_BASE + i * RING_STRIDE,
+            size,
+        };
+        let _ = mem.write_slice(&[0u8; 4], r.avail());
+        let _ = mem.write_slice(&[0u8; 4], r.used());
+        let mut q = Queue::new(256).expect("256 is a valid queue size");
+        let _ = q.try_set_size(size);
+        let _ = q.try_set_desc_table_address(GuestAddress(r.base));
+        let _ = q.try_set_avail_ring_address(r.avail());
+        let _ = q.try_set_used_ring_address(r.used());
+        q.set_ready(true);
+        rings.push(r);
+        queues.push(q);
+    }
+    let _ = net.activate(mem.clone(), acked, queues, Arc::new(NoIrq));
+    rings
+}
+
+fn addr(sel: u8, raw: u32) -> u64 {
+    match sel % 4 {
+        0 => u64::from(raw) % LOW_LEN,
+        1 => HIGH + u64::from(raw) % HIGH_LEN,
+        2 => LOW_LEN + u64::from(raw) % (HIGH - LOW_LEN),
+        _ => u64::from(raw) << 12,
+    }
+}
+
+fn snapshot(mem: &Mem) -> Vec<u8> {
+    let mut v = vec![0u8; (LOW_LEN + HIGH_LEN) as usize];
+    let (lo, hi) = v.split_at_mut(LOW_LEN as usize);
+    mem.read_slice(lo, GuestAddress(0)).expect("low RAM");
+    mem.read_slice(hi, GuestAddress(HIGH)).expect("high RAM");
+    v
+}
+
+/// Marks `[gpa, gpa + len)`, clipped to RAM, in a difference array over
+/// the snapshot's index space.
+fn mark(diff: &mut [i32], gpa: u64, len: u64) {
+    let end = gpa.saturating_add(len);
+    for (base, rlen, at) in [(0, LOW_LEN, 0), (HIGH, HIGH_LEN, LOW_LEN)] {
+        let (s, e) = (gpa.max(base), end.min(base + rlen));
+        if s < e {
+            diff[(at + s - base) as usize] += 1;
+            diff[(at + e - base) as usize] -= 1;
+        }
+    }
+}
+
+/// Adds to `allowed` where the device may write: the used rings, and every
+/// range a receive descriptor (or an entry of an indirect table it names)
+/// marks writable now. Kept until a reset: the device may hold chains
+/// whose descriptors the driver has since rewritten.
+fn allow_writable(mem: &Mem, rings: &[Rings], allowed: &mut [bool]) {
+    let mut diff = vec![0i32; allowed.len() + 1];
+    for r in rings {
+        mark(&mut diff, r.used().0, r.used_bytes());
+    }
+    let rx = &rings[RX_INDEX];
+    let read = |at: u64| -> Option<(u64, u32, u16)> {
+        let mut d = [0u8; 16];
+        mem.read_slice(&mut d, GuestAddress(at)).ok()?;
+        let a = u64::from_le_bytes(d[0..8].try_into().ok()?);
+        let l = u32::from_le_bytes(d[8..12].try_into().ok()?);
+        let f = u16::from_le_bytes(d[12..14].try_into().ok()?);
+        Some((a, l, f))
+    };
+    for i in 0..rx.size {
+        let Some((a, l, f)) = read(rx.desc(i).0) else {
+            continue;
+        };
+        if f & 2 != 0 {
+            mark(&mut diff, a, u64::from(l));
+        }
+        if f & 4 != 0 {
+            for j in 0..u64::from(l / 16) {
+                if let Some((ia, il, iflags)) = read(a.wrapping_add(j * 16)) {
+                    if iflags & 2 != 0 {
+                        mark(&mut diff, ia, u64::from(il));
+                    }
+                } else {
+                    break;
+                }
+            }
+        }
+    }
+    let mut depth = 0i32;
+    for (a, d) in allowed.iter_mut().zip(&diff) {
+        depth += d;
+        *a |= depth > 0;
+    }
+}
+
+/// Runs `f` on the device and checks what it wrote.
+fn checked(
+    mem: &Mem,
+    rings: &[Rings],
+    allowed: &mut [bool],
+    net: &mut Net<Mem>,
+    f: impl FnOnce(&mut Net<Mem>),
+) {
+    let before = snapshot(mem);
+    allow_writable(mem, rings, allowed);
+    f(net);
+    let after = snapshot(mem);
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        let gpa = if (i as u64) < LOW_LEN {
+            i as u64
+        } else {
+            HIGH + i as u64 - LOW_LEN
+        };
+        assert!(
+            b == a || allowed[i],
+            "the device wrote {gpa:#x}, outside every writable buffer and used ring"
+        );
+    }
+    for r in rings {
+        let idx: u16 = mem.read_obj(r.used().unchecked_add(2)).unwrap_or(0);
+        for k in 0..r.size.min(idx) {
+            let len: u32 = mem
+                .read_obj(r.used().unchecked_add(8 + u64::from(k) * 8))
+                .unwrap_or(0);
+            assert!(len as usize <= MAX_BUFFER_BYTES, "used length {len}");
+        }
+    }
+}
+
+/// `net_queues`: a running network device over a [`RecordingBackend`],
+/// whose queues' descriptor tables, available rings, buffers and incoming
+/// frames come from the input. Header: options (bit 0 a MAC, 1 the driver
+/// drops `MRG_RXBUF`, 2 it drops the guest offloads), queue size
+/// (`1 << (b % 9)`). Then ops, by `byte % 10`:
+/// 0 descriptor `[q, index, sel, addr u32, len u32, flags, next]`;
+/// 1 available entry `[q, head]`; 2 notify `[q]`; 3 data `[off u16, 8 bytes]`;
+/// 4 a frame from the tap `[len u16, fill, hdr flags, gso type]`;
+/// 5 tap readable; 6 reset and start again; 7 wake;
+/// 8 available index `[q, u16]`; 9 toggle tap write failures.
+/// Returns (frames sent, frames received).
+pub fn net_queues(data: &[u8]) -> (u64, u64) {
+    if data.len() < 2 {
+        return (0, 0);
+    }
+    let (flags, size) = (data[0], 1u16 << (data[1] % 9));
+    let mut rest = &data[2..];
+    let mem: Mem = Arc::new(
+        GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), LOW_LEN as usize),
+            (GuestAddress(HIGH), HIGH_LEN as usize),
+        ])
+        .expect("fuzz guest memory"),
+    );
+    let backend = RecordingBackend::new();
+    let opts = NetOptions {
+        iface_id: "eth0".into(),
+        guest_mac: (flags & 1 != 0).then_some([2, 0, 0, 0, 0, 1]),
+    };
+    let mut net: Net<Mem> = Net::with_backend(opts, Box::new(backend.clone())).expect("net device");
+    let mut acked = net.avail_features();
+    if flags & 2 != 0 {
+        acked &= !MRG_RXBUF;
+    }
+    if flags & 4 != 0 {
+        acked &= !(GUEST_CSUM | GUEST_TSO4 | GUEST_TSO6 | GUEST_UFO);
+    }
+    let mut rings = activate(&mut net, &mem, acked, size);
+    let mut allowed = vec![false; (LOW_LEN + HIGH_LEN) as usize];
+    checked(&mem, &rings, &mut allowed, &mut net, |n| n.process_wake());
+    let take = |n: usize, rest: &mut &[u8]| -> Option<Vec<u8>> {
+        if rest.len() < n {
+            return None;
+        }
+        let (h, t) = rest.split_at(n);
+        *rest = t;
+        Some(h.to_vec())
+    };
+    while let Some(op) = take(1, &mut rest) {
+        let q_of = |b: u8| usize::from(b) % 2;
+        match op[0] % 10 {
+            0 => {
+                let Some(d) = take(13, &mut rest) else { break };
+                let r = &rings[q_of(d[0])];
+                let a = addr(d[2], u32::from_le_bytes([d[3], d[4], d[5], d[6]]));
+                let mut raw = [0u8; 16];
+                raw[0..8].copy_from_slice(&a.to_le_bytes());
+                raw[8..12].copy_from_slice(&d[7..11]);
+                raw[12..14].copy_from_slice(&u16::from(d[11] & 7).to_le_bytes());
+                raw[14..16].copy_from_slice(&u16::from(d[12]).to_le_bytes());
+                let _ = mem.write_slice(&raw, r.desc(u16::from(d[1])));
+            }
+            1 => {
+                let Some(d) = take(2, &mut rest) else { break };
+                let r = &rings[q_of(d[0])];
+                let idx: u16 = mem.read_obj(r.avail().unchecked_add(2)).unwrap_or(0);
+                let slot = r.avail().unchecked_add(4 + u64::from(idx % r.size) * 2);
+                let _ = mem.write_obj(u16::from(d[1]), slot);
+                let _ = mem.write_obj(idx.wrapping_add(1), r.avail().unchecked_add(2));
+            }
+            2 => {
+                let Some(d) = take(1, &mut rest) else { break };
+                checked(&mem, &rings, &mut allowed, &mut net, |n| {
+                    n.process_queue(q_of(d[0]))
+                });
+            }
+            3 => {
+                let Some(d) = take(10, &mut rest) else { break };
+                let off = u64::from(u16::from_le_bytes([d[0], d[1]])) * 8;
+                let _ = mem.write_slice(&d[2..10], GuestAddress(DATA_BASE + off));
+            }
+            4 => {
+                let Some(d) = take(5, &mut rest) else { break };
+                let len = usize::from(u16::from_le_bytes([d[0], d[1]])) * 2;
+                let mut f = vec![d[2]; len];
+                if len >= 2 {
+                    f[0] = d[3] & 1;
+                    f[1] = d[4] % 6;
+                }
+                backend.push(f);
+            }
+            5 => checked(&mem, &rings, &mut allowed, &mut net, |n| n.process_tap()),
+            6 => {
+                net.reset();
+                allowed.fill(false);
+                rings = activate(&mut net, &mem, acked, size);
+            }
+            7 => checked(&mem, &rings, &mut allowed, &mut net, |n| n.process_wake()),
+            8 => {
+                let Some(d) = take(3, &mut rest) else { break };
+                let r = &rings[q_of(d[0])];
+                let idx = u16::from_le_bytes([d[1], d[2]]);
+                let _ = mem.write_obj(idx, r.avail().unchecked_add(2));
+            }
+            _ => {
+                let mut s = backend.lock();
+                s.fail_writes = !s.fail_writes;
+            }
+        }
+    }
+    let m = net.metrics().snapshot();
+    net.reset();
+    assert!(!net.is_active());
+    // However many frames waited in the tap, the device read at most one
+    // more than it delivered, dropped or refused per pass.
+    let s = backend.lock();
+    assert!(s.reads as u64 <= m.rx_packets_count + m.rx_dropped_frames + 1);
+    (m.tx_packets_count, m.rx_packets_count)
+}
