@@ -25,6 +25,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The `openat` flag sets the `files` thread uses, and nothing else does
@@ -150,9 +151,15 @@ pub type OpenResult = Result<Vec<Opened>, FilesError>;
 
 type Callback = Box<dyn FnOnce(OpenResult) + Send>;
 
-struct Work {
-    requests: Vec<OpenRequest>,
-    done: Callback,
+enum Work {
+    /// Open and check files.
+    Open {
+        requests: Vec<OpenRequest>,
+        done: Callback,
+    },
+    /// Another open of a host resource a user names (a tap, a vsock's
+    /// socket), done here under this thread's filter.
+    Run(Box<dyn FnOnce() + Send>),
 }
 
 /// The handle of the `files` thread; cloned freely.
@@ -190,11 +197,59 @@ impl FileOpener {
         requests: Vec<OpenRequest>,
         done: impl FnOnce(OpenResult) + Send + 'static,
     ) {
-        if let Err(back) = self.tx.send(Work {
+        let work = Work::Open {
             requests,
             done: Box::new(done),
-        }) {
-            (back.0.done)(Err(FilesError::Gone));
+        };
+        if let Err(back) = self.tx.send(work) {
+            if let Work::Open { done, .. } = back.0 {
+                done(Err(FilesError::Gone));
+            }
+        }
+    }
+
+    /// Runs `open` on the `files` thread (a tap, a vsock's socket: what a
+    /// user names that is not a plain file) and gives its result to `done`
+    /// there; `done` gets `None` if the thread is gone.
+    pub fn run<T: Send + 'static>(
+        &self,
+        open: impl FnOnce() -> T + Send + 'static,
+        done: impl FnOnce(Option<T>) + Send + 'static,
+    ) {
+        type Done<T> = Box<dyn FnOnce(Option<T>) + Send>;
+        let done: Arc<Mutex<Option<Done<T>>>> = Arc::new(Mutex::new(Some(Box::new(done))));
+        let ours = done.clone();
+        let work = Work::Run(Box::new(move || {
+            let r = open();
+            if let Some(d) = ours.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                d(Some(r));
+            }
+        }));
+        if self.tx.send(work).is_err() {
+            if let Some(d) = done.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                d(None);
+            }
+        }
+    }
+
+    /// [`FileOpener::run`], waiting at most `timeout` (start-up).
+    pub fn run_now<T: Send + 'static>(
+        &self,
+        open: impl FnOnce() -> T + Send + 'static,
+        timeout: Duration,
+    ) -> Result<T, FilesError> {
+        let (tx, rx) = channel();
+        self.run(open, move |r| {
+            let _ = tx.send(r);
+        });
+        match rx.recv_timeout(timeout) {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) | Err(RecvTimeoutError::Disconnected) => Err(FilesError::Gone),
+            Err(RecvTimeoutError::Timeout) => Err(FilesError::TimedOut {
+                what: "files",
+                path: PathBuf::new(),
+                ms: timeout.as_millis(),
+            }),
         }
     }
 
@@ -227,9 +282,14 @@ impl FileOpener {
 }
 
 fn serve(rx: Receiver<Work>) {
-    while let Ok(Work { requests, done }) = rx.recv() {
-        let result = requests.iter().map(open).collect::<Result<Vec<_>, _>>();
-        done(result);
+    while let Ok(work) = rx.recv() {
+        match work {
+            Work::Open { requests, done } => {
+                let result = requests.iter().map(open).collect::<Result<Vec<_>, _>>();
+                done(result);
+            }
+            Work::Run(job) => job(),
+        }
     }
 }
 

@@ -400,7 +400,25 @@ const FILES: &[Allow] = &[
         &[named!(libc::F_GETFL), named!(libc::F_SETFL)],
         "clear O_NONBLOCK of the serial file once open",
     ),
-    one_of(libc::SYS_ioctl, 1, &[named!(libc::TCGETS)], "is an output device a terminal?"),
+    one_of(
+        libc::SYS_ioctl,
+        1,
+        &[
+            named!(libc::TCGETS),
+            named!(libc::SIOCGIFINDEX),
+            named!(libc::TUNSETIFF),
+            named!(libc::TUNSETVNETHDRSZ),
+            named!(libc::TUNSETOFFLOAD),
+        ],
+        "is an output device a terminal?; a tap: does the interface exist, attach to it, its virtio-net header size, no offloads yet",
+    ),
+    one_of(
+        libc::SYS_socket,
+        0,
+        &[named!(libc::AF_INET)],
+        "a datagram socket for SIOCGIFINDEX (a tap that does not exist is refused, never created)",
+    ),
+    any(libc::SYS_bind, "that socket (std's UdpSocket binds it)"),
 ];
 
 /// `balloon`: the virtio-balloon's queue work (its epoll was built by the
@@ -443,6 +461,22 @@ const BLOCK: &[Allow] = &[
     any(
         libc::SYS_lseek,
         "the size of a file swapped in by PATCH /drives",
+    ),
+];
+
+/// `virtio-net{n}`: frames between the guest's queues and its tap (opened
+/// by the `files` thread), one `read` or `write` a frame.
+const NET: &[Allow] = &[
+    any(
+        libc::SYS_epoll_wait,
+        "wait for the tap, the queues, the wake and exit eventfds",
+    ),
+    any(libc::SYS_read, "frames from the tap; clear the eventfds"),
+    one_of(
+        libc::SYS_ioctl,
+        1,
+        &[named!(libc::TUNSETOFFLOAD)],
+        "the offloads the guest acked, set once per activation (never on a vCPU)",
     ),
 ];
 
@@ -650,6 +684,7 @@ impl Role {
             Role::Balloon => BALLOON,
             Role::Discard => DISCARD,
             Role::Block => BLOCK,
+            Role::Net => NET,
         }
     }
 
@@ -666,6 +701,7 @@ impl Role {
                 Role::Balloon,
                 Role::Discard,
                 Role::Block,
+                Role::Net,
             ],
             Role::Reclaim => &[Role::Progress],
             _ => &[],

@@ -74,11 +74,13 @@ pub enum Role {
     Discard,
     /// `virtio-blk{n}`: a drive's requests and its file's I/O.
     Block,
+    /// `virtio-net{n}`: a network interface's frames to and from its tap.
+    Net,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 13] = [
+    pub const ALL: [Role; 14] = [
         Role::Vmm,
         Role::Api,
         Role::ApiConnection,
@@ -92,6 +94,7 @@ impl Role {
         Role::Balloon,
         Role::Discard,
         Role::Block,
+        Role::Net,
     ];
 
     /// The role's name, as in the thread names and docs/seccomp.md.
@@ -110,6 +113,7 @@ impl Role {
             Role::Balloon => "balloon",
             Role::Discard => "discard",
             Role::Block => "virtio-blk",
+            Role::Net => "virtio-net",
         }
     }
 

@@ -25,6 +25,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::devices::mmio::MmioBusError;
 use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions, BalloonWorker};
 use crate::devices::virtio::block::{Block, BlockError, BlockOptions, BlockWorker};
+use crate::devices::virtio::net::{Net, NetError, NetOptions, NetWorker, Tap};
 use crate::devices::virtio::{mmio::regs, MmioError, MmioTransport, VirtioDevice};
 use crate::devices::{Buses, MmioSlot, PioBus};
 use crate::memory::{GuestMemory, GuestView};
@@ -54,6 +55,9 @@ pub enum DeviceError {
     /// The balloon's discard pool could not be started.
     #[error("balloon discard pool: {0}")]
     Discard(String),
+    /// A network interface could not be made.
+    #[error("network interface: {0}")]
+    Net(#[from] NetError),
     /// A drive could not be made.
     #[error("drive: {0}")]
     Block(#[from] BlockError),
@@ -81,6 +85,16 @@ pub struct DriveSpec {
     pub partuuid: Option<String>,
 }
 
+/// A network interface to attach: its options and its tap, opened by the
+/// `files` thread when it was put.
+#[derive(Debug, Clone)]
+pub struct NetSpec {
+    /// The device's options.
+    pub opts: NetOptions,
+    /// The tap.
+    pub tap: Arc<Mutex<Option<Tap>>>,
+}
+
 /// The devices a configuration asks for, as the builder needs them, in
 /// Firecracker's attach order: the balloon, the drives (the root drive
 /// first), the network interfaces, the vsock.
@@ -92,12 +106,14 @@ pub struct DeviceSpecs {
     pub discard_workers_per_node: u32,
     /// The drives, root first.
     pub drives: Vec<DriveSpec>,
+    /// The network interfaces.
+    pub nets: Vec<NetSpec>,
 }
 
 impl DeviceSpecs {
     /// How many devices there are (the slots they take, from 0).
     pub fn count(&self) -> usize {
-        usize::from(self.balloon.is_some()) + self.drives.len()
+        usize::from(self.balloon.is_some()) + self.drives.len() + self.nets.len()
     }
 
     /// The Linux command-line parameters that announce the devices (known
@@ -164,6 +180,8 @@ pub struct Devices {
     pub balloon: Option<BalloonDevice>,
     /// The drives.
     pub blocks: Vec<BlockDevice>,
+    /// The network interfaces.
+    pub nets: Vec<Arc<Mutex<Net<GuestView>>>>,
     threads: Vec<DeviceThread>,
 }
 
@@ -228,6 +246,7 @@ impl Devices {
             });
         }
         let mut blocks = Vec::new();
+        let mut nets = Vec::new();
         for (i, d) in specs.drives.iter().enumerate() {
             let file = d.file.try_clone().map_err(DeviceError::EventFd)?;
             let device = Arc::new(Mutex::new(Block::new(d.opts.clone(), file)?));
@@ -272,7 +291,46 @@ impl Devices {
                 slot,
             });
         }
+        for (i, n) in specs.nets.iter().enumerate() {
+            // A tap serves one device: a retried start after a failure gets
+            // it again only if it was not taken.
+            let tap = lock(&n.tap)
+                .take()
+                .ok_or_else(|| DeviceError::Net(NetError::TapMissing(n.opts.iface_id.clone())))?;
+            let device = Arc::new(Mutex::new(Net::new(n.opts.clone(), tap)?));
+            let as_virtio: Arc<Mutex<dyn VirtioDevice<GuestView>>> = device.clone();
+            let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let transport = MmioTransport::new(as_virtio, memory.view(), irq)?;
+            let (queue_evts, irq) = clones(&transport)?;
+            let slot = mmio.add(Box::new(transport))?;
+            register(vm, slot, &queue_evts, &irq)?;
+            let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let worker = NetWorker::new(
+                device.clone(),
+                queue_evts,
+                exit.try_clone().map_err(DeviceError::EventFd)?,
+            )?;
+            let id = n.opts.iface_id.clone();
+            threads.push(spawn(
+                format!("virtio-net{i}"),
+                Role::Net,
+                exit,
+                move || {
+                    if let Err(e) = worker.run() {
+                        log::error!("network interface {id}: {e}; the device stops");
+                    }
+                },
+            )?);
+            log::info!(
+                "network interface {} at {:#x} (GSI {})",
+                n.opts.iface_id,
+                slot.base,
+                slot.gsi
+            );
+            nets.push(device);
+        }
         Ok(Devices {
+            nets,
             buses: Arc::new(Buses { pio, mmio }),
             balloon,
             blocks,
@@ -308,6 +366,9 @@ impl Devices {
         self.buses.mmio.detach_all();
         for b in &self.blocks {
             lock(&b.device).reset();
+        }
+        for n in &self.nets {
+            lock(n).reset();
         }
         if let Some(b) = &self.balloon {
             lock(&b.device).reset();

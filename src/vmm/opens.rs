@@ -99,6 +99,12 @@ impl Vmm {
         Vec::new()
     }
 
+    /// The network interfaces to attach, each with the tap opened when it
+    /// was put.
+    pub(super) fn net_specs(&self) -> Vec<crate::vmm::devices::NetSpec> {
+        Vec::new()
+    }
+
     /// Opens `requests` on the `files` thread, then applies `section` and
     /// answers `reply` ([`Vmm::on_files_done`]).
     pub(super) fn open_then(

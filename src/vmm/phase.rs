@@ -286,6 +286,7 @@ impl Vmm {
                 .map(crate::devices::virtio::balloon::BalloonOptions::from),
             discard_workers_per_node: self.config.reclaim.workers_per_node,
             drives: self.drive_specs(),
+            nets: self.net_specs(),
         }
     }
 
