@@ -78,7 +78,9 @@
  *   (or the queue's size) device-writable descriptors, each at most 4 MiB
  *   and split at 4 MiB-aligned addresses and region ends, from the top of
  *   the touched RAM downwards; one chain in flight, waited for until used.
- *   Then every reported page is read (all of it) and must be zero.
+ *   "balloon report took <ms> ms": from the first chain built to the last
+ *   used (PORT_CLOCK). Then every reported page is read (all of it) and
+ *   must be zero.
  *   Serving (balloon, then=idle): vCPU 0 spins (pause) and every ~65536
  *   rounds checks the statsq's used idx (memory), num_pages (one MMIO
  *   exit) and the i8042 for a Ctrl-Alt-Del (one port exit); the other
@@ -88,6 +90,7 @@
  *   Lines, all "teravm firmware: balloon ...":
  *     device at 0x<base> features 0x<accepted>
  *     actual <pages> pages
+ *     report took <ms> ms
  *     reported <MiB> MiB, read back zero: yes|no
  *     error no device | error device reset did not complete |
  *     error device does not offer VERSION_1 | error device refused the
@@ -1298,6 +1301,9 @@ bl_report:
         cmp     eax, ecx
         cmova   eax, ecx
         mov     [rip + rep_max], eax
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        mov     [rip + rep_t0], eax
 .Lrep_batch:
         cmp     r13, [rip + rep_bottom]
         jbe     .Lrep_check
@@ -1346,6 +1352,16 @@ bl_report:
         jc      .Lrep_done
         jmp     .Lrep_batch
 .Lrep_check:
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        sub     eax, [rip + rep_t0]
+        push    rax
+        lea     rsi, [rip + msg_bl_took]
+        call    puts
+        pop     rax
+        call    put_u64
+        lea     rsi, [rip + msg_ms]
+        call    puts
         /* Read back every reported page. */
         mov     r13, [rip + touch_bytes]
         shr     r13, 12
@@ -2818,6 +2834,7 @@ msg_bl_actual:   .asciz "teravm firmware: balloon actual "
 msg_bl_pages:    .asciz " pages\n"
 msg_bl_norep:    .asciz "teravm firmware: balloon error device does not offer REPORTING\n"
 msg_bl_reported: .asciz "teravm firmware: balloon reported "
+msg_bl_took:     .asciz "teravm firmware: balloon report took "
 msg_bl_zero_yes: .asciz " MiB, read back zero: yes\n"
 msg_bl_zero_no:  .asciz " MiB, read back zero: no\n"
 msg_fw:          .asciz "teravm firmware: "
@@ -2888,6 +2905,7 @@ bl_warned:      .long 0                 /* last target said to be too big */
 bl_batch:       .long 0
 rep_count:      .long 0
 rep_max:        .long 0
+rep_t0:         .long 0                 /* clock when reporting began, ms */
 opt_blk:        .byte 0
 opt_vsock:      .byte 0                 /* VS_ECHO or VS_CONNECT */
 opt_net:        .byte 0

@@ -343,6 +343,13 @@ pub struct ReclaimConfig {
     /// Workers whose queue is empty take chunks from the fullest other queue.
     #[serde(default = "ReclaimConfig::default_steal")]
     pub steal: bool,
+    /// Discard workers per host node for the balloon's live reclaim (freed
+    /// ranges of a running guest). Absent: `workers_per_node`. `0`: serial,
+    /// as Firecracker does: every batch freed on the balloon's thread, one
+    /// free call per range, adjacent ranges not merged, before its ack.
+    /// Read when the microVM starts (the pool is built then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard_workers_per_node: Option<u32>,
 }
 
 impl ReclaimConfig {
@@ -359,6 +366,13 @@ impl ReclaimConfig {
         true
     }
 
+    /// Discard workers per node in force: `discard_workers_per_node`, or
+    /// `workers_per_node` when absent; 0 is serial.
+    pub fn discard_workers(&self) -> u32 {
+        self.discard_workers_per_node
+            .unwrap_or(self.workers_per_node)
+    }
+
     /// Checks every field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.workers_per_node == 0 || self.workers_per_node > MAX_WORKERS_PER_NODE {
@@ -368,6 +382,15 @@ impl ReclaimConfig {
                     "{} is not in 1..={MAX_WORKERS_PER_NODE}",
                     self.workers_per_node
                 ),
+            ));
+        }
+        if let Some(n) = self
+            .discard_workers_per_node
+            .filter(|&n| n > MAX_WORKERS_PER_NODE)
+        {
+            return Err(invalid(
+                "reclaim.discard_workers_per_node",
+                format!("{n} is not in 0..={MAX_WORKERS_PER_NODE}"),
             ));
         }
         if self.chunk_mib < 2 || self.chunk_mib > (1 << 20) {
@@ -405,6 +428,7 @@ impl Default for ReclaimConfig {
             chunk_mib: Self::default_chunk_mib(),
             parallel_threshold_mib: Self::default_parallel_threshold_mib(),
             steal: Self::default_steal(),
+            discard_workers_per_node: None,
         }
     }
 }

@@ -14,7 +14,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_teravm-bench");
 /// The CSV's header: the eight columns of earlier versions first.
 const CSV_HEADER: &str = "method,pages,backing,size_gib,workers,chunk_mib,run,seconds,\
 vs_munmap,vs_exit,vs_mrelease,reply_ms,reply_p50_ms,reply_p99_ms,reply_max_ms,\
-stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms";
+stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms,\
+vs_serial,discard_mib_per_s,discarded_mib,rss_before_mib,rss_after_mib";
 
 /// The CSV's rows, each checked: every column there, a positive time, the
 /// size and run asked for.
@@ -25,7 +26,7 @@ fn csv_rows(text: &str) -> Vec<Vec<String>> {
         .map(|l| l.split(',').map(str::to_string).collect())
         .collect();
     for row in &rows {
-        assert_eq!(row.len(), 19, "{row:?}");
+        assert_eq!(row.len(), 24, "{row:?}");
         let seconds: f64 = row[7].parse().unwrap();
         assert!(seconds > 0.0, "{row:?}");
         assert_eq!((row[3].as_str(), row[6].as_str()), ("1", "1"), "{row:?}");
@@ -191,6 +192,57 @@ fn vm_runs_a_real_microvm_killed_reaped_and_shut_down() {
     assert!(table_row.trim_end().ends_with('x'), "{table_row}");
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.contains("vm-teravm-w: microVM, sync Shutdown"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn live_runs_a_guest_that_reports_its_memory_free() {
+    if !kvm_or_skip("live_runs_a_guest_that_reports") {
+        return;
+    }
+    let dir = temp_dir("live");
+    let csv = dir.join("bench.csv");
+    let out = Command::new(BIN)
+        .args(["--size-gib", "1", "--runs", "1", "--workers", "1"])
+        .args(["--pages", "4k", "--backing", "anonymous", "--live", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let rows = csv_rows(&text);
+    let num = |r: &[String], i: usize| -> f64 {
+        r[i].parse()
+            .unwrap_or_else(|_| panic!("column {i} of {r:?}"))
+    };
+    for (method, workers) in [("report-serial", "0"), ("report-teravm-1", "1")] {
+        let r = rows
+            .iter()
+            .find(|r| r[0] == method && r[1] == "4k" && r[2] == "anonymous")
+            .unwrap_or_else(|| panic!("no {method} row in {text}"));
+        assert_eq!(r[4], workers, "{r:?}");
+        // Compared with munmap and serial, not with a kill.
+        assert!(
+            num(r, 8) > 0.0 && r[9].is_empty() && r[10].is_empty(),
+            "{r:?}"
+        );
+        assert!(num(r, 19) > 0.0, "{r:?}");
+        // teravm discarded the whole GiB, at some rate, and gave it back.
+        assert!(num(r, 20) > 0.0, "{r:?}");
+        assert_eq!(num(r, 21), 1024.0, "{r:?}");
+        assert!(num(r, 22) - num(r, 23) >= 900.0, "{r:?}");
+        assert!(
+            stdout.lines().any(|l| l.starts_with(&format!("{method} "))),
+            "no table row {method} in\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.lines().next().unwrap().ends_with("vs serial"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("live reclaim"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

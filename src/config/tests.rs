@@ -102,6 +102,10 @@ fn ranges_are_checked_and_named() {
             r#"{"reclaim": {"workers_per_node": 0}}"#,
             "reclaim.workers_per_node",
         ),
+        (
+            r#"{"reclaim": {"discard_workers_per_node": 257}}"#,
+            "reclaim.discard_workers_per_node",
+        ),
         (r#"{"reclaim": {"chunk_mib": 0}}"#, "reclaim.chunk_mib"),
         (r#"{"reclaim": {"chunk_mib": 3}}"#, "reclaim.chunk_mib"),
     ];
@@ -233,6 +237,27 @@ fn the_config_file_is_read_with_a_size_limit() {
         .to_string()
         .contains("UTF-8"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn discard_workers_default_to_the_reclaim_workers_and_0_is_serial() {
+    let c = parse(r#"{"reclaim": {"workers_per_node": 3}}"#).unwrap();
+    assert_eq!(c.reclaim.discard_workers_per_node, None);
+    assert_eq!(c.reclaim.discard_workers(), 3);
+    // Absent: not shown (GET /vm/config), and it reads back the same.
+    let v = serde_json::to_value(&c).unwrap();
+    assert!(
+        v["reclaim"].get("discard_workers_per_node").is_none(),
+        "{v}"
+    );
+    for n in [0, 1, 256] {
+        let text = format!(r#"{{"reclaim": {{"discard_workers_per_node": {n}}}}}"#);
+        let c = parse(&text).unwrap();
+        assert_eq!(c.reclaim.discard_workers(), n);
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["reclaim"]["discard_workers_per_node"], n, "{v}");
+        assert_eq!(parse(&v.to_string()).unwrap(), c);
+    }
 }
 
 #[test]

@@ -139,6 +139,12 @@ pub struct DiscardOptions {
     pub min_page_bytes: u64,
     /// Called on each worker once pinned.
     pub on_worker_start: Option<WorkerStartHook>,
+    /// Serial, as Firecracker frees reported pages: no workers (whatever
+    /// `workers_per_node` says), every batch freed on the caller's thread,
+    /// one free call per range as given (after clipping to guest RAM,
+    /// splitting at slice and stripe ends and aligning inward), adjacent
+    /// ranges not merged nor cut into parts. A baseline to measure against.
+    pub serial: bool,
 }
 
 impl Default for DiscardOptions {
@@ -150,6 +156,7 @@ impl Default for DiscardOptions {
             queue_depth: QUEUE_DEPTH,
             min_page_bytes: 0,
             on_worker_start: None,
+            serial: false,
         }
     }
 }
@@ -162,6 +169,7 @@ impl std::fmt::Debug for DiscardOptions {
             .field("queue_depth", &self.queue_depth)
             .field("min_page_bytes", &self.min_page_bytes)
             .field("on_worker_start", &self.on_worker_start.is_some())
+            .field("serial", &self.serial)
             .finish()
     }
 }
@@ -250,6 +258,8 @@ struct Table {
     nodes: Vec<u32>,
     page_bytes: u64,
     part_bytes: u64,
+    /// One piece per range and entry: no merge, no parts.
+    serial: bool,
 }
 
 /// A part of guest RAM to free: whole pages inside one table entry. Only
@@ -303,12 +313,14 @@ impl Table {
             nodes,
             page_bytes,
             part_bytes: PART_BYTES.div_ceil(page_bytes) * page_bytes,
+            serial: false,
         })
     }
 
     /// Clips each guest range to the entries, merges what overlaps or
     /// touches within an entry, aligns each merged span inward to whole
-    /// pages and cuts it into parts.
+    /// pages and cuts it into parts. Serial: each clipped range aligned
+    /// inward is one piece, in the order given, nothing merged or cut.
     fn translate(&self, ranges: &[(u64, u64)]) -> Translation {
         let mut out = Translation::default();
         // (entry, start offset, end offset), not yet aligned.
@@ -328,6 +340,23 @@ impl Table {
             }
             out.refused_bytes += len - inside;
         }
+        let page = self.page_bytes;
+        if self.serial {
+            for (entry, start, stop) in spans {
+                let a = start.div_ceil(page) * page;
+                let b = stop / page * page;
+                let whole = b.saturating_sub(a);
+                out.unaligned_bytes += (stop - start) - whole;
+                if whole > 0 {
+                    out.pieces.push(HostPiece {
+                        entry,
+                        offset: a,
+                        len: whole,
+                    });
+                }
+            }
+            return out;
+        }
         spans.sort_unstable();
         let mut merged: Vec<(usize, u64, u64)> = Vec::with_capacity(spans.len());
         for s in spans {
@@ -336,7 +365,6 @@ impl Table {
                 _ => merged.push(s),
             }
         }
-        let page = self.page_bytes;
         for (entry, start, stop) in merged {
             let a = start.div_ceil(page) * page;
             let b = stop / page * page;
@@ -420,6 +448,21 @@ impl InFlight {
         drop(s);
         self.changed.notify_all();
     }
+}
+
+/// `ranges` sorted by address, those that overlap or touch merged.
+fn sorted_merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (addr, len) in ranges {
+        match out.last_mut() {
+            Some(last) if addr <= last.0 + last.1 => {
+                last.1 = last.1.max(addr + len - last.0);
+            }
+            _ => out.push((addr, len)),
+        }
+    }
+    out
 }
 
 /// Whether `a` (sorted, not overlapping) overlaps `(addr, len)`.
@@ -646,7 +689,7 @@ impl DiscardPool {
         topology: &HostTopology,
         opts: &DiscardOptions,
     ) -> Result<DiscardPool, DiscardError> {
-        if opts.workers_per_node == 0 {
+        if opts.workers_per_node == 0 && !opts.serial {
             return Err(DiscardError::InvalidOptions("workers_per_node is 0".into()));
         }
         if opts.queue_depth == 0 {
@@ -662,7 +705,8 @@ impl DiscardPool {
             .max(memory.hugetlb_page_bytes().unwrap_or(0))
             .max(opts.min_page_bytes);
         let view = memory.view();
-        let table = Table::new(memory, page_bytes)?;
+        let mut table = Table::new(memory, page_bytes)?;
+        table.serial = opts.serial;
         let nodes = table.nodes.clone();
         let shared = Arc::new(Shared {
             queues: nodes.iter().map(|_| NodeQueue::default()).collect(),
@@ -694,7 +738,12 @@ impl DiscardPool {
         let allowed = sys::get_affinity().unwrap_or_default();
         for (q, &node) in nodes.iter().enumerate() {
             let cpus = node_cpus(topology, node, &allowed);
-            for i in 0..opts.workers_per_node {
+            let workers = if opts.serial {
+                0
+            } else {
+                opts.workers_per_node
+            };
+            for i in 0..workers {
                 let name = format!("discard-n{node}-{i}");
                 let guard = ExitGuard {
                     exits: pool.exits.clone(),
@@ -773,7 +822,12 @@ impl DiscardPool {
             return;
         }
         let total: u64 = t.pieces.iter().map(|p| p.len).sum();
-        let guest: Vec<(u64, u64)> = t.pieces.iter().map(|p| table.guest_range(p)).collect();
+        let mut guest: Vec<(u64, u64)> = t.pieces.iter().map(|p| table.guest_range(p)).collect();
+        if table.serial {
+            // Pieces in the order given: listed sorted and merged, as
+            // `overlaps` needs.
+            guest = sorted_merged(guest);
+        }
         let id = shared.in_flight.register(guest);
         let batch = Arc::new(Batch {
             id,
@@ -784,7 +838,7 @@ impl DiscardPool {
             done: Mutex::new(Some(done)),
             in_flight: shared.in_flight.clone(),
         });
-        let inline = total < shared.inline_threshold_bytes;
+        let inline = table.serial || total < shared.inline_threshold_bytes;
         for piece in t.pieces {
             let part = Part {
                 piece,

@@ -174,6 +174,49 @@ fn a_large_batch_is_freed_by_the_node_workers() {
 }
 
 #[test]
+fn serial_makes_one_call_per_range_on_the_caller() {
+    let topo = real();
+    let m = memory(256, Backing::Anonymous, &topo);
+    touch(&m, 0, 200 << 20);
+    let pool = start(
+        &m,
+        &topo,
+        DiscardOptions {
+            workers_per_node: 0,
+            serial: true,
+            ..DiscardOptions::default()
+        },
+    );
+    // 32 adjacent 4 MiB ranges, top down (as the firmware reports), one of
+    // them unaligned at both ends, one half past the end of RAM, and a
+    // 100 MiB range larger than a part: 35 ranges, 35 calls, all inline.
+    let mut ranges: Vec<(u64, u64)> = (0..32u64).rev().map(|i| (i * (4 << 20), 4 << 20)).collect();
+    ranges.push((130 << 20 | 0x800, (1 << 20) - 0x1000));
+    ranges.push((100 << 20, 100 << 20));
+    ranges.push((255 << 20, 2 << 20));
+    let (o, before_return, thread) = discard_and_wait(&pool, &ranges);
+    assert!(before_return, "serial: done ran inside discard");
+    assert!(!thread.starts_with("discard-"), "{thread}");
+    assert_eq!((o.ranges, o.failed), (35, 0));
+    assert_eq!(o.refused_bytes, 1 << 20);
+    assert_eq!(o.unaligned_bytes, 0x1000 - 0x800 + 0x800);
+    assert_eq!(resident(&m, 0, 200 << 20), 0);
+    assert!(reads_zero(&m, 0, 200 << 20));
+    let s = pool.snapshot();
+    assert_eq!((s.calls, s.inline_parts, s.worker_parts), (35, 35, 0));
+    assert_eq!(s.in_flight_batches, 0);
+    pool.shutdown(Instant::now() + PATIENCE).unwrap();
+    // Not serial: the same ranges merged, cut into parts of PART_BYTES.
+    touch(&m, 0, 200 << 20);
+    let pool = start(&m, &topo, DiscardOptions::default());
+    let (o, _, _) = discard_and_wait(&pool, &ranges);
+    assert_eq!(o.failed, 0);
+    let s = pool.snapshot();
+    assert_eq!(s.calls, 200 / 64 + 1 + 1, "{s:?}");
+    pool.shutdown(Instant::now() + PATIENCE).unwrap();
+}
+
+#[test]
 fn two_nodes_count_apart_and_a_range_over_both_counts_in_both() {
     let topo = two_nodes();
     let m = memory(256, Backing::Anonymous, &topo);

@@ -24,7 +24,9 @@ pub struct BalloonDiscard {
 impl BalloonDiscard {
     /// Starts the pool over `memory`'s slices: `workers_per_node` workers
     /// per node (each installs the `discard` filter once pinned), freeing
-    /// whole pages of at least `page_bytes`.
+    /// whole pages of at least `page_bytes`; 0 workers is serial (every
+    /// batch freed on the balloon's thread, one call per range, as
+    /// Firecracker does).
     pub fn start(
         memory: &GuestMemory,
         topology: &HostTopology,
@@ -32,7 +34,8 @@ impl BalloonDiscard {
         page_bytes: u64,
     ) -> Result<BalloonDiscard, String> {
         let opts = DiscardOptions {
-            workers_per_node: workers_per_node.max(1),
+            workers_per_node,
+            serial: workers_per_node == 0,
             min_page_bytes: page_bytes,
             on_worker_start: Some(std::sync::Arc::new(|_name: &str| {
                 crate::seccomp::install_thread(crate::seccomp::Role::Discard)

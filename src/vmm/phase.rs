@@ -284,7 +284,7 @@ impl Vmm {
                 .balloon
                 .as_ref()
                 .map(crate::devices::virtio::balloon::BalloonOptions::from),
-            discard_workers_per_node: self.config.reclaim.workers_per_node,
+            discard_workers_per_node: self.config.reclaim.discard_workers(),
             drives: self.drive_specs(),
             nets: self.net_specs(),
         }

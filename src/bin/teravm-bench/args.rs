@@ -55,6 +55,12 @@ pub struct Args {
     /// Also measure end to end against a real teravm microVM.
     #[arg(long)]
     pub vm: bool,
+    /// Also measure live reclaim: a running microVM's guest reports
+    /// --size-gib as free (virtio-balloon free page reporting), freed
+    /// serially (report-serial, as Firecracker) and by teravm's per-node
+    /// pool at each --workers count (report-teravm-<w>).
+    #[arg(long)]
+    pub live: bool,
     /// Internal: be the child of the `exit` and `mrelease` baselines (map,
     /// populate, print "ready", wait to be killed) for the first --pages and
     /// --backing.
@@ -138,7 +144,7 @@ mod tests {
         assert_eq!(a.backing, [Backing::Anonymous, Backing::Memfd]);
         assert_eq!((a.chunk_mib, a.runs), (1024, 5));
         assert_eq!(a.sysfs_root, PathBuf::from("/sys"));
-        assert!(!a.vm && !a.exit_child);
+        assert!(!a.vm && !a.live && !a.exit_child);
     }
 
     #[test]

@@ -13,7 +13,11 @@
 //! - with `--vm`, end to end against a real microVM: `vm-kill`,
 //!   `vm-mrelease`, `vm-teravm-<w>` (sync `Shutdown` through the API) and
 //!   `vm-async-<w>` (async `Shutdown`, timed until the process is gone; its
-//!   reply latency is reported apart).
+//!   reply latency is reported apart);
+//! - with `--live`, live reclaim of a running microVM whose guest reports
+//!   `--size-gib` as free (free page reporting): `report-serial` (freed on
+//!   the balloon thread, one `madvise` per range, as Firecracker does) and
+//!   `report-teravm-<w>` (teravm's per-node discard pool).
 //!
 //! The benchmark is a tool, not part of the library it measures: this module
 //! tree is private to the binary. Who uses whom (no circle):
@@ -21,7 +25,8 @@
 //! ```text
 //! main    → cli
 //! cli     → args, child, host, runner
-//! runner  → args, child, held, model, mrelease, report, stats, svg, vm
+//! runner  → args, child, held, live, model, mrelease, report, stats, svg, vm
+//! live    → args, client, model, vm
 //! vm      → args, client, host, model, mrelease
 //! child   → args, held, model, mrelease
 //! held    → args, model          args → model        mrelease → model
@@ -45,6 +50,7 @@ mod held;
 mod host;
 #[cfg(test)]
 mod host_tests;
+mod live;
 mod model;
 mod mrelease;
 mod report;

@@ -142,24 +142,43 @@ pub enum Method {
     /// until the process is gone (`waitpid`); the reply's latency is kept
     /// apart.
     VmAsync(u32),
+    /// `--live`: a running microVM's guest reports `--size-gib` as free
+    /// (free page reporting); teravm frees it serially (`reclaim`'s
+    /// `discard_workers_per_node` 0: the balloon thread, one `madvise` per
+    /// range, before each ack, as Firecracker does). Timed by the guest
+    /// from its first report to the last acknowledged.
+    ReportSerial,
+    /// `--live`: the same, freed by teravm's per-node discard pool with `w`
+    /// workers per node.
+    ReportTeravm(u32),
 }
 
 impl Method {
-    /// Worker threads per node the method uses (1 for the baselines).
+    /// Worker threads per node the method uses (1 for the baselines, 0 for
+    /// `report-serial`: no discard workers).
     pub fn workers(self) -> u32 {
         match self {
-            Method::Teravm(w) | Method::VmShutdown(w) | Method::VmAsync(w) => w,
+            Method::Teravm(w)
+            | Method::VmShutdown(w)
+            | Method::VmAsync(w)
+            | Method::ReportTeravm(w) => w,
+            Method::ReportSerial => 0,
             _ => 1,
         }
     }
 
-    /// Whether this is one of the baselines (a teardown without teravm's
-    /// reclaim).
-    pub fn is_baseline(self) -> bool {
-        !matches!(
+    /// Whether the method frees in `--chunk-mib` chunks (teravm's shutdown
+    /// reclaim; the live discards are cut into parts of their own).
+    pub fn uses_chunks(self) -> bool {
+        matches!(
             self,
             Method::Teravm(_) | Method::VmShutdown(_) | Method::VmAsync(_)
         )
+    }
+
+    /// Whether this is a live reclaim of a running microVM (`--live`).
+    pub fn is_live(self) -> bool {
+        matches!(self, Method::ReportSerial | Method::ReportTeravm(_))
     }
 
     /// Whether this runs a real microVM (`--vm`).
@@ -182,6 +201,8 @@ impl fmt::Display for Method {
             Method::VmMrelease => f.write_str("vm-mrelease"),
             Method::VmShutdown(w) => write!(f, "vm-teravm-{w}"),
             Method::VmAsync(w) => write!(f, "vm-async-{w}"),
+            Method::ReportSerial => f.write_str("report-serial"),
+            Method::ReportTeravm(w) => write!(f, "report-teravm-{w}"),
         }
     }
 }
@@ -221,6 +242,23 @@ pub struct Sample {
     pub reply_ms: Option<f64>,
     /// `vm-teravm`: the shutdown's phases, as teravm's sync reply gave them.
     pub phases: Phases,
+    /// `--live`: what teravm and the host said of the memory reported.
+    pub live: Option<Live>,
+}
+
+/// What a `--live` run saw besides its time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Live {
+    /// teravm's discard rate (`GET /balloon/statistics`,
+    /// `teravm.discard_bytes_per_s`: bytes over the pool's busy time).
+    pub discard_bytes_per_s: u64,
+    /// teravm's `teravm.discarded_bytes`.
+    pub discarded_bytes: u64,
+    /// teravm's resident size at its peak (populated, touched).
+    pub rss_before_bytes: u64,
+    /// Its lowest resident size sampled once reporting began (memfd pages
+    /// the guest reads back are allocated again, so the end is not it).
+    pub rss_after_bytes: u64,
 }
 
 /// The names of a shutdown's phases in teravm's sync `Shutdown` reply

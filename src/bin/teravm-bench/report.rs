@@ -12,16 +12,19 @@ use crate::stats::{gib_per_s, median, percentile, speedup, Summary};
 /// versions, the others were appended.
 pub const CSV_HEADER: &str = "method,pages,backing,size_gib,workers,chunk_mib,run,seconds,\
 vs_munmap,vs_exit,vs_mrelease,reply_ms,reply_p50_ms,reply_p99_ms,reply_max_ms,\
-stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms";
+stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms,vs_serial,discard_mib_per_s,discarded_mib,rss_before_mib,rss_after_mib";
 
 /// The medians of the baselines a method is compared with in a case:
 /// `munmap`, and `exit` and `mrelease` (for a `--vm` method, `vm-kill` and
-/// `vm-mrelease`: the same microVM killed).
+/// `vm-mrelease`: the same microVM killed; none for a `--live` method,
+/// which frees a running guest's memory), and for a `--live` method
+/// `report-serial`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Baselines {
     munmap: Option<f64>,
     exit: Option<f64>,
     mrelease: Option<f64>,
+    serial: Option<f64>,
 }
 
 impl Baselines {
@@ -39,16 +42,20 @@ impl Baselines {
         } else {
             (Method::Exit, Method::Mrelease)
         };
+        let live = method.is_live();
         Baselines {
             munmap: median_of(Method::Munmap),
-            exit: median_of(exit),
-            mrelease: median_of(mrelease),
+            exit: median_of(exit).filter(|_| !live),
+            mrelease: median_of(mrelease).filter(|_| !live),
+            serial: median_of(Method::ReportSerial).filter(|_| live),
         }
     }
 
-    /// How many times faster `seconds` is than each baseline.
-    fn ratios(&self, seconds: f64) -> [Option<f64>; 3] {
-        [self.munmap, self.exit, self.mrelease].map(|b| b.and_then(|b| speedup(b, seconds)))
+    /// How many times faster `seconds` is than each baseline: munmap,
+    /// exit, mrelease, serial.
+    fn ratios(&self, seconds: f64) -> [Option<f64>; 4] {
+        [self.munmap, self.exit, self.mrelease, self.serial]
+            .map(|b| b.and_then(|b| speedup(b, seconds)))
     }
 }
 
@@ -60,8 +67,9 @@ fn opt(v: Option<f64>, decimals: usize) -> String {
 /// fields: `chunk_mib` for the baselines (no chunks); a ratio whose baseline
 /// did not run; `reply_*` but for `vm-async` rows (`reply_ms` this run's
 /// reply, the others over all runs of the method and case); the phases
-/// where teravm's reply has none. A method this host cannot run has no
-/// rows (the table says so).
+/// where teravm's reply has none; `vs_serial` and the discard and resident
+/// sizes but for `--live` rows. A method this host cannot run has no rows
+/// (the table says so).
 pub fn csv(samples: &[Sample]) -> String {
     let mut out = String::with_capacity(128 * (samples.len() + 1));
     out.push_str(CSV_HEADER);
@@ -90,14 +98,28 @@ pub fn csv(samples: &[Sample]) -> String {
             s.run,
             s.seconds
         );
-        for r in ratios {
-            let _ = write!(out, ",{}", opt(r, 4));
+        for r in &ratios[..3] {
+            let _ = write!(out, ",{}", opt(*r, 4));
         }
         for v in [s.reply_ms, p50, p99, max] {
             let _ = write!(out, ",{}", opt(v, 3));
         }
         for v in s.phases {
             let _ = write!(out, ",{}", opt(v, 3));
+        }
+        let _ = write!(out, ",{}", opt(ratios[3], 4));
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let live = s.live.map(|l| {
+            [
+                l.discard_bytes_per_s,
+                l.discarded_bytes,
+                l.rss_before_bytes,
+                l.rss_after_bytes,
+            ]
+            .map(mib)
+        });
+        for i in 0..4 {
+            let _ = write!(out, ",{}", opt(live.map(|l| l[i]), 1));
         }
         out.push('\n');
     }
@@ -132,6 +154,8 @@ pub struct Row {
     /// How many times faster than `mrelease` (`vm-mrelease` for a `--vm`
     /// method) in the same case.
     pub vs_mrelease: Option<f64>,
+    /// `--live` rows: how many times faster than `report-serial`.
+    pub vs_serial: Option<f64>,
 }
 
 impl Row {
@@ -175,7 +199,7 @@ pub fn rows(samples: &[Sample]) -> Vec<Row> {
                 .iter()
                 .find(|s| s.method == method)
                 .map_or(0, |s| s.size_gib);
-            let [vs_munmap, vs_exit, vs_mrelease] =
+            let [vs_munmap, vs_exit, vs_mrelease, vs_serial] =
                 Baselines::of(samples, case, method).ratios(summary.median_s);
             out.push(Row {
                 case,
@@ -185,6 +209,7 @@ pub fn rows(samples: &[Sample]) -> Vec<Row> {
                 vs_munmap,
                 vs_exit,
                 vs_mrelease,
+                vs_serial,
             });
         }
     }
@@ -195,7 +220,7 @@ fn ratio_text(r: Option<f64>) -> String {
     r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x"))
 }
 
-const TABLE_HEADER: [&str; 11] = [
+const TABLE_HEADER: [&str; 12] = [
     "method",
     "pages",
     "backing",
@@ -207,10 +232,11 @@ const TABLE_HEADER: [&str; 11] = [
     "vs munmap",
     "vs exit",
     "vs mrelease",
+    "vs serial",
 ];
 
 /// The cells of a row that ran.
-fn row_cells(r: &Row) -> [String; 11] {
+fn row_cells(r: &Row) -> [String; 12] {
     let workers = match r.method {
         Method::Exit | Method::Mrelease | Method::VmKill | Method::VmMrelease => "-".to_string(),
         m => m.workers().to_string(),
@@ -227,12 +253,13 @@ fn row_cells(r: &Row) -> [String; 11] {
         ratio_text(r.vs_munmap),
         ratio_text(r.vs_exit),
         ratio_text(r.vs_mrelease),
+        ratio_text(r.vs_serial),
     ]
 }
 
 /// The cells of a method this host cannot run, in a case.
-fn unavailable_cells(method: Method, case: Case, size_gib: u64) -> [String; 11] {
-    let mut cells = [(); 11].map(|()| "-".to_string());
+fn unavailable_cells(method: Method, case: Case, size_gib: u64) -> [String; 12] {
+    let mut cells = [(); 12].map(|()| "-".to_string());
     cells[0] = method.to_string();
     cells[1] = case.pages.to_string();
     cells[2] = backing_name(case.backing).to_string();
@@ -244,8 +271,14 @@ fn unavailable_cells(method: Method, case: Case, size_gib: u64) -> [String; 11] 
 /// The table printed on stdout, with closing lines that say how to read the
 /// ratios and why a method is unavailable. Each unavailable method gets a
 /// row in every case where its kind ran (the `--vm` ones only with `--vm`).
+/// The `vs serial` column is there only when `--live` rows are.
 pub fn table(rows: &[Row], unavailable: &[Unavailable]) -> String {
-    let mut lines: Vec<[String; 11]> = Vec::with_capacity(rows.len());
+    let columns = if rows.iter().any(|r| r.method.is_live()) {
+        12
+    } else {
+        11
+    };
+    let mut lines: Vec<[String; 12]> = Vec::with_capacity(rows.len());
     let mut cases: Vec<Case> = Vec::new();
     for r in rows {
         if !cases.contains(&r.case) {
@@ -272,6 +305,7 @@ pub fn table(rows: &[Row], unavailable: &[Unavailable]) -> String {
         lines.extend(pending.map(|r| row_cells(r)));
     }
     let mut widths = TABLE_HEADER.map(str::len);
+    widths[columns..].fill(0);
     for line in &lines {
         for (w, cell) in widths.iter_mut().zip(line.iter()) {
             *w = (*w).max(cell.len());
@@ -280,7 +314,7 @@ pub fn table(rows: &[Row], unavailable: &[Unavailable]) -> String {
     let mut out = String::new();
     let mut push_line = |cells: &[&str]| {
         let mut text = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths.iter()).enumerate() {
+        for (i, (cell, w)) in cells.iter().zip(widths.iter()).take(columns).enumerate() {
             if i > 0 {
                 text.push_str("  ");
             }
@@ -304,6 +338,13 @@ pub fn table(rows: &[Row], unavailable: &[Unavailable]) -> String {
          for vm-* rows, exit and mrelease are vm-kill and vm-mrelease; \
          workers are per NUMA node\n",
     );
+    if columns == 12 {
+        out.push_str(
+            "report-* rows: a running guest reports its memory free, timed by the guest from \
+             its first report to the last acknowledged; vs serial: report-serial's median \
+             over this one\n",
+        );
+    }
     for u in unavailable {
         let _ = writeln!(out, "{}: unavailable here: {}", u.method, u.reason);
     }
@@ -378,6 +419,49 @@ pub fn phases_text(samples: &[Sample]) -> String {
     out
 }
 
+/// The `--live` runs' checks, median per method and case: teravm's discard
+/// rate over its busy time and its resident size before and after (the
+/// lowest sampled); empty when none ran.
+pub fn live_text(samples: &[Sample]) -> String {
+    let mut out = String::new();
+    for case in cases_of(samples) {
+        let mut methods: Vec<Method> = samples
+            .iter()
+            .filter(|s| s.case == case && s.live.is_some())
+            .map(|s| s.method)
+            .collect();
+        methods.sort();
+        methods.dedup();
+        for method in methods {
+            let lives: Vec<_> = samples
+                .iter()
+                .filter(|s| s.case == case && s.method == method)
+                .filter_map(|s| s.live)
+                .collect();
+            let med = |f: &dyn Fn(&crate::model::Live) -> u64| {
+                let v: Vec<f64> = lives.iter().map(|l| f(l) as f64).collect();
+                median(&v).unwrap_or(0.0) / (1u64 << 20) as f64
+            };
+            if out.is_empty() {
+                out.push_str(
+                    "live reclaim (median; teravm's discard rate over its busy time, \
+                     its resident size at the peak and lowest after reporting):\n",
+                );
+            }
+            let _ = writeln!(
+                out,
+                "  {method} {case}: discard {:.0} MiB/s, {:.0} MiB discarded, \
+                 RSS {:.0} -> {:.0} MiB",
+                med(&|l| l.discard_bytes_per_s),
+                med(&|l| l.discarded_bytes),
+                med(&|l| l.rss_before_bytes),
+                med(&|l| l.rss_after_bytes),
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,11 +476,12 @@ mod tests {
             },
             method,
             size_gib: 8,
-            chunk_mib: (!method.is_baseline()).then_some(1024),
+            chunk_mib: method.uses_chunks().then_some(1024),
             run,
             seconds,
             reply_ms: None,
             phases: [None; 4],
+            live: None,
         }
     }
 
@@ -440,19 +525,19 @@ mod tests {
         assert_eq!(lines.len(), 1 + 10);
         assert_eq!(
             lines[1],
-            "munmap,4k,anonymous,8,1,,1,2.000000,1.0000,1.2500,0.5000,,,,,,,,"
+            "munmap,4k,anonymous,8,1,,1,2.000000,1.0000,1.2500,0.5000,,,,,,,,,,,,,"
         );
         assert_eq!(
             lines[4],
-            "teravm-2,4k,anonymous,8,2,1024,1,0.500000,4.0000,5.0000,2.0000,,,,,,,,"
+            "teravm-2,4k,anonymous,8,2,1024,1,0.500000,4.0000,5.0000,2.0000,,,,,,,,,,,,,"
         );
         // No exit or mrelease in the THP case: empty ratios, not 4k's.
         assert_eq!(
             lines[10],
-            "teravm-1,thp,anonymous,8,1,1024,1,0.100000,2.0000,,,,,,,,,,"
+            "teravm-1,thp,anonymous,8,1,1024,1,0.100000,2.0000,,,,,,,,,,,,,,,"
         );
         for line in &lines {
-            assert_eq!(line.split(',').count(), 19, "{line}");
+            assert_eq!(line.split(',').count(), 24, "{line}");
         }
     }
 
@@ -470,9 +555,74 @@ mod tests {
         let sync = row("vm-teravm-2,");
         // Compared with the microVM killed (3 s) and mrelease'd (2 s).
         assert_eq!((sync[9].as_str(), sync[10].as_str()), ("2.0000", "1.3333"));
-        assert_eq!(&sync[15..], ["1.000", "0.500", "1400.000", ""]);
+        assert_eq!(&sync[15..19], ["1.000", "0.500", "1400.000", ""]);
         let a = row("vm-async-2,4k,anonymous,8,2,1024,2,");
         assert_eq!(&a[11..15], ["3.500", "1.000", "3.500", "3.500"]);
+    }
+
+    /// `samples()` plus a `--live` round in the 4k case.
+    fn live_samples() -> Vec<Sample> {
+        let mut v = samples();
+        for (method, seconds) in [
+            (Method::ReportSerial, 1.0),
+            (Method::ReportTeravm(1), 0.8),
+            (Method::ReportTeravm(2), 0.5),
+        ] {
+            let mut s = sample(method, Pages::FourK, 1, seconds);
+            s.chunk_mib = None;
+            s.live = Some(crate::model::Live {
+                discard_bytes_per_s: 16 << 30,
+                discarded_bytes: 8 << 30,
+                rss_before_bytes: 9 << 30,
+                rss_after_bytes: 1 << 30,
+            });
+            v.push(s);
+        }
+        v
+    }
+
+    #[test]
+    fn live_rows_are_compared_with_serial_only() {
+        let text = csv(&live_samples());
+        let row = |prefix: &str| {
+            text.lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+                .split(',')
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        let serial = row("report-serial,");
+        assert_eq!(&serial[4..6], ["0", ""]);
+        let t = row("report-teravm-2,");
+        // vs munmap (2 s), no kill to compare with, 2x serial.
+        assert_eq!(&t[8..11], ["4.0000", "", ""]);
+        assert_eq!(
+            &t[19..],
+            ["2.0000", "16384.0", "8192.0", "9216.0", "1024.0"]
+        );
+        assert_eq!(row("teravm-2,")[19], "");
+        let rows = rows(&live_samples());
+        let r = rows
+            .iter()
+            .find(|r| r.method == Method::ReportTeravm(1))
+            .unwrap();
+        assert_eq!(r.vs_serial, Some(1.25));
+        let table = table(&rows, &[]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].ends_with("vs serial"), "{table}");
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with("report-teravm-2"))
+            .unwrap();
+        assert!(line.ends_with("2.00x"), "{line}");
+        assert!(table.contains("report-* rows:"), "{table}");
+        let text = live_text(&live_samples());
+        assert!(
+            text.contains("report-serial 4k anonymous: discard 16384 MiB/s, 8192 MiB discarded, RSS 9216 -> 1024 MiB"),
+            "{text}"
+        );
+        assert_eq!(live_text(&samples()), "");
     }
 
     #[test]

@@ -14,10 +14,12 @@ use teravm::memory::{ReclaimOptions, ReclaimProgress};
 use crate::args::Args;
 use crate::child::{child_args, ExitChild};
 use crate::held::{host_binds, map_populated, memory_err, topology};
-use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, Sample, Unavailable};
+use crate::model::{
+    backing_name, BenchError, Case, Live, Method, Pages, Phases, Sample, Unavailable,
+};
 use crate::mrelease::Reap;
 use crate::stats::median;
-use crate::{mrelease, report, svg, vm};
+use crate::{live, mrelease, report, svg, vm};
 
 /// How long one node's part of a teravm run took.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,6 +47,7 @@ struct Measured {
     nodes: Vec<NodeTime>,
     reply_ms: Option<f64>,
     phases: Phases,
+    live: Option<Live>,
 }
 
 impl Measured {
@@ -54,6 +57,7 @@ impl Measured {
             nodes: Vec::new(),
             reply_ms: None,
             phases: [None; 4],
+            live: None,
         }
     }
 }
@@ -120,6 +124,18 @@ fn measure(
                 nodes: Vec::new(),
                 reply_ms: run.reply_ms,
                 phases: run.phases,
+                live: None,
+            })
+        }
+        Method::ReportSerial | Method::ReportTeravm(_) => {
+            let (teravm, bind) = bins
+                .teravm
+                .as_ref()
+                .ok_or_else(|| BenchError::Vm(format!("{method} needs --live")))?;
+            let (seconds, l) = live::measure_live(method, case, args, teravm, *bind)?;
+            Ok(Measured {
+                live: Some(l),
+                ..Measured::seconds(seconds)
             })
         }
     }
@@ -200,6 +216,12 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             });
         }
     }
+    if args.live {
+        if bins.teravm.is_none() {
+            bins.teravm = Some((vm::teravm_binary()?, host_binds(&host)));
+        }
+        methods.extend(live::live_methods(&args.workers));
+    }
     let cases = cases(args);
     let mut progress = Progress {
         tty: std::io::stderr().is_terminal(),
@@ -221,11 +243,12 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     case,
                     method,
                     size_gib: args.size_gib,
-                    chunk_mib: (!method.is_baseline()).then_some(args.chunk_mib),
+                    chunk_mib: method.uses_chunks().then_some(args.chunk_mib),
                     run,
                     seconds: m.seconds,
                     reply_ms: m.reply_ms,
                     phases: m.phases,
+                    live: m.live,
                 });
                 node_times.extend(m.nodes.into_iter().map(|n| (case, method, n)));
             }
@@ -238,6 +261,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let _ = write!(out, "{}", report::table(&rows, &unavailable));
     let _ = write!(out, "{}", report::reply_text(&samples));
     let _ = write!(out, "{}", report::phases_text(&samples));
+    let _ = write!(out, "{}", report::live_text(&samples));
     let mut notes = Vec::new();
     if cases
         .iter()

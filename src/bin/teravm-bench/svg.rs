@@ -6,8 +6,10 @@
 //! (`munmap`, `exit`/`vm-kill`, `mrelease`/`vm-mrelease`) and the line style
 //! says what is measured: solid for teravm's executor in process
 //! (`teravm-<w>`), dashed for a microVM end to end (`vm-teravm-<w>`); a
-//! triangle marks `vm-async-<w>`. A grey line marks 1x (as fast as the
-//! baseline). Written by hand: a pure function from the table rows to the
+//! triangle marks `vm-async-<w>`; with `--live`, dotted with diamonds,
+//! `report-teravm-<w>` against `report-serial` (its own colour: a live
+//! reclaim is compared only with the serial one). A grey line marks 1x (as
+//! fast as the baseline). Written by hand: a pure function from the table rows to the
 //! text.
 
 use std::fmt::Write as _;
@@ -36,16 +38,23 @@ enum Baseline {
     Munmap,
     Exit,
     Mrelease,
+    Serial,
 }
 
 impl Baseline {
-    const ALL: [Baseline; 3] = [Baseline::Munmap, Baseline::Exit, Baseline::Mrelease];
+    const ALL: [Baseline; 4] = [
+        Baseline::Munmap,
+        Baseline::Exit,
+        Baseline::Mrelease,
+        Baseline::Serial,
+    ];
 
     fn colour(self) -> &'static str {
         match self {
             Baseline::Munmap => "#1f77b4",
             Baseline::Exit => "#d95f02",
             Baseline::Mrelease => "#1b9e77",
+            Baseline::Serial => "#7570b3",
         }
     }
 
@@ -54,6 +63,7 @@ impl Baseline {
             Baseline::Munmap => r.vs_munmap,
             Baseline::Exit => r.vs_exit,
             Baseline::Mrelease => r.vs_mrelease,
+            Baseline::Serial => r.vs_serial,
         }
     }
 
@@ -63,6 +73,7 @@ impl Baseline {
             Baseline::Munmap => "munmap",
             Baseline::Exit => "exit (vm-kill for a microVM)",
             Baseline::Mrelease => "mrelease (vm-mrelease for a microVM)",
+            Baseline::Serial => "report-serial (live: balloon thread, madvise per range)",
         }
     }
 }
@@ -76,6 +87,8 @@ enum Kind {
     EndToEnd,
     /// `vm-async-<w>`: triangles, no line.
     Async,
+    /// `report-teravm-<w>`: a polyline, dotted, with diamonds.
+    Live,
 }
 
 impl Kind {
@@ -84,6 +97,7 @@ impl Kind {
             Method::Teravm(w) => Some((Kind::Executor, w)),
             Method::VmShutdown(w) => Some((Kind::EndToEnd, w)),
             Method::VmAsync(w) => Some((Kind::Async, w)),
+            Method::ReportTeravm(w) => Some((Kind::Live, w)),
             _ => None,
         }
     }
@@ -93,6 +107,7 @@ impl Kind {
             Kind::Executor => "teravm-w: the executor, in process",
             Kind::EndToEnd => "vm-teravm-w: microVM, sync Shutdown",
             Kind::Async => "vm-async-w: microVM, async Shutdown, until exit",
+            Kind::Live => "report-teravm-w: live, guest reports, per-node pool",
         }
     }
 
@@ -101,6 +116,7 @@ impl Kind {
             Kind::Executor => None,
             Kind::EndToEnd => Some("7,4"),
             Kind::Async => None,
+            Kind::Live => Some("2,3"),
         }
     }
 }
@@ -115,10 +131,14 @@ struct Series {
 /// The series of one case, in a fixed order; those without points left out.
 fn series(rows: &[Row], case: Case) -> Vec<Series> {
     let mut out = Vec::new();
-    for kind in [Kind::Executor, Kind::EndToEnd, Kind::Async] {
+    for kind in [Kind::Executor, Kind::EndToEnd, Kind::Async, Kind::Live] {
         for baseline in Baseline::ALL {
-            // An end-to-end run against munmap says little: not drawn.
+            // An end-to-end run against munmap says little: not drawn; a
+            // live one is compared with the serial live one only.
             if kind != Kind::Executor && baseline == Baseline::Munmap {
+                continue;
+            }
+            if (kind == Kind::Live) != (baseline == Baseline::Serial) {
                 continue;
             }
             let mut points: Vec<(u32, f64)> = rows
@@ -195,7 +215,7 @@ fn cases(rows: &[Row]) -> Vec<Case> {
 }
 
 /// A marker at (x, y): a circle for the executor, a square end to end, a
-/// triangle for async.
+/// triangle for async, a diamond live.
 fn marker(s: &mut String, kind: Kind, x: f64, y: f64, colour: &str) {
     let _ = match kind {
         Kind::Executor => writeln!(
@@ -218,6 +238,15 @@ fn marker(s: &mut String, kind: Kind, x: f64, y: f64, colour: &str) {
             y + 3.5,
             x + 4.5,
             y + 3.5
+        ),
+        Kind::Live => writeln!(
+            s,
+            "<polygon points=\"{x:.1},{:.1} {:.1},{y:.1} {x:.1},{:.1} {:.1},{y:.1}\" \
+             fill=\"{colour}\"/>",
+            y - 5.0,
+            x + 5.0,
+            y + 5.0,
+            x - 5.0
         ),
     };
 }
@@ -507,6 +536,7 @@ mod tests {
                     seconds: t * scale,
                     reply_ms: None,
                     phases: [None; 4],
+                    live: None,
                 });
             }
         }
@@ -579,6 +609,30 @@ mod tests {
         assert_eq!(text.matches("<polygon").count(), 3 * 2 + 1);
         assert!(text.contains("vm-teravm-w: microVM, sync Shutdown"));
         assert!(text.contains("vm-async-w: microVM, async Shutdown, until exit"));
+    }
+
+    #[test]
+    fn live_rows_are_drawn_against_serial() {
+        let mut v = samples(false);
+        let case = v[0].case;
+        for (method, t) in [
+            (Method::ReportSerial, 1.0),
+            (Method::ReportTeravm(1), 0.9),
+            (Method::ReportTeravm(2), 0.6),
+        ] {
+            let mut s = v[0];
+            s.case = case;
+            s.method = method;
+            s.seconds = t;
+            v.push(s);
+        }
+        let text = plot(&rows(&v), "t", &[]);
+        well_formed(&text);
+        // 3 cases x 3 baselines, plus report-teravm against serial.
+        assert_eq!(text.matches("<polyline").count(), 3 * 3 + 1);
+        assert!(text.contains("stroke=\"#7570b3\" stroke-width=\"2\" stroke-dasharray=\"2,3\""));
+        assert!(text.contains("report-teravm-w: live, guest reports, per-node pool"));
+        assert!(text.contains("report-serial (live: balloon thread, madvise per range)"));
     }
 
     #[test]

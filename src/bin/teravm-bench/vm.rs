@@ -38,7 +38,8 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// Longest wait for a microVM shut down with `async` to exit.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
 
-fn vm_err(what: impl Into<String>) -> BenchError {
+/// A `--vm` (or `--live`) run's error.
+pub fn vm_err(what: impl Into<String>) -> BenchError {
     BenchError::Vm(what.into())
 }
 
@@ -49,12 +50,12 @@ pub fn teravm_binary() -> Result<PathBuf, BenchError> {
     let teravm = exe.with_file_name("teravm");
     if !teravm.is_file() {
         return Err(BenchError::VmUnavailable(format!(
-            "--vm needs the teravm binary at {} (build it with cargo build --release)",
+            "--vm and --live need the teravm binary at {} (build it with cargo build --release)",
             teravm.display()
         )));
     }
     teravm::vstate::vm::Vm::available()
-        .map_err(|e| BenchError::VmUnavailable(format!("--vm needs /dev/kvm: {e}")))?;
+        .map_err(|e| BenchError::VmUnavailable(format!("--vm and --live need /dev/kvm: {e}")))?;
     Ok(teravm)
 }
 
@@ -85,9 +86,12 @@ enum Stream {
     Stderr,
 }
 
-struct RunningVm {
-    child: Child,
-    sock: PathBuf,
+/// A teravm process the bench started, its guest console and own lines.
+pub struct RunningVm {
+    /// The process.
+    pub child: Child,
+    /// Its API socket.
+    pub sock: PathBuf,
     dir: PathBuf,
     lines: Receiver<(Stream, String)>,
     /// Every line seen so far, in order.
@@ -112,6 +116,13 @@ fn forward(from: impl Read + Send + 'static, stream: Stream, tx: Sender<(Stream,
 impl RunningVm {
     /// Waits for a guest console line that starts with `prefix`.
     fn wait_line(&mut self, prefix: &str) -> Result<String, BenchError> {
+        self.wait_line_unless(prefix, &[])
+    }
+
+    /// Waits for a guest console line that starts with `prefix`; a line
+    /// that starts with one of `fail` first is an error (the firmware said
+    /// something went wrong).
+    pub fn wait_line_unless(&mut self, prefix: &str, fail: &[&str]) -> Result<String, BenchError> {
         let deadline = Instant::now() + BOOT_TIMEOUT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -120,6 +131,9 @@ impl RunningVm {
                     self.seen.push((stream, line.clone()));
                     if stream == Stream::Stdout && line.starts_with(prefix) {
                         return Ok(line);
+                    }
+                    if stream == Stream::Stdout && fail.iter().any(|f| line.starts_with(f)) {
+                        return Err(vm_err(format!("the microVM said {line:?}")));
                     }
                 }
                 Err(_) => return Err(vm_err(format!("the microVM never printed {prefix:?}"))),
@@ -178,6 +192,24 @@ fn boot(
     sysfs_root: &Path,
     linger_ms: u64,
 ) -> Result<(RunningVm, u64), BenchError> {
+    let mut vm = spawn(teravm, config, sysfs_root, linger_ms)?;
+    // A config file starts the microVM at once (as in Firecracker): no
+    // InstanceStart; the firmware's lines say when it has dirtied its RAM.
+    let touched = vm.wait_line(TOUCHED_PREFIX)?;
+    let mib =
+        parse_touched_mib(&touched).ok_or_else(|| vm_err(format!("cannot read {touched:?}")))?;
+    vm.wait_line("teravm firmware: idle")?;
+    Ok((vm, mib))
+}
+
+/// Starts teravm with `config` as its config file (so the microVM starts
+/// at once) and waits until its API socket answers.
+pub fn spawn(
+    teravm: &Path,
+    config: &str,
+    sysfs_root: &Path,
+    linger_ms: u64,
+) -> Result<RunningVm, BenchError> {
     let dir = std::env::temp_dir().join(format!("teravm-bench-vm-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| vm_err(format!("{}: {e}", dir.display())))?;
@@ -204,7 +236,7 @@ fn boot(
     if let Some(err) = child.stderr.take() {
         forward(err, Stream::Stderr, tx);
     }
-    let mut vm = RunningVm {
+    let vm = RunningVm {
         child,
         sock,
         dir,
@@ -218,13 +250,7 @@ fn boot(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    // A config file starts the microVM at once (as in Firecracker): no
-    // InstanceStart; the firmware's lines say when it has dirtied its RAM.
-    let touched = vm.wait_line(TOUCHED_PREFIX)?;
-    let mib =
-        parse_touched_mib(&touched).ok_or_else(|| vm_err(format!("cannot read {touched:?}")))?;
-    vm.wait_line("teravm firmware: idle")?;
-    Ok((vm, mib))
+    Ok(vm)
 }
 
 /// One timed run of a `--vm` method.
