@@ -18,8 +18,10 @@
 //!   given at activation (`GuestView` in production) and drop it on reset.
 
 pub mod balloon;
+pub mod fuzz_vsock;
 pub mod fuzzing;
 pub mod mmio;
+pub mod vsock;
 #[cfg(test)]
 mod mmio_tests;
 
