@@ -31,9 +31,9 @@ pub mod event_handler;
 pub mod metrics;
 pub mod muxer;
 pub mod packet;
-pub mod uds;
 #[cfg(test)]
 mod tests;
+pub mod uds;
 
 pub use device::{Vsock, VsockOptions};
 pub use event_handler::VsockWorker;

@@ -88,7 +88,9 @@ impl Muxer {
         listener: UnixListener,
         metrics: Arc<VsockMetrics>,
     ) -> Result<Muxer, VsockError> {
-        listener.set_nonblocking(true).map_err(VsockError::EventFd)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(VsockError::EventFd)?;
         let epoll = Epoll::new().map_err(VsockError::EventFd)?;
         epoll
             .ctl(
@@ -378,7 +380,10 @@ impl Muxer {
         match connect_nonblocking(path.as_ref()) {
             Ok(stream) => {
                 let t = self.token();
-                self.add((hdr.dst_port, hdr.src_port), Conn::peer_init(stream, t, hdr));
+                self.add(
+                    (hdr.dst_port, hdr.src_port),
+                    Conn::peer_init(stream, t, hdr),
+                );
             }
             Err(_) => {
                 VsockMetrics::add(&self.metrics.conns_refused, 1);
@@ -401,7 +406,10 @@ impl Muxer {
         now: Instant,
     ) -> Option<(VsockHeader, usize)> {
         if let Some((local, peer)) = self.resets.pop_front() {
-            return Some((VsockHeader::to_guest(self.guest_cid, local, peer, op::RST), 0));
+            return Some((
+                VsockHeader::to_guest(self.guest_cid, local, peer, op::RST),
+                0,
+            ));
         }
         for _ in 0..self.rxq.len() {
             let key = self.rxq.pop_front()?;

@@ -90,19 +90,16 @@ pub fn connect_nonblocking(path: &Path) -> io::Result<UnixStream> {
 /// is replaced. Never follows a symlink at `path`.
 pub fn bind_uds(path: &Path) -> Result<UnixListener, VsockError> {
     let bad = |why| VsockError::BadPath(path.to_path_buf(), why);
-    let (addr, len) = sockaddr(path).ok_or_else(|| {
-        bad("it must be 1 to 107 bytes without NUL (a Unix socket address)")
-    })?;
+    let (addr, len) = sockaddr(path)
+        .ok_or_else(|| bad("it must be 1 to 107 bytes without NUL (a Unix socket address)"))?;
     let bind_err = |e| VsockError::Bind(path.to_path_buf(), e);
     match fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            match connect_nonblocking(path) {
-                Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
-                    fs::remove_file(path).map_err(bind_err)?;
-                }
-                _ => return Err(VsockError::PathExists(path.to_path_buf())),
+        Ok(m) if m.file_type().is_socket() => match connect_nonblocking(path) {
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+                fs::remove_file(path).map_err(bind_err)?;
             }
-        }
+            _ => return Err(VsockError::PathExists(path.to_path_buf())),
+        },
         Ok(_) => return Err(VsockError::PathExists(path.to_path_buf())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(bind_err(e)),
