@@ -21,9 +21,9 @@ pub mod balloon;
 pub mod fuzz_vsock;
 pub mod fuzzing;
 pub mod mmio;
-pub mod vsock;
 #[cfg(test)]
 mod mmio_tests;
+pub mod vsock;
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering};
