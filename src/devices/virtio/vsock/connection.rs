@@ -341,7 +341,7 @@ impl Conn {
                     self.kill(metrics);
                 }
             }
-            op::RW if self.accepts_data() => self.to_host(payload, metrics),
+            op::RW if self.accepts_data() => self.forward_to_host(payload, metrics),
             op::CREDIT_UPDATE => {}
             op::CREDIT_REQUEST => self.owed.credit_update = true,
             op::SHUTDOWN => {
@@ -364,7 +364,7 @@ impl Conn {
             && self.stream.is_some()
     }
 
-    fn to_host(&mut self, data: &[u8], metrics: &VsockMetrics) {
+    fn forward_to_host(&mut self, data: &[u8], metrics: &VsockMetrics) {
         let room = CONN_TX_BUF_BYTES as usize - self.tx_buf.len();
         if data.len() > room {
             VsockMetrics::add(&metrics.credit_violations, 1);

@@ -668,7 +668,7 @@ fn a_reset_stream_of_stray_packets_cannot_grow_the_reset_queue() {
     assert_eq!(r.m().tx_packets_count as usize, MAX_PENDING_RESETS);
     // Buffers arrive: the resets go out and the TX queue resumes.
     r.give_rx(255, 256);
-    assert_eq!(r.dev.wake_evt().read().unwrap() > 0, true);
+    assert!(r.dev.wake_evt().read().unwrap() > 0);
     r.dev.process_wake();
     r.give_rx(0, 0);
     assert_eq!(r.recv().len(), 255);
