@@ -21,15 +21,15 @@ cd "$(dirname "$0")"
 secs=${1:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
 CARGO_FUZZ_VERSION=0.13.2
-targets=(http_request api_route api_body config_file port_io virtio_mmio balloon_queues block_queues net_queues)
-declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_file]=json [port_io]= [virtio_mmio]= [balloon_queues]= [block_queues]= [net_queues]=)
+targets=(http_request api_route api_body config_file port_io virtio_mmio balloon_queues block_queues net_queues vsock_queues)
+declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_file]=json [port_io]= [virtio_mmio]= [balloon_queues]= [block_queues]= [net_queues]= [vsock_queues]=)
 # Longest input: past MAX_LINE_BYTES (8 KiB) for the HTTP parser, the default
 # (4 KiB, or the longest seed) for the JSON bodies and files, and 4 KiB (1024
 # accesses) for the port I/O bus, which has no dictionary; 8 KiB for the
 # virtio transport (1024 register accesses: a whole driver set-up and then
 # some) and the balloon's queues (hundreds of descriptors and ring entries).
 # Their seeds replay in `cargo test` (devices::virtio::fuzzing).
-declare -A max_len=([http_request]=20000 [api_route]=4096 [api_body]=4096 [config_file]=4096 [port_io]=4096 [virtio_mmio]=8192 [balloon_queues]=8192 [block_queues]=8192 [net_queues]=8192)
+declare -A max_len=([http_request]=20000 [api_route]=4096 [api_body]=4096 [config_file]=4096 [port_io]=4096 [virtio_mmio]=8192 [balloon_queues]=8192 [block_queues]=8192 [net_queues]=8192 [vsock_queues]=8192)
 
 export RUSTC_BOOTSTRAP=1
 # -a: debug assertions and overflow checks on, so an arithmetic overflow panics.

@@ -21,11 +21,13 @@ pub mod balloon;
 pub mod block;
 pub mod fuzz_block;
 pub mod fuzz_net;
+pub mod fuzz_vsock;
 pub mod fuzzing;
 pub mod mmio;
 #[cfg(test)]
 mod mmio_tests;
 pub mod net;
+pub mod vsock;
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering};

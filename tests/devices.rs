@@ -1,0 +1,413 @@
+//! Block, net and vsock on the real binary and /dev/kvm with the default
+//! flags (issue 18): the built-in firmware's polling drivers (`blk`,
+//! `net=echo`, `vsock=echo:<port>`, `vsock=connect:<port>`) against
+//! teravm's virtio-mmio devices, configured over the API as Firecracker's
+//! clients do.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::api::*;
+use common::*;
+
+/// teravm with an API socket in `dir`, configured by `sections` (path,
+/// body) and the firmware's `args`, started.
+fn start_with(
+    dir: &Path,
+    sections: &[(&str, String)],
+    args: &str,
+    wrap: Option<&str>,
+) -> (Vmm, PathBuf) {
+    let sock = dir.join("api.sock");
+    let mut vmm = match wrap {
+        None => Vmm::spawn(&["--api-sock", sock.to_str().unwrap()]),
+        Some(netns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args([
+                "netns",
+                "exec",
+                netns,
+                teravm(),
+                "--api-sock",
+                sock.to_str().unwrap(),
+            ]);
+            Vmm::spawn_command(cmd)
+        }
+    };
+    wait_for_api(&sock, T);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
+    );
+    for (path, body) in sections {
+        put_ok(&sock, path, body);
+    }
+    put_ok(
+        &sock,
+        "/boot-source",
+        &format!(r#"{{"boot_args": "{args}"}}"#),
+    );
+    let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(status, 204, "{body}");
+    let _ = &mut vmm;
+    (vmm, sock)
+}
+
+fn shutdown_ok(vmm: Vmm, sock: &Path) {
+    let (status, body) = action(sock, r#"{"action_type": "Shutdown"}"#);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["state"], "done", "{body}");
+    let (code, _, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+fn drive(id: &str, path: &Path, read_only: bool) -> (String, String) {
+    (
+        format!("/drives/{id}"),
+        format!(
+            r#"{{"drive_id": "{id}", "path_on_host": "{}", "is_root_device": false, "is_read_only": {read_only}}}"#,
+            path.display()
+        ),
+    )
+}
+
+#[test]
+fn a_drive_is_read_written_flushed_and_named() {
+    if !kvm_or_skip("blk_rw") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("blk-rw");
+    let disk = dir.join("disk.img");
+    let mut bytes = vec![0u8; 1 << 20];
+    bytes[..16].copy_from_slice(b"teravm-disk-0123");
+    std::fs::write(&disk, &bytes).unwrap();
+    let (path, body) = drive("data1", &disk, false);
+    let (mut vmm, sock) = start_with(&dir, &[(&path, body)], "blk then=idle", None);
+    let line = vmm.wait_line("teravm firmware: blk sector0", T);
+    assert!(line.ends_with(&hex(b"teravm-disk-0123")), "{line}");
+    assert!(vmm
+        .wait_line("teravm firmware: blk write", T)
+        .ends_with("write ok"));
+    assert!(vmm
+        .wait_line("teravm firmware: blk readback", T)
+        .ends_with("readback match"));
+    assert!(vmm
+        .wait_line("teravm firmware: blk id", T)
+        .ends_with("blk id data1"));
+    shutdown_ok(vmm, &sock);
+    let after = std::fs::read(&disk).unwrap();
+    assert_eq!(&after[512..1024], &[0xA5u8; 512][..], "sector 1 written");
+    assert_eq!(&after[..512], &bytes[..512], "sector 0 untouched");
+    assert_eq!(&after[1024..], &bytes[1024..], "nothing past sector 1");
+}
+
+#[test]
+fn a_read_only_drive_refuses_writes_and_its_file_is_unchanged() {
+    if !kvm_or_skip("blk_ro") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("blk-ro");
+    let disk = dir.join("ro.img");
+    // Not a sector multiple: the 100 trailing bytes are not addressable.
+    let bytes: Vec<u8> = (0..(64 << 10) + 100).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&disk, &bytes).unwrap();
+    let (path, body) = drive("ro", &disk, true);
+    let (mut vmm, sock) = start_with(&dir, &[(&path, body)], "blk then=idle", None);
+    let found = vmm.wait_line("teravm firmware: blk device at", T);
+    assert!(found.ends_with("capacity 128 sectors"), "{found}");
+    assert!(vmm
+        .wait_line("teravm firmware: blk write", T)
+        .ends_with("write ioerr"));
+    assert!(vmm
+        .wait_line("teravm firmware: blk readback", T)
+        .ends_with("readback mismatch"));
+    shutdown_ok(vmm, &sock);
+    assert_eq!(std::fs::read(&disk).unwrap(), bytes, "the file changed");
+}
+
+#[test]
+fn drive_paths_that_are_not_drives_are_refused_and_teravm_lives() {
+    let (vmm, sock, dir) = start_api("blk-bad-paths", &[]);
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; the result is checked.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (p, needle) in [
+        (dir.join("missing"), "No such file"),
+        (dir.clone(), "not a regular file"),
+        (PathBuf::from("/dev/zero"), "not a regular file"),
+        (fifo, "not a regular file"),
+        (PathBuf::from("/proc/self/mem"), "procfs"),
+    ] {
+        let (path, body) = drive("bad", &p, false);
+        let (status, reply) = put(&sock, &path, &body);
+        assert_fault(status, &reply, 400, needle);
+    }
+    assert_eq!(state(&sock), "Not started");
+    drop(vmm);
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A network namespace with a tap, removed when dropped.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new(tag: &str) -> Option<Netns> {
+        let name = format!("teravm-{tag}-{}", std::process::id());
+        let ok = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !ok(&["netns", "add", &name]) {
+            return None;
+        }
+        let ns = Netns { name };
+        let n = ns.name.clone();
+        if !(ok(&["-n", &n, "tuntap", "add", "dev", "tap0", "mode", "tap"])
+            && ok(&["-n", &n, "link", "set", "tap0", "up"]))
+        {
+            return None;
+        }
+        Some(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// An AF_PACKET socket bound to `tap0` inside `ns` (made on a thread that
+/// enters the namespace; the socket keeps it).
+fn packet_socket(ns: &Netns) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    let path = format!("/var/run/netns/{}", ns.name);
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: setns on this thread with a namespace fd we hold.
+        assert_eq!(
+            unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) },
+            0
+        );
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: a new socket; the result is checked.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                proto.into(),
+            )
+        };
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        let name = std::ffi::CString::new("tap0").unwrap();
+        // SAFETY: a NUL-terminated name.
+        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        assert!(index > 0);
+        // SAFETY: plain data, zeroed, then filled.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = index as i32;
+        // SAFETY: binds our socket to a valid sockaddr_ll of its size.
+        let rc = unsafe {
+            libc::bind(
+                fd,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor that nothing else owns.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+    })
+    .join()
+    .unwrap()
+}
+
+/// The next frame with EtherType 0x88B5 on `fd`, within `timeout`.
+fn next_frame(fd: &std::os::fd::OwnedFd, timeout: Duration) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + timeout;
+    let mut buf = vec![0u8; 2048];
+    while Instant::now() < deadline {
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(fd),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our stack.
+        if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
+            continue;
+        }
+        // SAFETY: reads into our buffer of its length.
+        let n = unsafe { libc::recv(pfd.fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n >= 14 && buf[12] == 0x88 && buf[13] == 0xB5 {
+            return Some(buf[..n as usize].to_vec());
+        }
+    }
+    None
+}
+
+#[test]
+fn a_tap_in_a_namespace_sees_the_guests_frame_and_gets_its_own_echoed() {
+    if !kvm_or_skip("net_echo") {
+        return;
+    }
+    let Some(ns) = Netns::new("net") else {
+        skip(
+            "net_echo",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    let _big = big_memory();
+    let dir = temp_dir("net-echo");
+    let fd = packet_socket(&ns);
+    let body = r#"{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:ac:10:00:02"}"#;
+    let (mut vmm, sock) = start_with(
+        &dir,
+        &[("/network-interfaces/eth0", body.to_string())],
+        "net=echo then=idle",
+        Some(&ns.name),
+    );
+    let sent = vmm.wait_line("teravm firmware: net sent hello", T);
+    assert!(sent.ends_with("from 06:00:ac:10:00:02"), "{sent}");
+    let hello = next_frame(&fd, T).expect("the guest's hello frame on the tap");
+    assert_eq!(&hello[..6], &[0xff; 6]);
+    assert_eq!(&hello[6..12], &[6, 0, 0xac, 0x10, 0, 2]);
+    assert!(hello.windows(19).any(|w| w == b"teravm firmware net"));
+    // A frame from the host side comes back with its MACs swapped.
+    let mut frame = vec![6, 0, 0xac, 0x10, 0, 2, 2, 0, 0, 0, 0, 9, 0x88, 0xB5];
+    frame.extend_from_slice(b"from the host side");
+    // SAFETY: sends our buffer on our bound socket.
+    let n = unsafe {
+        libc::send(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+        )
+    };
+    assert_eq!(n as usize, frame.len());
+    let echo = loop {
+        let f = next_frame(&fd, T).expect("the echo");
+        if f[..6] == [2, 0, 0, 0, 0, 9] {
+            break f;
+        }
+    };
+    assert_eq!(&echo[6..12], &[6, 0, 0xac, 0x10, 0, 2]);
+    assert!(echo.windows(18).any(|w| w == b"from the host side"));
+    vmm.wait_line("teravm firmware: net echoed", T);
+    shutdown_ok(vmm, &sock);
+}
+
+#[test]
+fn a_missing_tap_is_a_400_naming_it() {
+    let (vmm, sock, _dir) = start_api("net-missing", &[]);
+    let (status, reply) = put(
+        &sock,
+        "/network-interfaces/eth0",
+        r#"{"iface_id": "eth0", "host_dev_name": "no-such-tap0"}"#,
+    );
+    assert_fault(status, &reply, 400, "no-such-tap0");
+    assert_eq!(state(&sock), "Not started");
+    drop(vmm);
+}
+
+/// Firecracker's host side of vsock: connect to `uds`, `CONNECT <port>`,
+/// read `OK <n>`.
+fn vsock_connect(uds: &Path, port: u32) -> (UnixStream, String) {
+    let deadline = Instant::now() + T;
+    let mut s = loop {
+        match UnixStream::connect(uds) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    };
+    s.set_read_timeout(Some(T)).unwrap();
+    s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(s.try_clone().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (s, line)
+}
+
+#[test]
+fn vsock_echoes_host_connections_and_refuses_other_ports() {
+    if !kvm_or_skip("vsock_echo") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("vsock-echo");
+    let uds = dir.join("v.sock");
+    let body = format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, uds.display());
+    let (mut vmm, sock) = start_with(&dir, &[("/vsock", body)], "vsock=echo:5000 then=idle", None);
+    vmm.wait_line("teravm firmware: vsock listening on 5000", T);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&uds).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    for i in 0..4 {
+        let (mut s, ok) = vsock_connect(&uds, 5000);
+        assert!(ok.starts_with("OK "), "{ok:?}");
+        let msg = format!("echo me {i}\n");
+        s.write_all(msg.as_bytes()).unwrap();
+        let mut back = vec![0u8; msg.len()];
+        s.read_exact(&mut back).unwrap();
+        assert_eq!(back, msg.as_bytes());
+        drop(s);
+        vmm.wait_line("teravm firmware: vsock echo", T);
+    }
+    // Nobody listens on 5001 in the guest: the host connection is closed.
+    let (_s, line) = vsock_connect(&uds, 5001);
+    assert!(!line.starts_with("OK"), "{line:?}");
+    shutdown_ok(vmm, &sock);
+}
+
+#[test]
+fn a_guest_connection_reaches_the_hosts_listener_on_uds_port() {
+    if !kvm_or_skip("vsock_connect") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("vsock-connect");
+    let uds = dir.join("v.sock");
+    let listener = UnixListener::bind(format!("{}_6000", uds.display())).unwrap();
+    let body = format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, uds.display());
+    let (mut vmm, sock) = start_with(
+        &dir,
+        &[("/vsock", body)],
+        "vsock=connect:6000 then=idle",
+        None,
+    );
+    let (mut conn, _) = listener.accept().unwrap();
+    conn.set_read_timeout(Some(T)).unwrap();
+    let mut got = String::new();
+    conn.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "hello from teravm firmware\n");
+    let sent = vmm.wait_line("teravm firmware: vsock connect sent", T);
+    assert!(sent.ends_with("sent 27 bytes"), "{sent}");
+    shutdown_ok(vmm, &sock);
+}
