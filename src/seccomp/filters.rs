@@ -415,10 +415,12 @@ const FILES: &[Allow] = &[
     one_of(
         libc::SYS_socket,
         0,
-        &[named!(libc::AF_INET)],
-        "a datagram socket for SIOCGIFINDEX (a tap that does not exist is refused, never created)",
+        &[named!(libc::AF_INET), named!(libc::AF_UNIX)],
+        "a datagram socket for SIOCGIFINDEX (a tap that does not exist is refused, never created); the vsock's uds_path",
     ),
-    any(libc::SYS_bind, "that socket (std's UdpSocket binds it)"),
+    any(libc::SYS_bind, "those sockets"),
+    any(libc::SYS_listen, "the vsock's uds_path"),
+    any(libc::SYS_fchmod, "the vsock's socket 0600 before it is bound"),
 ];
 
 /// `balloon`: the virtio-balloon's queue work (its epoll was built by the
@@ -478,6 +480,36 @@ const NET: &[Allow] = &[
         &[named!(libc::TUNSETOFFLOAD)],
         "the offloads the guest acked, set once per activation (never on a vCPU)",
     ),
+];
+
+/// `virtio-vsock`: the vsock's packets, the host connections to
+/// `uds_path` (accepted) and the guest's to `<uds_path>_<port>` (made
+/// here), all non-blocking on this thread's epoll.
+const VSOCK: &[Allow] = &[
+    any(libc::SYS_epoll_wait, "wait for the queues, the sockets, the deadlines"),
+    one_of(
+        libc::SYS_epoll_ctl,
+        1,
+        &[
+            named!(libc::EPOLL_CTL_ADD),
+            named!(libc::EPOLL_CTL_DEL),
+            named!(libc::EPOLL_CTL_MOD),
+        ],
+        "connections come and go",
+    ),
+    any(libc::SYS_read, "clear the eventfds"),
+    any(libc::SYS_accept4, "a host connection to uds_path"),
+    one_of(libc::SYS_ioctl, 1, &[named!(libc::FIONBIO)], "accepted streams non-blocking"),
+    one_of(
+        libc::SYS_socket,
+        0,
+        &[named!(libc::AF_UNIX)],
+        "a guest connection to <uds_path>_<port>",
+    ),
+    any(libc::SYS_connect, "that connection (the path is uds_path's, the port the guest's)"),
+    any(libc::SYS_recvfrom, "bytes from a host connection"),
+    any(libc::SYS_sendto, "bytes to a host connection; OK <port>"),
+    any(libc::SYS_shutdown, "a connection's writing side when the guest shuts it"),
 ];
 
 /// `fallocate` that only punches holes (memfd and hugetlb slices).
@@ -542,8 +574,9 @@ const START: &[Allow] = &[
             named!(kvm::GET_LAPIC),
             named!(kvm::SET_LAPIC),
             named!(libc::TCGETS),
+            named!(libc::FIONBIO),
         ],
-        "the VM, its memslots, irqchip and PIT, the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line)",
+        "the VM, its memslots, irqchip and PIT, the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener",
     ),
     mmap_no_exec("guest memory, memfd slices, each vCPU's kvm_run"),
     any(libc::SYS_memfd_create, "memfd backing"),
@@ -685,6 +718,7 @@ impl Role {
             Role::Discard => DISCARD,
             Role::Block => BLOCK,
             Role::Net => NET,
+            Role::Vsock => VSOCK,
         }
     }
 
@@ -702,6 +736,7 @@ impl Role {
                 Role::Discard,
                 Role::Block,
                 Role::Net,
+                Role::Vsock,
             ],
             Role::Reclaim => &[Role::Progress],
             _ => &[],

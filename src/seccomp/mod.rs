@@ -76,11 +76,13 @@ pub enum Role {
     Block,
     /// `virtio-net{n}`: a network interface's frames to and from its tap.
     Net,
+    /// `virtio-vsock`: the vsock's packets and its host-side sockets.
+    Vsock,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 14] = [
+    pub const ALL: [Role; 15] = [
         Role::Vmm,
         Role::Api,
         Role::ApiConnection,
@@ -95,6 +97,7 @@ impl Role {
         Role::Discard,
         Role::Block,
         Role::Net,
+        Role::Vsock,
     ];
 
     /// The role's name, as in the thread names and docs/seccomp.md.
@@ -114,6 +117,7 @@ impl Role {
             Role::Discard => "discard",
             Role::Block => "virtio-blk",
             Role::Net => "virtio-net",
+            Role::Vsock => "virtio-vsock",
         }
     }
 

@@ -26,6 +26,7 @@ use crate::devices::mmio::MmioBusError;
 use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions, BalloonWorker};
 use crate::devices::virtio::block::{Block, BlockError, BlockOptions, BlockWorker};
 use crate::devices::virtio::net::{Net, NetError, NetOptions, NetWorker, Tap};
+use crate::devices::virtio::vsock::{Vsock, VsockError, VsockOptions, VsockWorker};
 use crate::devices::virtio::{mmio::regs, MmioError, MmioTransport, VirtioDevice};
 use crate::devices::{Buses, MmioSlot, PioBus};
 use crate::memory::{GuestMemory, GuestView};
@@ -55,6 +56,9 @@ pub enum DeviceError {
     /// The balloon's discard pool could not be started.
     #[error("balloon discard pool: {0}")]
     Discard(String),
+    /// The vsock could not be made.
+    #[error("vsock: {0}")]
+    Vsock(#[from] VsockError),
     /// A network interface could not be made.
     #[error("network interface: {0}")]
     Net(#[from] NetError),
@@ -95,6 +99,16 @@ pub struct NetSpec {
     pub tap: Arc<Mutex<Option<Tap>>>,
 }
 
+/// The vsock to attach: its options and its listening socket, bound by the
+/// `files` thread when it was put.
+#[derive(Debug, Clone)]
+pub struct VsockSpec {
+    /// The device's options.
+    pub opts: VsockOptions,
+    /// The host side's socket (`uds_path`).
+    pub listener: Arc<Mutex<Option<std::os::unix::net::UnixListener>>>,
+}
+
 /// The devices a configuration asks for, as the builder needs them, in
 /// Firecracker's attach order: the balloon, the drives (the root drive
 /// first), the network interfaces, the vsock.
@@ -108,12 +122,17 @@ pub struct DeviceSpecs {
     pub drives: Vec<DriveSpec>,
     /// The network interfaces.
     pub nets: Vec<NetSpec>,
+    /// The vsock, if any.
+    pub vsock: Option<VsockSpec>,
 }
 
 impl DeviceSpecs {
     /// How many devices there are (the slots they take, from 0).
     pub fn count(&self) -> usize {
-        usize::from(self.balloon.is_some()) + self.drives.len() + self.nets.len()
+        usize::from(self.balloon.is_some())
+            + self.drives.len()
+            + self.nets.len()
+            + usize::from(self.vsock.is_some())
     }
 
     /// The Linux command-line parameters that announce the devices (known
@@ -182,6 +201,8 @@ pub struct Devices {
     pub blocks: Vec<BlockDevice>,
     /// The network interfaces.
     pub nets: Vec<Arc<Mutex<Net<GuestView>>>>,
+    /// The vsock.
+    pub vsock: Option<Arc<Mutex<Vsock<GuestView>>>>,
     threads: Vec<DeviceThread>,
 }
 
@@ -329,7 +350,40 @@ impl Devices {
             );
             nets.push(device);
         }
+        let mut vsock = None;
+        if let Some(v) = &specs.vsock {
+            let listener = lock(&v.listener)
+                .take()
+                .ok_or(DeviceError::Vsock(VsockError::NoListener))?;
+            let device = Arc::new(Mutex::new(Vsock::new(v.opts.clone(), listener)?));
+            let as_virtio: Arc<Mutex<dyn VirtioDevice<GuestView>>> = device.clone();
+            let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let transport = MmioTransport::new(as_virtio, memory.view(), irq)?;
+            let (queue_evts, irq) = clones(&transport)?;
+            let slot = mmio.add(Box::new(transport))?;
+            register(vm, slot, &queue_evts, &irq)?;
+            let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let worker = VsockWorker::new(
+                device.clone(),
+                queue_evts,
+                exit.try_clone().map_err(DeviceError::EventFd)?,
+            )?;
+            threads.push(spawn("virtio-vsock".into(), Role::Vsock, exit, move || {
+                if let Err(e) = worker.run() {
+                    log::error!("vsock: {e}; the device stops");
+                }
+            })?);
+            log::info!(
+                "vsock (guest CID {}) at {:#x} (GSI {}), host side {}",
+                v.opts.guest_cid,
+                slot.base,
+                slot.gsi,
+                v.opts.uds_path.display()
+            );
+            vsock = Some(device);
+        }
         Ok(Devices {
+            vsock,
             nets,
             buses: Arc::new(Buses { pio, mmio }),
             balloon,
@@ -369,6 +423,9 @@ impl Devices {
         }
         for n in &self.nets {
             lock(n).reset();
+        }
+        if let Some(v) = &self.vsock {
+            lock(v).reset();
         }
         if let Some(b) = &self.balloon {
             lock(&b.device).reset();

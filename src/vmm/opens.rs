@@ -105,6 +105,11 @@ impl Vmm {
         Vec::new()
     }
 
+    /// The vsock to attach, with the socket bound when it was put.
+    pub(super) fn vsock_spec(&self) -> Option<crate::vmm::devices::VsockSpec> {
+        None
+    }
+
     /// Opens `requests` on the `files` thread, then applies `section` and
     /// answers `reply` ([`Vmm::on_files_done`]).
     pub(super) fn open_then(

@@ -287,6 +287,7 @@ impl Vmm {
             discard_workers_per_node: self.config.reclaim.discard_workers(),
             drives: self.drive_specs(),
             nets: self.net_specs(),
+            vsock: self.vsock_spec(),
         }
     }
 

@@ -105,9 +105,14 @@ pub enum VsockError {
     /// `uds_path` empty or too long for a Unix socket address with a port.
     #[error("uds_path {0:?} is not usable: {1}")]
     BadPath(std::path::PathBuf, &'static str),
-    /// `uds_path` exists and is not a stale socket.
-    #[error("uds_path {0:?} exists and is not a stale socket (refused, not replaced)")]
+    /// `uds_path` exists (a stale socket too: remove it first, as with
+    /// Firecracker).
+    #[error("uds_path {0:?} exists (refused, never replaced: remove a stale socket first)")]
     PathExists(std::path::PathBuf),
+    /// The listening socket was already given to a device (a start that
+    /// failed after taking it).
+    #[error("the vsock's socket was already used by an earlier start: put the vsock again")]
+    NoListener,
     /// Creating, binding or listening on the socket failed.
     #[error("cannot create the vsock socket {0:?}: {1}")]
     Bind(std::path::PathBuf, std::io::Error),
