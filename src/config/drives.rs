@@ -208,3 +208,7 @@ impl From<&DriveConfig> for BlockOptions {
     }
 }
 
+
+#[cfg(test)]
+#[path = "drives_tests.rs"]
+mod tests;

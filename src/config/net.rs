@@ -233,3 +233,7 @@ impl NetUpdate {
     }
 }
 
+
+#[cfg(test)]
+#[path = "net_tests.rs"]
+mod tests;
