@@ -396,9 +396,11 @@ fn section<T: DeserializeOwned>(body: &[u8], name: &str) -> Result<T, RouteError
     }
     serde_json::from_slice(body).map_err(|e| {
         let msg = e.to_string();
-        // serde names the field in "unknown field" and "missing field"; for
-        // a wrong type or value, find the key being parsed where it failed.
-        let key = if msg.contains("field `") {
+        // serde names the field in "unknown field" and "missing field", and
+        // a section's own parse errors name it (`network-interfaces.guest_mac:
+        // ...`); for a wrong type or value, find the key being parsed where
+        // it failed.
+        let key = if msg.contains("field `") || msg.starts_with(&format!("{name}.")) {
             None
         } else {
             key_at(body, e.line(), e.column())
@@ -470,4 +472,8 @@ mod fc_tests;
 #[cfg(test)]
 #[path = "routing_balloon_tests.rs"]
 mod balloon_tests;
+
+#[cfg(test)]
+#[path = "routing_device_tests.rs"]
+mod device_tests;
 

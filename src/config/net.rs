@@ -105,6 +105,15 @@ impl Serialize for MacAddr {
     }
 }
 
+/// A `guest_mac` whose error names the field (serde places a custom error
+/// after the whole object, where the field cannot be found).
+fn guest_mac<'de, D: Deserializer<'de>>(d: D) -> Result<Option<MacAddr>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|s| s.parse())
+        .transpose()
+        .map_err(|e| serde::de::Error::custom(format!("network-interfaces.guest_mac: {e}")))
+}
+
 /// One network interface: an entry of the `network-interfaces` section and
 /// the body of `PUT /network-interfaces/{iface_id}` (Firecracker's
 /// `NetworkInterface`): `iface_id` and `host_dev_name` required.
@@ -117,7 +126,11 @@ pub struct NetConfig {
     /// The host TAP device (1 to [`MAX_HOST_DEV_NAME_LEN`] bytes).
     pub host_dev_name: String,
     /// The guest's MAC address; absent: the guest driver picks one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "guest_mac",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub guest_mac: Option<MacAddr>,
     /// The MTU offered to the guest (`VIRTIO_NET_F_MTU`), [`MIN_MTU`] to
     /// 65535; absent: none offered, the guest uses its default.
