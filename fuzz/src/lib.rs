@@ -90,7 +90,9 @@ pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
                     c.validate().expect("routed drive validates");
                     serde_json::to_vec(c).unwrap()
                 }
-                (VmmAction::PatchDrive(c), "PATCH", p) if p == format!("/drives/{}", c.drive_id) => {
+                (VmmAction::PatchDrive(c), "PATCH", p)
+                    if p == format!("/drives/{}", c.drive_id) =>
+                {
                     c.validate().expect("routed drive update validates");
                     serde_json::to_vec(c).unwrap()
                 }
@@ -103,7 +105,8 @@ pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
                 (VmmAction::PatchNetworkInterface(c), "PATCH", p)
                     if p == format!("/network-interfaces/{}", c.iface_id) =>
                 {
-                    c.validate().expect("routed network interface update validates");
+                    c.validate()
+                        .expect("routed network interface update validates");
                     serde_json::to_vec(c).unwrap()
                 }
                 (VmmAction::PutVsock(c), "PUT", "/vsock") => {

@@ -165,7 +165,12 @@ fn split_id(path: &str) -> Option<(&'static str, &str)> {
 }
 
 /// The id in the path, checked: present and a valid id.
-fn path_id<'a>(method: &str, path: &str, resource: &str, id: &'a str) -> Result<&'a str, RouteError> {
+fn path_id<'a>(
+    method: &str,
+    path: &str,
+    resource: &str,
+    id: &'a str,
+) -> Result<&'a str, RouteError> {
     let what = if resource == "/drives" {
         "drive_id"
     } else {
@@ -476,4 +481,3 @@ mod balloon_tests;
 #[cfg(test)]
 #[path = "routing_device_tests.rs"]
 mod device_tests;
-

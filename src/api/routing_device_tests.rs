@@ -128,7 +128,12 @@ fn the_id_in_the_path_is_checked_and_must_be_the_bodys() {
                 .into()
         ))
     );
-    assert_eq!(route("PUT", "/drives/other", body.as_bytes()).unwrap_err().status(), 400);
+    assert_eq!(
+        route("PUT", "/drives/other", body.as_bytes())
+            .unwrap_err()
+            .status(),
+        400
+    );
     let m = bad("PATCH", "/drives/other", r#"{"drive_id": "rootfs"}"#);
     assert!(m.contains("differs from drives.drive_id"), "{m}");
     let m = bad(
@@ -136,9 +141,19 @@ fn the_id_in_the_path_is_checked_and_must_be_the_bodys() {
         "/network-interfaces/eth1",
         r#"{"iface_id": "eth0", "host_dev_name": "tap0"}"#,
     );
-    assert!(m.contains("differs from network-interfaces.iface_id"), "{m}");
-    let m = bad("PATCH", "/network-interfaces/eth1", r#"{"iface_id": "eth0"}"#);
-    assert!(m.contains("differs from network-interfaces.iface_id"), "{m}");
+    assert!(
+        m.contains("differs from network-interfaces.iface_id"),
+        "{m}"
+    );
+    let m = bad(
+        "PATCH",
+        "/network-interfaces/eth1",
+        r#"{"iface_id": "eth0"}"#,
+    );
+    assert!(
+        m.contains("differs from network-interfaces.iface_id"),
+        "{m}"
+    );
     for (method, path) in [
         ("PUT", "/drives"),
         ("PUT", "/drives/"),
@@ -147,7 +162,10 @@ fn the_id_in_the_path_is_checked_and_must_be_the_bodys() {
         ("PATCH", "/network-interfaces"),
     ] {
         let m = bad(method, path, body);
-        assert!(m.contains("the path needs the device's id"), "{method} {path}: {m}");
+        assert!(
+            m.contains("the path needs the device's id"),
+            "{method} {path}: {m}"
+        );
     }
     for path in ["/drives/root.fs", "/drives/r%20", "/drives/é"] {
         let m = bad("PUT", path, body);
@@ -159,7 +177,12 @@ fn the_id_in_the_path_is_checked_and_must_be_the_bodys() {
     let long = format!("/drives/{}", "x".repeat(65));
     assert!(bad("PUT", &long, body).contains("is not valid"));
     // Deeper paths are no resource.
-    for path in ["/drives/a/b", "/network-interfaces/eth0/x", "/vsock/x", "/drivesx"] {
+    for path in [
+        "/drives/a/b",
+        "/network-interfaces/eth0/x",
+        "/vsock/x",
+        "/drivesx",
+    ] {
         assert_eq!(
             route("PUT", path, body.as_bytes()),
             Err(RouteError::NotFound(path.into())),
@@ -257,7 +280,9 @@ fn put_network_interface() {
                 "network-interfaces.guest_mac: \"aa:fc:00:00:00\" is not a MAC address",
             ),
             (
-                &format!(r#"{{{good}, "rx_rate_limiter": {{"bandwidth": {{"size": 1, "refill_time": 1}}}}}}"#),
+                &format!(
+                    r#"{{{good}, "rx_rate_limiter": {{"bandwidth": {{"size": 1, "refill_time": 1}}}}}}"#
+                ),
                 "invalid value for network-interfaces.rx_rate_limiter: rate limiters are not \
                  supported by teravm",
             ),
@@ -286,7 +311,11 @@ fn patch_network_interface() {
         tx_rate_limiter: None,
     });
     assert_eq!(
-        ok("PATCH", "/network-interfaces/eth0", r#"{"iface_id": "eth0"}"#),
+        ok(
+            "PATCH",
+            "/network-interfaces/eth0",
+            r#"{"iface_id": "eth0"}"#
+        ),
         noop
     );
     assert_eq!(
@@ -305,7 +334,10 @@ fn patch_network_interface() {
                 r#"{"iface_id": "eth0", "host_dev_name": "tap1"}"#,
                 "unknown field `host_dev_name`",
             ),
-            (r#"{"iface_id": 0}"#, "network-interfaces.iface_id: invalid type"),
+            (
+                r#"{"iface_id": 0}"#,
+                "network-interfaces.iface_id: invalid type",
+            ),
             ("{}", "missing field `iface_id`"),
             (
                 r#"{"iface_id": "eth0", "rx_rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}"#,
@@ -323,7 +355,11 @@ fn patch_network_interface() {
 #[test]
 fn put_vsock() {
     assert_eq!(
-        ok("PUT", "/vsock", r#"{"guest_cid": 3, "uds_path": "/tmp/v.sock"}"#),
+        ok(
+            "PUT",
+            "/vsock",
+            r#"{"guest_cid": 3, "uds_path": "/tmp/v.sock"}"#
+        ),
         VmmAction::PutVsock(VsockConfig {
             guest_cid: 3,
             uds_path: "/tmp/v.sock".into(),
@@ -464,7 +500,11 @@ fn requests_and_failures_are_counted_per_resource() {
     let (r1, f1) = crate::metrics::counts("PUT", "/vsock");
     assert!(r1 > r0 && f1 > f0);
     let (r0, _) = crate::metrics::counts("PATCH", "/network-interfaces");
-    let _ = route("PATCH", "/network-interfaces/eth0", br#"{"iface_id": "eth0"}"#);
+    let _ = route(
+        "PATCH",
+        "/network-interfaces/eth0",
+        br#"{"iface_id": "eth0"}"#,
+    );
     let (r1, _) = crate::metrics::counts("PATCH", "/network-interfaces");
     assert!(r1 > r0);
 }

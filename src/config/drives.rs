@@ -208,7 +208,6 @@ impl From<&DriveConfig> for BlockOptions {
     }
 }
 
-
 #[cfg(test)]
 #[path = "drives_tests.rs"]
 mod tests;

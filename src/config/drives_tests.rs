@@ -14,8 +14,8 @@ fn drive(id: &str, root: bool) -> DriveConfig {
 
 #[test]
 fn firecracker_shape() {
-    let c = parse(r#"{"drive_id": "rootfs", "path_on_host": "/img", "is_root_device": true}"#)
-        .unwrap();
+    let c =
+        parse(r#"{"drive_id": "rootfs", "path_on_host": "/img", "is_root_device": true}"#).unwrap();
     assert_eq!(
         c,
         DriveConfig {
@@ -50,8 +50,14 @@ fn firecracker_shape() {
     assert!(!c.is_read_only && c.io_engine == IoEngine::Sync && c.rate_limiter.is_none());
     c.validate().unwrap();
     for (body, needle) in [
-        (r#"{"path_on_host": "a", "is_root_device": true}"#, "missing field `drive_id`"),
-        (r#"{"drive_id": "a", "path_on_host": "a"}"#, "missing field `is_root_device`"),
+        (
+            r#"{"path_on_host": "a", "is_root_device": true}"#,
+            "missing field `drive_id`",
+        ),
+        (
+            r#"{"drive_id": "a", "path_on_host": "a"}"#,
+            "missing field `is_root_device`",
+        ),
         (
             r#"{"drive_id": "a", "path_on_host": "a", "is_root_device": true, "direct": 1}"#,
             "unknown field `direct`",
@@ -101,7 +107,10 @@ fn validation_names_the_field_and_the_reason() {
             "invalid value for drives.socket: vhost-user block devices are not supported by \
              teravm",
         ),
-        (r#", "partuuid": "x; init=/bin/sh""#, "invalid value for drives.partuuid"),
+        (
+            r#", "partuuid": "x; init=/bin/sh""#,
+            "invalid value for drives.partuuid",
+        ),
         (r#", "partuuid": """#, "invalid value for drives.partuuid"),
     ] {
         let c = parse(&format!("{{{base}{extra}}}")).unwrap();
@@ -153,10 +162,19 @@ fn validation_names_the_field_and_the_reason() {
 #[test]
 fn a_list_has_unique_ids_and_one_root() {
     check_drives(&[]).unwrap();
-    check_drives(&[drive("rootfs", true), drive("data", false), drive("logs", false)]).unwrap();
-    let e = check_drives(&[drive("rootfs", true), drive("data", false), drive("other", true)])
-        .unwrap_err()
-        .to_string();
+    check_drives(&[
+        drive("rootfs", true),
+        drive("data", false),
+        drive("logs", false),
+    ])
+    .unwrap();
+    let e = check_drives(&[
+        drive("rootfs", true),
+        drive("data", false),
+        drive("other", true),
+    ])
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         e,
         "invalid value for drives.is_root_device: drives \"rootfs\" and \"other\" are both \
@@ -183,9 +201,10 @@ fn update_bodies() {
         }
     );
     u.validate().unwrap();
-    let u: DriveUpdate =
-        serde_json::from_str(r#"{"drive_id": "rootfs", "path_on_host": "/new", "rate_limiter": null}"#)
-            .unwrap();
+    let u: DriveUpdate = serde_json::from_str(
+        r#"{"drive_id": "rootfs", "path_on_host": "/new", "rate_limiter": null}"#,
+    )
+    .unwrap();
     u.validate().unwrap();
     assert_eq!(
         serde_json::to_value(&u).unwrap(),
@@ -199,7 +218,9 @@ fn update_bodies() {
         ),
         (r#"{"drive_id": "a", "path_on_host": true}"#, "invalid type"),
     ] {
-        let e = serde_json::from_str::<DriveUpdate>(body).unwrap_err().to_string();
+        let e = serde_json::from_str::<DriveUpdate>(body)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(needle), "{body}: {e}");
     }
     for (body, field) in [
@@ -207,7 +228,10 @@ fn update_bodies() {
             r#"{"drive_id": "a", "rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}"#,
             "drives.rate_limiter",
         ),
-        (r#"{"drive_id": "a", "path_on_host": ""}"#, "drives.path_on_host"),
+        (
+            r#"{"drive_id": "a", "path_on_host": ""}"#,
+            "drives.path_on_host",
+        ),
         (r#"{"drive_id": "a/b"}"#, "drives.drive_id"),
     ] {
         let u: DriveUpdate = serde_json::from_str(body).unwrap();

@@ -299,9 +299,7 @@ pub fn check_id(field: &'static str, id: &str) -> Result<(), ConfigError> {
     {
         return Err(invalid(
             field,
-            format!(
-                "{id:?} is not an id (1..={MAX_ID_LEN} ASCII letters, digits and underscores)"
-            ),
+            format!("{id:?} is not an id (1..={MAX_ID_LEN} ASCII letters, digits and underscores)"),
         ));
     }
     Ok(())

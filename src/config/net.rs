@@ -246,7 +246,6 @@ impl NetUpdate {
     }
 }
 
-
 #[cfg(test)]
 #[path = "net_tests.rs"]
 mod tests;

@@ -179,8 +179,12 @@ fn validation_names_the_field_and_the_reason() {
 fn a_list_has_unique_ids_taps_and_macs() {
     check_nets(&[]).unwrap();
     let mac = Some("06:00:00:00:00:01");
-    check_nets(&[net("eth0", "tap0", mac), net("eth1", "tap1", None), net("eth2", "tap2", None)])
-        .unwrap();
+    check_nets(&[
+        net("eth0", "tap0", mac),
+        net("eth1", "tap1", None),
+        net("eth2", "tap2", None),
+    ])
+    .unwrap();
     for (list, want) in [
         (
             vec![net("eth0", "tap0", None), net("eth0", "tap1", None)],
@@ -227,7 +231,9 @@ fn update_bodies() {
         ),
         (r#"{"iface_id": 0}"#, "invalid type"),
     ] {
-        let e = serde_json::from_str::<NetUpdate>(body).unwrap_err().to_string();
+        let e = serde_json::from_str::<NetUpdate>(body)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(needle), "{body}: {e}");
     }
     for (body, field) in [

@@ -379,6 +379,9 @@ fn device_sections_parse_validate_and_round_trip() {
     assert!(c.drives.is_empty() && c.network_interfaces.is_empty() && c.vsock.is_none());
 }
 
+/// A change to a config's JSON.
+type Change = dyn Fn(&mut serde_json::Value);
+
 #[test]
 fn device_sections_are_checked_and_named() {
     let v: serde_json::Value = serde_json::from_str(DEVICES).unwrap();
@@ -387,7 +390,7 @@ fn device_sections_are_checked_and_named() {
         f(&mut v);
         parse(&v.to_string())
     };
-    let cases: [(&dyn Fn(&mut serde_json::Value), &str); 10] = [
+    let cases: [(&Change, &str); 10] = [
         (
             &|v| v["drives"][1]["is_root_device"] = true.into(),
             "invalid value for drives.is_root_device: drives \"root\" and \"data\" are both root devices",
@@ -431,10 +434,18 @@ fn device_sections_are_checked_and_named() {
         assert!(e.contains(needle) && !e.contains('\n'), "{needle}: {e}");
     }
     for (section, value, needle) in [
-        ("drives", r#"[{"drive_id": "rootfs"}]"#, "missing field `is_root_device`"),
+        (
+            "drives",
+            r#"[{"drive_id": "rootfs"}]"#,
+            "missing field `is_root_device`",
+        ),
         ("drives", "true", "invalid type"),
         ("drives", "{}", "invalid type"),
-        ("network-interfaces", r#"[{"iface_id": "eth0"}]"#, "missing field `host_dev_name`"),
+        (
+            "network-interfaces",
+            r#"[{"iface_id": "eth0"}]"#,
+            "missing field `host_dev_name`",
+        ),
         (
             "network-interfaces",
             r#"[{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "01:00:5e:00:00:01"}]"#,
@@ -444,7 +455,10 @@ fn device_sections_are_checked_and_named() {
         ("vsock", "1", "invalid type"),
     ] {
         let e = parse(&format!(r#"{{"{section}": {value}}}"#)).unwrap_err();
-        assert!(matches!(e, ConfigError::Parse { .. }), "{section} {value}: {e}");
+        assert!(
+            matches!(e, ConfigError::Parse { .. }),
+            "{section} {value}: {e}"
+        );
         assert!(e.to_string().contains(needle), "{section} {value}: {e}");
     }
 }

@@ -98,7 +98,10 @@ mod tests {
                 "unknown field `cid`",
             ),
             (r#"{"guest_cid": -1, "uds_path": "v"}"#, "invalid value"),
-            (r#"{"guest_cid": 4294967296, "uds_path": "v"}"#, "invalid value"),
+            (
+                r#"{"guest_cid": 4294967296, "uds_path": "v"}"#,
+                "invalid value",
+            ),
             (r#"{"guest_cid": "3", "uds_path": "v"}"#, "invalid type"),
         ] {
             let e = parse(body).unwrap_err();
@@ -132,6 +135,9 @@ mod tests {
         c.validate().unwrap();
         c.uds_path = "a".repeat(MAX_UDS_PATH_LEN + 1).into();
         let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("vsock.uds_path") && e.contains("108 bytes"), "{e}");
+        assert!(
+            e.contains("vsock.uds_path") && e.contains("108 bytes"),
+            "{e}"
+        );
     }
 }
