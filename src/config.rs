@@ -5,11 +5,15 @@
 //! The spelling follows Firecracker where Firecracker has the item
 //! (`machine-config`, `boot-source`, `vcpu_count`, `mem_size_mib`,
 //! `huge_pages`); `memory` and `reclaim` are teravm's own. Firecracker's
-//! other fields and sections (`smt`, `logger`, `metrics`, `drives`, ...)
-//! are in [`firecracker`], its `balloon` in [`balloon`].
+//! other fields and sections (`smt`, `logger`, `metrics`, `mmds-config`,
+//! ...) are in [`firecracker`], its devices in [`balloon`], [`drives`],
+//! [`net`] and [`vsock`].
 
 pub mod balloon;
+pub mod drives;
 pub mod firecracker;
+pub mod net;
+pub mod vsock;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -49,10 +53,13 @@ pub fn check_worker_threads(workers_per_node: u32, nodes: usize) -> Result<(), C
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 
 pub use balloon::{check_balloon_target, BalloonConfig, BalloonStatsUpdate, BalloonUpdate};
+pub use drives::{check_drives, CacheType, DriveConfig, DriveUpdate, IoEngine};
 pub use firecracker::{
-    LogLevel, LoggerConfig, MachineConfigBody, MachineConfigPatch, MetricsConfig,
-    UnsupportedSection,
+    check_id, LogLevel, LoggerConfig, MachineConfigBody, MachineConfigPatch, MetricsConfig,
+    UnsupportedSection, MAX_ID_LEN,
 };
+pub use net::{check_nets, MacAddr, MacAddrError, NetConfig, NetUpdate};
+pub use vsock::VsockConfig;
 
 /// Errors of configuration parsing and validation.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -87,8 +94,8 @@ pub enum ConfigError {
          (any case)"
     )]
     LogLevel(String),
-    /// A Firecracker section for a device teravm does not have yet.
-    #[error("not supported yet: {0} (teravm has no such device; leave the section empty)")]
+    /// A Firecracker section for a feature teravm does not have.
+    #[error("not supported yet: {0} (teravm has no such feature; leave the section empty)")]
     NotSupported(&'static str),
 }
 
@@ -455,15 +462,21 @@ pub struct VmConfig {
     /// Firecracker's metrics output (applied at launch, like the flag).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsConfig>,
-    /// Firecracker's block devices: only empty.
-    #[serde(default, skip_serializing)]
-    pub drives: UnsupportedSection,
-    /// Firecracker's network devices: only empty.
-    #[serde(rename = "network-interfaces", default, skip_serializing)]
-    pub network_interfaces: UnsupportedSection,
-    /// Firecracker's vsock device: only empty.
-    #[serde(default, skip_serializing)]
-    pub vsock: UnsupportedSection,
+    /// Firecracker's block devices, in the order they are attached (absent
+    /// or `null`: none; always shown, as Firecracker shows it).
+    #[serde(default, deserialize_with = "drives::null_is_default")]
+    pub drives: Vec<DriveConfig>,
+    /// Firecracker's network interfaces, in the order they are attached
+    /// (absent or `null`: none; always shown).
+    #[serde(
+        rename = "network-interfaces",
+        default,
+        deserialize_with = "drives::null_is_default"
+    )]
+    pub network_interfaces: Vec<NetConfig>,
+    /// Firecracker's vsock device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<VsockConfig>,
     /// Firecracker's balloon device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon: Option<BalloonConfig>,
@@ -521,9 +534,17 @@ impl VmConfig {
         if let Some(metrics) = &self.metrics {
             metrics.validate()?;
         }
-        self.drives.check("drives")?;
-        self.network_interfaces.check("network-interfaces")?;
-        self.vsock.check("vsock")?;
+        for drive in &self.drives {
+            drive.validate()?;
+        }
+        check_drives(&self.drives)?;
+        for net in &self.network_interfaces {
+            net.validate()?;
+        }
+        check_nets(&self.network_interfaces)?;
+        if let Some(vsock) = &self.vsock {
+            vsock.validate()?;
+        }
         if let Some(balloon) = &self.balloon {
             balloon.validate()?;
             check_balloon_target(balloon.amount_mib, self.machine_config.mem_size_mib)?;

@@ -588,15 +588,38 @@ fn get_cases(w: &mut Walk, path: &str, wrong: &str) {
     w.case(req(&ep, "wrong method", wrong, path, Some("{}")));
 }
 
-/// A resource teravm lacks: method, path, a valid body, out-of-range bodies.
+/// A resource: method, path, a valid body, out-of-range bodies.
 type Unsupported<'a> = (&'a str, &'a str, String, Vec<(&'a str, String)>);
 
-/// Firecracker's resources for devices and features teravm lacks.
-fn unsupported_cases(w: &mut Walk) {
+/// Firecracker's drives, network interfaces and vsock: checked by the API
+/// thread, then put by the VMM (which opens the file, the TAP device or
+/// the socket, and answers 400 when it cannot).
+fn device_cases(w: &mut Walk) {
     let d = w.dir.display().to_string();
     let drive = r#"{"drive_id": "rootfs", "path_on_host": "/dev/null", "is_root_device": true, "is_read_only": false}"#;
     let bodies: Vec<Unsupported> = vec![
-        ("PUT", "/drives/rootfs", drive.to_string(), vec![]),
+        (
+            "PUT",
+            "/drives/rootfs",
+            drive.to_string(),
+            vec![
+                (
+                    "id differs from the path's",
+                    drive.replace("\"rootfs\"", "\"other\""),
+                ),
+                (
+                    "io_engine Async",
+                    drive.replace('}', r#", "io_engine": "Async"}"#),
+                ),
+                (
+                    "rate_limiter",
+                    drive.replace(
+                        '}',
+                        r#", "rate_limiter": {"bandwidth": {"size": 1, "refill_time": 100}}}"#,
+                    ),
+                ),
+            ],
+        ),
         (
             "PATCH",
             "/drives/rootfs",
@@ -607,7 +630,11 @@ fn unsupported_cases(w: &mut Walk) {
             "PUT",
             "/network-interfaces/eth0",
             r#"{"iface_id": "eth0", "host_dev_name": "tap0"}"#.into(),
-            vec![],
+            vec![(
+                "multicast guest_mac",
+                r#"{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "01:00:5e:00:00:01"}"#
+                    .into(),
+            )],
         ),
         (
             "PATCH",
@@ -624,6 +651,36 @@ fn unsupported_cases(w: &mut Walk) {
                 format!(r#"{{"guest_cid": 0, "uds_path": "{d}/v.sock"}}"#),
             )],
         ),
+    ];
+    for (method, path, valid, oor) in &bodies {
+        let oor: Vec<(&str, &str)> = oor.iter().map(|(c, b)| (*c, b.as_str())).collect();
+        body_cases(w, method, path, valid, &oor);
+    }
+    for path in ["/drives/rootfs", "/network-interfaces/eth0", "/vsock"] {
+        let ep = format!("DELETE {path}");
+        w.case(req(&ep, "wrong method", "DELETE", path, None));
+    }
+    // Host paths: the VMM opens them (or makes the socket).
+    w.path_cases(
+        "PUT /drives/rootfs",
+        "PUT",
+        "/drives/rootfs",
+        "path_on_host",
+        |p| {
+            format!(
+                r#"{{"drive_id": "rootfs", "path_on_host": {p}, "is_root_device": true, "is_read_only": false}}"#
+            )
+        },
+    );
+    w.path_cases("PUT /vsock", "PUT", "/vsock", "uds_path", |p| {
+        format!(r#"{{"guest_cid": 3, "uds_path": {p}}}"#)
+    });
+}
+
+/// Firecracker's resources for features teravm lacks.
+fn unsupported_cases(w: &mut Walk) {
+    let d = w.dir.display().to_string();
+    let bodies: Vec<Unsupported> = vec![
         ("PUT", "/mmds", r#"{"latest": {"x": 1}}"#.into(), vec![]),
         ("PATCH", "/mmds", r#"{"latest": {"x": 2}}"#.into(), vec![]),
         (
@@ -687,9 +744,6 @@ fn unsupported_cases(w: &mut Walk) {
         w.case(req(&ep, "valid", "GET", path, None));
     }
     for path in [
-        "/drives/rootfs",
-        "/network-interfaces/eth0",
-        "/vsock",
         "/mmds",
         "/snapshot/create",
         "/cpu-config",
@@ -701,21 +755,6 @@ fn unsupported_cases(w: &mut Walk) {
         let ep = format!("DELETE {path}");
         w.case(req(&ep, "wrong method", "DELETE", path, None));
     }
-    // Host paths in the bodies of resources that are refused anyway.
-    w.path_cases(
-        "PUT /drives/rootfs",
-        "PUT",
-        "/drives/rootfs",
-        "path_on_host",
-        |p| {
-            format!(
-                r#"{{"drive_id": "rootfs", "path_on_host": {p}, "is_root_device": true, "is_read_only": false}}"#
-            )
-        },
-    );
-    w.path_cases("PUT /vsock", "PUT", "/vsock", "uds_path", |p| {
-        format!(r#"{{"guest_cid": 3, "uds_path": {p}}}"#)
-    });
 }
 
 /// The cases of one phase, except the actions that end the VM.
@@ -1015,6 +1054,7 @@ fn walk_phase(w: &mut Walk) {
     );
 
     balloon_cases(w);
+    device_cases(w);
     unsupported_cases(w);
 }
 
@@ -1231,8 +1271,8 @@ and invalid ones (bad JSON, an unknown field, a wrong type, out-of-range
 values, an empty body, a wrong method), once before `InstanceStart` and
 once after it, on a 1-vCPU, 128 MiB firmware guest. Every field that names
 a host path (`boot-source` `kernel_image_path` and `initrd_path`, `logger`
-`log_path`, `metrics` `metrics_path`, and `drives` `path_on_host` and
-`vsock` `uds_path`, which are refused anyway) also gets hostile paths: a
+`log_path`, `metrics` `metrics_path`, `drives` `path_on_host` and `vsock`
+`uds_path`) also gets hostile paths: a
 missing file, a directory, `/dev/zero`, a FIFO with no other end (a fresh
 one each time), a symlink to a real file and a dangling one, a chmod 000
 file (the tests run as root, who reads it anyway: the case says so), a

@@ -22,7 +22,10 @@ pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
         Err(e) => {
             let status = e.status();
             assert!(matches!(status, 400 | 404 | 405), "{e:?} -> {status}");
-            if let RouteError::BadBody(msg) | RouteError::Refused { reason: msg, .. } = &e {
+            if let RouteError::BadBody(msg)
+            | RouteError::BadId(msg)
+            | RouteError::Refused { reason: msg, .. } = &e
+            {
                 assert!(
                     !msg.contains(['\r', '\n']),
                     "a body error is not one line: {msg:?}"
@@ -81,6 +84,33 @@ pub fn route_and_check(method: &str, path: &str, body: &[u8]) {
                     serde_json::to_vec(c).unwrap()
                 }
                 (VmmAction::PatchBalloonStatistics(c), "PATCH", "/balloon/statistics") => {
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PutDrive(c), "PUT", p) if p == format!("/drives/{}", c.drive_id) => {
+                    c.validate().expect("routed drive validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PatchDrive(c), "PATCH", p)
+                    if p == format!("/drives/{}", c.drive_id) =>
+                {
+                    c.validate().expect("routed drive update validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PutNetworkInterface(c), "PUT", p)
+                    if p == format!("/network-interfaces/{}", c.iface_id) =>
+                {
+                    c.validate().expect("routed network interface validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PatchNetworkInterface(c), "PATCH", p)
+                    if p == format!("/network-interfaces/{}", c.iface_id) =>
+                {
+                    c.validate()
+                        .expect("routed network interface update validates");
+                    serde_json::to_vec(c).unwrap()
+                }
+                (VmmAction::PutVsock(c), "PUT", "/vsock") => {
+                    c.validate().expect("routed vsock validates");
                     serde_json::to_vec(c).unwrap()
                 }
                 (VmmAction::FlushMetrics, "PUT", "/actions") => {

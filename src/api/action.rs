@@ -12,8 +12,9 @@ use std::sync::mpsc::Sender;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{
-    BalloonConfig, BalloonStatsUpdate, BalloonUpdate, BootSource, LoggerConfig, MachineConfig,
-    MachineConfigPatch, MemoryConfig, MetricsConfig, ReclaimConfig,
+    BalloonConfig, BalloonStatsUpdate, BalloonUpdate, BootSource, DriveConfig, DriveUpdate,
+    LoggerConfig, MachineConfig, MachineConfigPatch, MemoryConfig, MetricsConfig, NetConfig,
+    NetUpdate, ReclaimConfig, VsockConfig,
 };
 
 /// When a `Shutdown` action replies.
@@ -77,6 +78,23 @@ pub enum VmmAction {
     GetBalloonStatistics,
     /// `PATCH /balloon/statistics`: a new polling interval.
     PatchBalloonStatistics(BalloonStatsUpdate),
+    /// `PUT /drives/{drive_id}` (fields checked alone, the path's id equal
+    /// to the body's; the other drives, the file and the state by the VMM,
+    /// with [`crate::config::check_drives`]).
+    PutDrive(DriveConfig),
+    /// `PATCH /drives/{drive_id}`: a new backing file (checked alone; the
+    /// drive, the file and the state by the VMM).
+    PatchDrive(DriveUpdate),
+    /// `PUT /network-interfaces/{iface_id}` (fields checked alone, the
+    /// path's id equal to the body's; the other interfaces, the TAP device
+    /// and the state by the VMM, with [`crate::config::check_nets`]).
+    PutNetworkInterface(NetConfig),
+    /// `PATCH /network-interfaces/{iface_id}`: rate limiters, of which
+    /// only none is taken (a no-op once the interface exists).
+    PatchNetworkInterface(NetUpdate),
+    /// `PUT /vsock` (fields checked alone; the socket and the state by the
+    /// VMM).
+    PutVsock(VsockConfig),
 }
 
 impl VmmAction {
@@ -106,6 +124,11 @@ impl VmmAction {
             VmmAction::GetBalloon => ("GET", "/balloon"),
             VmmAction::GetBalloonStatistics => ("GET", "/balloon/statistics"),
             VmmAction::PatchBalloonStatistics(_) => ("PATCH", "/balloon/statistics"),
+            VmmAction::PutDrive(_) => ("PUT", "/drives"),
+            VmmAction::PatchDrive(_) => ("PATCH", "/drives"),
+            VmmAction::PutNetworkInterface(_) => ("PUT", "/network-interfaces"),
+            VmmAction::PatchNetworkInterface(_) => ("PATCH", "/network-interfaces"),
+            VmmAction::PutVsock(_) => ("PUT", "/vsock"),
         }
     }
 }

@@ -5,11 +5,15 @@
 //! Every body error is one line that names the field or the problem, e.g.
 //! `invalid machine-config body: machine-config.vcpu_count: invalid type: ...`.
 //!
-//! Firecracker's resources for devices teravm does not have (`/drives`,
-//! `/network-interfaces`, `/vsock`, `/mmds`, `/snapshot/*`, `/entropy`,
-//! `/cpu-config`, `/hotplug/memory`, `/serial`, `PATCH /vm`) answer 400
-//! with a `fault_message` that names the missing feature, so a Firecracker
-//! client's log says why. The balloon's free page hinting endpoints
+//! The resources of one device among several take its id as the last path
+//! segment (`/drives/{drive_id}`, `/network-interfaces/{iface_id}`); the id
+//! must be a valid id ([`check_id`]) and equal the body's, as in
+//! Firecracker, or the answer is 400 ([`RouteError::BadId`]).
+//!
+//! Firecracker's resources for features teravm does not have (`/mmds`,
+//! `/snapshot/*`, `/entropy`, `/cpu-config`, `/hotplug/memory`, `/serial`,
+//! `PATCH /vm`) answer 400 with a `fault_message` that names the missing
+//! feature, so a Firecracker client's log says why. The balloon's free page hinting endpoints
 //! (`/balloon/hinting/*`) answer 400 with the reason teravm refuses hinting
 //! (the device's [`BalloonError::HintingNotSupported`]). Every request is
 //! counted in [`crate::metrics`].
@@ -19,8 +23,9 @@ use serde::Deserialize;
 
 use super::action::{ReclaimMode, VmmAction};
 use crate::config::{
-    BalloonConfig, BalloonStatsUpdate, BalloonUpdate, BootSource, ConfigError, LoggerConfig,
-    MachineConfig, MachineConfigPatch, MemoryConfig, MetricsConfig, ReclaimConfig,
+    check_id, BalloonConfig, BalloonStatsUpdate, BalloonUpdate, BootSource, ConfigError,
+    DriveConfig, DriveUpdate, LoggerConfig, MachineConfig, MachineConfigPatch, MemoryConfig,
+    MetricsConfig, NetConfig, NetUpdate, ReclaimConfig, VsockConfig,
 };
 use crate::devices::virtio::balloon::BalloonError;
 
@@ -43,6 +48,10 @@ pub enum RouteError {
     /// The body is missing, malformed or invalid (400).
     #[error("{0}")]
     BadBody(String),
+    /// The id in the path (`/drives/{drive_id}`) is missing or invalid, or
+    /// differs from the body's (400).
+    #[error("{0}")]
+    BadId(String),
     /// A Firecracker resource for a feature teravm does not have (400).
     #[error("{method} {path}: {feature} not supported by teravm")]
     NotSupported {
@@ -50,7 +59,7 @@ pub enum RouteError {
         method: String,
         /// The resource.
         path: String,
-        /// What is missing, e.g. "block devices (drives) are".
+        /// What is missing, e.g. "the metadata service (MMDS) is".
         feature: &'static str,
     },
     /// A Firecracker resource teravm knows and refuses, with the reason
@@ -73,6 +82,7 @@ impl RouteError {
             RouteError::NotFound(_) => 404,
             RouteError::MethodNotAllowed { .. } => 405,
             RouteError::BadBody(_)
+            | RouteError::BadId(_)
             | RouteError::NotSupported { .. }
             | RouteError::Refused { .. } => 400,
         }
@@ -87,13 +97,7 @@ fn unsupported(method: &str, path: &str) -> Option<&'static str> {
                 .strip_prefix(prefix)
                 .is_some_and(|rest| rest.starts_with('/'))
     };
-    Some(if under("/drives") {
-        "block devices (drives) are"
-    } else if under("/network-interfaces") {
-        "network interfaces are"
-    } else if under("/vsock") {
-        "vsock devices are"
-    } else if under("/mmds") {
+    Some(if under("/mmds") {
         "the metadata service (MMDS) is"
     } else if under("/snapshot") {
         "snapshots are"
@@ -138,9 +142,72 @@ fn allowed(path: &str) -> Option<&'static str> {
         "/balloon/statistics" => "GET, PATCH",
         "/balloon/hinting/start" | "/balloon/hinting/stop" => "PATCH",
         "/balloon/hinting/status" => "GET",
-        "/boot-source" | "/actions" | "/logger" | "/metrics" => "PUT",
+        "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" => "PUT",
+        "/drives" | "/network-interfaces" => "PUT, PATCH",
         _ => return None,
     })
+}
+
+/// The resources that take a device's id as the last path segment.
+const WITH_ID: [&str; 2] = ["/drives", "/network-interfaces"];
+
+/// Splits `/drives/{id}` into the resource and the id (empty for `/drives`
+/// and `/drives/`); `None` for every other path, deeper ones included.
+fn split_id(path: &str) -> Option<(&'static str, &str)> {
+    WITH_ID.iter().find_map(|&resource| {
+        let rest = path.strip_prefix(resource)?;
+        if rest.is_empty() {
+            return Some((resource, ""));
+        }
+        let id = rest.strip_prefix('/')?;
+        (!id.contains('/')).then_some((resource, id))
+    })
+}
+
+/// The id in the path, checked: present and a valid id.
+fn path_id<'a>(
+    method: &str,
+    path: &str,
+    resource: &str,
+    id: &'a str,
+) -> Result<&'a str, RouteError> {
+    let what = if resource == "/drives" {
+        "drive_id"
+    } else {
+        "iface_id"
+    };
+    if id.is_empty() {
+        return Err(RouteError::BadId(one_line(&format!(
+            "{method} {path}: the path needs the device's id: {resource}/{{{what}}}"
+        ))));
+    }
+    check_id("id", id).map_err(|e| {
+        let reason = match e {
+            ConfigError::InvalidField { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        RouteError::BadId(one_line(&format!(
+            "{method} {path}: the id in the path is not valid: {reason}"
+        )))
+    })?;
+    Ok(id)
+}
+
+/// The id in the path must be the body's, as in Firecracker.
+fn same_id(
+    method: &str,
+    path: &str,
+    path_id: &str,
+    field: &str,
+    body_id: &str,
+) -> Result<(), RouteError> {
+    if path_id != body_id {
+        return Err(RouteError::BadId(one_line(&format!(
+            "{method} {path}: the id in the path ({path_id:?}) differs from {field} in the body \
+             ({body_id:?})"
+        ))));
+    }
+    Ok(())
 }
 
 /// Maps one request to its action (and counts it in the API metrics). See
@@ -162,7 +229,11 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
             feature,
         });
     }
-    let allow = allowed(path).ok_or_else(|| RouteError::NotFound(path.to_string()))?;
+    let (resource, id): (&str, &str) = match split_id(path) {
+        Some(split) => split,
+        None => (path, ""),
+    };
+    let allow = allowed(resource).ok_or_else(|| RouteError::NotFound(path.to_string()))?;
     let not_allowed = || RouteError::MethodNotAllowed {
         method: method.to_string(),
         path: path.to_string(),
@@ -195,7 +266,7 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 _ => return Err(not_allowed()),
             })
         }
-        "PUT" => match path {
+        "PUT" => match resource {
             "/machine-config" => {
                 let c: MachineConfig = section(body, "machine-config")?;
                 checked(c.validate())?;
@@ -232,9 +303,28 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 checked(c.validate())?;
                 Ok(VmmAction::PutMetrics(c))
             }
+            "/drives" => {
+                let id = path_id(method, path, resource, id)?;
+                let c: DriveConfig = section(body, "drives")?;
+                same_id(method, path, id, "drives.drive_id", &c.drive_id)?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutDrive(c))
+            }
+            "/network-interfaces" => {
+                let id = path_id(method, path, resource, id)?;
+                let c: NetConfig = section(body, "network-interfaces")?;
+                same_id(method, path, id, "network-interfaces.iface_id", &c.iface_id)?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutNetworkInterface(c))
+            }
+            "/vsock" => {
+                let c: VsockConfig = section(body, "vsock")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutVsock(c))
+            }
             _ => Err(not_allowed()),
         },
-        "PATCH" => match path {
+        "PATCH" => match resource {
             "/machine-config" => {
                 let p: MachineConfigPatch = section(body, "machine-config")?;
                 if p.is_empty() {
@@ -254,6 +344,20 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 let u: BalloonStatsUpdate = section(body, "balloon")?;
                 checked(u.validate())?;
                 Ok(VmmAction::PatchBalloonStatistics(u))
+            }
+            "/drives" => {
+                let id = path_id(method, path, resource, id)?;
+                let u: DriveUpdate = section(body, "drives")?;
+                same_id(method, path, id, "drives.drive_id", &u.drive_id)?;
+                checked(u.validate())?;
+                Ok(VmmAction::PatchDrive(u))
+            }
+            "/network-interfaces" => {
+                let id = path_id(method, path, resource, id)?;
+                let u: NetUpdate = section(body, "network-interfaces")?;
+                same_id(method, path, id, "network-interfaces.iface_id", &u.iface_id)?;
+                checked(u.validate())?;
+                Ok(VmmAction::PatchNetworkInterface(u))
             }
             _ => Err(not_allowed()),
         },
@@ -297,9 +401,11 @@ fn section<T: DeserializeOwned>(body: &[u8], name: &str) -> Result<T, RouteError
     }
     serde_json::from_slice(body).map_err(|e| {
         let msg = e.to_string();
-        // serde names the field in "unknown field" and "missing field"; for
-        // a wrong type or value, find the key being parsed where it failed.
-        let key = if msg.contains("field `") {
+        // serde names the field in "unknown field" and "missing field", and
+        // a section's own parse errors name it (`network-interfaces.guest_mac:
+        // ...`); for a wrong type or value, find the key being parsed where
+        // it failed.
+        let key = if msg.contains("field `") || msg.starts_with(&format!("{name}.")) {
             None
         } else {
             key_at(body, e.line(), e.column())
@@ -371,3 +477,7 @@ mod fc_tests;
 #[cfg(test)]
 #[path = "routing_balloon_tests.rs"]
 mod balloon_tests;
+
+#[cfg(test)]
+#[path = "routing_device_tests.rs"]
+mod device_tests;

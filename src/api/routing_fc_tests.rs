@@ -202,14 +202,8 @@ fn metrics_and_flush() {
 }
 
 #[test]
-fn resources_of_devices_teravm_lacks_name_the_feature() {
+fn resources_of_features_teravm_lacks_name_the_feature() {
     let cases = [
-        ("PUT", "/drives/rootfs", "block devices"),
-        ("PATCH", "/drives/rootfs", "block devices"),
-        ("GET", "/drives", "block devices"),
-        ("PUT", "/network-interfaces/eth0", "network interfaces"),
-        ("PATCH", "/network-interfaces/1", "network interfaces"),
-        ("PUT", "/vsock", "vsock"),
         ("PUT", "/mmds", "metadata service"),
         ("GET", "/mmds", "metadata service"),
         ("PUT", "/mmds/config", "metadata service"),
@@ -221,7 +215,7 @@ fn resources_of_devices_teravm_lacks_name_the_feature() {
         ("PUT", "/vm", "PATCH /vm"),
     ];
     for (method, path, feature) in cases {
-        let body = r#"{"drive_id": "rootfs", "path_on_host": "/r", "is_root_device": true}"#;
+        let body = r#"{"state": "Paused"}"#;
         let m = bad(method, path, body);
         assert!(
             m.contains(feature) && m.contains("not supported") && m.contains(path),
@@ -229,7 +223,7 @@ fn resources_of_devices_teravm_lacks_name_the_feature() {
         );
     }
     // Only whole path segments: these are plain unknown resources.
-    for path in ["/drivesx", "/mmdsx", "/vmx"] {
+    for path in ["/drivesx", "/vsockx", "/mmdsx", "/vmx"] {
         assert_eq!(
             route("PUT", path, b"{}").unwrap_err().status(),
             404,

@@ -1,8 +1,9 @@
 //! The parts of the configuration that exist for Firecracker's clients: the
 //! full `machine-config` shape (`smt`, `track_dirty_pages`, `cpu_template`)
 //! and its partial update (`PATCH /machine-config`), the `logger` and
-//! `metrics` sections, and the sections of devices teravm does not have yet
-//! (`drives`, `network-interfaces`, ...), accepted only when empty.
+//! `metrics` sections, the sections of features teravm does not have
+//! (`mmds-config`, `entropy`), accepted only when empty, and the checks the
+//! device sections share (resource ids, host paths, rate limiters).
 
 use std::path::PathBuf;
 
@@ -284,7 +285,42 @@ pub(crate) fn check_path(field: &'static str, path: &std::path::Path) -> Result<
     Ok(())
 }
 
-/// A Firecracker section for a device teravm does not have yet: accepted
+/// Longest resource id (`drive_id`, `iface_id`), in bytes.
+pub const MAX_ID_LEN: usize = 64;
+
+/// Checks a resource id (`drive_id`, `iface_id`, and the id in the path of
+/// `/drives/{id}` and `/network-interfaces/{id}`): 1 to [`MAX_ID_LEN`]
+/// ASCII letters, digits and `_`. (Firecracker takes any Unicode letter or
+/// digit and sets no length limit.)
+pub fn check_id(field: &'static str, id: &str) -> Result<(), ConfigError> {
+    if id.is_empty()
+        || id.len() > MAX_ID_LEN
+        || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err(invalid(
+            field,
+            format!("{id:?} is not an id (1..={MAX_ID_LEN} ASCII letters, digits and underscores)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a rate limiter: teravm has none, so only an absent or `null`
+/// one is taken.
+pub fn check_no_rate_limiter(
+    field: &'static str,
+    limiter: &Option<serde_json::Value>,
+) -> Result<(), ConfigError> {
+    if limiter.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(invalid(
+            field,
+            "rate limiters are not supported by teravm; leave it out or send null",
+        ));
+    }
+    Ok(())
+}
+
+/// A Firecracker section for a feature teravm does not have: accepted
 /// when absent, `null`, `[]` or `{}`, refused otherwise.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(transparent)]

@@ -163,12 +163,8 @@ fn firecracker_sections_are_accepted_when_empty() {
         Path::new("/tmp/fc.metrics")
     );
     let sections = [
-        ("drives", r#"[{"drive_id": "rootfs"}]"#),
-        ("network-interfaces", r#"[{"iface_id": "eth0"}]"#),
-        ("vsock", r#"{"guest_cid": 3}"#),
         ("mmds-config", r#"{"network_interfaces": ["eth0"]}"#),
         ("entropy", r#"{"rate_limiter": null}"#),
-        ("drives", "true"),
     ];
     for (name, value) in sections {
         let e = parse(&format!(r#"{{"{name}": {value}}}"#)).unwrap_err();
@@ -196,12 +192,15 @@ fn machine_config_shows_every_field_in_force() {
     let e = parse(r#"{"machine-config": {"vcpu_count": 2, "mem_size_mib": 256, "smt": true}}"#)
         .unwrap_err();
     assert!(e.to_string().contains("machine-config.smt"), "{e}");
-    // GET /vm/config leaves the device sections out and round-trips.
-    let text = serde_json::to_string(&VmConfig::default()).unwrap();
-    assert!(
-        !text.contains("drives") && !text.contains("logger"),
-        "{text}"
-    );
+    // GET /vm/config shows the device lists (empty), as Firecracker does,
+    // leaves absent sections out, and round-trips.
+    let v = serde_json::to_value(VmConfig::default()).unwrap();
+    assert_eq!(v["drives"], serde_json::json!([]));
+    assert_eq!(v["network-interfaces"], serde_json::json!([]));
+    for absent in ["vsock", "logger", "balloon", "mmds-config", "entropy"] {
+        assert!(v.get(absent).is_none(), "{absent}: {v}");
+    }
+    assert_eq!(parse(&v.to_string()).unwrap(), VmConfig::default());
 }
 
 #[test]
@@ -341,4 +340,150 @@ fn balloon_section() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("use free_page_reporting"), "{e}");
+}
+
+/// flintlock's config file with its root drive and a TAP interface, and a
+/// vsock: every device section of Firecracker's config file.
+const DEVICES: &str = r#"{
+    "machine-config": {"vcpu_count": 1, "mem_size_mib": 256},
+    "drives": [
+        {"drive_id": "root", "path_on_host": "/img/root.ext4", "is_root_device": true,
+         "is_read_only": false, "cache_type": "Unsafe", "io_engine": "Sync",
+         "partuuid": null, "rate_limiter": null},
+        {"drive_id": "data", "path_on_host": "data.img", "is_root_device": false,
+         "is_read_only": true}
+    ],
+    "network-interfaces": [
+        {"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:AC:10:00:02"},
+        {"iface_id": "eth1", "host_dev_name": "tap1"}
+    ],
+    "vsock": {"guest_cid": 3, "uds_path": "/tmp/v.sock"}
+}"#;
+
+#[test]
+fn device_sections_parse_validate_and_round_trip() {
+    let c = parse(DEVICES).unwrap();
+    assert_eq!(c.drives.len(), 2);
+    assert_eq!(c.drives[0].drive_id, "root");
+    assert!(c.drives[0].is_root_device && !c.drives[0].is_read_only);
+    assert!(c.drives[1].is_read_only && c.drives[1].cache_type == CacheType::Unsafe);
+    assert_eq!(c.network_interfaces.len(), 2);
+    assert_eq!(
+        c.network_interfaces[0].guest_mac.unwrap().bytes(),
+        [6, 0, 0xac, 0x10, 0, 2]
+    );
+    assert_eq!(
+        c.vsock,
+        Some(VsockConfig {
+            guest_cid: 3,
+            uds_path: "/tmp/v.sock".into(),
+            vsock_id: None
+        })
+    );
+    // GET /vm/config: Firecracker's shape, every field in force, and it
+    // reads back the same.
+    let v = serde_json::to_value(&c).unwrap();
+    assert_eq!(
+        v["drives"][0],
+        serde_json::json!({"drive_id": "root", "path_on_host": "/img/root.ext4",
+            "is_root_device": true, "is_read_only": false, "cache_type": "Unsafe",
+            "io_engine": "Sync"})
+    );
+    assert_eq!(
+        v["network-interfaces"][0],
+        serde_json::json!({"iface_id": "eth0", "host_dev_name": "tap0",
+            "guest_mac": "06:00:ac:10:00:02"})
+    );
+    assert_eq!(
+        v["vsock"],
+        serde_json::json!({"guest_cid": 3, "uds_path": "/tmp/v.sock"})
+    );
+    assert_eq!(parse(&v.to_string()).unwrap(), c);
+    // null lists are no devices.
+    let c = parse(r#"{"drives": null, "network-interfaces": null, "vsock": null}"#).unwrap();
+    assert!(c.drives.is_empty() && c.network_interfaces.is_empty() && c.vsock.is_none());
+}
+
+/// A change to a config's JSON.
+type Change = dyn Fn(&mut serde_json::Value);
+
+#[test]
+fn device_sections_are_checked_and_named() {
+    let v: serde_json::Value = serde_json::from_str(DEVICES).unwrap();
+    let with = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = v.clone();
+        f(&mut v);
+        parse(&v.to_string())
+    };
+    let cases: [(&Change, &str); 10] = [
+        (
+            &|v| v["drives"][1]["is_root_device"] = true.into(),
+            "invalid value for drives.is_root_device: drives \"root\" and \"data\" are both root devices",
+        ),
+        (
+            &|v| v["drives"][1]["drive_id"] = "root".into(),
+            "invalid value for drives.drive_id: drive \"root\" is listed twice",
+        ),
+        (
+            &|v| v["drives"][1]["io_engine"] = "Async".into(),
+            "io_engine Async is not supported by teravm (Sync only)",
+        ),
+        (
+            &|v| v["drives"][0]["rate_limiter"] = serde_json::json!({"ops": {"size": 1, "refill_time": 1}}),
+            "invalid value for drives.rate_limiter: rate limiters are not supported by teravm",
+        ),
+        (
+            &|v| v["drives"][0]["path_on_host"] = "".into(),
+            "drives.path_on_host",
+        ),
+        (
+            &|v| v["network-interfaces"][1]["guest_mac"] = "06:00:ac:10:00:02".into(),
+            "invalid value for network-interfaces.guest_mac",
+        ),
+        (
+            &|v| v["network-interfaces"][1]["host_dev_name"] = "tap0".into(),
+            "invalid value for network-interfaces.host_dev_name",
+        ),
+        (
+            &|v| v["network-interfaces"][0]["tx_rate_limiter"] = serde_json::json!({}),
+            "invalid value for network-interfaces.tx_rate_limiter",
+        ),
+        (&|v| v["vsock"]["guest_cid"] = 2.into(), "invalid value for vsock.guest_cid"),
+        (
+            &|v| v["vsock"]["uds_path"] = "".into(),
+            "invalid value for vsock.uds_path",
+        ),
+    ];
+    for (change, needle) in cases {
+        let e = with(change).unwrap_err().to_string();
+        assert!(e.contains(needle) && !e.contains('\n'), "{needle}: {e}");
+    }
+    for (section, value, needle) in [
+        (
+            "drives",
+            r#"[{"drive_id": "rootfs"}]"#,
+            "missing field `is_root_device`",
+        ),
+        ("drives", "true", "invalid type"),
+        ("drives", "{}", "invalid type"),
+        (
+            "network-interfaces",
+            r#"[{"iface_id": "eth0"}]"#,
+            "missing field `host_dev_name`",
+        ),
+        (
+            "network-interfaces",
+            r#"[{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "01:00:5e:00:00:01"}]"#,
+            "multicast",
+        ),
+        ("vsock", r#"{"guest_cid": 3}"#, "missing field `uds_path`"),
+        ("vsock", "1", "invalid type"),
+    ] {
+        let e = parse(&format!(r#"{{"{section}": {value}}}"#)).unwrap_err();
+        assert!(
+            matches!(e, ConfigError::Parse { .. }),
+            "{section} {value}: {e}"
+        );
+        assert!(e.to_string().contains(needle), "{section} {value}: {e}");
+    }
 }

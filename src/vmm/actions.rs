@@ -266,6 +266,14 @@ impl Vmm {
                 config.stats_polling_interval_s = u.stats_polling_interval_s;
                 Ok(VmmData::Empty)
             }
+            // Placeholder until the drives, interfaces and vsock are wired.
+            VmmAction::PutDrive(_)
+            | VmmAction::PatchDrive(_)
+            | VmmAction::PutNetworkInterface(_)
+            | VmmAction::PatchNetworkInterface(_)
+            | VmmAction::PutVsock(_) => Err(VmmActionError::BadRequest(
+                "devices are not wired yet".into(),
+            )),
         }
     }
 

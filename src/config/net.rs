@@ -1,0 +1,251 @@
+//! The `network-interfaces` section and the bodies of `PUT` and `PATCH
+//! /network-interfaces/{id}`, in Firecracker's shape (its swagger's
+//! `NetworkInterface` and `PartialNetworkInterface`), and the guest MAC
+//! address type.
+//!
+//! teravm has virtio-net over a host TAP device and no rate limiters: a
+//! non-null `rx_rate_limiter` or `tx_rate_limiter` is refused with the
+//! reason. Whether the TAP device exists and can be opened is checked by
+//! the VMM when it opens it; what needs the other interfaces (ids, TAP
+//! names and MACs unique) by [`check_nets`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::firecracker::{check_id, check_no_rate_limiter};
+use super::{invalid, ConfigError};
+
+/// Longest TAP device name, in bytes: `IFNAMSIZ` less the NUL.
+pub const MAX_HOST_DEV_NAME_LEN: usize = 15;
+/// Smallest MTU offered to the guest (IPv4's minimum, as Firecracker).
+pub const MIN_MTU: u16 = 68;
+
+/// A guest MAC address: six octets, written `aa:bb:cc:dd:ee:ff` (two hex
+/// digits each, any case; shown in lower case). Only unicast, non-zero
+/// addresses exist (what Linux's `is_valid_ether_addr` takes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MacAddr([u8; 6]);
+
+/// Why a text or octets are not a guest MAC address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MacAddrError {
+    /// Not six pairs of hex digits separated by `:`.
+    #[error("{0:?} is not a MAC address (six pairs of hex digits separated by ':')")]
+    Syntax(String),
+    /// The group bit (bit 0 of the first octet) is set.
+    #[error("{0} is a multicast address; a guest MAC must be unicast")]
+    Multicast(String),
+    /// All octets zero.
+    #[error("00:00:00:00:00:00 is not a valid MAC address")]
+    Zero,
+}
+
+impl MacAddr {
+    /// A MAC address from its octets, if it is unicast and non-zero.
+    pub fn from_bytes(octets: [u8; 6]) -> Result<MacAddr, MacAddrError> {
+        if octets == [0; 6] {
+            return Err(MacAddrError::Zero);
+        }
+        if octets[0] & 1 != 0 {
+            return Err(MacAddrError::Multicast(MacAddr(octets).to_string()));
+        }
+        Ok(MacAddr(octets))
+    }
+
+    /// The six octets, as virtio-net's configuration space holds them.
+    pub fn bytes(self) -> [u8; 6] {
+        self.0
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            o[0], o[1], o[2], o[3], o[4], o[5]
+        )
+    }
+}
+
+impl FromStr for MacAddr {
+    type Err = MacAddrError;
+
+    fn from_str(s: &str) -> Result<Self, MacAddrError> {
+        let syntax = || MacAddrError::Syntax(s.to_string());
+        let mut octets = [0u8; 6];
+        let mut parts = s.split(':');
+        for o in &mut octets {
+            let part = parts.next().ok_or_else(syntax)?;
+            if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(syntax());
+            }
+            *o = u8::from_str_radix(part, 16).map_err(|_| syntax())?;
+        }
+        if parts.next().is_some() {
+            return Err(syntax());
+        }
+        MacAddr::from_bytes(octets)
+    }
+}
+
+impl<'de> Deserialize<'de> for MacAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for MacAddr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A `guest_mac` whose error names the field (serde places a custom error
+/// after the whole object, where the field cannot be found).
+fn guest_mac<'de, D: Deserializer<'de>>(d: D) -> Result<Option<MacAddr>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|s| s.parse())
+        .transpose()
+        .map_err(|e| serde::de::Error::custom(format!("network-interfaces.guest_mac: {e}")))
+}
+
+/// One network interface: an entry of the `network-interfaces` section and
+/// the body of `PUT /network-interfaces/{iface_id}` (Firecracker's
+/// `NetworkInterface`): `iface_id` and `host_dev_name` required.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetConfig {
+    /// The interface's id: 1 to [`super::MAX_ID_LEN`] ASCII letters, digits
+    /// and `_`; the last path segment of `PUT /network-interfaces/{id}`.
+    pub iface_id: String,
+    /// The host TAP device (1 to [`MAX_HOST_DEV_NAME_LEN`] bytes).
+    pub host_dev_name: String,
+    /// The guest's MAC address; absent: the guest driver picks one.
+    #[serde(
+        default,
+        deserialize_with = "guest_mac",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub guest_mac: Option<MacAddr>,
+    /// The MTU offered to the guest (`VIRTIO_NET_F_MTU`), [`MIN_MTU`] to
+    /// 65535; absent: none offered, the guest uses its default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u16>,
+    /// Firecracker's receive rate limiter: only absent or `null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_rate_limiter: Option<serde_json::Value>,
+    /// Firecracker's transmit rate limiter: only absent or `null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_rate_limiter: Option<serde_json::Value>,
+}
+
+impl NetConfig {
+    /// Checks every field that can be checked without the host and the
+    /// other interfaces (see [`check_nets`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_id("network-interfaces.iface_id", &self.iface_id)?;
+        check_host_dev_name(&self.host_dev_name)?;
+        if let Some(mtu) = self.mtu {
+            if mtu < MIN_MTU {
+                return Err(invalid(
+                    "network-interfaces.mtu",
+                    format!("{mtu} is not in {MIN_MTU}..=65535"),
+                ));
+            }
+        }
+        check_no_rate_limiter("network-interfaces.rx_rate_limiter", &self.rx_rate_limiter)?;
+        check_no_rate_limiter("network-interfaces.tx_rate_limiter", &self.tx_rate_limiter)
+    }
+}
+
+/// A TAP name as Linux takes it (`dev_valid_name`): 1 to 15 bytes, not `.`
+/// or `..`, no `/`, `:`, whitespace or NUL.
+fn check_host_dev_name(name: &str) -> Result<(), ConfigError> {
+    let bad = name.is_empty()
+        || name.len() > MAX_HOST_DEV_NAME_LEN
+        || name == "."
+        || name == ".."
+        || name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c == '\0' || c.is_whitespace());
+    if bad {
+        return Err(invalid(
+            "network-interfaces.host_dev_name",
+            format!(
+                "{name:?} is not a network device name (1..={MAX_HOST_DEV_NAME_LEN} bytes, \
+                 not . or .., no '/', ':' or whitespace)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a whole list of interfaces (the config file's section, or the
+/// interfaces with one just put): ids, TAP devices and guest MACs unique.
+pub fn check_nets(nets: &[NetConfig]) -> Result<(), ConfigError> {
+    for (i, n) in nets.iter().enumerate() {
+        let before = &nets[..i];
+        if before.iter().any(|e| e.iface_id == n.iface_id) {
+            return Err(invalid(
+                "network-interfaces.iface_id",
+                format!("interface {:?} is listed twice", n.iface_id),
+            ));
+        }
+        if let Some(e) = before.iter().find(|e| e.host_dev_name == n.host_dev_name) {
+            return Err(invalid(
+                "network-interfaces.host_dev_name",
+                format!(
+                    "interfaces {:?} and {:?} both use the TAP device {:?}",
+                    e.iface_id, n.iface_id, n.host_dev_name
+                ),
+            ));
+        }
+        if let Some(mac) = n.guest_mac {
+            if let Some(e) = before.iter().find(|e| e.guest_mac == Some(mac)) {
+                return Err(invalid(
+                    "network-interfaces.guest_mac",
+                    format!(
+                        "interfaces {:?} and {:?} both have the MAC address {mac}",
+                        e.iface_id, n.iface_id
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The body of `PATCH /network-interfaces/{iface_id}` (Firecracker's
+/// `PartialNetworkInterface`): new rate limiters, after the start. teravm
+/// has none, so only a no-op (both absent or `null`) is taken, as
+/// Firecracker takes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetUpdate {
+    /// The interface to update.
+    pub iface_id: String,
+    /// New receive rate limiter: only absent or `null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_rate_limiter: Option<serde_json::Value>,
+    /// New transmit rate limiter: only absent or `null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_rate_limiter: Option<serde_json::Value>,
+}
+
+impl NetUpdate {
+    /// Checks every field (the interface exists: the VMM).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_id("network-interfaces.iface_id", &self.iface_id)?;
+        check_no_rate_limiter("network-interfaces.rx_rate_limiter", &self.rx_rate_limiter)?;
+        check_no_rate_limiter("network-interfaces.tx_rate_limiter", &self.tx_rate_limiter)
+    }
+}
+
+#[cfg(test)]
+#[path = "net_tests.rs"]
+mod tests;
