@@ -142,7 +142,7 @@ fn drive_paths_that_are_not_drives_are_refused_and_teravm_lives() {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     for (p, needle) in [
         (dir.join("missing"), "No such file"),
-        (dir.clone(), "not a regular file"),
+        (dir.clone(), "Is a directory"),
         (PathBuf::from("/dev/zero"), "not a regular file"),
         (fifo, "not a regular file"),
         (PathBuf::from("/proc/self/mem"), "procfs"),

@@ -486,7 +486,10 @@ const NET: &[Allow] = &[
 /// `uds_path` (accepted) and the guest's to `<uds_path>_<port>` (made
 /// here), all non-blocking on this thread's epoll.
 const VSOCK: &[Allow] = &[
-    any(libc::SYS_epoll_wait, "wait for the queues, the sockets, the deadlines"),
+    any(
+        libc::SYS_epoll_wait,
+        "wait for the queues, the sockets, the deadlines",
+    ),
     one_of(
         libc::SYS_epoll_ctl,
         1,
@@ -499,17 +502,28 @@ const VSOCK: &[Allow] = &[
     ),
     any(libc::SYS_read, "clear the eventfds"),
     any(libc::SYS_accept4, "a host connection to uds_path"),
-    one_of(libc::SYS_ioctl, 1, &[named!(libc::FIONBIO)], "accepted streams non-blocking"),
+    one_of(
+        libc::SYS_ioctl,
+        1,
+        &[named!(libc::FIONBIO)],
+        "accepted streams non-blocking",
+    ),
     one_of(
         libc::SYS_socket,
         0,
         &[named!(libc::AF_UNIX)],
         "a guest connection to <uds_path>_<port>",
     ),
-    any(libc::SYS_connect, "that connection (the path is uds_path's, the port the guest's)"),
+    any(
+        libc::SYS_connect,
+        "that connection (the path is uds_path's, the port the guest's)",
+    ),
     any(libc::SYS_recvfrom, "bytes from a host connection"),
     any(libc::SYS_sendto, "bytes to a host connection; OK <port>"),
-    any(libc::SYS_shutdown, "a connection's writing side when the guest shuts it"),
+    any(
+        libc::SYS_shutdown,
+        "a connection's writing side when the guest shuts it",
+    ),
 ];
 
 /// `fallocate` that only punches holes (memfd and hugetlb slices).

@@ -10,12 +10,14 @@ use serde_json::{json, Value};
 use crate::config::check_balloon_target;
 use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
-use super::opens::{boot_requests, output_request, Pending};
+use super::device_opens::{drive_request, listener_for, tap_for};
+use super::opens::{boot_requests, output_request, Opening, Pending};
 use super::phase::Phase;
 use super::{ShutdownReason, VmState, Vmm};
 use crate::api::{
     shapes, ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData,
 };
+use crate::config::DriveConfig;
 
 fn to_json<T: serde::Serialize>(value: &T) -> ActionResult {
     serde_json::to_value(value)
@@ -64,6 +66,45 @@ impl Vmm {
                     .map(|p| output_request("logger.log_path", p, false))
                     .collect();
                 return self.open_then(requests, Pending::Logger(c), reply);
+            }
+            VmmAction::PutDrive(d) if state == VmState::NotStarted => {
+                let request = drive_request(&d);
+                return self.open_then(vec![request], Pending::Drive(d), reply);
+            }
+            VmmAction::PatchDrive(u)
+                if u.path_on_host.is_some()
+                    && matches!(state, VmState::NotStarted | VmState::Running) =>
+            {
+                let Some(d) = self.config.drives.iter().find(|d| d.drive_id == u.drive_id) else {
+                    let _ = reply.send(Err(bad(format!(
+                        "drives: no drive {:?} (PUT it first)",
+                        u.drive_id
+                    ))));
+                    return;
+                };
+                let request = drive_request(&DriveConfig {
+                    path_on_host: u.path_on_host.clone().unwrap_or_default(),
+                    ..d.clone()
+                });
+                return self.open_then(vec![request], Pending::DrivePatch(u), reply);
+            }
+            VmmAction::PutNetworkInterface(n) if state == VmState::NotStarted => {
+                let n2 = n.clone();
+                return self.run_then(
+                    "network-interfaces.host_dev_name",
+                    move || Opening::Tap(tap_for(&n2)),
+                    Pending::Net(n),
+                    reply,
+                );
+            }
+            VmmAction::PutVsock(v) if state == VmState::NotStarted => {
+                let v2 = v.clone();
+                return self.run_then(
+                    "vsock.uds_path",
+                    move || Opening::Listener(listener_for(&v2)),
+                    Pending::Vsock(v),
+                    reply,
+                );
             }
             VmmAction::PutMetrics(c) if !crate::metrics::is_configured() => {
                 let request = output_request("metrics.metrics_path", &c.metrics_path, false);
@@ -266,14 +307,35 @@ impl Vmm {
                 config.stats_polling_interval_s = u.stats_polling_interval_s;
                 Ok(VmmData::Empty)
             }
-            // Placeholder until the drives, interfaces and vsock are wired.
-            VmmAction::PutDrive(_)
-            | VmmAction::PatchDrive(_)
-            | VmmAction::PutNetworkInterface(_)
-            | VmmAction::PatchNetworkInterface(_)
-            | VmmAction::PutVsock(_) => Err(VmmActionError::BadRequest(
-                "devices are not wired yet".into(),
-            )),
+            VmmAction::PutDrive(_) => refused("adding a drive", state),
+            VmmAction::PatchDrive(u) => {
+                if !self.config.drives.iter().any(|d| d.drive_id == u.drive_id) {
+                    return Err(bad(format!(
+                        "drives: no drive {:?} (PUT it first)",
+                        u.drive_id
+                    )));
+                }
+                // Rate limiters were refused by validation; nothing else
+                // to change without a new file.
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutNetworkInterface(_) => refused("adding a network interface", state),
+            VmmAction::PatchNetworkInterface(u) => {
+                if self
+                    .config
+                    .network_interfaces
+                    .iter()
+                    .any(|n| n.iface_id == u.iface_id)
+                {
+                    Ok(VmmData::Empty)
+                } else {
+                    Err(bad(format!(
+                        "network-interfaces: no interface {:?} (PUT it first)",
+                        u.iface_id
+                    )))
+                }
+            }
+            VmmAction::PutVsock(_) => refused("adding a vsock", state),
         }
     }
 

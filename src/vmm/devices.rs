@@ -368,11 +368,16 @@ impl Devices {
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
-            threads.push(spawn("virtio-vsock".into(), Role::Vsock, exit, move || {
-                if let Err(e) = worker.run() {
-                    log::error!("vsock: {e}; the device stops");
-                }
-            })?);
+            threads.push(spawn(
+                "virtio-vsock".into(),
+                Role::Vsock,
+                exit,
+                move || {
+                    if let Err(e) = worker.run() {
+                        log::error!("vsock: {e}; the device stops");
+                    }
+                },
+            )?);
             log::info!(
                 "vsock (guest CID {}) at {:#x} (GSI {}), host side {}",
                 v.opts.guest_cid,

@@ -18,6 +18,7 @@
 
 mod actions;
 pub mod builder;
+pub mod device_opens;
 pub mod devices;
 pub mod discard;
 pub mod jobs;
@@ -102,6 +103,9 @@ pub enum VmmError {
     /// A job runner could not be started.
     #[error(transparent)]
     Job(#[from] jobs::JobError),
+    /// A device's host side (a tap, a vsock socket) could not be opened.
+    #[error("{0}")]
+    Device(String),
 }
 
 /// How to run the VMM, from the command line.
@@ -140,6 +144,8 @@ pub struct Vmm {
     config: VmConfig,
     /// The boot source's kernel and initrd, opened when it was put.
     boot_files: Option<opens::BootFiles>,
+    /// The devices' files, taps and sockets, opened when they were put.
+    resources: device_opens::DeviceResources,
     /// `/dev/kvm`, opened at start-up.
     kvm: Arc<crate::vstate::vm::KvmDevice>,
     /// The job runners (started before the main thread's filter).
@@ -330,6 +336,12 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
             opts.files.open_now(r, crate::files::OPEN_TIMEOUT)?,
         ),
     };
+    let resources = device_opens::DeviceResources::open_for_config(
+        &opts.files,
+        &config.drives,
+        &config.network_interfaces,
+        config.vsock.as_ref(),
+    )?;
     let kvm = Arc::new(crate::vstate::vm::KvmDevice::open()?);
     // Every thread that outlives this function's set-up is started before
     // the main thread's filter: that filter need not allow what they do.
@@ -359,6 +371,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         serial_file,
         config,
         boot_files,
+        resources,
         kvm,
         start_runner,
         reclaim_runner,

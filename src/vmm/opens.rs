@@ -12,7 +12,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::api::{ActionResult, VmmActionError, VmmData};
-use crate::config::{BootSource, LoggerConfig, MetricsConfig};
+use crate::config::{
+    BootSource, DriveConfig, DriveUpdate, LoggerConfig, MetricsConfig, NetConfig, VsockConfig,
+};
+use crate::devices::virtio::net::Tap;
+use std::os::unix::net::UnixListener;
+use std::sync::Mutex;
+
+use super::device_opens::{with_drive, with_net};
 use crate::files::{FilesError, OpenRequest, OpenResult, OpenSpec, Opened, OPEN_TIMEOUT};
 use crate::vstate::linux::image::{initrd_request, kernel_request};
 use crate::vstate::linux::ImageFile;
@@ -37,6 +44,24 @@ pub(super) enum Pending {
     Logger(LoggerConfig),
     /// `PUT /metrics`.
     Metrics(MetricsConfig),
+    /// `PUT /drives/{id}`.
+    Drive(DriveConfig),
+    /// `PATCH /drives/{id}` with a new file.
+    DrivePatch(DriveUpdate),
+    /// `PUT /network-interfaces/{id}` (its tap).
+    Net(NetConfig),
+    /// `PUT /vsock` (its socket).
+    Vsock(VsockConfig),
+}
+
+/// What the `files` thread gives back.
+pub(super) enum Opening {
+    /// Files.
+    Files(OpenResult),
+    /// A tap.
+    Tap(Result<Tap, String>),
+    /// A listening socket.
+    Listener(Result<UnixListener, String>),
 }
 
 /// An open under way.
@@ -52,7 +77,7 @@ pub(super) struct PendingOpen {
 /// What the `files` thread sends back.
 pub(super) struct OpenDone {
     id: u64,
-    result: OpenResult,
+    result: Opening,
 }
 
 /// The opens of a boot source (none for the firmware).
@@ -96,18 +121,18 @@ impl Vmm {
     /// The drives to attach: each configured drive with the file opened
     /// when it was put, the root drive first (as Firecracker orders them).
     pub(super) fn drive_specs(&self) -> Vec<crate::vmm::devices::DriveSpec> {
-        Vec::new()
+        self.resources.drive_specs(&self.config.drives)
     }
 
     /// The network interfaces to attach, each with the tap opened when it
     /// was put.
     pub(super) fn net_specs(&self) -> Vec<crate::vmm::devices::NetSpec> {
-        Vec::new()
+        self.resources.net_specs(&self.config.network_interfaces)
     }
 
     /// The vsock to attach, with the socket bound when it was put.
     pub(super) fn vsock_spec(&self) -> Option<crate::vmm::devices::VsockSpec> {
-        None
+        self.resources.vsock_spec(self.config.vsock.as_ref())
     }
 
     /// Opens `requests` on the `files` thread, then applies `section` and
@@ -119,7 +144,7 @@ impl Vmm {
         reply: Sender<ActionResult>,
     ) {
         let Some(first) = requests.first().cloned() else {
-            return self.apply_opened(section, Vec::new(), reply);
+            return self.apply_opened(section, Opening::Files(Ok(Vec::new())), reply);
         };
         self.next_open_id += 1;
         let id = self.next_open_id;
@@ -142,6 +167,48 @@ impl Vmm {
             first,
         });
         self.opts.files.submit(requests, move |result| {
+            let _ = tx.send(OpenDone {
+                id,
+                result: Opening::Files(result),
+            });
+            let _ = wake.write(1);
+        });
+    }
+
+    /// Runs `open` on the `files` thread (a tap, a socket), then applies
+    /// `section` with its result and answers `reply`.
+    pub(super) fn run_then(
+        &mut self,
+        what: &'static str,
+        open: impl FnOnce() -> Opening + Send + 'static,
+        section: Pending,
+        reply: Sender<ActionResult>,
+    ) {
+        self.next_open_id += 1;
+        let id = self.next_open_id;
+        let tx = self.files_tx.clone();
+        let wake = match self.files_evt.try_clone() {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = reply.send(Err(VmmActionError::Internal(format!(
+                    "cannot clone an eventfd: {e}"
+                ))));
+                return;
+            }
+        };
+        self.pending_opens.push(PendingOpen {
+            id,
+            deadline: Instant::now() + OPEN_TIMEOUT,
+            section,
+            reply,
+            first: OpenRequest {
+                what,
+                path: std::path::PathBuf::new(),
+                spec: OpenSpec::Output { blocking: false },
+            },
+        });
+        self.opts.files.run(open, move |result| {
+            let result = result.unwrap_or(Opening::Files(Err(FilesError::Gone)));
             let _ = tx.send(OpenDone { id, result });
             let _ = wake.write(1);
         });
@@ -156,13 +223,12 @@ impl Vmm {
                 continue;
             };
             let p = self.pending_opens.remove(at);
-            match result {
-                Ok(files) => self.apply_opened(p.section, files, p.reply),
-                Err(e) => {
-                    crate::metrics::record_failure("PUT", section_path(&p.section));
-                    let _ = p.reply.send(Err(bad(e)));
-                }
+            if let Opening::Files(Err(e)) = result {
+                crate::metrics::record_failure("PUT", section_path(&p.section));
+                let _ = p.reply.send(Err(bad(e)));
+                continue;
             }
+            self.apply_opened(p.section, result, p.reply);
         }
     }
 
@@ -197,28 +263,33 @@ impl Vmm {
             .any(|p| matches!(p.section, Pending::BootSource(_)))
     }
 
-    fn apply_opened(&mut self, section: Pending, files: Vec<Opened>, reply: Sender<ActionResult>) {
+    fn apply_opened(&mut self, section: Pending, opened: Opening, reply: Sender<ActionResult>) {
         let path = section_path(&section);
-        let result = match section {
-            Pending::BootSource(b) => {
-                if self.state() != super::VmState::NotStarted {
-                    Err(bad(format!(
-                        "changing the boot source is not allowed in state \"{}\"",
-                        self.state().as_str()
-                    )))
+        let not_started = self.state() == super::VmState::NotStarted;
+        let refused = |what: &str, state: super::VmState| {
+            Err(bad(format!(
+                "{what} is not allowed in state \"{}\"",
+                state.as_str()
+            )))
+        };
+        let state = self.state();
+        let result = match (section, opened) {
+            (Pending::BootSource(b), Opening::Files(Ok(files))) => {
+                if !not_started {
+                    refused("changing the boot source", state)
                 } else {
                     self.boot_files = boot_files(&b, files);
                     self.config.boot_source = b;
                     Ok(VmmData::Empty)
                 }
             }
-            Pending::Logger(c) => {
+            (Pending::Logger(c), Opening::Files(Ok(files))) => {
                 let file = files.into_iter().next().map(|o| o.file);
                 crate::logger::configure(&c, file)
                     .map(|()| VmmData::Empty)
                     .map_err(bad)
             }
-            Pending::Metrics(c) => match files.into_iter().next() {
+            (Pending::Metrics(c), Opening::Files(Ok(files))) => match files.into_iter().next() {
                 Some(o) => crate::metrics::configure(&c, o.file)
                     .map(|()| VmmData::Empty)
                     .map_err(bad),
@@ -226,11 +297,89 @@ impl Vmm {
                     "the metrics path was not opened".into(),
                 )),
             },
+            (Pending::Drive(d), Opening::Files(Ok(files))) => match files.into_iter().next() {
+                Some(o) if not_started => match with_drive(&self.config.drives, d.clone()) {
+                    Ok(next) => {
+                        self.config.drives = next;
+                        self.resources
+                            .drives
+                            .insert(d.drive_id.clone(), Arc::new(o.file));
+                        Ok(VmmData::Empty)
+                    }
+                    Err(e) => Err(bad(e)),
+                },
+                Some(_) => refused("adding a drive", state),
+                None => Err(VmmActionError::Internal("the drive was not opened".into())),
+            },
+            (Pending::DrivePatch(u), Opening::Files(Ok(files))) => {
+                match (files.into_iter().next(), u.path_on_host.clone()) {
+                    (Some(o), Some(p)) => self.swap_drive(&u.drive_id, p, o.file),
+                    _ => Err(VmmActionError::Internal("the drive was not opened".into())),
+                }
+            }
+            (Pending::Net(n), Opening::Tap(Ok(tap))) if not_started => {
+                match with_net(&self.config.network_interfaces, n.clone()) {
+                    Ok(next) => {
+                        self.config.network_interfaces = next;
+                        self.resources
+                            .taps
+                            .insert(n.iface_id.clone(), Arc::new(Mutex::new(Some(tap))));
+                        Ok(VmmData::Empty)
+                    }
+                    Err(e) => Err(bad(e)),
+                }
+            }
+            (Pending::Net(_), Opening::Tap(Ok(_))) => refused("adding a network interface", state),
+            (Pending::Vsock(v), Opening::Listener(Ok(l))) if not_started => {
+                self.config.vsock = Some(v);
+                self.resources.vsock = Some(Arc::new(Mutex::new(Some(l))));
+                Ok(VmmData::Empty)
+            }
+            (Pending::Vsock(_), Opening::Listener(Ok(_))) => refused("adding a vsock", state),
+            (_, Opening::Tap(Err(e)) | Opening::Listener(Err(e))) => Err(bad(e)),
+            (_, Opening::Files(Err(e))) => Err(bad(e)),
+            _ => Err(VmmActionError::Internal(
+                "an open came back in the wrong shape".into(),
+            )),
         };
         if result.is_err() {
             crate::metrics::record_failure("PUT", path);
         }
         let _ = reply.send(result);
+    }
+
+    /// `PATCH /drives/{id}` with a new file: before start the drive is
+    /// simply reopened; while it runs, the device swaps it in between two
+    /// requests and tells the guest the new capacity.
+    fn swap_drive(
+        &mut self,
+        drive_id: &str,
+        path: std::path::PathBuf,
+        file: std::fs::File,
+    ) -> ActionResult {
+        let Some(d) = self
+            .config
+            .drives
+            .iter_mut()
+            .find(|d| d.drive_id == drive_id)
+        else {
+            return Err(bad(format!("drives: no drive {drive_id:?} (PUT it first)")));
+        };
+        let file = Arc::new(file);
+        if let super::phase::Phase::Running(m) = &self.phase {
+            let Some(b) = m.devices.blocks.iter().find(|b| b.drive_id == drive_id) else {
+                return Err(bad(format!("drives: {drive_id:?} is not attached")));
+            };
+            let f = file.try_clone().map_err(bad)?;
+            b.device
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .update_file(f)
+                .map_err(bad)?;
+        }
+        d.path_on_host = path;
+        self.resources.drives.insert(drive_id.to_string(), file);
+        Ok(VmmData::Empty)
     }
 }
 
@@ -239,5 +388,8 @@ fn section_path(s: &Pending) -> &'static str {
         Pending::BootSource(_) => "/boot-source",
         Pending::Logger(_) => "/logger",
         Pending::Metrics(_) => "/metrics",
+        Pending::Drive(_) | Pending::DrivePatch(_) => "/drives",
+        Pending::Net(_) => "/network-interfaces",
+        Pending::Vsock(_) => "/vsock",
     }
 }
