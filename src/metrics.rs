@@ -283,7 +283,7 @@ pub struct VmmSnapshot<'a> {
     pub console_dropped_bytes: u64,
     /// The devices' groups (Firecracker's `balloon`, `block`, `net`,
     /// `vsock`), already in their JSON shape.
-    pub device_groups: Vec<(&'static str, Value)>,
+    pub device_groups: Vec<(String, Value)>,
 }
 
 fn fc_group(method: usize, fields: &[(&str, usize)], with_fails: bool) -> Value {
@@ -427,7 +427,7 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
     let mut value = value;
     if let Value::Object(map) = &mut value {
         for (name, group) in &vmm.device_groups {
-            map.insert((*name).to_string(), group.clone());
+            map.insert(name.clone(), group.clone());
         }
     }
     let mut text = serde_json::to_string(&value).map_err(MetricsError::Serialize)?;
@@ -532,7 +532,7 @@ mod tests {
             state: "Running",
             reclaim: &report,
             console_dropped_bytes: 7,
-            device_groups: vec![("balloon", json!({"inflate_count": 3}))],
+            device_groups: vec![("balloon".into(), json!({"inflate_count": 3}))],
         })
         .unwrap();
         assert!(text.ends_with('\n') && text.matches('\n').count() == 1);

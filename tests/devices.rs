@@ -411,3 +411,54 @@ fn a_guest_connection_reaches_the_hosts_listener_on_uds_port() {
     assert!(sent.ends_with("sent 27 bytes"), "{sent}");
     shutdown_ok(vmm, &sock);
 }
+
+#[test]
+fn each_device_has_its_metrics_group() {
+    if !kvm_or_skip("device_metrics") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("device-metrics");
+    let disk = dir.join("disk.img");
+    std::fs::write(&disk, vec![0u8; 64 << 10]).unwrap();
+    let metrics = dir.join("metrics");
+    let uds = dir.join("v.sock");
+    let sock = dir.join("api.sock");
+    let mut vmm = Vmm::spawn(&[
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--metrics-path",
+        metrics.to_str().unwrap(),
+    ]);
+    wait_for_api(&sock, T);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 128}"#,
+    );
+    let (path, body) = drive("d0", &disk, false);
+    put_ok(&sock, &path, &body);
+    put_ok(
+        &sock,
+        "/vsock",
+        &format!(r#"{{"guest_cid": 7, "uds_path": "{}"}}"#, uds.display()),
+    );
+    put_ok(&sock, "/boot-source", r#"{"boot_args": "blk then=idle"}"#);
+    let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(status, 204, "{body}");
+    vmm.wait_line("teravm firmware: blk id", T);
+    let (status, body) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
+    assert_eq!(status, 204, "{body}");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert!(
+        last["block_d0"]["read_count"].as_u64().unwrap() >= 2,
+        "{last}"
+    );
+    assert!(
+        last["block_d0"]["write_count"].as_u64().unwrap() >= 1,
+        "{last}"
+    );
+    assert!(last["vsock"].is_object(), "{last}");
+    shutdown_ok(vmm, &sock);
+}

@@ -340,8 +340,9 @@ impl Vmm {
     }
 
     /// The devices' metrics groups, while they run: Firecracker's `balloon`
-    /// group, with the discard pool's counters beside the device's.
-    fn device_metrics(&self) -> Vec<(&'static str, Value)> {
+    /// (with the discard pool's counters beside the device's),
+    /// `block_<drive_id>`, `net_<iface_id>` and `vsock`.
+    fn device_metrics(&self) -> Vec<(String, Value)> {
         let mut groups = Vec::new();
         if let Phase::Running(m) = &self.phase {
             if let Some(b) = &m.devices.balloon {
@@ -352,7 +353,27 @@ impl Vmm {
                     map.insert("pool_free_calls".into(), p.calls.into());
                     map.insert("pool_failures".into(), p.failures.into());
                 }
-                groups.push(("balloon", v));
+                groups.push(("balloon".into(), v));
+            }
+            let json = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
+            for b in &m.devices.blocks {
+                let snap = lock(&b.device).metrics().snapshot();
+                groups.push((
+                    format!("block_{}", b.drive_id),
+                    json(serde_json::to_value(snap)),
+                ));
+            }
+            for n in &m.devices.nets {
+                let n = lock(n);
+                let snap = n.metrics().snapshot();
+                groups.push((
+                    format!("net_{}", n.iface_id()),
+                    json(serde_json::to_value(snap)),
+                ));
+            }
+            if let Some(v) = &m.devices.vsock {
+                let snap = lock(v).metrics().snapshot();
+                groups.push(("vsock".into(), json(serde_json::to_value(snap))));
             }
         }
         groups
