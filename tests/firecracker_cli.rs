@@ -62,7 +62,25 @@ fn flags_teravm_lacks_and_bad_values_are_refused_in_one_line() {
     let cfg = config_file(&dir, r#"{"drives": [{"drive_id": "rootfs"}]}"#);
     refused(
         &["--no-api", "--config-file", cfg.to_str().unwrap()],
-        "not supported yet: drives",
+        "missing field `is_root_device`",
+    );
+    // A drive whose file is missing: one line naming it, before anything
+    // starts (opened at start-up, as over the API at PUT time).
+    let cfg = config_file(
+        &dir,
+        r#"{"drives": [{"drive_id": "rootfs", "path_on_host": "/nonexistent.img", "is_root_device": true}]}"#,
+    );
+    refused(
+        &["--no-api", "--config-file", cfg.to_str().unwrap()],
+        "drives.path_on_host: cannot use /nonexistent.img",
+    );
+    let cfg = config_file(
+        &dir,
+        r#"{"network-interfaces": [{"iface_id": "eth0", "host_dev_name": "no-such-tap9"}]}"#,
+    );
+    refused(
+        &["--no-api", "--config-file", cfg.to_str().unwrap()],
+        "no-such-tap9",
     );
     refused(
         &["--api-sock", s, "--log-path", "/nonexistent-dir/teravm.log"],
