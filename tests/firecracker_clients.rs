@@ -14,6 +14,7 @@ use std::process::Command;
 
 use common::api::*;
 use common::client::request;
+use common::netns::{self, Netns};
 use common::*;
 use serde_json::Value;
 
@@ -113,7 +114,7 @@ fn go_sdk_machine_start_replay() {
         return;
     }
     // With the default flags: every thread filtered.
-    go_sdk_replay("gosdk", &[]);
+    go_sdk_replay("gosdk", &[], None);
 }
 
 #[test]
@@ -122,19 +123,130 @@ fn go_sdk_machine_start_replay_with_seccomp_disabled() {
         return;
     }
     // go-sdk passes `--no-seccomp` when its `Seccomp.Enabled` is false.
-    go_sdk_replay("gosdk-noseccomp", &["--no-seccomp"]);
+    go_sdk_replay("gosdk-noseccomp", &["--no-seccomp"], None);
+}
+
+#[test]
+fn go_sdk_machine_start_replay_with_drives_net_and_vsock() {
+    if !kvm_or_skip("go_sdk_machine_start_replay_with_drives_net_and_vsock") {
+        return;
+    }
+    let Some(ns) = Netns::new("gosdk") else {
+        skip(
+            "go_sdk_machine_start_replay_with_drives_net_and_vsock",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    let _big = big_memory();
+    // With the default flags: every thread filtered, the devices' too.
+    go_sdk_replay("gosdk-devices", &[], Some(&ns));
+}
+
+/// The guest MAC of the go-sdk and firectl replays (firectl's README
+/// writes `--tap-device=tap0/AA:FC:00:00:00:01`; upper case, as there).
+const GUEST_MAC: &str = "AA:FC:00:00:00:01";
+
+/// Firecracker's host side of vsock, as firecracker-containerd's
+/// `vsockConnect` does it: connect to the UDS, `CONNECT <port>\n`, read
+/// the `OK <n>` line (retrying until the guest listens).
+fn vsock_connect(uds: &Path, port: u32) -> std::os::unix::net::UnixStream {
+    use std::io::{BufRead, BufReader, Write};
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let line = std::os::unix::net::UnixStream::connect(uds).and_then(|mut s| {
+            s.set_read_timeout(Some(T))?;
+            s.write_all(format!("CONNECT {port}\n").as_bytes())?;
+            let mut line = String::new();
+            BufReader::new(s.try_clone()?).read_line(&mut line)?;
+            Ok((s, line))
+        });
+        match line {
+            Ok((s, line)) if line.starts_with("OK ") => return s,
+            other => {
+                assert!(std::time::Instant::now() < deadline, "{other:?}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Echoes one message through a host-initiated vsock connection to the
+/// firmware's `vsock=echo:<port>` and waits for its `vsock echo` line.
+fn vsock_echo_once(vmm: &mut Vmm, uds: &Path, port: u32, msg: &str) {
+    use std::io::{Read, Write};
+    let mut s = vsock_connect(uds, port);
+    s.write_all(msg.as_bytes()).unwrap();
+    let mut back = vec![0u8; msg.len()];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(back, msg.as_bytes());
+    drop(s);
+    let line = vmm.wait_line("teravm firmware: vsock echo", T);
+    assert!(
+        line.ends_with(&format!("echo {} bytes", msg.len())),
+        "{line}"
+    );
+}
+
+/// A disk image of `len` bytes starting with `head` (16 bytes).
+fn disk(path: &Path, head: &[u8; 16], len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    bytes[..16].copy_from_slice(head);
+    std::fs::write(path, &bytes).unwrap();
+    bytes
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The firmware's `blk` lines for the first drive, whose image starts
+/// with `head`, named `id`, `sectors` long, read-write.
+fn check_blk_lines(vmm: &mut Vmm, head: &[u8; 16], id: &str, sectors: u64) {
+    let found = vmm.wait_line("teravm firmware: blk device at", T);
+    assert!(
+        found.ends_with(&format!("capacity {sectors} sectors")),
+        "{found}"
+    );
+    let line = vmm.wait_line("teravm firmware: blk sector0", T);
+    assert!(line.ends_with(&hex(head)), "{line}");
+    let line = vmm.wait_line("teravm firmware: blk write", T);
+    assert!(line.ends_with("write ok"), "{line}");
+    let line = vmm.wait_line("teravm firmware: blk readback", T);
+    assert!(line.ends_with("readback match"), "{line}");
+    let line = vmm.wait_line("teravm firmware: blk id", T);
+    assert!(line.ends_with(&format!("blk id {id}")), "{line}");
+}
+
+/// Sector 1 of a drive the firmware drove holds its 0xA5 bytes; the rest
+/// is `before`.
+fn check_blk_written(path: &Path, before: &[u8]) {
+    let after = std::fs::read(path).unwrap();
+    assert_eq!(&after[512..1024], &[0xA5u8; 512][..], "sector 1 written");
+    assert_eq!(&after[..512], &before[..512], "sector 0 untouched");
+    assert_eq!(&after[1024..], &before[1024..], "nothing past sector 1");
 }
 
 /// go-sdk's `Machine.Start` then `Machine.Shutdown`, with teravm started as
-/// go-sdk's `startVMM` does plus `extra` flags.
-fn go_sdk_replay(name: &str, extra: &[&str]) {
+/// go-sdk's `startVMM` does plus `extra` flags; with `devices`, the machine
+/// has a root drive and an extra drive (`DrivesBuilder`), a NIC with a
+/// `StaticConfiguration` on the namespace's tap and a vsock, and teravm
+/// runs in that namespace (`Cfg.NetNS`: startVMM starts it there).
+fn go_sdk_replay(name: &str, extra: &[&str], devices: Option<&Netns>) {
     let dir = temp_dir(name);
     let sock = dir.join("firecracker.sock");
     let id = "4a7f0c2e-9b1d-4e6f-8a3c-5d2b1e0f9c7a";
     // NewMachine + startVMM: `--api-sock S --id VMID`.
     let mut args = vec!["--api-sock", sock.to_str().unwrap(), "--id", id];
     args.extend_from_slice(extra);
-    let mut vmm = Vmm::spawn(&args);
+    let mut vmm = match devices {
+        None => Vmm::spawn(&args),
+        Some(ns) => {
+            let mut cmd = ns.command(teravm());
+            cmd.args(&args);
+            Vmm::spawn_command(cmd)
+        }
+    };
     wait_for_socket(&sock);
     // CreateLogFilesHandler: FIFOs for the log (read by FifoLogWriter) and
     // the metrics (which nobody reads here: teravm must not block on it).
@@ -168,28 +280,150 @@ fn go_sdk_replay(name: &str, extra: &[&str]) {
     assert_eq!(mc["huge_pages"], "Transparent");
     // CreateBootSourceHandler (go-sdk also sends kernel_image_path: that
     // needs the Linux-guest work; the firmware runs without it).
+    // SetupKernelArgsHandler has parsed the arguments into a Go map and
+    // joined them again: the words come in the map's (random) order.
+    let Some(ns) = devices else {
+        put_ok(
+            &sock,
+            "/boot-source",
+            r#"{"boot_args":"touch=64 then=idle"}"#,
+        );
+        // No drives, interfaces, vsocks or MMDS configured: nothing sent.
+        // startInstance: CreateSyncAction InstanceStart.
+        let (s, b) = action(&sock, r#"{"action_type":"InstanceStart"}"#);
+        assert_eq!(s, 204, "{b}");
+        vmm.wait_line("teravm firmware: idle", T);
+        return go_sdk_stop(vmm, &sock, log_reader, id, &[]);
+    };
     put_ok(
         &sock,
         "/boot-source",
-        r#"{"boot_args":"touch=64 then=idle"}"#,
+        r#"{"boot_args":"then=idle net=echo vsock=echo:52 touch=64 blk"}"#,
     );
-    // No drives, interfaces, vsocks or MMDS configured: nothing sent.
+    // AttachDrivesHandler: Cfg.Drives from NewDrivesBuilder(root)
+    // .AddDrive(extra, true).Build(), i.e. the added drives first and the
+    // root drive last; each models.Drive as Go marshals it (fields in
+    // declaration order, cache_type / io_engine / partuuid / rate_limiter
+    // omitted when empty).
+    let (root, extra_disk) = (dir.join("rootfs.ext4"), dir.join("data.img"));
+    let root_bytes = disk(&root, b"go-sdk root disk", 1 << 20);
+    let extra_bytes = disk(&extra_disk, b"go-sdk data disk", 64 << 10);
+    put_ok(
+        &sock,
+        "/drives/0",
+        &format!(
+            r#"{{"drive_id":"0","is_read_only":true,"is_root_device":false,"path_on_host":"{}"}}"#,
+            extra_disk.display()
+        ),
+    );
+    put_ok(
+        &sock,
+        "/drives/root_drive",
+        &format!(
+            r#"{{"drive_id":"root_drive","is_read_only":false,"is_root_device":true,"path_on_host":"{}"}}"#,
+            root.display()
+        ),
+    );
+    // CreateNetworkInterfacesHandler: iface ids "1", "2", ... by position;
+    // guest_mac from StaticConfiguration.MacAddress, no rate limiters.
+    put_ok(
+        &sock,
+        "/network-interfaces/1",
+        &format!(r#"{{"guest_mac":"{GUEST_MAC}","host_dev_name":"tap0","iface_id":"1"}}"#),
+    );
+    // AddVsocksHandler: models.Vsock with the device's ID.
+    let uds = dir.join("firecracker.vsock");
+    put_ok(
+        &sock,
+        "/vsock",
+        &format!(
+            r#"{{"guest_cid":3,"uds_path":"{}","vsock_id":"vsock0"}}"#,
+            uds.display()
+        ),
+    );
+    // ConfigMmdsHandler: no MmdsAddress, no MMDS interface: nothing sent.
+    let cfg = get(&sock, "/vm/config");
+    let drives: Vec<&str> = cfg["drives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["drive_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        drives.contains(&"root_drive") && drives.contains(&"0"),
+        "{cfg}"
+    );
+    assert_eq!(
+        cfg["network-interfaces"][0]["host_dev_name"], "tap0",
+        "{cfg}"
+    );
+    assert_eq!(cfg["vsock"]["guest_cid"], 3, "{cfg}");
+    let frames = netns::packet_socket(ns);
     // startInstance: CreateSyncAction InstanceStart.
     let (s, b) = action(&sock, r#"{"action_type":"InstanceStart"}"#);
     assert_eq!(s, 204, "{b}");
-    vmm.wait_line("teravm firmware: idle", T);
-    assert_eq!(state(&sock), "Running");
+    // The firmware drives the first virtio-blk: the root drive, attached
+    // first whatever the order of the PUTs (Firecracker's order).
+    check_blk_lines(&mut vmm, b"go-sdk root disk", "root_drive", 2048);
+    let line = vmm.wait_line("teravm firmware: vsock device at", T);
+    assert!(line.ends_with("cid 3"), "{line}");
+    vmm.wait_line("teravm firmware: vsock listening on 52", T);
+    vmm.wait_line("teravm firmware: net device at", T);
+    let line = vmm.wait_line("teravm firmware: net sent hello", T);
+    assert!(
+        line.ends_with(&format!("from {}", GUEST_MAC.to_lowercase())),
+        "{line}"
+    );
+    let hello = netns::next_frame(&frames, T).expect("the guest's hello on the tap");
+    assert_eq!(&hello[6..12], &[0xAA, 0xFC, 0, 0, 0, 1]);
+    // The host side of the vsock, as firecracker-containerd reaches its
+    // agent: CONNECT through the UDS.
+    vsock_echo_once(&mut vmm, &uds, 52, "go-sdk over vsock\n");
+    go_sdk_stop(
+        vmm,
+        &sock,
+        log_reader,
+        id,
+        &[
+            "drive root_drive at",
+            "drive 0 at",
+            "network interface 1 at",
+            "vsock (guest CID 3)",
+        ],
+    );
+    check_blk_written(&root, &root_bytes);
+    assert_eq!(std::fs::read(&extra_disk).unwrap(), extra_bytes);
+}
+
+/// go-sdk's `Machine.Shutdown` on a Running machine, then the exit and
+/// the log: `logged` in this order.
+fn go_sdk_stop(
+    vmm: Vmm,
+    sock: &Path,
+    log_reader: std::thread::JoinHandle<String>,
+    id: &str,
+    logged: &[&str],
+) {
+    assert_eq!(state(sock), "Running");
     assert_eq!(
-        get(&sock, "/version")["firecracker_version"],
+        get(sock, "/version")["firecracker_version"],
         env!("CARGO_PKG_VERSION")
     );
     // Machine.Shutdown: SendCtrlAltDel; the firmware resets.
-    let (s, b) = action(&sock, r#"{"action_type":"SendCtrlAltDel"}"#);
+    let (s, b) = action(sock, r#"{"action_type":"SendCtrlAltDel"}"#);
     assert_eq!(s, 204, "{b}");
     let (_, stderr) = exits_ok(vmm);
     assert!(summary(&stderr).0 >= 64, "{stderr}");
     let lines = check_log_lines(&log_reader.join().unwrap(), id, true);
     assert!(lines.iter().any(|l| l.contains(":INFO] ")), "{lines:?}");
+    let mut at = 0;
+    for needle in logged {
+        let i = lines[at..]
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} after line {at}: {lines:?}"));
+        at += i + 1;
+    }
 }
 
 #[test]
