@@ -506,6 +506,107 @@ fn firectl_replay() {
     );
 }
 
+#[test]
+fn firectl_replay_with_drives_tap_and_vsock() {
+    if !kvm_or_skip("firectl_replay_with_drives_tap_and_vsock") {
+        return;
+    }
+    let Some(ns) = Netns::new("firectl") else {
+        skip(
+            "firectl_replay_with_drives_tap_and_vsock",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    let _big = big_memory();
+    let dir = temp_dir("firectl-devices");
+    let sock = dir.join("firecracker.sock");
+    let (root, data, uds) = (
+        dir.join("root.img"),
+        dir.join("data.img"),
+        dir.join("v.sock"),
+    );
+    let root_bytes = disk(&root, b"firectl rootdisk", 512 << 10);
+    let data_bytes = disk(&data, b"firectl add-driv", 64 << 10);
+    // `ip netns exec NS firectl --disable-smt --root-drive=root.img
+    //  --add-drive=data.img:rw --tap-device=tap0/AA:FC:00:00:00:01
+    //  --vsock-device=v.sock:3 --kernel-opts=...`: firectl has no netns
+    // flag, so it and its VMM run in the namespace it is started in. Its
+    // VMCommandBuilder passes only the socket path.
+    let mut cmd = ns.command(teravm());
+    cmd.args(["--api-sock", sock.to_str().unwrap()]);
+    let mut vmm = Vmm::spawn_command(cmd);
+    wait_for_socket(&sock);
+    // No --firecracker-log, --vmm-log-fifo or --metrics-fifo: setupLogging
+    // and setupMetrics send nothing.
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"mem_size_mib":512,"smt":false,"vcpu_count":1}"#,
+    );
+    get(&sock, "/machine-config");
+    // --kernel-opts: firectl's default words and the firmware's (go-sdk's
+    // SetupKernelArgsHandler reorders them; the firmware skips the others).
+    put_ok(
+        &sock,
+        "/boot-source",
+        r#"{"boot_args":"ro console=ttyS0 noapic reboot=k panic=1 pci=off nomodules blk vsock=echo:1024 net=echo then=idle"}"#,
+    );
+    // getBlockDevices: the --add-drive ones first with ids "2", "3", ...,
+    // then --root-drive with id "1" (read-write without `:ro`).
+    put_ok(
+        &sock,
+        "/drives/2",
+        &format!(
+            r#"{{"drive_id":"2","is_read_only":false,"is_root_device":false,"path_on_host":"{}"}}"#,
+            data.display()
+        ),
+    );
+    put_ok(
+        &sock,
+        "/drives/1",
+        &format!(
+            r#"{{"drive_id":"1","is_read_only":false,"is_root_device":true,"path_on_host":"{}"}}"#,
+            root.display()
+        ),
+    );
+    // --tap-device DEVICE/MAC: a StaticConfiguration, iface id "1".
+    put_ok(
+        &sock,
+        "/network-interfaces/1",
+        &format!(r#"{{"guest_mac":"{GUEST_MAC}","host_dev_name":"tap0","iface_id":"1"}}"#),
+    );
+    // --vsock-device PATH:CID: a VsockDevice without an ID.
+    put_ok(
+        &sock,
+        "/vsock",
+        &format!(r#"{{"guest_cid":3,"uds_path":"{}"}}"#, uds.display()),
+    );
+    let frames = netns::packet_socket(&ns);
+    let (s, b) = action(&sock, r#"{"action_type":"InstanceStart"}"#);
+    assert_eq!(s, 204, "{b}");
+    check_blk_lines(&mut vmm, b"firectl rootdisk", "1", 1024);
+    vmm.wait_line("teravm firmware: vsock listening on 1024", T);
+    let line = vmm.wait_line("teravm firmware: net sent hello", T);
+    assert!(line.ends_with("from aa:fc:00:00:00:01"), "{line}");
+    let hello = netns::next_frame(&frames, T).expect("the guest's hello on the tap");
+    assert_eq!(&hello[6..12], &[0xAA, 0xFC, 0, 0, 0, 1]);
+    vsock_echo_once(&mut vmm, &uds, 1024, "firectl over vsock\n");
+    assert_eq!(state(&sock), "Running");
+    // SIGTERM to firectl: installSignalHandlers calls Machine.Shutdown,
+    // i.e. SendCtrlAltDel; the firmware resets.
+    let (s, b) = action(&sock, r#"{"action_type":"SendCtrlAltDel"}"#);
+    assert_eq!(s, 204, "{b}");
+    exits_ok(vmm);
+    assert!(!sock.exists());
+    check_blk_written(&root, &root_bytes);
+    assert_eq!(
+        std::fs::read(&data).unwrap(),
+        data_bytes,
+        "drive 2 untouched"
+    );
+}
+
 /// flintlock's config file (`VmmConfig`), with the root drive it always
 /// adds left out (teravm has no block device).
 fn flintlock_config(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
