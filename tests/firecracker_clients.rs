@@ -744,3 +744,96 @@ fn firecracker_python_api_and_launcher() {
         "{log:?}"
     );
 }
+
+#[test]
+fn firecracker_python_drive_tap_and_vsock() {
+    if !kvm_or_skip("firecracker_python_drive_tap_and_vsock") {
+        return;
+    }
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fc-python-venv/bin/python");
+    if !python.exists() {
+        skip(
+            "firecracker_python_drive_tap_and_vsock",
+            format!("no {} (run tests/clients/setup.sh)", python.display()),
+        );
+        return;
+    }
+    // MicroVM names its tap tap_<id>: one more tap in the namespace.
+    let tap = "tap_fcpy0123";
+    let ns = Netns::new("fcpy").filter(|ns| {
+        [
+            vec!["-n", &ns.name, "tuntap", "add", "dev", tap, "mode", "tap"],
+            vec!["-n", &ns.name, "link", "set", tap, "up"],
+        ]
+        .iter()
+        .all(|a| {
+            Command::new("ip")
+                .args(a)
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    });
+    let Some(ns) = ns else {
+        skip(
+            "firecracker_python_drive_tap_and_vsock",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    let _big = big_memory();
+    let dir = temp_dir("fcpython-devices");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/fc_python.py");
+    // The package's user runs it where the tap is: in the namespace.
+    let out = ns
+        .command(python.to_str().unwrap())
+        .arg(&script)
+        .arg(teravm())
+        .arg(&dir)
+        .arg("devices")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout {stdout}\nstderr {stderr}");
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    assert_eq!(seen["exit_code"], 0, "{seen}");
+    assert_eq!(seen["state_running"], "Running");
+    let cfg = &seen["vm_config"];
+    assert_eq!(cfg["drives"][0]["drive_id"], "rootfs", "{cfg}");
+    assert_eq!(cfg["drives"][0]["is_root_device"], true, "{cfg}");
+    assert_eq!(cfg["network-interfaces"][0]["host_dev_name"], tap, "{cfg}");
+    assert_eq!(cfg["vsock"]["guest_cid"], 3, "{cfg}");
+    let fw: Vec<&str> = seen["firmware"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    let has = |needle: &str| fw.iter().any(|l| l.contains(needle));
+    assert!(has("blk id rootfs") && has("blk readback match"), "{fw:?}");
+    assert!(
+        has(&format!("blk sector0 {}", hex(b"fc-python rootfs"))),
+        "{fw:?}"
+    );
+    assert!(
+        has("vsock listening on 52") && has("vsock echo 21 bytes"),
+        "{fw:?}"
+    );
+    assert!(has("net sent hello from "), "{fw:?}");
+    assert!(seen["vsock"]["ok"].as_str().unwrap().starts_with("OK "));
+    assert_eq!(seen["vsock"]["echoed"], "fc-python over vsock\n");
+    assert_eq!(seen["rootfs_sector1"], "a5a5a5a5", "{seen}");
+    let log: Vec<String> = seen["log_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect();
+    let lines = check_log_lines(&log.join("\n"), "fcpy0123", true);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("network interface eth0 at")),
+        "{lines:?}"
+    );
+}
