@@ -4,7 +4,10 @@
 //! source), flintlock's command line and config file stopped with SIGHUP,
 //! and PyPI's firecracker-python (its `Api` class and process launcher).
 //! Each reaches Running and ends with reclaim and exit 0; the log and
-//! metrics they set up are checked line by line.
+//! metrics they set up are checked line by line. The device replays attach
+//! drives, a tap (in a network namespace the test makes, teravm run in it)
+//! and a vsock as each client sends them, and check what the firmware's
+//! drivers see.
 
 mod common;
 
