@@ -4,7 +4,10 @@
 //! source), flintlock's command line and config file stopped with SIGHUP,
 //! and PyPI's firecracker-python (its `Api` class and process launcher).
 //! Each reaches Running and ends with reclaim and exit 0; the log and
-//! metrics they set up are checked line by line.
+//! metrics they set up are checked line by line. The device replays attach
+//! drives, a tap (in a network namespace the test makes, teravm run in it)
+//! and a vsock as each client sends them, and check what the firmware's
+//! drivers see.
 
 mod common;
 
@@ -14,6 +17,7 @@ use std::process::Command;
 
 use common::api::*;
 use common::client::request;
+use common::netns::{self, Netns};
 use common::*;
 use serde_json::Value;
 
@@ -113,7 +117,7 @@ fn go_sdk_machine_start_replay() {
         return;
     }
     // With the default flags: every thread filtered.
-    go_sdk_replay("gosdk", &[]);
+    go_sdk_replay("gosdk", &[], None);
 }
 
 #[test]
@@ -122,19 +126,130 @@ fn go_sdk_machine_start_replay_with_seccomp_disabled() {
         return;
     }
     // go-sdk passes `--no-seccomp` when its `Seccomp.Enabled` is false.
-    go_sdk_replay("gosdk-noseccomp", &["--no-seccomp"]);
+    go_sdk_replay("gosdk-noseccomp", &["--no-seccomp"], None);
+}
+
+#[test]
+fn go_sdk_machine_start_replay_with_drives_net_and_vsock() {
+    if !kvm_or_skip("go_sdk_machine_start_replay_with_drives_net_and_vsock") {
+        return;
+    }
+    let Some(ns) = Netns::new("gosdk") else {
+        skip(
+            "go_sdk_machine_start_replay_with_drives_net_and_vsock",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    let _big = big_memory();
+    // With the default flags: every thread filtered, the devices' too.
+    go_sdk_replay("gosdk-devices", &[], Some(&ns));
+}
+
+/// The guest MAC of the go-sdk and firectl replays (firectl's README
+/// writes `--tap-device=tap0/AA:FC:00:00:00:01`; upper case, as there).
+const GUEST_MAC: &str = "AA:FC:00:00:00:01";
+
+/// Firecracker's host side of vsock, as firecracker-containerd's
+/// `vsockConnect` does it: connect to the UDS, `CONNECT <port>\n`, read
+/// the `OK <n>` line (retrying until the guest listens).
+fn vsock_connect(uds: &Path, port: u32) -> std::os::unix::net::UnixStream {
+    use std::io::{BufRead, BufReader, Write};
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let line = std::os::unix::net::UnixStream::connect(uds).and_then(|mut s| {
+            s.set_read_timeout(Some(T))?;
+            s.write_all(format!("CONNECT {port}\n").as_bytes())?;
+            let mut line = String::new();
+            BufReader::new(s.try_clone()?).read_line(&mut line)?;
+            Ok((s, line))
+        });
+        match line {
+            Ok((s, line)) if line.starts_with("OK ") => return s,
+            other => {
+                assert!(std::time::Instant::now() < deadline, "{other:?}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Echoes one message through a host-initiated vsock connection to the
+/// firmware's `vsock=echo:<port>` and waits for its `vsock echo` line.
+fn vsock_echo_once(vmm: &mut Vmm, uds: &Path, port: u32, msg: &str) {
+    use std::io::{Read, Write};
+    let mut s = vsock_connect(uds, port);
+    s.write_all(msg.as_bytes()).unwrap();
+    let mut back = vec![0u8; msg.len()];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(back, msg.as_bytes());
+    drop(s);
+    let line = vmm.wait_line("teravm firmware: vsock echo", T);
+    assert!(
+        line.ends_with(&format!("echo {} bytes", msg.len())),
+        "{line}"
+    );
+}
+
+/// A disk image of `len` bytes starting with `head` (16 bytes).
+fn disk(path: &Path, head: &[u8; 16], len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    bytes[..16].copy_from_slice(head);
+    std::fs::write(path, &bytes).unwrap();
+    bytes
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The firmware's `blk` lines for the first drive, whose image starts
+/// with `head`, named `id`, `sectors` long, read-write.
+fn check_blk_lines(vmm: &mut Vmm, head: &[u8; 16], id: &str, sectors: u64) {
+    let found = vmm.wait_line("teravm firmware: blk device at", T);
+    assert!(
+        found.ends_with(&format!("capacity {sectors} sectors")),
+        "{found}"
+    );
+    let line = vmm.wait_line("teravm firmware: blk sector0", T);
+    assert!(line.ends_with(&hex(head)), "{line}");
+    let line = vmm.wait_line("teravm firmware: blk write", T);
+    assert!(line.ends_with("write ok"), "{line}");
+    let line = vmm.wait_line("teravm firmware: blk readback", T);
+    assert!(line.ends_with("readback match"), "{line}");
+    let line = vmm.wait_line("teravm firmware: blk id", T);
+    assert!(line.ends_with(&format!("blk id {id}")), "{line}");
+}
+
+/// Sector 1 of a drive the firmware drove holds its 0xA5 bytes; the rest
+/// is `before`.
+fn check_blk_written(path: &Path, before: &[u8]) {
+    let after = std::fs::read(path).unwrap();
+    assert_eq!(&after[512..1024], &[0xA5u8; 512][..], "sector 1 written");
+    assert_eq!(&after[..512], &before[..512], "sector 0 untouched");
+    assert_eq!(&after[1024..], &before[1024..], "nothing past sector 1");
 }
 
 /// go-sdk's `Machine.Start` then `Machine.Shutdown`, with teravm started as
-/// go-sdk's `startVMM` does plus `extra` flags.
-fn go_sdk_replay(name: &str, extra: &[&str]) {
+/// go-sdk's `startVMM` does plus `extra` flags; with `devices`, the machine
+/// has a root drive and an extra drive (`DrivesBuilder`), a NIC with a
+/// `StaticConfiguration` on the namespace's tap and a vsock, and teravm
+/// runs in that namespace (`Cfg.NetNS`: startVMM starts it there).
+fn go_sdk_replay(name: &str, extra: &[&str], devices: Option<&Netns>) {
     let dir = temp_dir(name);
     let sock = dir.join("firecracker.sock");
     let id = "4a7f0c2e-9b1d-4e6f-8a3c-5d2b1e0f9c7a";
     // NewMachine + startVMM: `--api-sock S --id VMID`.
     let mut args = vec!["--api-sock", sock.to_str().unwrap(), "--id", id];
     args.extend_from_slice(extra);
-    let mut vmm = Vmm::spawn(&args);
+    let mut vmm = match devices {
+        None => Vmm::spawn(&args),
+        Some(ns) => {
+            let mut cmd = ns.command(teravm());
+            cmd.args(&args);
+            Vmm::spawn_command(cmd)
+        }
+    };
     wait_for_socket(&sock);
     // CreateLogFilesHandler: FIFOs for the log (read by FifoLogWriter) and
     // the metrics (which nobody reads here: teravm must not block on it).
@@ -168,28 +283,150 @@ fn go_sdk_replay(name: &str, extra: &[&str]) {
     assert_eq!(mc["huge_pages"], "Transparent");
     // CreateBootSourceHandler (go-sdk also sends kernel_image_path: that
     // needs the Linux-guest work; the firmware runs without it).
+    // SetupKernelArgsHandler has parsed the arguments into a Go map and
+    // joined them again: the words come in the map's (random) order.
+    let Some(ns) = devices else {
+        put_ok(
+            &sock,
+            "/boot-source",
+            r#"{"boot_args":"touch=64 then=idle"}"#,
+        );
+        // No drives, interfaces, vsocks or MMDS configured: nothing sent.
+        // startInstance: CreateSyncAction InstanceStart.
+        let (s, b) = action(&sock, r#"{"action_type":"InstanceStart"}"#);
+        assert_eq!(s, 204, "{b}");
+        vmm.wait_line("teravm firmware: idle", T);
+        return go_sdk_stop(vmm, &sock, log_reader, id, &[]);
+    };
     put_ok(
         &sock,
         "/boot-source",
-        r#"{"boot_args":"touch=64 then=idle"}"#,
+        r#"{"boot_args":"then=idle net=echo vsock=echo:52 touch=64 blk"}"#,
     );
-    // No drives, interfaces, vsocks or MMDS configured: nothing sent.
+    // AttachDrivesHandler: Cfg.Drives from NewDrivesBuilder(root)
+    // .AddDrive(extra, true).Build(), i.e. the added drives first and the
+    // root drive last; each models.Drive as Go marshals it (fields in
+    // declaration order, cache_type / io_engine / partuuid / rate_limiter
+    // omitted when empty).
+    let (root, extra_disk) = (dir.join("rootfs.ext4"), dir.join("data.img"));
+    let root_bytes = disk(&root, b"go-sdk root disk", 1 << 20);
+    let extra_bytes = disk(&extra_disk, b"go-sdk data disk", 64 << 10);
+    put_ok(
+        &sock,
+        "/drives/0",
+        &format!(
+            r#"{{"drive_id":"0","is_read_only":true,"is_root_device":false,"path_on_host":"{}"}}"#,
+            extra_disk.display()
+        ),
+    );
+    put_ok(
+        &sock,
+        "/drives/root_drive",
+        &format!(
+            r#"{{"drive_id":"root_drive","is_read_only":false,"is_root_device":true,"path_on_host":"{}"}}"#,
+            root.display()
+        ),
+    );
+    // CreateNetworkInterfacesHandler: iface ids "1", "2", ... by position;
+    // guest_mac from StaticConfiguration.MacAddress, no rate limiters.
+    put_ok(
+        &sock,
+        "/network-interfaces/1",
+        &format!(r#"{{"guest_mac":"{GUEST_MAC}","host_dev_name":"tap0","iface_id":"1"}}"#),
+    );
+    // AddVsocksHandler: models.Vsock with the device's ID.
+    let uds = dir.join("firecracker.vsock");
+    put_ok(
+        &sock,
+        "/vsock",
+        &format!(
+            r#"{{"guest_cid":3,"uds_path":"{}","vsock_id":"vsock0"}}"#,
+            uds.display()
+        ),
+    );
+    // ConfigMmdsHandler: no MmdsAddress, no MMDS interface: nothing sent.
+    let cfg = get(&sock, "/vm/config");
+    let drives: Vec<&str> = cfg["drives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["drive_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        drives.contains(&"root_drive") && drives.contains(&"0"),
+        "{cfg}"
+    );
+    assert_eq!(
+        cfg["network-interfaces"][0]["host_dev_name"], "tap0",
+        "{cfg}"
+    );
+    assert_eq!(cfg["vsock"]["guest_cid"], 3, "{cfg}");
+    let frames = netns::packet_socket(ns);
     // startInstance: CreateSyncAction InstanceStart.
     let (s, b) = action(&sock, r#"{"action_type":"InstanceStart"}"#);
     assert_eq!(s, 204, "{b}");
-    vmm.wait_line("teravm firmware: idle", T);
-    assert_eq!(state(&sock), "Running");
+    // The firmware drives the first virtio-blk: the root drive, attached
+    // first whatever the order of the PUTs (Firecracker's order).
+    check_blk_lines(&mut vmm, b"go-sdk root disk", "root_drive", 2048);
+    let line = vmm.wait_line("teravm firmware: vsock device at", T);
+    assert!(line.ends_with("cid 3"), "{line}");
+    vmm.wait_line("teravm firmware: vsock listening on 52", T);
+    vmm.wait_line("teravm firmware: net device at", T);
+    let line = vmm.wait_line("teravm firmware: net sent hello", T);
+    assert!(
+        line.ends_with(&format!("from {}", GUEST_MAC.to_lowercase())),
+        "{line}"
+    );
+    let hello = netns::next_frame(&frames, T).expect("the guest's hello on the tap");
+    assert_eq!(&hello[6..12], &[0xAA, 0xFC, 0, 0, 0, 1]);
+    // The host side of the vsock, as firecracker-containerd reaches its
+    // agent: CONNECT through the UDS.
+    vsock_echo_once(&mut vmm, &uds, 52, "go-sdk over vsock\n");
+    go_sdk_stop(
+        vmm,
+        &sock,
+        log_reader,
+        id,
+        &[
+            "drive root_drive at",
+            "drive 0 at",
+            "network interface 1 at",
+            "vsock (guest CID 3)",
+        ],
+    );
+    check_blk_written(&root, &root_bytes);
+    assert_eq!(std::fs::read(&extra_disk).unwrap(), extra_bytes);
+}
+
+/// go-sdk's `Machine.Shutdown` on a Running machine, then the exit and
+/// the log: `logged` in this order.
+fn go_sdk_stop(
+    vmm: Vmm,
+    sock: &Path,
+    log_reader: std::thread::JoinHandle<String>,
+    id: &str,
+    logged: &[&str],
+) {
+    assert_eq!(state(sock), "Running");
     assert_eq!(
-        get(&sock, "/version")["firecracker_version"],
+        get(sock, "/version")["firecracker_version"],
         env!("CARGO_PKG_VERSION")
     );
     // Machine.Shutdown: SendCtrlAltDel; the firmware resets.
-    let (s, b) = action(&sock, r#"{"action_type":"SendCtrlAltDel"}"#);
+    let (s, b) = action(sock, r#"{"action_type":"SendCtrlAltDel"}"#);
     assert_eq!(s, 204, "{b}");
     let (_, stderr) = exits_ok(vmm);
     assert!(summary(&stderr).0 >= 64, "{stderr}");
     let lines = check_log_lines(&log_reader.join().unwrap(), id, true);
     assert!(lines.iter().any(|l| l.contains(":INFO] ")), "{lines:?}");
+    let mut at = 0;
+    for needle in logged {
+        let i = lines[at..]
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} after line {at}: {lines:?}"));
+        at += i + 1;
+    }
 }
 
 #[test]
@@ -269,6 +506,107 @@ fn firectl_replay() {
     assert!(
         u(errors, "PUT /drives") >= 1 && u(errors, "PUT /machine-config") >= 1,
         "{last}"
+    );
+}
+
+#[test]
+fn firectl_replay_with_drives_tap_and_vsock() {
+    if !kvm_or_skip("firectl_replay_with_drives_tap_and_vsock") {
+        return;
+    }
+    let Some(ns) = Netns::new("firectl") else {
+        skip(
+            "firectl_replay_with_drives_tap_and_vsock",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    let _big = big_memory();
+    let dir = temp_dir("firectl-devices");
+    let sock = dir.join("firecracker.sock");
+    let (root, data, uds) = (
+        dir.join("root.img"),
+        dir.join("data.img"),
+        dir.join("v.sock"),
+    );
+    let root_bytes = disk(&root, b"firectl rootdisk", 512 << 10);
+    let data_bytes = disk(&data, b"firectl add-driv", 64 << 10);
+    // `ip netns exec NS firectl --disable-smt --root-drive=root.img
+    //  --add-drive=data.img:rw --tap-device=tap0/AA:FC:00:00:00:01
+    //  --vsock-device=v.sock:3 --kernel-opts=...`: firectl has no netns
+    // flag, so it and its VMM run in the namespace it is started in. Its
+    // VMCommandBuilder passes only the socket path.
+    let mut cmd = ns.command(teravm());
+    cmd.args(["--api-sock", sock.to_str().unwrap()]);
+    let mut vmm = Vmm::spawn_command(cmd);
+    wait_for_socket(&sock);
+    // No --firecracker-log, --vmm-log-fifo or --metrics-fifo: setupLogging
+    // and setupMetrics send nothing.
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"mem_size_mib":512,"smt":false,"vcpu_count":1}"#,
+    );
+    get(&sock, "/machine-config");
+    // --kernel-opts: firectl's default words and the firmware's (go-sdk's
+    // SetupKernelArgsHandler reorders them; the firmware skips the others).
+    put_ok(
+        &sock,
+        "/boot-source",
+        r#"{"boot_args":"ro console=ttyS0 noapic reboot=k panic=1 pci=off nomodules blk vsock=echo:1024 net=echo then=idle"}"#,
+    );
+    // getBlockDevices: the --add-drive ones first with ids "2", "3", ...,
+    // then --root-drive with id "1" (read-write without `:ro`).
+    put_ok(
+        &sock,
+        "/drives/2",
+        &format!(
+            r#"{{"drive_id":"2","is_read_only":false,"is_root_device":false,"path_on_host":"{}"}}"#,
+            data.display()
+        ),
+    );
+    put_ok(
+        &sock,
+        "/drives/1",
+        &format!(
+            r#"{{"drive_id":"1","is_read_only":false,"is_root_device":true,"path_on_host":"{}"}}"#,
+            root.display()
+        ),
+    );
+    // --tap-device DEVICE/MAC: a StaticConfiguration, iface id "1".
+    put_ok(
+        &sock,
+        "/network-interfaces/1",
+        &format!(r#"{{"guest_mac":"{GUEST_MAC}","host_dev_name":"tap0","iface_id":"1"}}"#),
+    );
+    // --vsock-device PATH:CID: a VsockDevice without an ID.
+    put_ok(
+        &sock,
+        "/vsock",
+        &format!(r#"{{"guest_cid":3,"uds_path":"{}"}}"#, uds.display()),
+    );
+    let frames = netns::packet_socket(&ns);
+    let (s, b) = action(&sock, r#"{"action_type":"InstanceStart"}"#);
+    assert_eq!(s, 204, "{b}");
+    check_blk_lines(&mut vmm, b"firectl rootdisk", "1", 1024);
+    vmm.wait_line("teravm firmware: vsock listening on 1024", T);
+    let line = vmm.wait_line("teravm firmware: net sent hello", T);
+    assert!(line.ends_with("from aa:fc:00:00:00:01"), "{line}");
+    let hello = netns::next_frame(&frames, T).expect("the guest's hello on the tap");
+    assert_eq!(&hello[6..12], &[0xAA, 0xFC, 0, 0, 0, 1]);
+    vsock_echo_once(&mut vmm, &uds, 1024, "firectl over vsock\n");
+    assert_eq!(state(&sock), "Running");
+    // SIGTERM to firectl: installSignalHandlers calls Machine.Shutdown,
+    // i.e. SendCtrlAltDel; the firmware resets.
+    let (s, b) = action(&sock, r#"{"action_type":"SendCtrlAltDel"}"#);
+    assert_eq!(s, 204, "{b}");
+    exits_ok(vmm);
+    assert!(!sock.exists());
+    check_blk_written(&root, &root_bytes);
+    assert_eq!(
+        std::fs::read(&data).unwrap(),
+        data_bytes,
+        "drive 2 untouched"
     );
 }
 
@@ -407,5 +745,98 @@ fn firecracker_python_api_and_launcher() {
         log.iter()
             .any(|l| l.contains(":DEBUG] ") || l.contains(":INFO] ")),
         "{log:?}"
+    );
+}
+
+#[test]
+fn firecracker_python_drive_tap_and_vsock() {
+    if !kvm_or_skip("firecracker_python_drive_tap_and_vsock") {
+        return;
+    }
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fc-python-venv/bin/python");
+    if !python.exists() {
+        skip(
+            "firecracker_python_drive_tap_and_vsock",
+            format!("no {} (run tests/clients/setup.sh)", python.display()),
+        );
+        return;
+    }
+    // MicroVM names its tap tap_<id>: one more tap in the namespace.
+    let tap = "tap_fcpy0123";
+    let ns = Netns::new("fcpy").filter(|ns| {
+        [
+            vec!["-n", &ns.name, "tuntap", "add", "dev", tap, "mode", "tap"],
+            vec!["-n", &ns.name, "link", "set", tap, "up"],
+        ]
+        .iter()
+        .all(|a| {
+            Command::new("ip")
+                .args(a)
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    });
+    let Some(ns) = ns else {
+        skip(
+            "firecracker_python_drive_tap_and_vsock",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    let _big = big_memory();
+    let dir = temp_dir("fcpython-devices");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/fc_python.py");
+    // The package's user runs it where the tap is: in the namespace.
+    let out = ns
+        .command(python.to_str().unwrap())
+        .arg(&script)
+        .arg(teravm())
+        .arg(&dir)
+        .arg("devices")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout {stdout}\nstderr {stderr}");
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    assert_eq!(seen["exit_code"], 0, "{seen}");
+    assert_eq!(seen["state_running"], "Running");
+    let cfg = &seen["vm_config"];
+    assert_eq!(cfg["drives"][0]["drive_id"], "rootfs", "{cfg}");
+    assert_eq!(cfg["drives"][0]["is_root_device"], true, "{cfg}");
+    assert_eq!(cfg["network-interfaces"][0]["host_dev_name"], tap, "{cfg}");
+    assert_eq!(cfg["vsock"]["guest_cid"], 3, "{cfg}");
+    let fw: Vec<&str> = seen["firmware"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    let has = |needle: &str| fw.iter().any(|l| l.contains(needle));
+    assert!(has("blk id rootfs") && has("blk readback match"), "{fw:?}");
+    assert!(
+        has(&format!("blk sector0 {}", hex(b"fc-python rootfs"))),
+        "{fw:?}"
+    );
+    assert!(
+        has("vsock listening on 52") && has("vsock echo 21 bytes"),
+        "{fw:?}"
+    );
+    assert!(has("net sent hello from "), "{fw:?}");
+    assert!(seen["vsock"]["ok"].as_str().unwrap().starts_with("OK "));
+    assert_eq!(seen["vsock"]["echoed"], "fc-python over vsock\n");
+    assert_eq!(seen["rootfs_sector1"], "a5a5a5a5", "{seen}");
+    let log: Vec<String> = seen["log_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect();
+    let lines = check_log_lines(&log.join("\n"), "fcpy0123", true);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("network interface eth0 at")),
+        "{lines:?}"
     );
 }

@@ -13,6 +13,7 @@ pub mod api;
 pub mod client;
 #[path = "../../src/bin/teravm-bench/host.rs"]
 pub mod host;
+pub mod netns;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
