@@ -345,7 +345,7 @@ fn patch_network_interface() {
                  supported by teravm",
             ),
             (
-                r#"{"iface_id": "eth0", "tx_rate_limiter": {}}"#,
+                r#"{"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}"#,
                 "invalid value for network-interfaces.tx_rate_limiter",
             ),
         ],

@@ -96,10 +96,10 @@ fn validation_names_the_field_and_the_reason() {
         (
             r#", "rate_limiter": {"bandwidth": {"size": 1, "refill_time": 100}}"#,
             "invalid value for drives.rate_limiter: rate limiters are not supported by teravm; \
-             leave it out or send null",
+             leave it out, send null or {} (no limit)",
         ),
         (
-            r#", "rate_limiter": {}"#,
+            r#", "rate_limiter": {"ops": {"size": 10, "refill_time": 1000}, "bandwidth": null}"#,
             "invalid value for drives.rate_limiter: rate limiters are not supported by teravm",
         ),
         (

@@ -311,10 +311,17 @@ pub fn check_no_rate_limiter(
     field: &'static str,
     limiter: &Option<serde_json::Value>,
 ) -> Result<(), ConfigError> {
-    if limiter.as_ref().is_some_and(|v| !v.is_null()) {
+    // A limiter that limits nothing (`{}`, or buckets all null, as Kata
+    // sends on every interface) is what Firecracker takes as no limit.
+    let limits = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => false,
+        serde_json::Value::Object(m) => m.values().any(|b| !b.is_null()),
+        _ => true,
+    };
+    if limiter.as_ref().is_some_and(limits) {
         return Err(invalid(
             field,
-            "rate limiters are not supported by teravm; leave it out or send null",
+            "rate limiters are not supported by teravm; leave it out, send null or {} (no limit)",
         ));
     }
     Ok(())
