@@ -287,7 +287,7 @@ fn put_network_interface() {
                  supported by teravm",
             ),
             (
-                &format!(r#"{{{good}, "tx_rate_limiter": {{}}}}"#),
+                &format!(r#"{{{good}, "tx_rate_limiter": {{"ops": {{"size": 1, "refill_time": 1}}}}}}"#),
                 "invalid value for network-interfaces.tx_rate_limiter",
             ),
             (
