@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::api::*;
+use common::netns::{next_frame, packet_socket, Netns};
 use common::*;
 
 /// teravm with an API socket in `dir`, configured by `sections` (path,
@@ -157,112 +158,6 @@ fn drive_paths_that_are_not_drives_are_refused_and_teravm_lives() {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// A network namespace with a tap, removed when dropped.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(tag: &str) -> Option<Netns> {
-        let name = format!("teravm-{tag}-{}", std::process::id());
-        let ok = |args: &[&str]| {
-            Command::new("ip")
-                .args(args)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !ok(&["netns", "add", &name]) {
-            return None;
-        }
-        let ns = Netns { name };
-        let n = ns.name.clone();
-        if !(ok(&["-n", &n, "tuntap", "add", "dev", "tap0", "mode", "tap"])
-            && ok(&["-n", &n, "link", "set", "tap0", "up"]))
-        {
-            return None;
-        }
-        Some(ns)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// An AF_PACKET socket bound to `tap0` inside `ns` (made on a thread that
-/// enters the namespace; the socket keeps it).
-fn packet_socket(ns: &Netns) -> std::os::fd::OwnedFd {
-    use std::os::fd::FromRawFd;
-    let path = format!("/var/run/netns/{}", ns.name);
-    std::thread::spawn(move || {
-        let f = std::fs::File::open(&path).unwrap();
-        // SAFETY: setns on this thread with a namespace fd we hold.
-        assert_eq!(
-            unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) },
-            0
-        );
-        let proto = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: a new socket; the result is checked.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                proto.into(),
-            )
-        };
-        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-        let name = std::ffi::CString::new("tap0").unwrap();
-        // SAFETY: a NUL-terminated name.
-        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        assert!(index > 0);
-        // SAFETY: plain data, zeroed, then filled.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = index as i32;
-        // SAFETY: binds our socket to a valid sockaddr_ll of its size.
-        let rc = unsafe {
-            libc::bind(
-                fd,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-        // SAFETY: a new descriptor that nothing else owns.
-        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
-    })
-    .join()
-    .unwrap()
-}
-
-/// The next frame with EtherType 0x88B5 on `fd`, within `timeout`.
-fn next_frame(fd: &std::os::fd::OwnedFd, timeout: Duration) -> Option<Vec<u8>> {
-    let deadline = Instant::now() + timeout;
-    let mut buf = vec![0u8; 2048];
-    while Instant::now() < deadline {
-        let mut pfd = libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(fd),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd on our stack.
-        if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
-            continue;
-        }
-        // SAFETY: reads into our buffer of its length.
-        let n = unsafe { libc::recv(pfd.fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n >= 14 && buf[12] == 0x88 && buf[13] == 0xB5 {
-            return Some(buf[..n as usize].to_vec());
-        }
-    }
-    None
 }
 
 #[test]

@@ -287,7 +287,9 @@ fn put_network_interface() {
                  supported by teravm",
             ),
             (
-                &format!(r#"{{{good}, "tx_rate_limiter": {{"ops": {{"size": 1, "refill_time": 1}}}}}}"#),
+                &format!(
+                    r#"{{{good}, "tx_rate_limiter": {{"ops": {{"size": 1, "refill_time": 1}}}}}}"#
+                ),
                 "invalid value for network-interfaces.tx_rate_limiter",
             ),
             (
