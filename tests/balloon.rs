@@ -12,16 +12,6 @@ use common::api::*;
 use common::*;
 use serde_json::Value;
 
-/// The RSS of process `pid`, in bytes.
-fn rss_of(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb << 10)
-}
-
 /// Polls `GET /balloon/statistics` until `check` holds, or panics.
 fn stats_until(sock: &Path, what: &str, mut check: impl FnMut(&Value) -> bool) -> Value {
     let deadline = Instant::now() + T;
@@ -86,7 +76,7 @@ fn inflate_by_patch_frees_the_pages_and_deflate_gives_them_back() {
     );
     vmm.wait_line("teravm firmware: balloon device at", T);
     let pid = vmm.child.id();
-    let before = rss_of(pid);
+    let before = rss_bytes_of(pid);
     assert!(before > 380 << 20, "the guest touched 384 MiB: {before}");
     let (status, body) = patch(&sock, "/balloon", r#"{"amount_mib": 256}"#);
     assert_eq!(status, 204, "{body}");
@@ -95,8 +85,12 @@ fn inflate_by_patch_frees_the_pages_and_deflate_gives_them_back() {
     assert_eq!(s["target_pages"], 256 * 256, "{s}");
     // The pages went back to the host, counted by the pool.
     let deadline = Instant::now() + T;
-    while rss_of(pid) > before - (240 << 20) {
-        assert!(Instant::now() < deadline, "RSS {} of {before}", rss_of(pid));
+    while rss_bytes_of(pid) > before - (240 << 20) {
+        assert!(
+            Instant::now() < deadline,
+            "RSS {} of {before}",
+            rss_bytes_of(pid)
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let s = stats_until(&sock, "discard counted", |v| {

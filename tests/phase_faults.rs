@@ -11,16 +11,6 @@ use std::time::{Duration, Instant};
 use common::api::*;
 use common::*;
 
-/// The RSS of process `pid`, in bytes.
-fn rss_of(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb << 10)
-}
-
 /// The mapping of process `pid` that starts at `addr`, as
 /// `/proc/<pid>/maps` shows it (its permissions and size).
 fn mapping_at(pid: u32, addr: u64) -> Option<(String, u64)> {
@@ -80,7 +70,7 @@ fn a_vcpu_that_never_stops_gets_its_memory_freed_and_its_range_kept_reserved() {
     assert!(touched_mib(&line) > 0, "{line}");
     let pid = vmm.child.id();
     let guest = guest_mapping(pid, mem << 20).expect("the guest RAM mapping");
-    let held = rss_of(pid);
+    let held = rss_bytes_of(pid);
     assert!(held > (mem << 20) / 2, "the guest touched its RAM: {held}");
     let t = Instant::now();
     let (status, body) = action(&sock, r#"{"action_type": "Shutdown"}"#);
@@ -98,7 +88,11 @@ fn a_vcpu_that_never_stops_gets_its_memory_freed_and_its_range_kept_reserved() {
     let (perms, len) = mapping_at(pid, guest).expect("the range is still mapped");
     assert!(perms.starts_with("---p"), "{perms}");
     assert!(len >= mem << 20, "{len}");
-    assert!(rss_of(pid) < held / 2, "{} of {held}", rss_of(pid));
+    assert!(
+        rss_bytes_of(pid) < held / 2,
+        "{} of {held}",
+        rss_bytes_of(pid)
+    );
     let summary = vmm.wait_err_line("teravm: reclaimed", T);
     assert!(
         summary.contains("1 vCPUs did not stop") && summary.contains("kept reserved until exit"),

@@ -5,57 +5,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::api::*;
 use common::*;
-
-/// A pipe: (read end, write end).
-fn pipe() -> (OwnedFd, OwnedFd) {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: both are new descriptors that nothing else owns.
-    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-}
-
-/// Fills the pipe behind `w` until a write would block, then makes it
-/// blocking again: the next writer waits until someone reads.
-fn fill(w: &OwnedFd) -> usize {
-    let fd = w.as_raw_fd();
-    // SAFETY: fcntl on a descriptor we own.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) },
-        0
-    );
-    let chunk = [b'x'; 4096];
-    let mut filled = 0;
-    loop {
-        // SAFETY: writes from our buffer of that length.
-        let n = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
-        if n <= 0 {
-            break;
-        }
-        filled += n as usize;
-    }
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) }, 0);
-    filled
-}
-
-/// The RSS of process `pid`, in bytes.
-fn rss_of(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb << 10)
-}
 
 /// `PUT /machine-config` and `PUT /boot-source`, each expecting 204.
 fn configure(sock: &std::path::Path, machine: &str, boot_source: &str) {
@@ -91,7 +46,7 @@ fn a_stdout_nobody_reads_does_not_stop_sigterm() {
     let pid = child.id();
     // The firmware touches 64 MiB (its console output is stuck behind the
     // full pipe, its vCPUs are not).
-    wait_until("64 MiB touched", T, || rss_of(pid) >= 64 << 20);
+    wait_until("64 MiB touched", T, || rss_bytes_of(pid) >= 64 << 20);
     let sent = Instant::now();
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
@@ -146,7 +101,7 @@ fn a_panic_in_the_reclaim_job_exits_4_with_memory_freed() {
     assert_eq!(s, 204, "{b}");
     vmm.wait_line("teravm firmware: idle", T);
     let pid = vmm.child.id();
-    assert!(rss_of(pid) >= 128 << 20);
+    assert!(rss_bytes_of(pid) >= 128 << 20);
     let sent = Instant::now();
     let (s, b) = action(&sock, r#"{"action_type": "Shutdown", "reclaim": "async"}"#);
     assert_eq!(s, 202, "{b}");
@@ -156,7 +111,7 @@ fn a_panic_in_the_reclaim_job_exits_4_with_memory_freed() {
         get(&sock, "/reclaim")["state"] == "failed"
     });
     assert_eq!(state(&sock), "Stopped");
-    let rss = rss_of(pid);
+    let rss = rss_bytes_of(pid);
     assert!(rss < 64 << 20, "RSS {rss} after the failed reclaim");
     let (code, _, stderr) = vmm.wait(T);
     assert_eq!(code, 4, "{stderr}");
@@ -299,7 +254,7 @@ fn a_closed_stdout_is_no_panic_and_the_sync_reply_arrives() {
     let (s, b) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(s, 204, "{b}");
     let pid = child.id();
-    wait_until("32 MiB touched", T, || rss_of(pid) >= 32 << 20);
+    wait_until("32 MiB touched", T, || rss_bytes_of(pid) >= 32 << 20);
     let (s, reply) = action(&sock, r#"{"action_type": "Shutdown"}"#);
     assert_eq!(s, 200, "{reply}");
     assert!(json(&reply)["resident_bytes_freed"].as_u64().unwrap() >= 28 << 20);

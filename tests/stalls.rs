@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,52 +22,12 @@ const EXIT_WITHIN: Duration = Duration::from_secs(2);
 /// The firmware touches this much before the signal.
 const TOUCH_MIB: u64 = 64;
 
-/// A pipe: (read end, write end).
-fn pipe() -> (OwnedFd, OwnedFd) {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: both are new descriptors that nothing else owns.
-    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-}
-
-/// Fills the pipe or FIFO behind `w` until a write would block, then makes
-/// it blocking again: the next writer waits until someone reads.
-fn fill(w: &OwnedFd) -> usize {
-    let fd = w.as_raw_fd();
-    // SAFETY: fcntl on a descriptor we own.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) },
-        0
-    );
-    let chunk = [b'x'; 4096];
-    let mut filled = 0;
-    loop {
-        // SAFETY: writes from our buffer of that length.
-        let n = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
-        if n <= 0 {
-            break;
-        }
-        filled += n as usize;
-    }
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) }, 0);
-    filled
-}
-
 /// A full pipe that nobody reads: (its read end, kept open so that writes
 /// wait rather than fail; its write end, for the child).
 fn full_pipe() -> (OwnedFd, OwnedFd, usize) {
     let (r, w) = pipe();
     let filled = fill(&w);
     (r, w, filled)
-}
-
-/// The RSS of process `pid`, in bytes.
-fn rss_of(pid: u32) -> u64 {
-    host::rss_bytes(pid).unwrap_or(0)
 }
 
 /// Spawns teravm on a 2-vCPU, 256 MiB firmware guest that touches
@@ -157,7 +117,7 @@ fn wait_output_stalled(pid: u32, what: &str) {
 fn sigterm_ends_it(child: &mut Child, what: &str, stalled: bool) -> Duration {
     let pid = child.id();
     let deadline = Instant::now() + T;
-    while rss_of(pid) < TOUCH_MIB << 20 {
+    while rss_bytes_of(pid) < TOUCH_MIB << 20 {
         if Instant::now() > deadline {
             let _ = child.kill();
             panic!("{what}: the guest did not touch {TOUCH_MIB} MiB within {T:?}");

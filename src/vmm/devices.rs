@@ -235,13 +235,7 @@ impl Devices {
                 page,
                 discard.clone(),
             )?));
-            let as_virtio: Arc<Mutex<dyn VirtioDevice<GuestView>>> = device.clone();
-            let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
-            let transport = MmioTransport::new(as_virtio, memory.view(), irq)?;
-            let (queue_evts, irq) = clones(&transport)?;
-            let slot = mmio.add(Box::new(transport))?;
-            register(vm, slot, &queue_evts, &irq)?;
-            let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = BalloonWorker::new(
                 device.clone(),
                 queue_evts,
@@ -271,13 +265,7 @@ impl Devices {
         for (i, d) in specs.drives.iter().enumerate() {
             let file = d.file.try_clone().map_err(DeviceError::EventFd)?;
             let device = Arc::new(Mutex::new(Block::new(d.opts.clone(), file)?));
-            let as_virtio: Arc<Mutex<dyn VirtioDevice<GuestView>>> = device.clone();
-            let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
-            let transport = MmioTransport::new(as_virtio, memory.view(), irq)?;
-            let (queue_evts, irq) = clones(&transport)?;
-            let slot = mmio.add(Box::new(transport))?;
-            register(vm, slot, &queue_evts, &irq)?;
-            let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let mut worker = BlockWorker::new(
                 device.clone(),
                 queue_evts,
@@ -319,13 +307,7 @@ impl Devices {
                 .take()
                 .ok_or_else(|| DeviceError::Net(NetError::TapMissing(n.opts.iface_id.clone())))?;
             let device = Arc::new(Mutex::new(Net::new(n.opts.clone(), tap)?));
-            let as_virtio: Arc<Mutex<dyn VirtioDevice<GuestView>>> = device.clone();
-            let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
-            let transport = MmioTransport::new(as_virtio, memory.view(), irq)?;
-            let (queue_evts, irq) = clones(&transport)?;
-            let slot = mmio.add(Box::new(transport))?;
-            register(vm, slot, &queue_evts, &irq)?;
-            let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = NetWorker::new(
                 device.clone(),
                 queue_evts,
@@ -356,13 +338,7 @@ impl Devices {
                 .take()
                 .ok_or(DeviceError::Vsock(VsockError::NoListener))?;
             let device = Arc::new(Mutex::new(Vsock::new(v.opts.clone(), listener)?));
-            let as_virtio: Arc<Mutex<dyn VirtioDevice<GuestView>>> = device.clone();
-            let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
-            let transport = MmioTransport::new(as_virtio, memory.view(), irq)?;
-            let (queue_evts, irq) = clones(&transport)?;
-            let slot = mmio.add(Box::new(transport))?;
-            register(vm, slot, &queue_evts, &irq)?;
-            let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = VsockWorker::new(
                 device.clone(),
                 queue_evts,
@@ -444,6 +420,25 @@ impl Drop for Devices {
     fn drop(&mut self) {
         self.stop(Instant::now() + crate::vstate::vcpu::VCPU_STOP_TIMEOUT);
     }
+}
+
+/// Puts `device` on the bus in the next slot behind its own transport,
+/// registers its queue notifications and interrupt with KVM, and returns
+/// the slot, clones of its queue eventfds (for its thread) and a new exit
+/// eventfd for that thread.
+fn attach(
+    mmio: &mut crate::devices::MmioBus,
+    vm: &Vm,
+    memory: &GuestMemory,
+    device: Arc<Mutex<dyn VirtioDevice<GuestView>>>,
+) -> Result<(MmioSlot, Vec<EventFd>, EventFd), DeviceError> {
+    let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+    let transport = MmioTransport::new(device, memory.view(), irq)?;
+    let (queue_evts, irq) = clones(&transport)?;
+    let slot = mmio.add(Box::new(transport))?;
+    register(vm, slot, &queue_evts, &irq)?;
+    let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+    Ok((slot, queue_evts, exit))
 }
 
 /// Clones of a transport's queue eventfds and interrupt eventfd.

@@ -16,6 +16,7 @@ pub mod host;
 pub mod netns;
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -304,4 +305,44 @@ pub fn summary(stderr: &str) -> (u64, u32, u32) {
 /// The N of the firmware's `touched N MiB in ...` line.
 pub fn touched_mib(line: &str) -> u64 {
     host::parse_touched_mib(line).unwrap_or_else(|| panic!("not a touched line: {line:?}"))
+}
+
+/// A pipe: (read end, write end).
+pub fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both are new descriptors that nothing else owns.
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// Fills the pipe behind `w` until a write would block, then makes it
+/// blocking again: the next writer waits until someone reads.
+pub fn fill(w: &OwnedFd) -> usize {
+    let fd = w.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) },
+        0
+    );
+    let chunk = [b'x'; 4096];
+    let mut filled = 0;
+    loop {
+        // SAFETY: writes from our buffer of that length.
+        let n = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
+        if n <= 0 {
+            break;
+        }
+        filled += n as usize;
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) }, 0);
+    filled
+}
+
+/// The resident size of process `pid`, in bytes (0 once it is gone).
+pub fn rss_bytes_of(pid: u32) -> u64 {
+    host::rss_bytes(pid).unwrap_or(0)
 }
