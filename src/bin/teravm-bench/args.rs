@@ -58,7 +58,7 @@ pub struct Args {
     /// Also measure live reclaim: a running microVM's guest reports
     /// --size-gib as free (virtio-balloon free page reporting), freed
     /// serially (report-serial, as Firecracker) and by teravm's per-node
-    /// pool at each --workers count (report-teravm-<w>).
+    /// pool at each --workers count (`report-teravm-<w>`).
     #[arg(long)]
     pub live: bool,
     /// Internal: be the child of the `exit` and `mrelease` baselines (map,

@@ -4,7 +4,7 @@
 //! ([`super::request::parse`]) before any host I/O, data moved in chunks of
 //! at most [`BOUNCE_BYTES`] through the thread's bounce buffer.
 //!
-//! Locking: the ring slot ([`super::device::Shared::ring`]) is taken for
+//! Locking: the ring slot (`Shared::ring` in `device.rs`) is taken for
 //! each guest-memory step (pop and parse, one chunk's copy, the status byte
 //! and used ring) and let go before each `pread`/`pwrite`/`fdatasync`. Each
 //! step first checks that the activation it began under still runs; if a
