@@ -357,3 +357,41 @@ fn each_device_has_its_metrics_group() {
     assert!(last["vsock"].is_object(), "{last}");
     shutdown_ok(vmm, &sock);
 }
+
+#[test]
+fn a_host_that_floods_and_never_reads_cannot_stop_the_shutdown() {
+    if !kvm_or_skip("vsock_flood") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("vsock-flood");
+    let uds = dir.join("v.sock");
+    let body = format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, uds.display());
+    let (mut vmm, sock) = start_with(&dir, &[("/vsock", body)], "vsock=echo:5000 then=idle", None);
+    vmm.wait_line("teravm firmware: vsock listening on 5000", T);
+    let (s, ok) = vsock_connect(&uds, 5000);
+    assert!(ok.starts_with("OK "), "{ok:?}");
+    // Write until the socket is full (the guest echoes into our never-read
+    // receive side, then its credit stops it); never read.
+    s.set_nonblocking(true).unwrap();
+    let chunk = vec![0x5a; 64 << 10];
+    let mut sent = 0usize;
+    let deadline = Instant::now() + T;
+    let mut w = &s;
+    loop {
+        match w.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the socket never filled ({sent} bytes)"
+        );
+    }
+    assert!(sent > 0);
+    // The device still answers the VMM: the shutdown stops it, resets it
+    // and reclaims, with the host side still full.
+    shutdown_ok(vmm, &sock);
+    drop(s);
+}

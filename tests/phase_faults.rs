@@ -146,3 +146,39 @@ fn job_events_in_the_wrong_phase_change_nothing() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("ignored"), "{stderr}");
 }
+
+#[test]
+fn an_async_shutdown_during_start_replies_with_what_will_be_freed() {
+    if !kvm_or_skip("async_shutdown_during_start") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("async-during-start");
+    let sock = dir.join("api.sock");
+    let vmm = Vmm::spawn(&["--api-sock", sock.to_str().unwrap()]);
+    wait_for_api(&sock, T);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 2048, "huge_pages": "None"}"#,
+    );
+    put_ok(&sock, "/memory", r#"{"populate": true}"#);
+    // InstanceStart answers when the start ends: send it on its own thread
+    // and wait until the VMM says it is starting.
+    let s = sock.clone();
+    let start = std::thread::spawn(move || action(&s, r#"{"action_type": "InstanceStart"}"#));
+    let deadline = Instant::now() + T;
+    while state(&sock) != "Starting" {
+        assert!(Instant::now() < deadline, "never Starting");
+    }
+    let (status, body) = action(&sock, r#"{"action_type": "Shutdown", "reclaim": "async"}"#);
+    assert_eq!(status, 202, "{body}");
+    let plan = json(&body);
+    // The plan of the configuration: all 2 GiB, before any slice exists.
+    assert_eq!(u(&plan, "address_bytes"), 2048 << 20, "{plan}");
+    assert_eq!(u(&plan, "address_bytes_done"), 0, "{plan}");
+    let (status, _) = start.join().unwrap();
+    assert_eq!(status, 400, "the start was cut short");
+    let (code, _, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+}

@@ -141,6 +141,15 @@ impl GuestMemory {
         topology: &HostTopology,
     ) -> Result<GuestMemory, GuestMemoryError> {
         let slices = GuestMemory::plan(opts, topology)?;
+        if opts.policy != NumaPolicy::None {
+            // Asked of the kernel (get_mempolicy), so not in the plan, which
+            // the event loop computes too.
+            let mut nodes: Vec<u32> = slices.iter().map(|s| s.node).collect();
+            nodes.dedup();
+            if let Some(&n) = nodes.iter().find(|&&n| !host_has_node(n)) {
+                return Err(GuestMemoryError::HostLacksNode(n));
+            }
+        }
         admission::check(opts)?;
         let mut mapped = Vec::with_capacity(slices.len());
         for (i, slice) in slices.iter().enumerate() {
@@ -166,8 +175,8 @@ impl GuestMemory {
     }
 
     /// The slices [`GuestMemory::new`] maps for `opts` on `topology`,
-    /// computed without mapping anything (what a reclaim will free, before
-    /// the memory exists).
+    /// computed without mapping anything and without a system call (what a
+    /// reclaim will free, before the memory exists: the event loop asks).
     pub fn plan(
         opts: &MemoryOptions,
         topology: &HostTopology,
@@ -182,9 +191,6 @@ impl GuestMemory {
         for &n in &nodes {
             if topology.node(n).is_none() {
                 return Err(GuestMemoryError::UnknownNode(n));
-            }
-            if opts.policy != NumaPolicy::None && !host_has_node(n) {
-                return Err(GuestMemoryError::HostLacksNode(n));
             }
         }
         let regions = ram_regions(opts.mem_bytes);
