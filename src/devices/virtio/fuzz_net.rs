@@ -20,9 +20,10 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::fuzz_driver::{push_avail, take, Layout, NoIrq, Rings};
 use super::net::features::{GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF};
 use super::net::{Net, NetBackend, NetOptions, MAX_BUFFER_BYTES, RX_INDEX, VNET_HDR_BYTES};
-use super::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
+use super::VirtioDevice;
 
 /// What a [`RecordingBackend`] saw and holds.
 #[derive(Debug, Default)]
@@ -129,35 +130,6 @@ const RING_STRIDE: u64 = 16 * KIB;
 /// Where op 3 writes the driver's data.
 const DATA_BASE: u64 = 64 * KIB;
 
-struct NoIrq;
-
-impl VirtioInterrupt for NoIrq {
-    fn trigger(&self, _: VirtioInterruptType) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-struct Rings {
-    base: u64,
-    size: u16,
-}
-
-impl Rings {
-    fn desc(&self, i: u16) -> GuestAddress {
-        GuestAddress(self.base + u64::from(i % self.size) * 16)
-    }
-    fn avail(&self) -> GuestAddress {
-        GuestAddress(self.base + 4 * KIB)
-    }
-    fn used(&self) -> GuestAddress {
-        GuestAddress(self.base + 8 * KIB)
-    }
-    /// The used ring's bytes (flags, idx, ring, avail_event).
-    fn used_bytes(&self) -> u64 {
-        6 + 8 * u64::from(self.size)
-    }
-}
-
 fn activate(net: &mut Net<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings> {
     let mut rings = Vec::new();
     let mut queues = Vec::new();
@@ -181,14 +153,12 @@ fn activate(net: &mut Net<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings> 
     rings
 }
 
-fn addr(sel: u8, raw: u32) -> u64 {
-    match sel % 4 {
-        0 => u64::from(raw) % LOW_LEN,
-        1 => HIGH + u64::from(raw) % HIGH_LEN,
-        2 => LOW_LEN + u64::from(raw) % (HIGH - LOW_LEN),
-        _ => u64::from(raw) << 12,
-    }
-}
+/// Test memory's RAM regions, for the shared driver.
+const LAYOUT: Layout = Layout {
+    low_len: LOW_LEN,
+    high: HIGH,
+    high_len: HIGH_LEN,
+};
 
 fn snapshot(mem: &Mem) -> Vec<u8> {
     let mut v = vec![0u8; (LOW_LEN + HIGH_LEN) as usize];
@@ -329,35 +299,16 @@ pub fn net_queues(data: &[u8]) -> (u64, u64) {
     let mut rings = activate(&mut net, &mem, acked, size);
     let mut allowed = vec![false; (LOW_LEN + HIGH_LEN) as usize];
     checked(&mem, &rings, &mut allowed, &mut net, |n| n.process_wake());
-    let take = |n: usize, rest: &mut &[u8]| -> Option<Vec<u8>> {
-        if rest.len() < n {
-            return None;
-        }
-        let (h, t) = rest.split_at(n);
-        *rest = t;
-        Some(h.to_vec())
-    };
     while let Some(op) = take(1, &mut rest) {
         let q_of = |b: u8| usize::from(b) % 2;
         match op[0] % 10 {
             0 => {
                 let Some(d) = take(13, &mut rest) else { break };
-                let r = &rings[q_of(d[0])];
-                let a = addr(d[2], u32::from_le_bytes([d[3], d[4], d[5], d[6]]));
-                let mut raw = [0u8; 16];
-                raw[0..8].copy_from_slice(&a.to_le_bytes());
-                raw[8..12].copy_from_slice(&d[7..11]);
-                raw[12..14].copy_from_slice(&u16::from(d[11] & 7).to_le_bytes());
-                raw[14..16].copy_from_slice(&u16::from(d[12]).to_le_bytes());
-                let _ = mem.write_slice(&raw, r.desc(u16::from(d[1])));
+                LAYOUT.write_desc(&mem, &rings[q_of(d[0])], &d);
             }
             1 => {
                 let Some(d) = take(2, &mut rest) else { break };
-                let r = &rings[q_of(d[0])];
-                let idx: u16 = mem.read_obj(r.avail().unchecked_add(2)).unwrap_or(0);
-                let slot = r.avail().unchecked_add(4 + u64::from(idx % r.size) * 2);
-                let _ = mem.write_obj(u16::from(d[1]), slot);
-                let _ = mem.write_obj(idx.wrapping_add(1), r.avail().unchecked_add(2));
+                push_avail(&mem, &rings[q_of(d[0])], u16::from(d[1]));
             }
             2 => {
                 let Some(d) = take(1, &mut rest) else { break };

@@ -18,12 +18,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use super::fuzz_driver::{push_avail, take, Layout, NoIrq, Rings};
 use super::vsock::device::AccessLog;
 use super::vsock::packet::{VsockHeader, TYPE_STREAM};
 use super::vsock::{bind_uds, Vsock, VsockOptions, HOST_CID, LOCAL_PORT_FIRST};
-use super::{VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1};
+use super::{VirtioDevice, VIRTIO_F_VERSION_1};
 
 type Mem = Arc<GuestMemoryMmap<()>>;
 
@@ -36,28 +37,6 @@ const RING_BASE: u64 = MIB;
 const RING_STRIDE: u64 = 0x1_0000;
 const DATA_BASE: u64 = 2 * MIB;
 const CID: u64 = 3;
-
-struct NoIrq;
-
-impl VirtioInterrupt for NoIrq {
-    fn trigger(&self, _: VirtioInterruptType) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-struct Rings {
-    base: u64,
-    size: u16,
-}
-
-impl Rings {
-    fn desc(&self, i: u16) -> GuestAddress {
-        GuestAddress(self.base + u64::from(i % self.size) * 16)
-    }
-    fn avail(&self) -> GuestAddress {
-        GuestAddress(self.base + 0x1000)
-    }
-}
 
 struct Dir(PathBuf);
 
@@ -91,21 +70,12 @@ fn activate(v: &mut Vsock<Mem>, mem: &Mem, size: u16) -> Vec<Rings> {
     rings
 }
 
-fn addr(sel: u8, raw: u32) -> u64 {
-    match sel % 4 {
-        0 => u64::from(raw) % LOW_LEN,
-        1 => HIGH + u64::from(raw) % HIGH_LEN,
-        2 => LOW_LEN + u64::from(raw) % (HIGH - LOW_LEN),
-        _ => u64::from(raw) << 12,
-    }
-}
-
-fn push_avail(mem: &Mem, r: &Rings, head: u16) {
-    let idx: u16 = mem.read_obj(r.avail().unchecked_add(2)).unwrap_or(0);
-    let slot = r.avail().unchecked_add(4 + u64::from(idx % r.size) * 2);
-    let _ = mem.write_obj(head, slot);
-    let _ = mem.write_obj(idx.wrapping_add(1), r.avail().unchecked_add(2));
-}
+/// Test memory's RAM regions, for the shared driver.
+const LAYOUT: Layout = Layout {
+    low_len: LOW_LEN,
+    high: HIGH,
+    high_len: HIGH_LEN,
+};
 
 /// `vsock_queues`: a running vsock whose queues, buffers and host peers come
 /// from the input. Header: queue size (`1 << (b % 9)`). Then ops, by
@@ -159,27 +129,12 @@ pub fn vsock_queues(data: &[u8]) -> usize {
     let mut rings = activate(&mut v, &mem, size);
     let mut hosts: Vec<UnixStream> = Vec::new();
     let mut pkt_n: u16 = 0;
-    let take = |n: usize, rest: &mut &[u8]| -> Option<Vec<u8>> {
-        if rest.len() < n {
-            return None;
-        }
-        let (h, t) = rest.split_at(n);
-        *rest = t;
-        Some(h.to_vec())
-    };
     while let Some(op) = take(1, &mut rest) {
         let q_of = |b: u8| usize::from(b) % 3;
         match op[0] % 8 {
             0 => {
                 let Some(d) = take(13, &mut rest) else { break };
-                let r = &rings[q_of(d[0])];
-                let a = addr(d[2], u32::from_le_bytes([d[3], d[4], d[5], d[6]]));
-                let mut raw = [0u8; 16];
-                raw[0..8].copy_from_slice(&a.to_le_bytes());
-                raw[8..12].copy_from_slice(&d[7..11]);
-                raw[12..14].copy_from_slice(&u16::from(d[11] & 7).to_le_bytes());
-                raw[14..16].copy_from_slice(&u16::from(d[12]).to_le_bytes());
-                let _ = mem.write_slice(&raw, r.desc(u16::from(d[1])));
+                LAYOUT.write_desc(&mem, &rings[q_of(d[0])], &d);
             }
             1 => {
                 let Some(d) = take(2, &mut rest) else { break };

@@ -18,8 +18,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::balloon::{
     features, Balloon, BalloonOptions, DiscardAck, DiscardKind, DiscardSink, GuestRange, RamMap,
 };
+use super::fuzz_driver::{push_avail, take, Layout, NoIrq, Rings};
 use super::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
-use super::{status, VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1};
+use super::{status, VirtioDevice, VIRTIO_F_VERSION_1};
 
 type Mem = Arc<GuestMemoryMmap<()>>;
 
@@ -93,14 +94,6 @@ impl CheckingSink {
                 _ => drop(a),
             }
         }
-    }
-}
-
-struct NoIrq;
-
-impl VirtioInterrupt for NoIrq {
-    fn trigger(&self, _: VirtioInterruptType) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
@@ -213,24 +206,6 @@ pub fn virtio_mmio(data: &[u8]) -> bool {
     ran
 }
 
-/// One queue's rings in guest memory, written as a driver would.
-struct Rings {
-    base: u64,
-    size: u16,
-}
-
-impl Rings {
-    fn desc(&self, i: u16) -> GuestAddress {
-        GuestAddress(self.base + u64::from(i % self.size) * 16)
-    }
-    fn avail(&self) -> GuestAddress {
-        GuestAddress(self.base + 0x1000)
-    }
-    fn used(&self) -> GuestAddress {
-        GuestAddress(self.base + 0x2000)
-    }
-}
-
 fn fresh_queues(mem: &Mem, n: usize, size: u16) -> (Vec<Rings>, Vec<Queue>) {
     let mut rings = Vec::new();
     let mut queues = Vec::new();
@@ -261,16 +236,12 @@ fn activate(b: &mut Balloon<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings
     rings
 }
 
-/// Maps fuzz bytes to a guest address in low RAM, high RAM, the hole, or
-/// anywhere.
-fn addr(sel: u8, raw: u32) -> u64 {
-    match sel % 4 {
-        0 => u64::from(raw) % LOW_LEN,
-        1 => HIGH + u64::from(raw) % HIGH_LEN,
-        2 => LOW_LEN + u64::from(raw) % (HIGH - LOW_LEN),
-        _ => u64::from(raw) << 12,
-    }
-}
+/// Test memory's RAM regions, for the shared driver.
+const LAYOUT: Layout = Layout {
+    low_len: LOW_LEN,
+    high: HIGH,
+    high_len: HIGH_LEN,
+};
 
 /// `balloon_queues`: a running balloon whose queues' descriptor tables,
 /// available rings and buffers come from the input. Header: options
@@ -300,35 +271,16 @@ pub fn balloon_queues(data: &[u8]) -> usize {
     }
     debug_assert_ne!(acked & VIRTIO_F_VERSION_1, 0);
     let mut rings = activate(&mut bl, &mem, acked, size);
-    let take = |n: usize, rest: &mut &[u8]| -> Option<Vec<u8>> {
-        if rest.len() < n {
-            return None;
-        }
-        let (h, t) = rest.split_at(n);
-        *rest = t;
-        Some(h.to_vec())
-    };
     while let Some(op) = take(1, &mut rest) {
         let q_of = |b: u8| usize::from(b) % rings.len();
         match op[0] % 9 {
             0 => {
                 let Some(d) = take(13, &mut rest) else { break };
-                let r = &rings[q_of(d[0])];
-                let a = addr(d[2], u32::from_le_bytes([d[3], d[4], d[5], d[6]]));
-                let mut raw = [0u8; 16];
-                raw[0..8].copy_from_slice(&a.to_le_bytes());
-                raw[8..12].copy_from_slice(&d[7..11]);
-                raw[12..14].copy_from_slice(&u16::from(d[11] & 7).to_le_bytes());
-                raw[14..16].copy_from_slice(&u16::from(d[12]).to_le_bytes());
-                let _ = mem.write_slice(&raw, r.desc(u16::from(d[1])));
+                LAYOUT.write_desc(&mem, &rings[q_of(d[0])], &d);
             }
             1 => {
                 let Some(d) = take(2, &mut rest) else { break };
-                let r = &rings[q_of(d[0])];
-                let idx: u16 = mem.read_obj(r.avail().unchecked_add(2)).unwrap_or(0);
-                let slot = r.avail().unchecked_add(4 + u64::from(idx % r.size) * 2);
-                let _ = mem.write_obj(u16::from(d[1]), slot);
-                let _ = mem.write_obj(idx.wrapping_add(1), r.avail().unchecked_add(2));
+                push_avail(&mem, &rings[q_of(d[0])], u16::from(d[1]));
             }
             2 => {
                 let Some(d) = take(1, &mut rest) else { break };

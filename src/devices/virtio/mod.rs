@@ -20,6 +20,7 @@
 pub mod balloon;
 pub mod block;
 pub mod fuzz_block;
+pub mod fuzz_driver;
 pub mod fuzz_net;
 pub mod fuzz_vsock;
 pub mod fuzzing;
