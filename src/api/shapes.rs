@@ -234,83 +234,6 @@ impl From<&BalloonOptions> for BalloonShape {
     }
 }
 
-/// The guest's counters in `GET /balloon/statistics`, Firecracker's names;
-/// a counter the guest has not sent is left out.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
-pub struct BalloonGuestStats {
-    /// Bytes swapped in.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub swap_in: Option<u64>,
-    /// Bytes swapped out.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub swap_out: Option<u64>,
-    /// Major page faults.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub major_faults: Option<u64>,
-    /// Minor page faults.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub minor_faults: Option<u64>,
-    /// Free memory, bytes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub free_memory: Option<u64>,
-    /// Total memory, bytes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub total_memory: Option<u64>,
-    /// Available memory, bytes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub available_memory: Option<u64>,
-    /// Disk caches, bytes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub disk_caches: Option<u64>,
-    /// Huge page allocations.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hugetlb_allocations: Option<u64>,
-    /// Huge page allocation failures.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hugetlb_failures: Option<u64>,
-    /// OOM kills.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub oom_kill: Option<u64>,
-    /// Allocation stalls.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub alloc_stall: Option<u64>,
-    /// Pages scanned by kswapd.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub async_scan: Option<u64>,
-    /// Pages scanned directly.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub direct_scan: Option<u64>,
-    /// Pages reclaimed by kswapd.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub async_reclaim: Option<u64>,
-    /// Pages reclaimed directly.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sync_reclaim: Option<u64>,
-}
-
-impl From<&BalloonStats> for BalloonGuestStats {
-    fn from(s: &BalloonStats) -> Self {
-        BalloonGuestStats {
-            swap_in: s.swap_in,
-            swap_out: s.swap_out,
-            major_faults: s.major_faults,
-            minor_faults: s.minor_faults,
-            free_memory: s.free_memory,
-            total_memory: s.total_memory,
-            available_memory: s.available_memory,
-            disk_caches: s.disk_caches,
-            hugetlb_allocations: s.hugetlb_allocations,
-            hugetlb_failures: s.hugetlb_failures,
-            oom_kill: s.oom_kill,
-            alloc_stall: s.alloc_stall,
-            async_scan: s.async_scan,
-            direct_scan: s.direct_scan,
-            async_reclaim: s.async_reclaim,
-            sync_reclaim: s.sync_reclaim,
-        }
-    }
-}
-
 /// What the VMM knows of the balloon's discards, as plain numbers (the
 /// input of [`BalloonTeravmShape`]; the API does not reach into the
 /// memory module).
@@ -386,9 +309,10 @@ pub struct BalloonStatisticsShape {
     pub target_mib: u64,
     /// What the guest has inflated, in MiB.
     pub actual_mib: u64,
-    /// The guest's latest counters.
+    /// The guest's latest counters, in Firecracker's names (the device's
+    /// own type serializes them so; a counter not sent is left out).
     #[serde(flatten)]
-    pub guest: BalloonGuestStats,
+    pub guest: BalloonStats,
     /// teravm's own.
     pub teravm: BalloonTeravmShape,
 }
@@ -416,7 +340,7 @@ impl BalloonStatisticsShape {
             actual_pages: sizes.actual_pages,
             target_mib: sizes.target_mib,
             actual_mib: sizes.actual_mib,
-            guest: guest.into(),
+            guest: guest.clone(),
             teravm: teravm.into(),
         }
     }
