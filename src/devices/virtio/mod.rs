@@ -160,6 +160,22 @@ pub enum ActivateError {
     Signal(std::io::Error),
 }
 
+/// Copies the config space `config` from `offset` into `data`, as a guest
+/// read of it sees it: bytes past the end read 0. Returns whether any byte
+/// was past the end.
+pub fn read_config_space(config: &[u8], offset: u64, data: &mut [u8]) -> bool {
+    let mut past_end = false;
+    for (i, d) in data.iter_mut().enumerate() {
+        let byte = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| config.get(o));
+        past_end |= byte.is_none();
+        *d = byte.copied().unwrap_or(0);
+    }
+    past_end
+}
+
 /// A virtio device behind a transport (Firecracker's and Cloud Hypervisor's
 /// shape). The transport calls these from a vCPU thread, with the device's
 /// lock held: each returns promptly and does no queue work.

@@ -288,14 +288,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         let b = self.config_bytes();
-        for (i, d) in data.iter_mut().enumerate() {
-            *d = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| b.get(o))
-                .copied()
-                .unwrap_or(0);
-        }
+        super::super::read_config_space(&b, offset, data);
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {

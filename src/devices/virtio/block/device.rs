@@ -228,16 +228,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Block<M> {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         let b = self.config_bytes();
-        let mut past_end = false;
-        for (i, d) in data.iter_mut().enumerate() {
-            let byte = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| b.get(o));
-            past_end |= byte.is_none();
-            *d = byte.copied().unwrap_or(0);
-        }
-        if past_end {
+        if super::super::read_config_space(&b, offset, data) {
             BlockMetrics::add(&self.shared.metrics.cfg_fails, 1);
         }
     }

@@ -388,14 +388,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Vsock<M> {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         let b: [u8; CONFIG_SPACE_BYTES] = self.opts.guest_cid.to_le_bytes();
-        for (i, d) in data.iter_mut().enumerate() {
-            *d = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| b.get(o))
-                .copied()
-                .unwrap_or(0);
-        }
+        super::super::read_config_space(&b, offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {
