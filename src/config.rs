@@ -33,6 +33,39 @@ pub const MAX_WORKERS_PER_NODE: u32 = 256;
 /// per node; 256 per node on 8 nodes is refused.
 pub const MAX_WORKER_THREADS: u64 = 1024;
 
+/// The page size and the backing agree: guest_memfd takes no hugetlb pages
+/// (transparent huge pages are not offered for it either: it gets 4 KiB
+/// pages, said in the log and `GET /memory`).
+pub fn check_backing_pages(
+    machine: &MachineConfig,
+    memory: &MemoryConfig,
+) -> Result<(), ConfigError> {
+    match (memory.backing, machine.huge_pages.hugetlb_page_bytes()) {
+        (Backing::GuestMemfd, Some(page)) => Err(invalid(
+            "memory.backing",
+            format!(
+                "guest_memfd has no {} MiB huge pages in this kernel (4 KiB pages only): set machine-config.huge_pages to \"None\" or choose another backing",
+                page >> 20
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Whether this kernel's KVM can back guest RAM with guest_memfd, for a
+/// `memory` section that asks for it: a clear error naming what is missing.
+pub fn check_guest_memfd(
+    memory: &MemoryConfig,
+    support: &crate::memory::GuestMemfdSupport,
+) -> Result<(), ConfigError> {
+    if memory.backing != Backing::GuestMemfd {
+        return Ok(());
+    }
+    support
+        .check()
+        .map_err(|why| invalid("memory.backing", format!("guest_memfd: {why}")))
+}
+
 /// Checks the total of worker threads a reclaim (or populate) of a guest
 /// spanning `nodes` host nodes would start.
 pub fn check_worker_threads(workers_per_node: u32, nodes: usize) -> Result<(), ConfigError> {
@@ -258,6 +291,10 @@ pub enum Backing {
     Anonymous,
     /// Shared memory from a `memfd` (one file per node slice).
     Memfd,
+    /// KVM's own memory files (`KVM_CREATE_GUEST_MEMFD`, mapped into teravm
+    /// too; Linux 6.18+), 4 KiB pages.
+    #[serde(rename = "guest_memfd")]
+    GuestMemfd,
 }
 
 /// How each slice of guest RAM is bound to its host node.
@@ -549,6 +586,7 @@ impl VmConfig {
             balloon.validate()?;
             check_balloon_target(balloon.amount_mib, self.machine_config.mem_size_mib)?;
         }
+        check_backing_pages(&self.machine_config, &self.memory)?;
         self.mmds_config.check("mmds-config")?;
         self.entropy.check("entropy")
     }
@@ -574,6 +612,7 @@ impl From<Backing> for crate::memory::Backing {
         match b {
             Backing::Anonymous => crate::memory::Backing::Anonymous,
             Backing::Memfd => crate::memory::Backing::Memfd,
+            Backing::GuestMemfd => crate::memory::Backing::GuestMemfd,
         }
     }
 }

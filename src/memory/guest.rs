@@ -10,15 +10,19 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use super::admission::{self, AdmissionError};
+use super::gmem::{GuestMemfdSource, NumaBinding, PLACEMENT_SAMPLES};
 use super::layout::ram_regions;
 use super::mapping::SliceMapping;
 use super::numa::{host_has_node, HostTopology};
+use super::options::Backing;
 use super::options::{MemoryOptions, NumaPolicy, PageSize};
 use super::plan::{partition, NodeSlice, PlanError};
-use super::populate::{self, PopulateError, PopulateProgress, PopulateStats};
+use super::populate::{
+    self, PopulateError, PopulateMethod, PopulateProgress, PopulateRange, PopulateStats,
+};
 use super::progress::{ReclaimProgress, ReclaimReport};
 use super::reclaim::{self, HostRange, ReclaimError, ReclaimOptions};
-use super::slots::{split_slots, GuestSlot, MAX_SLOT_BYTES};
+use super::slots::{split_bound, GmemBinding, GuestSlot, MAX_SLOT_BYTES};
 use super::view::{GuestLease, GuestView, Mappings};
 
 const MIB: u64 = 1 << 20;
@@ -110,6 +114,25 @@ pub enum GuestMemoryError {
     /// The process may not get the memory the guest needs.
     #[error(transparent)]
     Admission(#[from] AdmissionError),
+    /// guest_memfd backing was asked of a memory built without a VM.
+    #[error("guest_memfd backing needs the KVM VM that creates its files")]
+    GuestMemfdNeedsVm,
+    /// guest_memfd has no hugetlb pages.
+    #[error("guest_memfd backing has no {} MiB huge pages in this kernel (it takes 4 KiB pages only); use huge_pages \"None\"", page >> 20)]
+    GuestMemfdPageSize {
+        /// The page size asked for.
+        page: u64,
+    },
+    /// `KVM_CREATE_GUEST_MEMFD` failed.
+    #[error("KVM_CREATE_GUEST_MEMFD of {len} bytes for node {node} failed: {source}")]
+    GuestMemfd {
+        /// The slice's node.
+        node: u32,
+        /// The file's size.
+        len: u64,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// The guest's RAM.
@@ -140,6 +163,18 @@ impl GuestMemory {
         opts: &MemoryOptions,
         topology: &HostTopology,
     ) -> Result<GuestMemory, GuestMemoryError> {
+        GuestMemory::new_with(opts, topology, None)
+    }
+
+    /// [`GuestMemory::new`], with the source of guest_memfd files (the VM)
+    /// for guest_memfd backing: each slice is then striped over
+    /// guest_memfds as memfd is, and the memslots bind them
+    /// ([`GuestMemory::slots`]).
+    pub fn new_with(
+        opts: &MemoryOptions,
+        topology: &HostTopology,
+        gmem: Option<&dyn GuestMemfdSource>,
+    ) -> Result<GuestMemory, GuestMemoryError> {
         let slices = GuestMemory::plan(opts, topology)?;
         if opts.policy != NumaPolicy::None {
             // Asked of the kernel (get_mempolicy), so not in the plan, which
@@ -159,7 +194,17 @@ impl GuestMemory {
                 opts.backing,
                 opts.page_size,
                 opts.policy,
+                gmem,
             )?);
+        }
+        if let Some(s) = mapped
+            .iter()
+            .find(|s| s.numa_binding() == NumaBinding::IgnoredByKernel)
+        {
+            log::warn!(
+                "guest_memfd: this kernel ignores the NUMA policy of guest_memfd files (the mbind of node {}'s slice is not the file's): pages come from the node of the thread that first touches them; populate: true places them with workers pinned to each node",
+                s.slice().node
+            );
         }
         let mappings = Arc::new(Mappings {
             slices: mapped,
@@ -231,14 +276,30 @@ impl GuestMemory {
     }
 
     /// The memslots to register with KVM, in guest address order: one per
-    /// slice, cut at [`MAX_SLOT_BYTES`] (KVM's limit of 2^31 - 1 pages).
-    pub fn slots(&self) -> Vec<GuestSlot> {
-        let ranges: Vec<(u64, u64, u64)> = self
-            .slices()
-            .iter()
-            .map(|s| (s.slice().guest_addr, s.slice().len, s.host_addr() as u64))
-            .collect();
-        split_slots(&ranges, MAX_SLOT_BYTES)
+    /// slice (one per stripe for guest_memfd, since a memslot binds one
+    /// file), cut at [`MAX_SLOT_BYTES`] (KVM's limit of 2^31 - 1 pages).
+    pub fn slots(&self) -> Vec<GuestSlot<'_>> {
+        let mut ranges = Vec::new();
+        for s in self.slices() {
+            let (guest_addr, len) = (s.slice().guest_addr, s.slice().len);
+            let host_addr = s.host_addr() as u64;
+            if s.backing() != Backing::GuestMemfd {
+                ranges.push((guest_addr, len, host_addr, None));
+                continue;
+            }
+            for stripe in s.stripes() {
+                ranges.push((
+                    guest_addr + stripe.offset,
+                    stripe.len,
+                    host_addr + stripe.offset,
+                    Some(GmemBinding {
+                        fd: std::os::fd::AsFd::as_fd(&stripe.file),
+                        offset: 0,
+                    }),
+                ));
+            }
+        }
+        split_bound(&ranges, MAX_SLOT_BYTES)
     }
 
     /// Faults in all guest RAM with `workers_per_node` workers per node,
@@ -254,16 +315,69 @@ impl GuestMemory {
         progress: &PopulateProgress,
         cancel: &AtomicBool,
     ) -> Result<PopulateStats, PopulateError> {
-        let ranges: Vec<_> = self
-            .slices()
-            .iter()
-            .map(|s| (s.slice().node, s.host_addr(), s.slice().len))
-            .collect();
+        let mut ranges = Vec::new();
+        for s in self.slices() {
+            let node = s.slice().node;
+            if s.backing() != Backing::GuestMemfd {
+                ranges.push(PopulateRange::mapped(node, s.host_addr(), s.slice().len));
+                continue;
+            }
+            for stripe in s.stripes() {
+                ranges.push(PopulateRange {
+                    node,
+                    host_addr: s.host_addr() + stripe.offset as usize,
+                    len: stripe.len,
+                    method: PopulateMethod::Allocate {
+                        fd: std::os::fd::AsRawFd::as_raw_fd(&stripe.file),
+                        file_offset: 0,
+                    },
+                });
+            }
+        }
         let chunk = POPULATE_CHUNK_BYTES.max(self.hugetlb_page_bytes().unwrap_or(0));
         // SAFETY: the ranges are our live, writable mappings (kept alive by
-        // `&self`); MADV_POPULATE_WRITE faults pages in without changing any
-        // contents a view may have written.
-        unsafe { populate::execute(&ranges, chunk, workers_per_node, topology, progress, cancel) }
+        // `&self`) and their own files; MADV_POPULATE_WRITE and fallocate
+        // put pages in without changing any contents a view may have written.
+        let stats = unsafe {
+            populate::execute(&ranges, chunk, workers_per_node, topology, progress, cancel)
+        }?;
+        if !stats.cancelled {
+            self.check_placement();
+        }
+        Ok(stats)
+    }
+
+    /// After a populate of slices bound to their node: where sampled pages
+    /// of each landed, kept per slice and logged where some are elsewhere.
+    fn check_placement(&self) {
+        for s in self.slices() {
+            if s.numa_binding() == NumaBinding::NotAsked {
+                continue;
+            }
+            let p = s.check_placement(PLACEMENT_SAMPLES);
+            if p.on_node < p.sampled_pages {
+                log::warn!(
+                    "node {}'s slice: {} of {} sampled pages are on node {} ({} elsewhere, {} unknown){}",
+                    s.slice().node,
+                    p.on_node,
+                    p.sampled_pages,
+                    s.slice().node,
+                    p.elsewhere,
+                    p.unknown,
+                    if s.numa_binding() == NumaBinding::IgnoredByKernel {
+                        ": this kernel ignores the NUMA policy of guest_memfd"
+                    } else {
+                        ""
+                    }
+                );
+            } else {
+                log::info!(
+                    "node {}'s slice: all {} sampled pages are on its node",
+                    s.slice().node,
+                    p.sampled_pages
+                );
+            }
+        }
     }
 
     /// Frees all guest RAM with the reclaim executor, then unmaps it (and

@@ -6,7 +6,9 @@
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::OnceLock;
 
+use super::gmem::{self, GuestMemfdSource, NumaBinding, Placement};
 use super::guest::GuestMemoryError;
 use super::options::{Backing, NumaPolicy, PageSize};
 use super::plan::NodeSlice;
@@ -79,6 +81,9 @@ pub struct SliceMapping {
     map: Mapping,
     slice: NodeSlice,
     stripes: Vec<Stripe>,
+    backing: Backing,
+    numa: NumaBinding,
+    placement: OnceLock<Placement>,
 }
 
 impl SliceMapping {
@@ -92,9 +97,36 @@ impl SliceMapping {
         self.map.addr
     }
 
-    /// The memfds, in slice order (empty for anonymous memory).
+    /// The memfds or guest_memfds, in slice order (empty for anonymous
+    /// memory).
     pub fn stripes(&self) -> &[Stripe] {
         &self.stripes
+    }
+
+    /// What backs the slice.
+    pub fn backing(&self) -> Backing {
+        self.backing
+    }
+
+    /// How its NUMA policy took effect.
+    pub fn numa_binding(&self) -> NumaBinding {
+        self.numa
+    }
+
+    /// Where sampled pages landed, once a populate checked.
+    pub fn placement(&self) -> Option<Placement> {
+        self.placement.get().copied()
+    }
+
+    /// Checks where `samples` pages of the slice are (after a populate) and
+    /// keeps the answer for [`SliceMapping::placement`].
+    pub(crate) fn check_placement(&self, samples: usize) -> Placement {
+        // SAFETY: our own live mapping (kept by `&self`), readable.
+        let p = unsafe {
+            gmem::sample_placement(self.map.addr, self.slice.len, self.slice.node, samples)
+        };
+        let _ = self.placement.set(p);
+        p
     }
 
     /// The ranges the reclaim executor frees: the whole slice for anonymous
@@ -114,9 +146,15 @@ impl SliceMapping {
                 node: self.slice.node,
                 host_addr: self.map.addr + s.offset as usize,
                 len: s.len,
-                method: FreeMethod::PunchHole {
-                    fd: s.file.as_raw_fd(),
-                    file_offset: 0,
+                method: match self.backing {
+                    Backing::GuestMemfd => FreeMethod::ZapThenPunch {
+                        fd: s.file.as_raw_fd(),
+                        file_offset: 0,
+                    },
+                    _ => FreeMethod::PunchHole {
+                        fd: s.file.as_raw_fd(),
+                        file_offset: 0,
+                    },
                 },
             })
             .collect()
@@ -129,6 +167,7 @@ impl SliceMapping {
             map,
             slice,
             stripes,
+            ..
         } = self;
         let addr = map.addr;
         let result = map.unmap().map_err(|e| (addr, slice.len, e));
@@ -169,18 +208,37 @@ impl SliceMapping {
     }
 
     /// Maps `slice` as asked: advised, `MADV_DONTDUMP`, bound to its node
-    /// (unless `policy` is none). On error nothing stays mapped.
+    /// (unless `policy` is none). guest_memfd stripes come from `gmem`.
+    /// On error nothing stays mapped.
     pub(crate) fn new(
         slice: &NodeSlice,
         index: usize,
         backing: Backing,
         page_size: PageSize,
         policy: NumaPolicy,
+        gmem: Option<&dyn GuestMemfdSource>,
     ) -> Result<SliceMapping, GuestMemoryError> {
         let (node, len) = (slice.node, slice.len);
-        let mapped = match backing {
+        let mut mapped = match backing {
             Backing::Anonymous => map_anonymous(slice, page_size)?,
-            Backing::Memfd => map_striped(slice, index, page_size)?,
+            Backing::Memfd => map_striped(slice, page_size, backing, &|n, this| {
+                new_memfd(slice, index, n, this, page_size)
+            })?,
+            Backing::GuestMemfd => {
+                let source = gmem.ok_or(GuestMemoryError::GuestMemfdNeedsVm)?;
+                if let Some(page) = page_size.hugetlb_bytes() {
+                    return Err(GuestMemoryError::GuestMemfdPageSize { page });
+                }
+                map_striped(slice, PageSize::Small, backing, &|_, this| {
+                    source
+                        .create_guest_memfd(this)
+                        .map_err(|source| GuestMemoryError::GuestMemfd {
+                            node,
+                            len: this,
+                            source,
+                        })
+                })?
+            }
         };
         let addr = mapped.map.addr;
         let size = mapped.map.len;
@@ -211,6 +269,16 @@ impl SliceMapping {
         if let Some(mode) = policy.mbind_mode() {
             sys::mbind(addr, size, mode, node)
                 .map_err(|source| GuestMemoryError::Mbind { node, source })?;
+            mapped.numa = match (backing, mapped.stripes.first()) {
+                (Backing::GuestMemfd, Some(first)) => {
+                    match gmem::probe_shared_policy(&first.file, mode) {
+                        Ok(true) => NumaBinding::FilePolicy,
+                        Ok(false) => NumaBinding::IgnoredByKernel,
+                        Err(source) => return Err(GuestMemoryError::Mbind { node, source }),
+                    }
+                }
+                _ => NumaBinding::Mbind,
+            };
         }
         debug_assert_eq!(size as u64, len);
         Ok(mapped)
@@ -280,6 +348,9 @@ fn map_anonymous(slice: &NodeSlice, page_size: PageSize) -> Result<SliceMapping,
         map: Mapping { addr, len: size },
         slice: *slice,
         stripes: Vec::new(),
+        backing: Backing::Anonymous,
+        numa: NumaBinding::NotAsked,
+        placement: OnceLock::new(),
     })
 }
 
@@ -293,16 +364,49 @@ pub fn stripe_bytes(len: u64, page: u64) -> u64 {
     unit.saturating_mul(per)
 }
 
-/// Memfd backing: a `PROT_NONE` reservation aligned to 2 MiB (or the huge
-/// page), with one memfd per stripe mapped over it with `MAP_FIXED`, so the
-/// slice stays one contiguous host range (one memslot) while hole punches of
+/// A memfd of `len` bytes for stripe `n` of slice `index` (hugetlb for the
+/// hugetlb page sizes).
+fn new_memfd(
+    slice: &NodeSlice,
+    index: usize,
+    n: usize,
+    len: u64,
+    page_size: PageSize,
+) -> Result<File, GuestMemoryError> {
+    let node = slice.node;
+    let name = std::ffi::CString::new(format!("teravm-n{node}-{index}-{n}")).unwrap_or_default();
+    let mut flags = libc::MFD_CLOEXEC;
+    if page_size.hugetlb_bytes().is_some() {
+        flags |= libc::MFD_HUGETLB | page_size.huge_flag() as libc::c_uint;
+    }
+    // SAFETY: `name` is NUL-terminated; no memory of ours is touched.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+    if fd < 0 {
+        let source = std::io::Error::last_os_error();
+        return Err(match page_size.hugetlb_bytes() {
+            Some(_) => map_error(slice, page_size)(source),
+            None => GuestMemoryError::Memfd { node, source },
+        });
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(len)
+        .map_err(|source| GuestMemoryError::Truncate { node, len, source })?;
+    Ok(file)
+}
+
+/// Striped backing (memfd, guest_memfd): a `PROT_NONE` reservation aligned
+/// to 2 MiB (or the huge page), with one file per stripe (from `new_file`,
+/// given the stripe's number and length) mapped over it with `MAP_FIXED`,
+/// so the slice stays one contiguous host range while hole punches of
 /// different stripes take different files' locks.
 fn map_striped(
     slice: &NodeSlice,
-    index: usize,
     page_size: PageSize,
+    backing: Backing,
+    new_file: &dyn Fn(usize, u64) -> Result<File, GuestMemoryError>,
 ) -> Result<SliceMapping, GuestMemoryError> {
-    let (node, len) = (slice.node, slice.len);
+    let len = slice.len;
     let err = map_error(slice, page_size);
     let size = to_usize(len, &err)?;
     let page = page_size.hugetlb_bytes();
@@ -349,35 +453,16 @@ fn map_striped(
         map,
         slice: *slice,
         stripes: Vec::new(),
+        backing,
+        numa: NumaBinding::NotAsked,
+        placement: OnceLock::new(),
     };
     let stripe = stripe_bytes(len, page.unwrap_or(0));
     let mut offset = 0u64;
     let mut n = 0usize;
     while offset < len {
         let this = stripe.min(len - offset);
-        let name =
-            std::ffi::CString::new(format!("teravm-n{node}-{index}-{n}")).unwrap_or_default();
-        let mut flags = libc::MFD_CLOEXEC;
-        if page.is_some() {
-            flags |= libc::MFD_HUGETLB | page_size.huge_flag() as libc::c_uint;
-        }
-        // SAFETY: `name` is NUL-terminated; no memory of ours is touched.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
-        if fd < 0 {
-            let source = std::io::Error::last_os_error();
-            return Err(match page {
-                Some(_) => err(source),
-                None => GuestMemoryError::Memfd { node, source },
-            });
-        }
-        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(this)
-            .map_err(|source| GuestMemoryError::Truncate {
-                node,
-                len: this,
-                source,
-            })?;
+        let file = new_file(n, this)?;
         let at = mapping.map.addr + offset as usize;
         mmap(
             Some(at),
@@ -424,8 +509,15 @@ mod tests {
             guest_addr: 0,
             len: 2 * GIB + 64 * MIB,
         };
-        let m = SliceMapping::new(&slice, 0, Backing::Memfd, PageSize::Small, NumaPolicy::None)
-            .unwrap();
+        let m = SliceMapping::new(
+            &slice,
+            0,
+            Backing::Memfd,
+            PageSize::Small,
+            NumaPolicy::None,
+            None,
+        )
+        .unwrap();
         assert_eq!(
             m.host_addr() % (2 * MIB as usize),
             0,

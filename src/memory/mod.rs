@@ -20,6 +20,7 @@
 
 pub mod admission;
 pub mod discard;
+pub mod gmem;
 pub mod guest;
 pub mod layout;
 pub mod mapping;
@@ -39,6 +40,7 @@ pub use discard::{
     DiscardDone, DiscardError, DiscardOptions, DiscardOutcome, DiscardPool, DiscardSnapshot,
     NodeDiscard,
 };
+pub use gmem::{GuestMemfdSource, GuestMemfdSupport, NumaBinding, Placement};
 pub use guest::{GuestMemory, GuestMemoryError};
 pub use mapping::{SliceMapping, Stripe};
 pub use numa::{host_has_node, HostNode, HostTopology, NumaError};
@@ -47,5 +49,5 @@ pub use plan::{NodeSlice, PlanError};
 pub use populate::{PopulateError, PopulateProgress, PopulateStats};
 pub use progress::{NodeReport, ReclaimProgress, ReclaimReport, ReclaimState};
 pub use reclaim::{Failures, FreeMethod, HostRange, ReclaimError, ReclaimOptions};
-pub use slots::{GuestSlot, MAX_SLOT_BYTES};
+pub use slots::{GmemBinding, GuestSlot, MAX_SLOT_BYTES};
 pub use view::{GuestLease, GuestView};

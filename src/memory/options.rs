@@ -49,6 +49,10 @@ pub enum Backing {
     /// memfds (see [`crate::memory::guest`]), so hole punches of different
     /// stripes run in parallel.
     Memfd,
+    /// KVM's own memory files (`KVM_CREATE_GUEST_MEMFD`, mapped into teravm
+    /// too): striped as memfd is, 4 KiB pages, freed by hole punches
+    /// ([`crate::memory::gmem`]).
+    GuestMemfd,
 }
 
 /// How each node slice is bound to its host node.
@@ -81,7 +85,7 @@ pub struct MemoryOptions {
     pub mem_bytes: u64,
     /// Page size.
     pub page_size: PageSize,
-    /// Anonymous or memfd.
+    /// Anonymous, memfd or guest_memfd.
     pub backing: Backing,
     /// Host nodes to spread RAM over; `None` means every node with memory.
     pub host_nodes: Option<Vec<u32>>,

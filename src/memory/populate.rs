@@ -1,6 +1,6 @@
 //! The populate executor, the mirror of reclaim: per-node workers pinned to
-//! their node fault in their node's slices with `MADV_POPULATE_WRITE`, one
-//! chunk at a time, so that a shortage (`ENOMEM`, missing huge pages) is an
+//! their node fault in their node's slices with `MADV_POPULATE_WRITE` (or
+//! allocate them in their guest_memfd with `fallocate`), one chunk at a time, so that a shortage (`ENOMEM`, missing huge pages) is an
 //! error now rather than a `SIGBUS` in the guest later. The first failure
 //! stops all workers.
 //!
@@ -67,8 +67,49 @@ pub struct PopulateStats {
     pub cancelled: bool,
 }
 
-/// A host range to populate: `(node, host address, length)`.
-pub(crate) type PopulateRange = (u32, usize, u64);
+/// A host range to populate.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PopulateRange {
+    /// The node whose workers populate it.
+    pub node: u32,
+    /// Host address of its first byte.
+    pub host_addr: usize,
+    /// Its length.
+    pub len: u64,
+    /// How.
+    pub method: PopulateMethod,
+}
+
+/// How a range is populated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PopulateMethod {
+    /// `madvise(MADV_POPULATE_WRITE)`: faulted in through the mapping.
+    PopulateWrite,
+    /// `fallocate(FALLOC_FL_KEEP_SIZE)` of the file at `file_offset`
+    /// (guest_memfd): the pages are allocated in the file without teravm
+    /// mapping them, and the kernel zeroes each where it is first used.
+    /// Measured here on 2 GiB: 340 ms with one thread against 1,000–1,170
+    /// ms for `MADV_POPULATE_WRITE`, 170 ms with two threads on one file;
+    /// and the reclaim then has no page table entries of teravm's to zap.
+    Allocate {
+        /// The file.
+        fd: std::os::fd::RawFd,
+        /// Offset of the range's first byte in it.
+        file_offset: u64,
+    },
+}
+
+impl PopulateRange {
+    /// A range faulted in through the mapping.
+    pub(crate) fn mapped(node: u32, host_addr: usize, len: u64) -> PopulateRange {
+        PopulateRange {
+            node,
+            host_addr,
+            len,
+            method: PopulateMethod::PopulateWrite,
+        }
+    }
+}
 
 /// Faults in every page of `ranges` for writing, with `workers_per_node`
 /// pinned workers per node taking chunks of `chunk_bytes`, counting into
@@ -92,7 +133,7 @@ pub(crate) unsafe fn execute(
     let page = sys::page_size() as u64;
     let chunk_bytes = chunk_bytes.max(1).div_ceil(page).saturating_mul(page);
     let plan = plan_chunks(
-        &ranges.iter().map(|r| (r.0, r.2)).collect::<Vec<_>>(),
+        &ranges.iter().map(|r| (r.node, r.len)).collect::<Vec<_>>(),
         chunk_bytes,
     );
     let nodes: Vec<u32> = plan.queues.iter().map(|q| q.node).collect();
@@ -106,12 +147,26 @@ pub(crate) unsafe fn execute(
                 break;
             }
             let chunk = claim.chunk;
-            let (node, base, _) = ranges[chunk.range];
-            let addr = base + chunk.offset as usize;
-            // SAFETY: the caller's live writable mapping; populating only
-            // faults pages in, it does not change their contents.
-            let done = unsafe { sys::madvise(addr, chunk.len as usize, libc::MADV_POPULATE_WRITE) };
+            let range = ranges[chunk.range];
+            let (node, addr) = (range.node, range.host_addr + chunk.offset as usize);
+            let done = match range.method {
+                // SAFETY: the caller's live writable mapping; populating
+                // only faults pages in, it does not change their contents.
+                PopulateMethod::PopulateWrite => unsafe {
+                    sys::madvise(addr, chunk.len as usize, libc::MADV_POPULATE_WRITE)
+                },
+                PopulateMethod::Allocate { fd, file_offset } => {
+                    sys::allocate(fd, file_offset + chunk.offset, chunk.len)
+                }
+            };
             if let Err(e) = done {
+                if let PopulateMethod::Allocate { .. } = range.method {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(format!(
+                        "fallocate(FALLOC_FL_KEEP_SIZE) of the guest_memfd at {addr:#x}+{:#x} (node {node}) failed (out of memory?): {e}",
+                        chunk.len
+                    ));
+                }
                 stop.store(true, Ordering::Relaxed);
                 let why = match e.raw_os_error() {
                     Some(libc::ENOMEM) => "out of memory, or no huge pages left",
@@ -157,8 +212,17 @@ mod tests {
         // SAFETY: our own writable mapping.
         let (p, go) = (PopulateProgress::new(), AtomicBool::new(false));
         // SAFETY: our own writable mapping.
-        let s =
-            unsafe { execute(&[(0, m.addr, m.len as u64)], 4 << 20, 2, &topo, &p, &go) }.unwrap();
+        let s = unsafe {
+            execute(
+                &[PopulateRange::mapped(0, m.addr, m.len as u64)],
+                4 << 20,
+                2,
+                &topo,
+                &p,
+                &go,
+            )
+        }
+        .unwrap();
         assert_eq!(m.resident(), 32 << 20);
         assert_eq!((s.bytes, s.workers, s.nodes), (32 << 20, 2, 1));
         assert!(!s.cancelled);
@@ -175,7 +239,7 @@ mod tests {
         // SAFETY: nothing is mapped there, so nothing is touched.
         let e = unsafe {
             execute(
-                &[(0, 0, 8192)],
+                &[PopulateRange::mapped(0, 0, 8192)],
                 4096,
                 1,
                 &topo,
@@ -196,8 +260,17 @@ mod tests {
         // Cancelled before it starts: nothing is faulted in.
         let cancel = AtomicBool::new(true);
         // SAFETY: our own writable mapping.
-        let s = unsafe { execute(&[(0, m.addr, m.len as u64)], 4 << 20, 1, &topo, &p, &cancel) }
-            .unwrap();
+        let s = unsafe {
+            execute(
+                &[PopulateRange::mapped(0, m.addr, m.len as u64)],
+                4 << 20,
+                1,
+                &topo,
+                &p,
+                &cancel,
+            )
+        }
+        .unwrap();
         assert!(s.cancelled);
         assert_eq!((s.bytes, p.bytes_done(), p.total_bytes()), (0, 0, 64 << 20));
         assert_eq!(m.resident(), 0);
@@ -219,7 +292,7 @@ mod tests {
             // SAFETY: our own writable mapping.
             let s = unsafe {
                 execute(
-                    &[(0, big.addr, big.len as u64)],
+                    &[PopulateRange::mapped(0, big.addr, big.len as u64)],
                     1 << 20,
                     1,
                     &topo,

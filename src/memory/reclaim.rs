@@ -161,6 +161,18 @@ pub enum FreeMethod {
         /// Offset of the range's first byte in the file.
         file_offset: u64,
     },
+    /// guest_memfd: `madvise(MADV_DONTNEED)` of teravm's own mapping first
+    /// (it only zaps teravm's page table entries, in bulk), then the hole
+    /// punch that frees the pages. The punch alone walks each page's
+    /// reverse map to unmap it: measured here on 2 GiB touched through the
+    /// mapping, 690 ms against 282 ms for both (and nothing to zap, 0 ms,
+    /// where only the guest touched it).
+    ZapThenPunch {
+        /// The file (a guest_memfd).
+        fd: RawFd,
+        /// Offset of the range's first byte in the file.
+        file_offset: u64,
+    },
 }
 
 /// A host mapping to free, placed on a node.
@@ -378,7 +390,7 @@ pub(crate) unsafe fn execute_with(
 }
 
 /// Frees one chunk of a range; returns the resident bytes it held
-/// (measured with `mincore` just before).
+/// (measured with `mincore` just before, or `cachestat` of a guest_memfd).
 ///
 /// # Safety
 /// `range` is a live mapping the caller may discard.
@@ -397,7 +409,17 @@ unsafe fn free_chunk(
         file,
         source,
     };
-    let resident = sys::resident_bytes(addr, len, buf).map_err(|e| fail("mincore", None, e))?;
+    let resident = match range.method {
+        // A guest_memfd page allocated but never used (a populate's
+        // fallocate) is not "in core" for mincore; the file's page cache
+        // counts it.
+        FreeMethod::ZapThenPunch { fd, file_offset } => {
+            let offset = file_offset + chunk.offset;
+            sys::file_cached_bytes(fd, offset, chunk.len)
+                .map_err(|e| fail("cachestat", Some((fd, offset)), e))?
+        }
+        _ => sys::resident_bytes(addr, len, buf).map_err(|e| fail("mincore", None, e))?,
+    };
     // SAFETY: the caller's contract is the same as ours; the chunk lies
     // inside the range (the plan cuts ranges into chunks).
     unsafe { free_part(range, chunk.offset, chunk.len) }?;
@@ -430,6 +452,15 @@ pub(crate) unsafe fn free_part(range: &HostRange, offset: u64, len: u64) -> Resu
                 .map_err(|e| fail("madvise(MADV_DONTNEED)", None, e))
         }
         FreeMethod::PunchHole { fd, file_offset } => {
+            let offset = file_offset + offset;
+            sys::punch_hole(fd, offset, len).map_err(|e| fail("hole punch", Some((fd, offset)), e))
+        }
+        FreeMethod::ZapThenPunch { fd, file_offset } => {
+            // SAFETY: as for DontNeed: the caller's mapping, whose contents
+            // go now anyway; on a shared mapping this only drops our page
+            // table entries.
+            unsafe { sys::madvise(addr, len as usize, libc::MADV_DONTNEED) }
+                .map_err(|e| fail("madvise(MADV_DONTNEED)", None, e))?;
             let offset = file_offset + offset;
             sys::punch_hole(fd, offset, len).map_err(|e| fail("hole punch", Some((fd, offset)), e))
         }

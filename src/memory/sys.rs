@@ -153,6 +153,119 @@ pub fn mbind(addr: usize, len: usize, mode: libc::c_int, node: u32) -> io::Resul
     }
 }
 
+/// `MPOL_F_ADDR` (linux/mempolicy.h): the policy at an address.
+const MPOL_F_ADDR: libc::c_ulong = 1 << 1;
+
+/// The policy mode of the page at `addr` (`get_mempolicy(MPOL_F_ADDR)`):
+/// the mapping's own, or the file's shared policy where it has one.
+pub fn policy_at(addr: usize) -> io::Result<libc::c_int> {
+    let mut mode: libc::c_int = 0;
+    let mut mask = [0u64; 16];
+    // SAFETY: the kernel writes one int into `mode` and at most `maxnode`
+    // (1024) bits into `mask`, which holds that many; `addr` is only looked up.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut libc::c_int,
+            mask.as_mut_ptr(),
+            (mask.len() * 64) as libc::c_ulong,
+            addr as libc::c_ulong,
+            MPOL_F_ADDR,
+        )
+    };
+    if ret == 0 {
+        Ok(mode)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The node of each page at `addrs` (`move_pages` of this process with no
+/// targets), or the per-page error (`ENOENT`: not present).
+pub fn page_nodes(addrs: &[usize]) -> Vec<io::Result<u32>> {
+    let pages: Vec<*const libc::c_void> = addrs.iter().map(|&a| a as *const libc::c_void).collect();
+    let mut status = vec![-libc::ENOENT; addrs.len()];
+    // SAFETY: the kernel reads `count` pointers from `pages` (only looked
+    // up, never dereferenced by us) and writes `count` ints into `status`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0 as libc::c_int,
+            pages.len() as libc::c_ulong,
+            pages.as_ptr(),
+            std::ptr::null::<libc::c_int>(),
+            status.as_mut_ptr(),
+            0 as libc::c_int,
+        )
+    };
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        return addrs
+            .iter()
+            .map(|_| Err(io::Error::from(e.kind())))
+            .collect();
+    }
+    status
+        .into_iter()
+        .map(|s| {
+            if s >= 0 {
+                Ok(s as u32)
+            } else {
+                Err(io::Error::from_raw_os_error(-s))
+            }
+        })
+        .collect()
+}
+
+/// `cachestat` (Linux 6.5; not in every libc's list yet).
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// Bytes of `fd`'s `offset..offset+len` in its page cache (`cachestat`):
+/// for a guest_memfd, its allocated pages, whether used yet or not.
+pub fn file_cached_bytes(fd: RawFd, offset: u64, len: u64) -> io::Result<u64> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let range = Range { off: offset, len };
+    let mut stat = Stat::default();
+    // SAFETY: the kernel reads `range` and writes one `Stat` (the layout of
+    // struct cachestat_range / cachestat), both ours; a bad fd is an error.
+    let ret = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd,
+            &range as *const Range,
+            &mut stat as *mut Stat,
+            0 as libc::c_uint,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat.nr_cache.saturating_mul(page_size() as u64))
+}
+
+/// Allocates the blocks of `fd` in `offset..offset+len` without changing
+/// its size (`fallocate(FALLOC_FL_KEEP_SIZE)`): guest_memfd's populate.
+pub fn allocate(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
+    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    // SAFETY: fallocate on a descriptor touches no memory of this process.
+    check(unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, offset, len) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,8 +26,9 @@ const IOC_READ: u64 = 2;
 pub(crate) mod kvm {
     use super::{kvm_ioc, IOC_NONE, IOC_READ, IOC_WRITE};
     use kvm_bindings::{
-        kvm_cpuid2, kvm_fpu, kvm_ioeventfd, kvm_irqfd, kvm_lapic_state, kvm_msrs, kvm_pit_config,
-        kvm_regs, kvm_sregs, kvm_userspace_memory_region,
+        kvm_cpuid2, kvm_create_guest_memfd, kvm_fpu, kvm_ioeventfd, kvm_irqfd, kvm_lapic_state,
+        kvm_msrs, kvm_pit_config, kvm_regs, kvm_sregs, kvm_userspace_memory_region,
+        kvm_userspace_memory_region2,
     };
     use std::mem::size_of;
 
@@ -45,6 +46,15 @@ pub(crate) mod kvm {
     /// `KVM_SET_USER_MEMORY_REGION`.
     pub const SET_USER_MEMORY_REGION: u64 =
         kvm_ioc(IOC_WRITE, 0x46, size_of::<kvm_userspace_memory_region>());
+    /// `KVM_SET_USER_MEMORY_REGION2` (guest_memfd memslots).
+    pub const SET_USER_MEMORY_REGION2: u64 =
+        kvm_ioc(IOC_WRITE, 0x49, size_of::<kvm_userspace_memory_region2>());
+    /// `KVM_CREATE_GUEST_MEMFD`.
+    pub const CREATE_GUEST_MEMFD: u64 = kvm_ioc(
+        IOC_READ | IOC_WRITE,
+        0xd4,
+        size_of::<kvm_create_guest_memfd>(),
+    );
     /// `KVM_RUN`.
     pub const RUN: u64 = kvm_ioc(IOC_NONE, 0x80, 0);
     /// `KVM_SET_REGS`.
@@ -166,6 +176,9 @@ const fn mmap_no_exec(why: &'static str) -> Allow {
         why,
     }
 }
+
+/// `cachestat` (Linux 6.5), not in libc's list yet.
+const SYS_CACHESTAT: i64 = 451;
 
 const O_RDONLY_CLOEXEC: u64 = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
 
@@ -573,6 +586,8 @@ const START: &[Allow] = &[
             named!(kvm::GET_VCPU_MMAP_SIZE),
             named!(kvm::GET_SUPPORTED_CPUID),
             named!(kvm::SET_USER_MEMORY_REGION),
+            named!(kvm::SET_USER_MEMORY_REGION2),
+            named!(kvm::CREATE_GUEST_MEMFD),
             named!(kvm::CREATE_VCPU),
             named!(kvm::SET_CPUID2),
             named!(kvm::SET_FPU),
@@ -590,13 +605,29 @@ const START: &[Allow] = &[
             named!(libc::TCGETS),
             named!(libc::FIONBIO),
         ],
-        "the VM, its memslots, irqchip and PIT, the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener",
+        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT, the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener",
     ),
-    mmap_no_exec("guest memory, memfd slices, each vCPU's kvm_run"),
+    mmap_no_exec("guest memory, memfd and guest_memfd slices, each vCPU's kvm_run; one page of a guest_memfd again, to ask for its policy"),
     any(libc::SYS_memfd_create, "memfd backing"),
     any(libc::SYS_ftruncate, "a memfd's size"),
     any(libc::SYS_mbind, "NUMA binding of each slice"),
-    any(libc::SYS_get_mempolicy, "the binding as the kernel took it"),
+    any(
+        libc::SYS_get_mempolicy,
+        "the binding as the kernel took it (does a guest_memfd keep it for the file)",
+    ),
+    any(
+        libc::SYS_move_pages,
+        "where sampled pages landed after a populate (no targets: nothing moves)",
+    ),
+    one_of(
+        libc::SYS_fallocate,
+        1,
+        &[(
+            libc::FALLOC_FL_KEEP_SIZE as u64,
+            "FALLOC_FL_KEEP_SIZE",
+        )],
+        "populate of guest_memfd slices (allocate, never resize or punch)",
+    ),
     one_of(
         libc::SYS_madvise,
         2,
@@ -628,6 +659,10 @@ const START: &[Allow] = &[
 /// lives on) and signals the event loop.
 const RECLAIM: &[Allow] = &[
     any(libc::SYS_mincore, "resident bytes of each chunk"),
+    any(
+        SYS_CACHESTAT,
+        "allocated bytes of each guest_memfd chunk (its page cache)",
+    ),
     any(
         libc::SYS_sched_setaffinity,
         "workers pin themselves to their node",

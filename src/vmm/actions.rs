@@ -163,13 +163,14 @@ impl Vmm {
             }))),
             VmmAction::GetMachineConfig => to_json(&self.config.machine_config),
             VmmAction::PutMachineConfig(m) if not_started => {
+                crate::config::check_backing_pages(&m, &self.config.memory).map_err(bad)?;
                 self.config.machine_config = m;
                 Ok(VmmData::Empty)
             }
             VmmAction::PatchMachineConfig(p) if not_started => {
-                self.config.machine_config = p
-                    .apply(&self.config.machine_config)
-                    .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
+                let m = p.apply(&self.config.machine_config).map_err(bad)?;
+                crate::config::check_backing_pages(&m, &self.config.memory).map_err(bad)?;
+                self.config.machine_config = m;
                 Ok(VmmData::Empty)
             }
             VmmAction::PutMachineConfig(_) | VmmAction::PatchMachineConfig(_) => {
@@ -210,6 +211,8 @@ impl Vmm {
                     .map_or(self.topology.nodes_with_memory().len(), Vec::len);
                 crate::config::check_worker_threads(self.config.reclaim.workers_per_node, nodes)
                     .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
+                crate::config::check_guest_memfd(&m, &self.gmem_support).map_err(bad)?;
+                crate::config::check_backing_pages(&self.config.machine_config, &m).map_err(bad)?;
                 self.config.memory = m;
                 Ok(VmmData::Empty)
             }

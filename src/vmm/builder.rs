@@ -91,6 +91,18 @@ pub struct SliceInfo {
     pub host_node: u32,
     /// The binding policy.
     pub policy: NumaPolicy,
+    /// What backs it.
+    pub backing: crate::config::Backing,
+    /// Its memfds or guest_memfds (absent for anonymous memory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<usize>,
+    /// How the binding took effect: `mbind` on the mapping, the file's own
+    /// policy (guest_memfd), ignored by the kernel (guest_memfd on a
+    /// kernel without file policies), or not asked.
+    pub numa_binding: crate::memory::NumaBinding,
+    /// Where sampled pages landed, checked after a populate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::memory::Placement>,
     /// The guest NUMA node it belongs to (Linux guests, which see one node
     /// per host node in their ACPI SRAT); absent for the firmware.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -205,7 +217,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
     let cancelled = || cancel.load(Ordering::Acquire);
     let machine = &config.machine_config;
     let mut vm = Vm::create(&kvm)?;
-    let memory = GuestMemory::new(&MemoryOptions::from(&config), &topology)?;
+    let memory = GuestMemory::new_with(&MemoryOptions::from(&config), &topology, Some(&vm))?;
     let teardown = |vm, memory, console| {
         Ok(Started::Cancelled(Teardown {
             vcpus: None,
@@ -244,6 +256,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             guest_addr: s.guest_addr,
             size: s.len,
             host_addr: s.host_addr,
+            guest_memfd: s.guest_memfd,
         })
         .collect();
     // SAFETY: the mappings live in `memory`, which the MicroVm keeps until
@@ -337,6 +350,10 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             size_bytes: s.slice().len,
             host_node: s.slice().node,
             policy: config.memory.numa_policy,
+            backing: config.memory.backing,
+            files: (!s.stripes().is_empty()).then_some(s.stripes().len()),
+            numa_binding: s.numa_binding(),
+            placement: s.placement(),
             guest_node: nodes.as_ref().and_then(|nodes| {
                 nodes
                     .iter()

@@ -106,6 +106,10 @@ pub enum VmmError {
     /// A device's host side (a tap, a vsock socket) could not be opened.
     #[error("{0}")]
     Device(String),
+    /// The configuration asks for what this host cannot give (guest_memfd
+    /// on a kernel without it).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// How to run the VMM, from the command line.
@@ -148,6 +152,8 @@ pub struct Vmm {
     resources: device_opens::DeviceResources,
     /// `/dev/kvm`, opened at start-up.
     kvm: Arc<crate::vstate::vm::KvmDevice>,
+    /// What KVM offers for guest_memfd here, read at start-up.
+    gmem_support: crate::memory::GuestMemfdSupport,
     /// The job runners (started before the main thread's filter).
     start_runner: jobs::JobRunner,
     reclaim_runner: jobs::JobRunner,
@@ -343,6 +349,8 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         config.vsock.as_ref(),
     )?;
     let kvm = Arc::new(crate::vstate::vm::KvmDevice::open()?);
+    let gmem_support = kvm.guest_memfd_support();
+    crate::config::check_guest_memfd(&config.memory, &gmem_support)?;
     // Every thread that outlives this function's set-up is started before
     // the main thread's filter: that filter need not allow what they do.
     let start_runner = jobs::JobRunner::spawn("start", crate::seccomp::Role::Start)?;
@@ -373,6 +381,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         boot_files,
         resources,
         kvm,
+        gmem_support,
         start_runner,
         reclaim_runner,
         pending_opens: Vec::new(),

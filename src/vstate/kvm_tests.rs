@@ -56,6 +56,7 @@ fn boot_and_end(vcpus: u8, mib: u64, cmdline: &str, wait: Duration, end: End) ->
             host_addr: r
                 .get_host_address(vm_memory::MemoryRegionAddress(0))
                 .unwrap() as u64,
+            guest_memfd: None,
         })
         .collect();
     // SAFETY: `mem` outlives the VM (dropped after it, at the end of this function).

@@ -2,12 +2,26 @@
 //! Linux guests the in-kernel irqchip (PIC, IOAPIC, LAPICs), the PIT and
 //! irqfds (the built-in firmware runs without any of them).
 
+use std::os::fd::{AsRawFd, FromRawFd};
+
 use kvm_bindings::{
-    kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
+    kvm_create_guest_memfd, kvm_pit_config, kvm_userspace_memory_region,
+    kvm_userspace_memory_region2, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MEM_GUEST_MEMFD,
     KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::EventFd;
+
+use crate::memory::gmem::{
+    GuestMemfdSource, GuestMemfdSupport, GUEST_MEMFD_FLAGS, KVM_CAP_GUEST_MEMFD,
+    KVM_CAP_GUEST_MEMFD_FLAGS, KVM_CAP_USER_MEMORY2,
+};
+use crate::memory::GmemBinding;
+
+/// The fault that makes this kernel look as if it offered no guest_memfd
+/// flags (`KVM_CAP_GUEST_MEMFD_FLAGS` 0: no `GUEST_MEMFD_FLAG_MMAP`), as a
+/// kernel before 6.18 does.
+pub const GUEST_MEMFD_NO_MMAP: &str = "guest-memfd-no-mmap";
 
 /// Where KVM may put the three pages of its real-mode TSS (VMX hosts), just
 /// below the BIOS ROM and outside guest RAM (in the MMIO gap), as Firecracker does.
@@ -42,6 +56,9 @@ pub enum VmError {
         /// KVM's error.
         source: kvm_ioctls::Error,
     },
+    /// `KVM_CREATE_GUEST_MEMFD` failed.
+    #[error("KVM_CREATE_GUEST_MEMFD failed: {0}")]
+    CreateGuestMemfd(kvm_ioctls::Error),
     /// `KVM_GET_SUPPORTED_CPUID` failed.
     #[error("KVM_GET_SUPPORTED_CPUID failed: {0}")]
     SupportedCpuid(kvm_ioctls::Error),
@@ -77,15 +94,19 @@ pub enum VmError {
     },
 }
 
-/// One memslot: guest physical range backed by host virtual memory.
+/// One memslot: guest physical range backed by host virtual memory (and
+/// for guest_memfd memory, by a range of its file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemorySlot {
+pub struct MemorySlot<'m> {
     /// Guest physical address.
     pub guest_addr: u64,
     /// Size in bytes.
     pub size: u64,
     /// Host virtual address of the mapping.
     pub host_addr: u64,
+    /// The guest_memfd behind it, registered with
+    /// `KVM_SET_USER_MEMORY_REGION2` and `KVM_MEM_GUEST_MEMFD`.
+    pub guest_memfd: Option<GmemBinding<'m>>,
 }
 
 /// `/dev/kvm`, opened once at start-up (before any seccomp filter), so that
@@ -101,6 +122,24 @@ impl KvmDevice {
         Ok(KvmDevice(unsafe {
             <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd)
         }))
+    }
+
+    /// What KVM offers for guest_memfd here (`KVM_CHECK_EXTENSION` on
+    /// `/dev/kvm`; the fault [`GUEST_MEMFD_NO_MMAP`] hides the flags).
+    pub fn guest_memfd_support(&self) -> GuestMemfdSupport {
+        let Ok(kvm) = self.kvm() else {
+            return GuestMemfdSupport::default();
+        };
+        let cap = |c: u32| kvm.check_extension_raw(u64::from(c));
+        let mut flags = u64::try_from(cap(KVM_CAP_GUEST_MEMFD_FLAGS)).unwrap_or(0);
+        if crate::faults::injected(GUEST_MEMFD_NO_MMAP) {
+            flags = 0;
+        }
+        GuestMemfdSupport {
+            user_memory2: cap(KVM_CAP_USER_MEMORY2) > 0,
+            guest_memfd: cap(KVM_CAP_GUEST_MEMFD) > 0,
+            flags,
+        }
     }
 
     /// A `Kvm` of its own over a duplicate of the descriptor.
@@ -169,6 +208,30 @@ impl Vm {
             });
         }
         for (slot, s) in (0u32..).zip(slots) {
+            if let Some(file) = s.guest_memfd {
+                let region = kvm_userspace_memory_region2 {
+                    slot,
+                    flags: KVM_MEM_GUEST_MEMFD,
+                    guest_phys_addr: s.guest_addr,
+                    memory_size: s.size,
+                    userspace_addr: s.host_addr,
+                    guest_memfd_offset: file.offset,
+                    guest_memfd: file.fd.as_raw_fd() as u32,
+                    ..Default::default()
+                };
+                // SAFETY: as below; the guest_memfd is borrowed from the
+                // memory that owns it, and KVM takes the file's pages by
+                // offset (the file pins the VM, not the other way round).
+                unsafe { self.fd.set_user_memory_region2(region) }.map_err(|source| {
+                    VmError::SetUserMemoryRegion {
+                        slot,
+                        guest_addr: s.guest_addr,
+                        size: s.size,
+                        source,
+                    }
+                })?;
+                continue;
+            }
             let region = kvm_userspace_memory_region {
                 slot,
                 flags: 0,
@@ -188,6 +251,20 @@ impl Vm {
             })?;
         }
         Ok(())
+    }
+
+    /// Creates a guest_memfd of `len` bytes, mappable and shared.
+    pub fn create_guest_memfd(&self, len: u64) -> Result<std::fs::File, VmError> {
+        let fd = self
+            .fd
+            .create_guest_memfd(kvm_create_guest_memfd {
+                size: len,
+                flags: GUEST_MEMFD_FLAGS,
+                ..Default::default()
+            })
+            .map_err(VmError::CreateGuestMemfd)?;
+        // SAFETY: `fd` was just returned by KVM for us and nothing else owns it.
+        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
     }
 
     /// The CPUID KVM supports on this host, handed to every vCPU.
@@ -244,5 +321,14 @@ impl Vm {
         self.fd
             .create_vcpu(u64::from(index))
             .map_err(|source| VmError::CreateVcpu { index, source })
+    }
+}
+
+impl GuestMemfdSource for Vm {
+    fn create_guest_memfd(&self, len: u64) -> std::io::Result<std::fs::File> {
+        Vm::create_guest_memfd(self, len).map_err(|e| match e {
+            VmError::CreateGuestMemfd(k) => std::io::Error::from_raw_os_error(k.errno()),
+            other => std::io::Error::other(other.to_string()),
+        })
     }
 }

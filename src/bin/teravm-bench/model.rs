@@ -104,6 +104,7 @@ pub fn backing_name(backing: Backing) -> &'static str {
     match backing {
         Backing::Anonymous => "anonymous",
         Backing::Memfd => "memfd",
+        Backing::GuestMemfd => "guest_memfd",
     }
 }
 
