@@ -260,3 +260,7 @@ mod tests {
         unsafe { libc::munmap(addr, len) };
     }
 }
+
+#[cfg(test)]
+#[path = "gmem_tests.rs"]
+mod kvm_tests;
