@@ -186,6 +186,11 @@ impl GuestMemory {
             }
         }
         admission::check(opts)?;
+        if opts.backing == Backing::GuestMemfd && opts.page_size == PageSize::Transparent {
+            log::info!(
+                "guest_memfd: 4 KiB pages (this kernel offers no transparent huge pages for guest_memfd)"
+            );
+        }
         let mut mapped = Vec::with_capacity(slices.len());
         for (i, slice) in slices.iter().enumerate() {
             mapped.push(SliceMapping::new(
