@@ -242,3 +242,65 @@ fn print_lists() {
         println!("{} ({}): {}", role.name(), names.len(), names.join(" "));
     }
 }
+
+/// The values a role allows for argument `arg` of `nr`, if the call is
+/// allowed only for listed values.
+fn allowed_values(role: Role, nr: i64, arg: u8) -> Vec<u64> {
+    role.allowed()
+        .into_iter()
+        .filter(|a| a.nr == nr)
+        .flat_map(|a| match a.only {
+            super::filters::Only::OneOf { arg: a2, values } if a2 == arg => {
+                values.iter().map(|v| v.0).collect::<Vec<u64>>()
+            }
+            other => panic!("{role:?}: {nr} is allowed as {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn guest_memfd_calls_are_the_start_jobs_and_the_reclaims_only() {
+    // The kernel's numbers (linux/kvm.h).
+    assert_eq!(kvm::CREATE_GUEST_MEMFD, 0xc040_aed4);
+    assert_eq!(kvm::SET_USER_MEMORY_REGION2, 0x40a0_ae49);
+    let start = allowed_values(Role::Start, libc::SYS_ioctl, 1);
+    assert!(start.contains(&kvm::CREATE_GUEST_MEMFD));
+    assert!(start.contains(&kvm::SET_USER_MEMORY_REGION2));
+    for role in Role::ALL {
+        if role == Role::Start {
+            continue;
+        }
+        if role.syscalls().contains(&libc::SYS_ioctl) {
+            let values = allowed_values(role, libc::SYS_ioctl, 1);
+            assert!(!values.contains(&kvm::CREATE_GUEST_MEMFD), "{role:?}");
+            assert!(!values.contains(&kvm::SET_USER_MEMORY_REGION2), "{role:?}");
+        }
+    }
+    // fallocate: allocate (populate) only on the start job; everywhere else
+    // only the hole punch; never a mode that resizes the file.
+    let punch = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u64;
+    let keep = libc::FALLOC_FL_KEEP_SIZE as u64;
+    for role in Role::ALL {
+        if !role.syscalls().contains(&libc::SYS_fallocate) {
+            continue;
+        }
+        let mut modes = allowed_values(role, libc::SYS_fallocate, 1);
+        modes.sort_unstable();
+        modes.dedup();
+        let want = if role == Role::Start {
+            let mut m = vec![keep, punch];
+            m.sort_unstable();
+            m
+        } else {
+            vec![punch]
+        };
+        assert_eq!(modes, want, "{role:?}");
+        assert!(!modes.contains(&0), "{role:?} may grow a file");
+    }
+    assert!(Role::Start.syscalls().contains(&libc::SYS_move_pages));
+    assert!(Role::Reclaim.syscalls().contains(&451), "cachestat");
+    for role in [Role::Vcpu, Role::Api, Role::ApiConnection, Role::Vmm] {
+        assert!(!role.syscalls().contains(&libc::SYS_move_pages), "{role:?}");
+        assert!(!role.syscalls().contains(&libc::SYS_fallocate), "{role:?}");
+    }
+}
