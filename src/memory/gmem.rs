@@ -13,9 +13,9 @@
 //! NUMA: `mbind` on the mapping sets a policy, but a kernel without shared
 //! policies for guest_memfd ignores it when it allocates the file's pages
 //! (they come from the node of the thread that first touches them). Which
-//! one this kernel is, is asked of the file itself ([`probe_shared_policy`])
+//! one this kernel is, is asked of the file itself (`probe_shared_policy`)
 //! and said per slice ([`NumaBinding`]); after a populate, where sampled
-//! pages landed is checked ([`sample_placement`]).
+//! pages landed is checked (`sample_placement`).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -150,7 +150,7 @@ pub struct Placement {
     pub unknown: u32,
 }
 
-/// Pages [`sample_placement`] asks about per slice.
+/// Pages `sample_placement` asks about per slice.
 pub const PLACEMENT_SAMPLES: usize = 64;
 
 /// Where `samples` pages spread evenly over `addr..addr+len` are
