@@ -17,7 +17,6 @@ use common::gmem::{gmem_allocated_bytes, gmem_fds, gmem_mappings};
 use common::*;
 use serde_json::Value;
 
-
 /// The fault that hides the kernel's guest_memfd flags.
 const NO_MMAP: (&str, &str) = ("TERAVM_FAULT_INJECT", "guest-memfd-no-mmap");
 

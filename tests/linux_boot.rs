@@ -405,3 +405,49 @@ fn a_kernel_over_the_api_runs_until_the_guest_crashes_and_exits_3() {
         "no summary: {stderr}"
     );
 }
+
+/// A Linux kernel on guest_memfd memory (issue 19): loaded into KVM's own
+/// files through teravm's mapping of them, it runs exactly as far as on
+/// anonymous memory on this PVM host (its own e820 map, then the `Memory:`
+/// line, where PVM's emulator stops every stock kernel) and SIGTERM ends it
+/// cleanly, its files freed.
+#[test]
+fn a_kernel_on_guest_memfd_runs_as_far_as_on_anonymous_memory() {
+    let Some(kernel) = kernel_or_skip("linux_gmem", "vmlinux") else {
+        return;
+    };
+    let _one_kernel_at_a_time = common::big_memory();
+    let dir = temp_dir("linux-gmem");
+    let args = "console=ttyS0 earlyprintk=serial reboot=k panic=1 pci=off nomodule";
+    let cfg = config_file(
+        &dir,
+        &format!(
+            r#"{{"machine-config": {{"vcpu_count": 1, "mem_size_mib": {MEM_MIB}, "huge_pages": "None"}},
+                "memory": {{"backing": "guest_memfd"}},
+                "boot-source": {{"kernel_image_path": "{}", "boot_args": "{args}"}}}}"#,
+            kernel.display()
+        ),
+    );
+    let mut vmm = Vmm::spawn(&["--no-api", "--config-file", cfg.to_str().unwrap()]);
+    let version = vmm.wait_line("Linux version", FIRST_LINE);
+    assert!(version.contains("Linux version 6."), "{version}");
+    let slices: Vec<(u64, u64)> = ram_regions(MEM_MIB << 20)
+        .iter()
+        .map(|r| (r.guest_addr, r.len))
+        .collect();
+    for entry in &e820_map(&slices).unwrap() {
+        let line = vmm.wait_line("BIOS-e820:", EARLY);
+        assert!(line.ends_with(&entry.linux_line()), "{line}");
+    }
+    let memory = vmm.wait_line("Memory: ", EARLY);
+    assert!(memory.contains("K available"), "{memory}");
+    let pid = vmm.child.id();
+    assert!(
+        !common::gmem::gmem_fds(pid).is_empty(),
+        "the kernel runs on guest_memfd"
+    );
+    let (_, stderr) = sigterm_ends_cleanly(vmm);
+    let (mib, _, _) = common::summary(&stderr);
+    assert!(mib > 0, "the kernel's pages were freed: {stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
