@@ -33,14 +33,10 @@ fn started(
     args: &str,
     extra: &[&str],
 ) -> (Vmm, std::path::PathBuf) {
-    let (mut vmm, sock, _dir) = start_api(name, extra);
-    put_ok(&sock, "/machine-config", machine);
-    put_ok(&sock, "/memory", memory);
-    put_ok(
-        &sock,
-        "/boot-source",
-        &format!(r#"{{"boot_args": "{args}"}}"#),
+    let sections = format!(
+        r#"{{"machine-config": {machine}, "memory": {memory}, "boot-source": {{"boot_args": "{args}"}}}}"#
     );
+    let (mut vmm, sock) = start_configured(name, &sections, extra);
     let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(status, 204, "{body}");
     vmm.wait_line("teravm firmware: touched", T);

@@ -208,46 +208,41 @@ impl Vm {
             });
         }
         for (slot, s) in (0u32..).zip(slots) {
-            if let Some(file) = s.guest_memfd {
-                let region = kvm_userspace_memory_region2 {
-                    slot,
-                    flags: KVM_MEM_GUEST_MEMFD,
-                    guest_phys_addr: s.guest_addr,
-                    memory_size: s.size,
-                    userspace_addr: s.host_addr,
-                    guest_memfd_offset: file.offset,
-                    guest_memfd: file.fd.as_raw_fd() as u32,
-                    ..Default::default()
-                };
-                // SAFETY: as below; the guest_memfd is borrowed from the
-                // memory that owns it, and KVM takes the file's pages by
-                // offset (the file pins the VM, not the other way round).
-                unsafe { self.fd.set_user_memory_region2(region) }.map_err(|source| {
-                    VmError::SetUserMemoryRegion {
+            let done = match s.guest_memfd {
+                Some(file) => {
+                    let region = kvm_userspace_memory_region2 {
                         slot,
-                        guest_addr: s.guest_addr,
-                        size: s.size,
-                        source,
-                    }
-                })?;
-                continue;
-            }
-            let region = kvm_userspace_memory_region {
-                slot,
-                flags: 0,
-                guest_phys_addr: s.guest_addr,
-                memory_size: s.size,
-                userspace_addr: s.host_addr,
-            };
-            // SAFETY: the caller guarantees the host range is a live mapping
-            // of `size` bytes for as long as KVM may use it.
-            unsafe { self.fd.set_user_memory_region(region) }.map_err(|source| {
-                VmError::SetUserMemoryRegion {
-                    slot,
-                    guest_addr: s.guest_addr,
-                    size: s.size,
-                    source,
+                        flags: KVM_MEM_GUEST_MEMFD,
+                        guest_phys_addr: s.guest_addr,
+                        memory_size: s.size,
+                        userspace_addr: s.host_addr,
+                        guest_memfd_offset: file.offset,
+                        guest_memfd: file.fd.as_raw_fd() as u32,
+                        ..Default::default()
+                    };
+                    // SAFETY: as below; the guest_memfd is borrowed from the
+                    // memory that owns it, and KVM takes the file's pages by
+                    // offset (the file pins the VM, not the other way round).
+                    unsafe { self.fd.set_user_memory_region2(region) }
                 }
+                None => {
+                    let region = kvm_userspace_memory_region {
+                        slot,
+                        flags: 0,
+                        guest_phys_addr: s.guest_addr,
+                        memory_size: s.size,
+                        userspace_addr: s.host_addr,
+                    };
+                    // SAFETY: the caller guarantees the host range is a live
+                    // mapping of `size` bytes for as long as KVM may use it.
+                    unsafe { self.fd.set_user_memory_region(region) }
+                }
+            };
+            done.map_err(|source| VmError::SetUserMemoryRegion {
+                slot,
+                guest_addr: s.guest_addr,
+                size: s.size,
+                source,
             })?;
         }
         Ok(())
