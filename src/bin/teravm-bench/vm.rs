@@ -13,7 +13,13 @@
 //!   request until the process is gone (`waitpid`, teravm started with
 //!   `--linger-ms 0`); the reply's latency (request sent → 202 received) is
 //!   kept apart, and teravm's summary line (stderr, or stdout before teravm
-//!   moved it) must account for the memory touched.
+//!   moved it) must account for the memory touched;
+//! - `--peers`' teravm row beside the peer VMMs (`vm-prealloc-teravm-<w>`):
+//!   all RAM populated before boot and the firmware touching nothing
+//!   (`touch=0`), as a peer whose RAM is preallocated and whose guest never
+//!   ran; teravm's resident size must cover the RAM; then `SIGTERM` (teravm
+//!   reclaims with `w` workers per node and exits), timed until `waitpid`,
+//!   the summary line accounting for the RAM.
 //!
 //! Guest memory is populated before boot (untimed, and far faster than the
 //! guest's own first touches on a host whose KVM is paging-based), then the
@@ -30,8 +36,9 @@ use std::time::{Duration, Instant};
 use crate::args::Args;
 use crate::client::{request, Connection};
 use crate::host::{find_summary, parse_touched_mib, rss_bytes, SUMMARY_PREFIX, TOUCHED_PREFIX};
-use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, PHASE_NAMES};
+use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, Resident, PHASE_NAMES};
 use crate::mrelease::{kill_and_reap, PidFd, Reap};
+use crate::resident::{covers, resident_of};
 
 /// Longest wait for a microVM to boot and touch its memory.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
@@ -61,13 +68,24 @@ pub fn teravm_binary() -> Result<PathBuf, BenchError> {
 
 /// The microVM's config: 2 vCPUs, all memory touched, then idle.
 pub fn vm_config(case: Case, args: &Args, workers: u32, bind: bool) -> String {
+    config_booting(case, args, workers, bind, "touch=all then=idle")
+}
+
+/// The config of `vm-prealloc-teravm-<w>`: the same, but the firmware
+/// touches nothing (all memory is populated before boot all the same).
+pub fn prealloc_config(case: Case, args: &Args, workers: u32, bind: bool) -> String {
+    config_booting(case, args, workers, bind, "touch=0 then=idle")
+}
+
+/// The microVM's config with the firmware's `boot_args`.
+fn config_booting(case: Case, args: &Args, workers: u32, bind: bool, boot_args: &str) -> String {
     let huge_pages = match case.pages {
         Pages::FourK => "None",
         Pages::Thp => "Transparent",
     };
     format!(
         r#"{{"machine-config": {{"vcpu_count": 2, "mem_size_mib": {mib}, "huge_pages": "{huge_pages}"}},
-  "boot-source": {{"boot_args": "touch=all then=idle"}},
+  "boot-source": {{"boot_args": "{boot_args}"}},
   "memory": {{"backing": "{backing}", "numa_policy": "{policy}", "populate": true}},
   "reclaim": {{"workers_per_node": {workers}, "chunk_mib": {chunk}, "parallel_threshold_mib": 0, "steal": true}}}}"#,
         mib = args.size_gib << 10,
@@ -262,6 +280,8 @@ pub struct VmRun {
     pub reply_ms: Option<f64>,
     /// `vm-teravm`: the phases of the shutdown, from the reply.
     pub phases: Phases,
+    /// `vm-prealloc-teravm`: what teravm held when the clock started.
+    pub resident: Option<Resident>,
 }
 
 /// The phases in a sync `Shutdown` reply, where it has them.
@@ -295,6 +315,7 @@ pub fn measure_vm(
         seconds,
         reply_ms: None,
         phases: [None; 4],
+        resident: None,
     };
     match method {
         Method::VmKill => Ok(plain(
@@ -335,6 +356,7 @@ pub fn measure_vm(
                 seconds,
                 reply_ms: None,
                 phases: phases_of(&report),
+                resident: None,
             })
         }
         Method::VmAsync(_) => {
@@ -367,10 +389,76 @@ pub fn measure_vm(
                 seconds,
                 reply_ms: Some(reply_ms),
                 phases: [None; 4],
+                resident: None,
             })
         }
         other => Err(vm_err(format!("{other} is not a --vm method"))),
     }
+}
+
+/// One timed run of `vm-prealloc-teravm-<w>`: teravm with all RAM
+/// populated and the firmware touching nothing, stopped with `SIGTERM`,
+/// timed until `waitpid`.
+pub fn measure_prealloc(
+    workers: u32,
+    case: Case,
+    args: &Args,
+    teravm: &Path,
+    bind: bool,
+) -> Result<VmRun, BenchError> {
+    let config = prealloc_config(case, args, workers, bind);
+    let mut vm = spawn(teravm, &config, &args.sysfs_root, 0)?;
+    let touched = vm.wait_line(TOUCHED_PREFIX)?;
+    if parse_touched_mib(&touched) != Some(0) {
+        return Err(vm_err(format!(
+            "the firmware was to touch nothing: {touched:?}"
+        )));
+    }
+    vm.wait_line("teravm firmware: idle")?;
+    let size_bytes = args.size_gib << 30;
+    let resident =
+        resident_of(vm.child.id()).ok_or_else(|| vm_err("teravm's /proc files cannot be read"))?;
+    if !covers(&resident, size_bytes) {
+        return Err(vm_err(format!(
+            "teravm holds {} MiB resident, less than its {} MiB of guest RAM",
+            resident.bytes >> 20,
+            size_bytes >> 20
+        )));
+    }
+    let pid = libc::pid_t::try_from(vm.child.id()).map_err(|_| vm_err("pid out of range"))?;
+    let start = Instant::now();
+    // SAFETY: kill takes a pid and a signal by value; the pid is our child's,
+    // not yet reaped, so it names no other process.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+        return Err(vm_err(format!(
+            "SIGTERM: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let status = vm
+        .child
+        .wait()
+        .map_err(|e| vm_err(format!("waitpid: {e}")))?;
+    let seconds = start.elapsed().as_secs_f64();
+    if !status.success() {
+        return Err(vm_err(format!("teravm ended with {status} after SIGTERM")));
+    }
+    vm.drain();
+    let summary = find_summary(vm.seen.iter().map(|(_, l)| l.as_str()))
+        .ok_or_else(|| vm_err("no summary line after SIGTERM"))?;
+    if !accounts_for(summary.mib << 20, size_bytes >> 20) {
+        return Err(vm_err(format!(
+            "teravm reclaimed {} MiB of the {} MiB populated",
+            summary.mib,
+            size_bytes >> 20
+        )));
+    }
+    Ok(VmRun {
+        seconds,
+        reply_ms: None,
+        phases: [None; 4],
+        resident: Some(resident),
+    })
 }
 
 /// The `--vm` methods, in the order they alternate: the baselines, sync
@@ -406,6 +494,24 @@ mod tests {
                 assert_eq!(c.memory.backing, backing);
             }
         }
+    }
+
+    #[test]
+    fn the_prealloc_config_populates_and_touches_nothing() {
+        let args = Args::try_parse_from(["teravm-bench", "--size-gib", "2"]).unwrap();
+        let case = Case {
+            pages: Pages::Thp,
+            backing: Backing::Memfd,
+        };
+        let text = prealloc_config(case, &args, 4, false);
+        let c = VmConfig::from_json(&text, Path::new("bench")).unwrap();
+        assert!(c.memory.populate);
+        assert_eq!(c.reclaim.workers_per_node, 4);
+        assert!(
+            text.contains(r#""boot_args": "touch=0 then=idle""#),
+            "{text}"
+        );
+        assert!(vm_config(case, &args, 4, false).contains("touch=all then=idle"));
     }
 
     #[test]
