@@ -70,10 +70,10 @@ pub fn resident_text(samples: &[Sample]) -> String {
     out
 }
 
-/// A note for each `--peers` row of a THP case whose VMM had less than
-/// nine tenths of the guest RAM in huge pages, naming the host's THP
-/// settings (`enabled`, and for memfd `shmem_enabled`, as read from sysfs;
-/// `None` where unreadable).
+/// A note for each THP case where `--peers` rows' VMMs had less than nine
+/// tenths of the guest RAM in huge pages: which rows, the fewest huge
+/// pages, and the host's THP settings (`enabled`, and for memfd
+/// `shmem_enabled`, as read from sysfs; `None` where unreadable).
 pub fn huge_page_notes(
     samples: &[Sample],
     thp_enabled: Option<&str>,
@@ -84,30 +84,33 @@ pub fn huge_page_notes(
         .into_iter()
         .filter(|c| c.pages == Pages::Thp)
     {
-        for method in methods_with_resident(samples, case) {
-            let Some((_, huge)) = resident_medians(samples, case, method) else {
-                continue;
-            };
-            let size = samples
-                .iter()
-                .find(|s| s.case == case && s.method == method)
-                .map_or(0.0, |s| (s.size_gib << 30) as f64);
-            if huge * 10.0 >= size * 9.0 {
-                continue;
-            }
-            let setting = |name: &str, v: Option<&str>| {
-                format!("{name} [{}]", v.and_then(selected_setting).unwrap_or("?"))
-            };
-            let mut why = setting("transparent_hugepage/enabled", thp_enabled);
-            if case.backing == teravm::config::Backing::Memfd {
-                why = format!("{why}, {}", setting("shmem_enabled", shmem_enabled));
-            }
-            notes.push(format!(
-                "note: {method} {case}: {:.0} of {:.0} MiB in huge pages ({why})",
-                huge / MIB,
-                size / MIB
-            ));
+        let size = samples
+            .iter()
+            .find(|s| s.case == case)
+            .map_or(0.0, |s| (s.size_gib << 30) as f64);
+        let short: Vec<(Method, f64)> = methods_with_resident(samples, case)
+            .into_iter()
+            .filter_map(|m| Some((m, resident_medians(samples, case, m)?.1)))
+            .filter(|(_, huge)| huge * 10.0 < size * 9.0)
+            .collect();
+        let Some(fewest) = short.iter().map(|(_, h)| *h).min_by(f64::total_cmp) else {
+            continue;
+        };
+        let setting = |name: &str, v: Option<&str>| {
+            format!("{name} [{}]", v.and_then(selected_setting).unwrap_or("?"))
+        };
+        let mut why = setting("transparent_hugepage/enabled", thp_enabled);
+        if case.backing == teravm::config::Backing::Memfd {
+            why = format!("{why}, {}", setting("shmem_enabled", shmem_enabled));
         }
+        let names: Vec<String> = short.iter().map(|(m, _)| m.to_string()).collect();
+        notes.push(format!(
+            "note: {case}: {} had under nine tenths of {:.0} MiB in huge pages \
+             (fewest {:.0} MiB; {why})",
+            names.join(", "),
+            size / MIB,
+            fewest / MIB
+        ));
     }
     notes
 }
@@ -176,10 +179,10 @@ mod tests {
         assert_eq!(
             notes,
             [
-                "note: vm-prealloc-teravm-2 thp anonymous: 600 of 1024 MiB in huge pages \
-                 (transparent_hugepage/enabled [madvise])",
-                "note: qemu-quit thp memfd: 0 of 1024 MiB in huge pages \
-                 (transparent_hugepage/enabled [madvise], shmem_enabled [never])"
+                "note: thp anonymous: vm-prealloc-teravm-2 had under nine tenths of 1024 MiB \
+                 in huge pages (fewest 600 MiB; transparent_hugepage/enabled [madvise])",
+                "note: thp memfd: qemu-quit had under nine tenths of 1024 MiB in huge pages \
+                 (fewest 0 MiB; transparent_hugepage/enabled [madvise], shmem_enabled [never])"
             ]
         );
         assert_eq!(selected_setting("[always] madvise never"), Some("always"));
