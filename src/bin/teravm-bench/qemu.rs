@@ -67,6 +67,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 const GREETING_TIMEOUT: Duration = Duration::from_secs(900);
 /// Longest wait for a reply to a command.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for QEMU to exit once stopped.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The guest's vCPUs, as many as teravm's microVMs in the bench have.
 const VCPUS: u32 = 2;
@@ -282,35 +284,41 @@ impl RunningQemu {
     /// Stops QEMU as `stop` says; the time from the request until `waitpid`
     /// returned. `quit` must end in exit status 0, the kill in `SIGKILL`.
     pub fn stop(mut self, stop: Stop) -> Result<Duration, QemuError> {
-        let (what, start) = match stop {
+        let what = match stop {
+            Stop::Graceful => "quit",
+            Stop::Kill => "kill",
+        };
+        let failed = |why: String| QemuError::Stop { what, why };
+        // Opened before the clock, as a process manager would hold one.
+        let pidfd = PidFd::open(self.child.id()).map_err(|e| failed(format!("pidfd_open: {e}")))?;
+        let start = match stop {
             Stop::Graceful => {
                 let start = Instant::now();
                 self.qmp.send("quit")?;
-                ("quit", start)
+                start
             }
             Stop::Kill => {
                 let start = Instant::now();
-                self.child.kill().map_err(|e| QemuError::Stop {
-                    what: "kill",
-                    why: e.to_string(),
-                })?;
-                ("kill", start)
+                self.child.kill().map_err(|e| failed(e.to_string()))?;
+                start
             }
         };
-        let status = self.child.wait().map_err(|e| QemuError::Stop {
-            what,
-            why: format!("waitpid: {e}"),
-        })?;
+        match pidfd.exited_within(EXIT_TIMEOUT) {
+            Ok(true) => {}
+            Ok(false) => return Err(failed(format!("it did not exit within {EXIT_TIMEOUT:?}"))),
+            Err(e) => return Err(failed(format!("poll: {e}"))),
+        }
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| failed(format!("waitpid: {e}")))?;
         let elapsed = start.elapsed();
         let expected = match stop {
             Stop::Graceful => status.success(),
             Stop::Kill => status.signal() == Some(libc::SIGKILL),
         };
         if !expected {
-            return Err(QemuError::Stop {
-                what,
-                why: format!("it ended with {status}"),
-            });
+            return Err(failed(format!("it ended with {status}")));
         }
         Ok(elapsed)
     }

@@ -27,7 +27,6 @@
 //! own lines (stderr) are read by one thread each into one channel.
 
 use std::io::{BufRead, BufReader, Read};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -160,20 +159,17 @@ impl RunningVm {
     }
 
     /// Waits up to `timeout` for the process to exit (its pidfd becomes
-    /// readable), then reaps it; the moment `waitpid` returned.
+    /// readable), then reaps it; the moment `waitpid` returned. It must
+    /// exit with status 0.
     fn wait_exit(&mut self, pidfd: &PidFd, timeout: Duration) -> Result<Instant, BenchError> {
-        let mut pfd = libc::pollfd {
-            fd: pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = teravm::util::poll_timeout_ms(Some(timeout));
-        // SAFETY: `pfd` is one valid pollfd that lives across the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc <= 0 {
-            return Err(vm_err(format!(
-                "teravm did not exit within {timeout:?} after an async Shutdown"
-            )));
+        match pidfd.exited_within(timeout) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(vm_err(format!(
+                    "teravm did not exit within {timeout:?} after it was stopped"
+                )))
+            }
+            Err(e) => return Err(vm_err(format!("poll: {e}"))),
         }
         let status = self
             .child
@@ -426,6 +422,7 @@ pub fn measure_prealloc(
         )));
     }
     let pid = libc::pid_t::try_from(vm.child.id()).map_err(|_| vm_err("pid out of range"))?;
+    let pidfd = PidFd::open(vm.child.id()).map_err(|e| vm_err(format!("pidfd_open: {e}")))?;
     let start = Instant::now();
     // SAFETY: kill takes a pid and a signal by value; the pid is our child's,
     // not yet reaped, so it names no other process.
@@ -435,14 +432,8 @@ pub fn measure_prealloc(
             std::io::Error::last_os_error()
         )));
     }
-    let status = vm
-        .child
-        .wait()
-        .map_err(|e| vm_err(format!("waitpid: {e}")))?;
-    let seconds = start.elapsed().as_secs_f64();
-    if !status.success() {
-        return Err(vm_err(format!("teravm ended with {status} after SIGTERM")));
-    }
+    let end = vm.wait_exit(&pidfd, EXIT_TIMEOUT)?;
+    let seconds = end.duration_since(start).as_secs_f64();
     vm.drain();
     let summary = find_summary(vm.seen.iter().map(|(_, l)| l.as_str()))
         .ok_or_else(|| vm_err("no summary line after SIGTERM"))?;
