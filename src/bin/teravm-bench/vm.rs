@@ -17,9 +17,9 @@
 //! - `--peers`' teravm row beside the peer VMMs (`vm-prealloc-teravm-<w>`):
 //!   all RAM populated before boot and the firmware touching nothing
 //!   (`touch=0`), as a peer whose RAM is preallocated and whose guest never
-//!   ran; teravm's resident size must cover the RAM; then `SIGTERM` (teravm
-//!   reclaims with `w` workers per node and exits), timed until `waitpid`,
-//!   the summary line accounting for the RAM.
+//!   ran, teravm started with `--no-api`; its resident size must cover the
+//!   RAM; then `SIGTERM` (teravm reclaims with `w` workers per node and
+//!   exits), timed until `waitpid`, the summary line accounting for the RAM.
 //!
 //! Guest memory is populated before boot (untimed, and far faster than the
 //! guest's own first touches on a host whose KVM is paging-based), then the
@@ -224,20 +224,37 @@ pub fn spawn(
     sysfs_root: &Path,
     linger_ms: u64,
 ) -> Result<RunningVm, BenchError> {
+    launch(teravm, config, sysfs_root, Some(linger_ms))
+}
+
+/// Starts teravm with `config` as its config file: with an API socket
+/// (lingering `linger_ms` after an API shutdown), waiting until it answers;
+/// or, for `None`, with `--no-api` (stopped by a signal).
+fn launch(
+    teravm: &Path,
+    config: &str,
+    sysfs_root: &Path,
+    linger_ms: Option<u64>,
+) -> Result<RunningVm, BenchError> {
     let dir = std::env::temp_dir().join(format!("teravm-bench-vm-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| vm_err(format!("{}: {e}", dir.display())))?;
     let cfg = dir.join("vm.json");
     std::fs::write(&cfg, config).map_err(|e| vm_err(format!("{}: {e}", cfg.display())))?;
     let sock = dir.join("api.sock");
-    let mut child = Command::new(teravm)
-        .arg("--api-sock")
-        .arg(&sock)
+    let mut command = Command::new(teravm);
+    match linger_ms {
+        Some(ms) => command
+            .arg("--api-sock")
+            .arg(&sock)
+            .args(["--linger-ms", &ms.to_string()]),
+        None => command.arg("--no-api"),
+    };
+    let mut child = command
         .arg("--config-file")
         .arg(&cfg)
         .arg("--sysfs-root")
         .arg(sysfs_root)
-        .args(["--linger-ms", &linger_ms.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -257,6 +274,9 @@ pub fn spawn(
         lines,
         seen: Vec::new(),
     };
+    if linger_ms.is_none() {
+        return Ok(vm);
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
     while request(&vm.sock, "GET", "/", None).is_err() {
         if Instant::now() > deadline {
@@ -403,7 +423,8 @@ pub fn measure_prealloc(
     bind: bool,
 ) -> Result<VmRun, BenchError> {
     let config = prealloc_config(case, args, workers, bind);
-    let mut vm = spawn(teravm, &config, &args.sysfs_root, 0)?;
+    // No API socket: stopped by SIGTERM, ready when the firmware says so.
+    let mut vm = launch(teravm, &config, &args.sysfs_root, None)?;
     let touched = vm.wait_line(TOUCHED_PREFIX)?;
     if parse_touched_mib(&touched) != Some(0) {
         return Err(vm_err(format!(
