@@ -70,32 +70,61 @@ pub fn resident_text(samples: &[Sample]) -> String {
     out
 }
 
+/// The guest RAM of `case`, in bytes, and the median huge-page bytes of
+/// each `--peers` row in it.
+fn huge_of_rows(samples: &[Sample], case: Case) -> (f64, Vec<(Method, f64)>) {
+    let size = samples
+        .iter()
+        .find(|s| s.case == case)
+        .map_or(0.0, |s| (s.size_gib << 30) as f64);
+    let rows = methods_with_resident(samples, case)
+        .into_iter()
+        .filter_map(|m| Some((m, resident_medians(samples, case, m)?.1)))
+        .collect();
+    (size, rows)
+}
+
 /// A note for each THP case where `--peers` rows' VMMs had less than nine
 /// tenths of the guest RAM in huge pages: which rows, the fewest huge
 /// pages, and the host's THP settings (`enabled`, and for memfd
-/// `shmem_enabled`, as read from sysfs; `None` where unreadable).
+/// `shmem_enabled`, as read from sysfs; `None` where unreadable); and for
+/// each 4 KiB case where one had more than a tenth in huge pages (its THP
+/// was not off).
 pub fn huge_page_notes(
     samples: &[Sample],
     thp_enabled: Option<&str>,
     shmem_enabled: Option<&str>,
 ) -> Vec<String> {
     let mut notes = Vec::new();
-    for case in cases_of(samples)
-        .into_iter()
-        .filter(|c| c.pages == Pages::Thp)
-    {
-        let size = samples
+    for case in cases_of(samples) {
+        let (size, rows) = huge_of_rows(samples, case);
+        let thp = case.pages == Pages::Thp;
+        let odd: Vec<&(Method, f64)> = rows
             .iter()
-            .find(|s| s.case == case)
-            .map_or(0.0, |s| (s.size_gib << 30) as f64);
-        let short: Vec<(Method, f64)> = methods_with_resident(samples, case)
-            .into_iter()
-            .filter_map(|m| Some((m, resident_medians(samples, case, m)?.1)))
-            .filter(|(_, huge)| huge * 10.0 < size * 9.0)
+            .filter(|(_, huge)| {
+                if thp {
+                    huge * 10.0 < size * 9.0
+                } else {
+                    huge * 10.0 > size
+                }
+            })
             .collect();
-        let Some(fewest) = short.iter().map(|(_, h)| *h).min_by(f64::total_cmp) else {
+        let names: Vec<String> = odd.iter().map(|(m, _)| m.to_string()).collect();
+        let hugest = odd.iter().map(|(_, h)| *h).max_by(f64::total_cmp);
+        let fewest = odd.iter().map(|(_, h)| *h).min_by(f64::total_cmp);
+        let (Some(most), Some(least)) = (hugest, fewest) else {
             continue;
         };
+        if !thp {
+            notes.push(format!(
+                "note: {case}: {} had over a tenth of {:.0} MiB in huge pages (most {:.0} \
+                 MiB): their THP was not off",
+                names.join(", "),
+                size / MIB,
+                most / MIB
+            ));
+            continue;
+        }
         let setting = |name: &str, v: Option<&str>| {
             format!("{name} [{}]", v.and_then(selected_setting).unwrap_or("?"))
         };
@@ -103,13 +132,12 @@ pub fn huge_page_notes(
         if case.backing == teravm::config::Backing::Memfd {
             why = format!("{why}, {}", setting("shmem_enabled", shmem_enabled));
         }
-        let names: Vec<String> = short.iter().map(|(m, _)| m.to_string()).collect();
         notes.push(format!(
             "note: {case}: {} had under nine tenths of {:.0} MiB in huge pages \
              (fewest {:.0} MiB; {why})",
             names.join(", "),
             size / MIB,
-            fewest / MIB
+            least / MIB
         ));
     }
     notes
@@ -186,6 +214,15 @@ mod tests {
             ]
         );
         assert_eq!(selected_setting("[always] madvise never"), Some("always"));
+        // A 4 KiB row with huge pages is said too.
+        let four_k = [sample(quit, Pages::FourK, Backing::Anonymous, 512)];
+        assert_eq!(
+            huge_page_notes(&four_k, None, None),
+            [
+                "note: 4k anonymous: qemu-quit had over a tenth of 1024 MiB in huge pages \
+              (most 512 MiB): their THP was not off"
+            ]
+        );
         assert_eq!(selected_setting(""), None);
     }
 }
