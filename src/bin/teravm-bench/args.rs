@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use clap::Parser;
 use teravm::config::{Backing, ReclaimConfig};
 
-use crate::model::{parse_backing, BenchError, Pages};
+use crate::model::{parse_backing, BenchError, Pages, Peer};
+use crate::peers::is_executable;
 
 /// Kept free of the host's MemAvailable: this much, plus a twentieth of it.
 pub const MARGIN_BYTES: u64 = 1 << 30;
@@ -61,6 +62,27 @@ pub struct Args {
     /// pool at each --workers count (`report-teravm-<w>`).
     #[arg(long)]
     pub live: bool,
+    /// Also run the VMMs users run today beside teravm, comma-separated:
+    /// qemu, firecracker, cloud-hypervisor (each found on PATH or named by
+    /// its flag): `<peer>-quit`/`-stop` and `<peer>-kill` rows with all
+    /// guest RAM resident, beside teravm's `vm-prealloc-teravm-<w>` (same
+    /// RAM populated, SIGTERM until exit) and `vm-teravm-<w>` rows.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<Peer>,
+    /// With --peers: only the peer rows and teravm's rows beside them, not
+    /// the in-process methods.
+    #[arg(long, requires = "peers")]
+    pub peers_only: bool,
+    /// The QEMU binary for --peers [default: qemu-system-x86_64 on PATH].
+    #[arg(long, value_name = "PATH", requires = "peers")]
+    pub qemu: Option<PathBuf>,
+    /// The Firecracker binary for --peers [default: firecracker on PATH].
+    #[arg(long, value_name = "PATH", requires = "peers")]
+    pub firecracker: Option<PathBuf>,
+    /// The Cloud Hypervisor binary for --peers [default: cloud-hypervisor
+    /// on PATH].
+    #[arg(long, value_name = "PATH", requires = "peers")]
+    pub cloud_hypervisor: Option<PathBuf>,
     /// Internal: be the child of the `exit` and `mrelease` baselines (map,
     /// populate, print "ready", wait to be killed) for the first --pages and
     /// --backing.
@@ -86,6 +108,19 @@ impl Args {
         dedup_in_order(&mut self.workers);
         dedup_in_order(&mut self.pages);
         dedup_in_order(&mut self.backing);
+        dedup_in_order(&mut self.peers);
+        for (flag, path) in [
+            ("--qemu", &self.qemu),
+            ("--firecracker", &self.firecracker),
+            ("--cloud-hypervisor", &self.cloud_hypervisor),
+        ] {
+            if let Some(path) = path.as_ref().filter(|p| !is_executable(p)) {
+                return Err(BenchError::InvalidArgument(format!(
+                    "{flag} {}: not an executable file",
+                    path.display()
+                )));
+            }
+        }
         if self.workers.is_empty() || self.pages.is_empty() || self.backing.is_empty() {
             return Err(BenchError::InvalidArgument(
                 "--workers, --pages and --backing need at least one value".into(),
@@ -145,6 +180,32 @@ mod tests {
         assert_eq!((a.chunk_mib, a.runs), (1024, 5));
         assert_eq!(a.sysfs_root, PathBuf::from("/sys"));
         assert!(!a.vm && !a.live && !a.exit_child);
+        assert!(a.peers.is_empty() && !a.peers_only && a.qemu.is_none());
+    }
+
+    #[test]
+    fn peers_are_parsed_and_deduplicated() {
+        let a = parse(&["--peers", "qemu,cloud-hypervisor,qemu", "--peers-only"]).unwrap();
+        assert_eq!(a.peers, [Peer::Qemu, Peer::CloudHypervisor]);
+        assert!(a.peers_only);
+        let a = parse(&["--peers", "firecracker", "--qemu", "/bin/sh"]).unwrap();
+        assert_eq!(a.peers, [Peer::Firecracker]);
+        assert_eq!(a.qemu.as_deref(), Some(std::path::Path::new("/bin/sh")));
+    }
+
+    #[test]
+    fn bad_peer_flags_are_refused() {
+        for bad in [
+            &["--peers", "xen"][..],
+            &["--peers", ""],
+            &["--peers-only"],
+            &["--qemu", "/bin/sh"],
+            &["--peers", "qemu", "--qemu", "/nonexistent/qemu"],
+            &["--peers", "qemu", "--qemu", "/proc/self/status"],
+            &["--peers", "qemu", "--firecracker", "/tmp"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

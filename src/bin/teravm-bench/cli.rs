@@ -14,14 +14,22 @@ use crate::args::{check_size, Args};
 use crate::host::read_mem_available;
 
 /// clap's error text on one line: its first line, plus the possible values
-/// when it lists them.
+/// when it lists them, or the arguments it names when the first line ends
+/// in a colon (`the following required arguments were not provided:`).
 fn one_line(text: &str) -> String {
-    let mut line = text
-        .lines()
+    let mut lines = text.lines();
+    let mut line = lines
         .next()
         .unwrap_or("invalid arguments")
         .trim_start_matches("error: ")
         .to_string();
+    if line.ends_with(':') {
+        let named: Vec<&str> = lines.map(str::trim).take_while(|l| !l.is_empty()).collect();
+        if !named.is_empty() {
+            line.push(' ');
+            line.push_str(&named.join(", "));
+        }
+    }
     if let Some(values) = text
         .lines()
         .map(str::trim)
@@ -82,5 +90,15 @@ mod tests {
         assert!(!line.contains('\n'));
         assert!(line.starts_with("invalid value 'x' for '--pages"), "{line}");
         assert!(line.ends_with("[possible values: 4k, thp]"), "{line}");
+    }
+
+    #[test]
+    fn a_missing_required_argument_is_named() {
+        let e = Args::try_parse_from(["b", "--qemu", "/bin/sh"]).unwrap_err();
+        let line = one_line(&e.to_string());
+        assert_eq!(
+            line,
+            "the following required arguments were not provided: --peers <PEERS>"
+        );
     }
 }

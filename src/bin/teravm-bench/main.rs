@@ -17,7 +17,14 @@
 //! - with `--live`, live reclaim of a running microVM whose guest reports
 //!   `--size-gib` as free (free page reporting): `report-serial` (freed on
 //!   the balloon thread, one `madvise` per range, as Firecracker does) and
-//!   `report-teravm-<w>` (teravm's per-node discard pool).
+//!   `report-teravm-<w>` (teravm's per-node discard pool);
+//! - with `--peers`, the VMMs users run today beside teravm, every one with
+//!   all guest RAM resident and no guest page tables: `qemu-quit` (QMP
+//!   `quit`) and `qemu-kill` (`SIGKILL`), timed until `waitpid`, against
+//!   `vm-prealloc-teravm-<w>` (teravm populated, the firmware touching
+//!   nothing, `SIGTERM` until `waitpid`) and `vm-teravm-<w>`; the table's
+//!   `vs qemu` is `qemu-quit`'s median over a row's (Firecracker and Cloud
+//!   Hypervisor are found and reported, not driven yet).
 //!
 //! The benchmark is a tool, not part of the library it measures: this module
 //! tree is private to the binary. Who uses whom (no circle):
@@ -25,13 +32,16 @@
 //! ```text
 //! main    → cli
 //! cli     → args, child, host, runner
-//! runner  → args, child, held, live, model, mrelease, report, stats, svg, vm
+//! runner  → args, child, held, live, model, mrelease, peers, peers_text,
+//!           report, stats, svg, vm
 //! live    → args, client, model, vm
-//! vm      → args, client, host, model, mrelease
+//! vm      → args, client, host, model, mrelease, resident
+//! peers   → model, qemu          qemu → model, mrelease, qmp, resident
 //! child   → args, held, model, mrelease
-//! held    → args, model          args → model        mrelease → model
+//! held    → args, model          args → model, peers   mrelease → model
 //! report  → model, stats         svg  → model, report
-//! model   → host                 client, host, stats → nothing here
+//! peers_text → model, report, stats                    resident → host, model
+//! model   → host                 client, host, qmp, stats → nothing here
 //! ```
 //!
 //! [`client`] and [`host`] have no dependency on the rest: the integration
@@ -53,7 +63,12 @@ mod host_tests;
 mod live;
 mod model;
 mod mrelease;
+mod peers;
+mod peers_text;
+mod qemu;
+mod qmp;
 mod report;
+mod resident;
 mod runner;
 mod stats;
 mod svg;

@@ -1,6 +1,6 @@
 //! The benchmark's vocabulary, shared by every other module and depending on
-//! none of them: its error, the page sizes, backings and methods, a case
-//! (page size and backing) and one timed run ([`Sample`]).
+//! none of them: its error, the page sizes, backings, peer VMMs and methods, a
+//! case (page size and backing) and one timed run ([`Sample`]).
 
 use std::fmt;
 
@@ -59,14 +59,20 @@ pub enum BenchError {
     /// A `--vm` run failed.
     #[error("--vm: {0}")]
     Vm(String),
+    /// `--peers` cannot run here: none of the peers asked for was found.
+    #[error("{0}")]
+    PeersUnavailable(String),
+    /// A `--peers` run of a peer VMM failed.
+    #[error("--peers: {0}")]
+    Peer(String),
 }
 
 impl BenchError {
-    /// The process exit status for this error: 2 for an unavailable `--vm`,
-    /// 1 otherwise.
+    /// The process exit status for this error: 2 for an unavailable `--vm`
+    /// or `--peers`, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            BenchError::VmUnavailable(_) => 2,
+            BenchError::VmUnavailable(_) | BenchError::PeersUnavailable(_) => 2,
             _ => 1,
         }
     }
@@ -119,6 +125,63 @@ pub fn parse_backing(text: &str) -> Result<Backing, String> {
     }
 }
 
+/// A VMM in use today that `--peers` runs beside teravm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+pub enum Peer {
+    /// QEMU (`qemu-system-x86_64`), stopped with QMP `quit`.
+    #[value(name = "qemu")]
+    Qemu,
+    /// Firecracker (`firecracker`).
+    #[value(name = "firecracker")]
+    Firecracker,
+    /// Cloud Hypervisor (`cloud-hypervisor`).
+    #[value(name = "cloud-hypervisor")]
+    CloudHypervisor,
+}
+
+impl Peer {
+    /// Every peer, in the order of the table's columns.
+    pub const ALL: [Peer; 3] = [Peer::Qemu, Peer::Firecracker, Peer::CloudHypervisor];
+
+    /// The name used on the command line and in outputs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Qemu => "qemu",
+            Peer::Firecracker => "firecracker",
+            Peer::CloudHypervisor => "cloud-hypervisor",
+        }
+    }
+
+    /// The name of its graceful stop in the rows' names: QEMU's is QMP
+    /// `quit`, the others' their API's stop.
+    pub fn graceful_name(self) -> &'static str {
+        match self {
+            Peer::Qemu => "quit",
+            Peer::Firecracker | Peer::CloudHypervisor => "stop",
+        }
+    }
+
+    /// Its index in [`Peer::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a peer VMM is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stop {
+    /// Its graceful stop (QEMU: QMP `quit`), timed until `waitpid`.
+    Graceful,
+    /// `SIGKILL`, timed until `waitpid`.
+    Kill,
+}
+
 /// How guest memory is given back to the host. The order of the variants is
 /// the order of the table's rows within a case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,6 +195,14 @@ pub enum Method {
     Mrelease,
     /// teravm's reclaim executor with this many workers per node, then unmap.
     Teravm(u32),
+    /// `--peers`: a peer VMM with all of its guest RAM resident (preallocated,
+    /// the guest paused and never run), stopped as [`Stop`] says, timed from
+    /// the request until `waitpid` returns.
+    Peer(Peer, Stop),
+    /// `--peers`: teravm beside the peers: all RAM populated before boot, the
+    /// firmware touching nothing (`touch=0`), stopped with `SIGTERM` (teravm
+    /// reclaims with `w` workers per node, then exits), timed until `waitpid`.
+    VmPrealloc(u32),
     /// `--vm`: a teravm microVM killed with `SIGKILL`, timed until `waitpid`.
     VmKill,
     /// `--vm`: the same microVM killed and reaped with `process_mrelease`.
@@ -162,7 +233,8 @@ impl Method {
             Method::Teravm(w)
             | Method::VmShutdown(w)
             | Method::VmAsync(w)
-            | Method::ReportTeravm(w) => w,
+            | Method::ReportTeravm(w)
+            | Method::VmPrealloc(w) => w,
             Method::ReportSerial => 0,
             _ => 1,
         }
@@ -173,7 +245,7 @@ impl Method {
     pub fn uses_chunks(self) -> bool {
         matches!(
             self,
-            Method::Teravm(_) | Method::VmShutdown(_) | Method::VmAsync(_)
+            Method::Teravm(_) | Method::VmShutdown(_) | Method::VmAsync(_) | Method::VmPrealloc(_)
         )
     }
 
@@ -182,11 +254,29 @@ impl Method {
         matches!(self, Method::ReportSerial | Method::ReportTeravm(_))
     }
 
-    /// Whether this runs a real microVM (`--vm`).
+    /// Whether this runs a real teravm microVM (`--vm`, and the
+    /// `vm-prealloc-teravm-<w>` rows of `--peers`).
     pub fn is_vm(self) -> bool {
         matches!(
             self,
-            Method::VmKill | Method::VmMrelease | Method::VmShutdown(_) | Method::VmAsync(_)
+            Method::VmKill
+                | Method::VmMrelease
+                | Method::VmShutdown(_)
+                | Method::VmAsync(_)
+                | Method::VmPrealloc(_)
+        )
+    }
+
+    /// Whether the table shows `-` for its workers (a kill, or a peer VMM:
+    /// the kernel frees its memory in the exiting process).
+    pub fn has_no_workers(self) -> bool {
+        matches!(
+            self,
+            Method::Exit
+                | Method::Mrelease
+                | Method::VmKill
+                | Method::VmMrelease
+                | Method::Peer(..)
         )
     }
 }
@@ -198,6 +288,9 @@ impl fmt::Display for Method {
             Method::Exit => f.write_str("exit"),
             Method::Mrelease => f.write_str("mrelease"),
             Method::Teravm(w) => write!(f, "teravm-{w}"),
+            Method::Peer(peer, Stop::Graceful) => write!(f, "{peer}-{}", peer.graceful_name()),
+            Method::Peer(peer, Stop::Kill) => write!(f, "{peer}-kill"),
+            Method::VmPrealloc(w) => write!(f, "vm-prealloc-teravm-{w}"),
             Method::VmKill => f.write_str("vm-kill"),
             Method::VmMrelease => f.write_str("vm-mrelease"),
             Method::VmShutdown(w) => write!(f, "vm-teravm-{w}"),
@@ -245,6 +338,28 @@ pub struct Sample {
     pub phases: Phases,
     /// `--live`: what teravm and the host said of the memory reported.
     pub live: Option<Live>,
+    /// `--peers` rows (the peers' and `vm-prealloc-teravm`): what the VMM
+    /// held resident when the clock started.
+    pub resident: Option<Resident>,
+}
+
+/// One timed run of a peer row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PeerRun {
+    /// Seconds from the stop request until `waitpid` returned.
+    pub seconds: f64,
+    /// What the peer held resident when the clock started.
+    pub resident: Resident,
+}
+
+/// What a VMM process held resident just before it was stopped
+/// (`/proc/<pid>/status` and `smaps_rollup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resident {
+    /// Its resident size (VmRSS: anonymous, file and shared memory).
+    pub bytes: u64,
+    /// Of it, in transparent huge pages (AnonHugePages + ShmemPmdMapped).
+    pub huge_bytes: u64,
 }
 
 /// What a `--live` run saw besides its time.
@@ -277,6 +392,9 @@ pub type Phases = [Option<f64>; 4];
 pub struct Unavailable {
     /// The method.
     pub method: Method,
+    /// The one case it cannot run (a peer without that backing); `None`:
+    /// none.
+    pub case: Option<Case>,
     /// Why, in a few words.
     pub reason: String,
 }

@@ -50,6 +50,33 @@ impl PidFd {
         Ok(PidFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// Waits up to `timeout` for the process to exit (the pidfd becomes
+    /// readable); whether it did. It is not reaped: `waitpid` still follows.
+    pub fn exited_within(&self, timeout: Duration) -> io::Result<bool> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: self.0.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = teravm::util::poll_timeout_ms(Some(left));
+            // SAFETY: `pfd` is one valid pollfd that lives across the call.
+            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+            match rc {
+                0 => return Ok(false),
+                n if n > 0 => return Ok(true),
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
     /// `process_mrelease(pidfd, 0)`: frees the memory of a process that is
     /// being killed, in the calling thread.
     pub fn mrelease(&self) -> io::Result<()> {
@@ -182,6 +209,16 @@ mod tests {
         let e = pidfd.mrelease().unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
         child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_pidfd_says_when_its_process_exits() {
+        let mut child = sleeper();
+        let pidfd = PidFd::open(child.id()).unwrap();
+        assert!(!pidfd.exited_within(Duration::from_millis(20)).unwrap());
+        child.kill().unwrap();
+        assert!(pidfd.exited_within(Duration::from_secs(30)).unwrap());
         child.wait().unwrap();
     }
 

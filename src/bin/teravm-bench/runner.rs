@@ -2,7 +2,8 @@
 //! every method in turn (A B C A B C ...), each on freshly mapped and fully
 //! touched memory, the touching untimed; then the table, the async reply
 //! latencies, the shutdown phases, the per-node results, the CSV and the
-//! SVG.
+//! SVG. With `--peers`, first the line that says which peers were found, and
+//! below the table what each VMM held resident.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -15,11 +16,13 @@ use crate::args::Args;
 use crate::child::{child_args, ExitChild};
 use crate::held::{host_binds, map_populated, memory_err, topology};
 use crate::model::{
-    backing_name, BenchError, Case, Live, Method, Pages, Phases, Sample, Unavailable,
+    backing_name, BenchError, Case, Live, Method, Pages, Peer, Phases, Resident, Sample,
+    Unavailable,
 };
 use crate::mrelease::Reap;
+use crate::peers::{discover, discovery_line, driver_missing, peer_methods, supports};
 use crate::stats::median;
-use crate::{live, mrelease, report, svg, vm};
+use crate::{live, mrelease, peers, peers_text, report, svg, vm};
 
 /// How long one node's part of a teravm run took.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,11 +37,13 @@ pub struct NodeTime {
     pub seconds: f64,
 }
 
-/// The binaries a run needs: the bench itself (the `exit` child) and, with
-/// `--vm`, teravm and whether its microVMs bind memory to host nodes.
+/// The binaries a run needs: the bench itself (the `exit` child), with
+/// `--vm`, `--live` or `--peers` teravm and whether its microVMs bind memory
+/// to host nodes, and the peers found.
 struct Binaries {
     exe: PathBuf,
     teravm: Option<(PathBuf, bool)>,
+    peers: Vec<(Peer, PathBuf)>,
 }
 
 /// What one timed run measured.
@@ -48,6 +53,7 @@ struct Measured {
     reply_ms: Option<f64>,
     phases: Phases,
     live: Option<Live>,
+    resident: Option<Resident>,
 }
 
 impl Measured {
@@ -58,6 +64,7 @@ impl Measured {
             reply_ms: None,
             phases: [None; 4],
             live: None,
+            resident: None,
         }
     }
 }
@@ -125,6 +132,32 @@ fn measure(
                 reply_ms: run.reply_ms,
                 phases: run.phases,
                 live: None,
+                resident: None,
+            })
+        }
+        Method::VmPrealloc(workers) => {
+            let (teravm, bind) = bins
+                .teravm
+                .as_ref()
+                .ok_or_else(|| BenchError::Vm(format!("{method} needs --peers")))?;
+            let run = vm::measure_prealloc(workers, case, args, teravm, *bind)?;
+            Ok(Measured {
+                resident: run.resident,
+                ..Measured::seconds(run.seconds)
+            })
+        }
+        Method::Peer(peer, stop) => {
+            let binary = bins
+                .peers
+                .iter()
+                .find(|(p, _)| *p == peer)
+                .map(|(_, b)| b)
+                .ok_or_else(|| BenchError::PeersUnavailable(format!("{peer} was not found")))?;
+            let run = peers::measure_peer(peer, stop, case, args.size_gib << 10, binary)
+                .map_err(|e| BenchError::Peer(e.to_string()))?;
+            Ok(Measured {
+                resident: Some(run.resident),
+                ..Measured::seconds(run.seconds)
             })
         }
         Method::ReportSerial | Method::ReportTeravm(_) => {
@@ -191,27 +224,93 @@ pub fn cases(args: &Args) -> Vec<Case> {
         .collect()
 }
 
+/// The binary `args` names for `peer`, if any.
+fn flag_path(args: &Args, peer: Peer) -> Option<&Path> {
+    match peer {
+        Peer::Qemu => args.qemu.as_deref(),
+        Peer::Firecracker => args.firecracker.as_deref(),
+        Peer::CloudHypervisor => args.cloud_hypervisor.as_deref(),
+    }
+}
+
+/// The `--peers` rows: each peer found and driven gives its two rows,
+/// then teravm's beside them (`vm-prealloc-teravm-<w>` and `vm-teravm-<w>`
+/// at every worker count); a peer not found or not driven is unavailable.
+/// `Err` when none of the peers asked for can run (the discovery line says
+/// why). Prints the discovery line on stderr and returns it.
+fn add_peers(
+    args: &Args,
+    bins: &mut Binaries,
+    methods: &mut Vec<Method>,
+    unavailable: &mut Vec<Unavailable>,
+) -> Result<String, BenchError> {
+    let path_var = std::env::var_os("PATH");
+    let found: Vec<_> = args
+        .peers
+        .iter()
+        .map(|&p| discover(p, flag_path(args, p), path_var.as_deref()))
+        .collect();
+    let line = discovery_line(&found);
+    eprintln!("{line}");
+    for d in &found {
+        let why = match (&d.binary, driver_missing(d.peer)) {
+            (Ok(binary), None) => {
+                bins.peers.push((d.peer, binary.path.clone()));
+                methods.extend(peer_methods(d.peer));
+                continue;
+            }
+            (Ok(_), Some(why)) => why.to_string(),
+            (Err(why), _) => format!("not found: {why}"),
+        };
+        for method in peer_methods(d.peer) {
+            unavailable.push(Unavailable {
+                method,
+                case: None,
+                reason: why.clone(),
+            });
+        }
+    }
+    if bins.peers.is_empty() {
+        return Err(BenchError::PeersUnavailable(format!(
+            "--peers: none of the peers asked for can run here: {}",
+            line.trim_start_matches("peers: ")
+        )));
+    }
+    methods.extend(args.workers.iter().map(|&w| Method::VmPrealloc(w)));
+    methods.extend(args.workers.iter().map(|&w| Method::VmShutdown(w)));
+    Ok(line)
+}
+
 /// Runs the whole benchmark and writes its outputs.
 pub fn run(args: &Args) -> Result<(), BenchError> {
     let host = topology(&args.sysfs_root)?;
     let exe = std::env::current_exe()
         .map_err(|e| BenchError::Child(format!("cannot find the bench binary: {e}")))?;
     let mrelease = mrelease::available();
-    let mut methods = methods(&args.workers, mrelease.is_ok());
+    let mut methods = Vec::new();
     let mut unavailable = Vec::new();
-    if let Err(reason) = &mrelease {
-        unavailable.push(Unavailable {
-            method: Method::Mrelease,
-            reason: reason.clone(),
-        });
+    if !args.peers_only {
+        methods = self::methods(&args.workers, mrelease.is_ok());
+        if let Err(reason) = &mrelease {
+            unavailable.push(Unavailable {
+                method: Method::Mrelease,
+                case: None,
+                reason: reason.clone(),
+            });
+        }
     }
-    let mut bins = Binaries { exe, teravm: None };
+    let mut bins = Binaries {
+        exe,
+        teravm: None,
+        peers: Vec::new(),
+    };
     if args.vm {
         bins.teravm = Some((vm::teravm_binary()?, host_binds(&host)));
         methods.extend(vm::vm_methods(&args.workers, mrelease.is_ok()));
         if let Err(reason) = &mrelease {
             unavailable.push(Unavailable {
                 method: Method::VmMrelease,
+                case: None,
                 reason: reason.clone(),
             });
         }
@@ -222,17 +321,48 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         }
         methods.extend(live::live_methods(&args.workers));
     }
+    let mut peers_line = None;
+    if !args.peers.is_empty() {
+        peers_line = Some(add_peers(args, &mut bins, &mut methods, &mut unavailable)?);
+        if bins.teravm.is_none() {
+            bins.teravm = Some((vm::teravm_binary()?, host_binds(&host)));
+        }
+    }
+    // --vm and --peers both have vm-teravm-<w>: once a round.
+    let mut seen = Vec::new();
+    methods.retain(|m| {
+        let first = !seen.contains(m);
+        seen.push(*m);
+        first
+    });
     let cases = cases(args);
+    // A peer that lacks a case's backing skips it, said in the table.
+    let mut case_methods: Vec<(Case, Vec<Method>)> = Vec::new();
+    for &case in &cases {
+        let mut of_case = methods.clone();
+        for &(peer, _) in &bins.peers {
+            if let Err(reason) = supports(peer, case) {
+                of_case.retain(|m| !matches!(m, Method::Peer(p, _) if *p == peer));
+                unavailable.extend(peer_methods(peer).map(|method| Unavailable {
+                    method,
+                    case: Some(case),
+                    reason: reason.clone(),
+                }));
+            }
+        }
+        case_methods.push((case, of_case));
+    }
     let mut progress = Progress {
         tty: std::io::stderr().is_terminal(),
-        total: cases.len() * args.runs as usize * methods.len(),
+        total: case_methods.iter().map(|(_, m)| m.len()).sum::<usize>() * args.runs as usize,
         done: 0,
     };
     let mut samples = Vec::with_capacity(progress.total);
     let mut node_times: Vec<(Case, Method, NodeTime)> = Vec::new();
-    for &case in &cases {
+    for (case, methods) in &case_methods {
+        let case = *case;
         for run in 1..=args.runs {
-            for &method in &methods {
+            for &method in methods {
                 progress.show(&format!(
                     "{case}, {} GiB, run {run}/{}: {method}",
                     args.size_gib, args.runs
@@ -249,6 +379,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     reply_ms: m.reply_ms,
                     phases: m.phases,
                     live: m.live,
+                    resident: m.resident,
                 });
                 node_times.extend(m.nodes.into_iter().map(|n| (case, method, n)));
             }
@@ -262,7 +393,26 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let _ = write!(out, "{}", report::reply_text(&samples));
     let _ = write!(out, "{}", report::phases_text(&samples));
     let _ = write!(out, "{}", report::live_text(&samples));
-    let mut notes = Vec::new();
+    if let Some(line) = &peers_line {
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = write!(out, "{}", peers_text::resident_text(&samples));
+    let thp = |name: &str| {
+        std::fs::read_to_string(
+            args.sysfs_root
+                .join("kernel/mm/transparent_hugepage")
+                .join(name),
+        )
+        .ok()
+    };
+    let mut notes = peers_text::huge_page_notes(
+        &samples,
+        thp("enabled").as_deref(),
+        thp("shmem_enabled").as_deref(),
+    );
+    for note in &notes {
+        let _ = writeln!(out, "{note}");
+    }
     if cases
         .iter()
         .any(|c| c.pages == Pages::Thp && c.backing == Backing::Memfd)

@@ -8,13 +8,15 @@
 //! (`teravm-<w>`), dashed for a microVM end to end (`vm-teravm-<w>`); a
 //! triangle marks `vm-async-<w>`; with `--live`, dotted with diamonds,
 //! `report-teravm-<w>` against `report-serial` (its own colour: a live
-//! reclaim is compared only with the serial one). A grey line marks 1x (as
-//! fast as the baseline). Written by hand: a pure function from the table rows to the
-//! text.
+//! reclaim is compared only with the serial one); with `--peers`, in each
+//! peer's own colour, `vm-prealloc-teravm-<w>` (dash-dotted, with crosses)
+//! and `vm-teravm-<w>` (dashed) against the peer's graceful stop (`vs
+//! qemu`). A grey line marks 1x (as fast as the baseline). Written by hand:
+//! a pure function from the table rows to the text.
 
 use std::fmt::Write as _;
 
-use crate::model::{Case, Method};
+use crate::model::{Case, Method, Peer, Stop};
 use crate::report::Row;
 
 const PANEL_W: f64 = 440.0;
@@ -39,14 +41,19 @@ enum Baseline {
     Exit,
     Mrelease,
     Serial,
+    /// A peer VMM's graceful stop (`qemu-quit`).
+    Peer(Peer),
 }
 
 impl Baseline {
-    const ALL: [Baseline; 4] = [
+    const ALL: [Baseline; 7] = [
         Baseline::Munmap,
         Baseline::Exit,
         Baseline::Mrelease,
         Baseline::Serial,
+        Baseline::Peer(Peer::Qemu),
+        Baseline::Peer(Peer::Firecracker),
+        Baseline::Peer(Peer::CloudHypervisor),
     ];
 
     fn colour(self) -> &'static str {
@@ -55,6 +62,9 @@ impl Baseline {
             Baseline::Exit => "#d95f02",
             Baseline::Mrelease => "#1b9e77",
             Baseline::Serial => "#7570b3",
+            Baseline::Peer(Peer::Qemu) => "#e7298a",
+            Baseline::Peer(Peer::Firecracker) => "#66a61e",
+            Baseline::Peer(Peer::CloudHypervisor) => "#a6761d",
         }
     }
 
@@ -64,6 +74,7 @@ impl Baseline {
             Baseline::Exit => r.vs_exit,
             Baseline::Mrelease => r.vs_mrelease,
             Baseline::Serial => r.vs_serial,
+            Baseline::Peer(p) => r.vs_peers[p.index()],
         }
     }
 
@@ -74,6 +85,27 @@ impl Baseline {
             Baseline::Exit => "exit (vm-kill for a microVM)",
             Baseline::Mrelease => "mrelease (vm-mrelease for a microVM)",
             Baseline::Serial => "report-serial (live: balloon thread, madvise per range)",
+            Baseline::Peer(Peer::Qemu) => "qemu-quit (QEMU, RAM preallocated, QMP quit to exit)",
+            Baseline::Peer(Peer::Firecracker) => "firecracker-stop",
+            Baseline::Peer(Peer::CloudHypervisor) => "cloud-hypervisor-stop",
+        }
+    }
+
+    /// Whether a series of `kind` is drawn against this baseline: the
+    /// executor against the in-process baselines, a microVM end to end
+    /// against the kills and the peers, the teravm row beside the peers
+    /// against the peers, live reclaim against serial.
+    fn drawn_for(self, kind: Kind) -> bool {
+        match (kind, self) {
+            (Kind::Executor, b) => {
+                matches!(b, Baseline::Munmap | Baseline::Exit | Baseline::Mrelease)
+            }
+            (Kind::EndToEnd, b) => {
+                matches!(b, Baseline::Exit | Baseline::Mrelease | Baseline::Peer(_))
+            }
+            (Kind::Async, b) => matches!(b, Baseline::Exit | Baseline::Mrelease),
+            (Kind::Live, b) => b == Baseline::Serial,
+            (Kind::Prealloc, b) => matches!(b, Baseline::Peer(_)),
         }
     }
 }
@@ -89,6 +121,8 @@ enum Kind {
     Async,
     /// `report-teravm-<w>`: a polyline, dotted, with diamonds.
     Live,
+    /// `vm-prealloc-teravm-<w>`: a polyline, dash-dotted, with crosses.
+    Prealloc,
 }
 
 impl Kind {
@@ -98,6 +132,7 @@ impl Kind {
             Method::VmShutdown(w) => Some((Kind::EndToEnd, w)),
             Method::VmAsync(w) => Some((Kind::Async, w)),
             Method::ReportTeravm(w) => Some((Kind::Live, w)),
+            Method::VmPrealloc(w) => Some((Kind::Prealloc, w)),
             _ => None,
         }
     }
@@ -108,6 +143,7 @@ impl Kind {
             Kind::EndToEnd => "vm-teravm-w: microVM, sync Shutdown",
             Kind::Async => "vm-async-w: microVM, async Shutdown, until exit",
             Kind::Live => "report-teravm-w: live, guest reports, per-node pool",
+            Kind::Prealloc => "vm-prealloc-teravm-w: microVM, RAM populated, SIGTERM to exit",
         }
     }
 
@@ -117,6 +153,7 @@ impl Kind {
             Kind::EndToEnd => Some("7,4"),
             Kind::Async => None,
             Kind::Live => Some("2,3"),
+            Kind::Prealloc => Some("8,3,2,3"),
         }
     }
 }
@@ -131,14 +168,17 @@ struct Series {
 /// The series of one case, in a fixed order; those without points left out.
 fn series(rows: &[Row], case: Case) -> Vec<Series> {
     let mut out = Vec::new();
-    for kind in [Kind::Executor, Kind::EndToEnd, Kind::Async, Kind::Live] {
+    for kind in [
+        Kind::Executor,
+        Kind::EndToEnd,
+        Kind::Async,
+        Kind::Live,
+        Kind::Prealloc,
+    ] {
         for baseline in Baseline::ALL {
             // An end-to-end run against munmap says little: not drawn; a
             // live one is compared with the serial live one only.
-            if kind != Kind::Executor && baseline == Baseline::Munmap {
-                continue;
-            }
-            if (kind == Kind::Live) != (baseline == Baseline::Serial) {
+            if !baseline.drawn_for(kind) {
                 continue;
             }
             let mut points: Vec<(u32, f64)> = rows
@@ -248,6 +288,19 @@ fn marker(s: &mut String, kind: Kind, x: f64, y: f64, colour: &str) {
             y + 5.0,
             x - 5.0
         ),
+        Kind::Prealloc => writeln!(
+            s,
+            "<path d=\"M{:.1},{:.1} L{:.1},{:.1} M{:.1},{:.1} L{:.1},{:.1}\" stroke=\"{colour}\" \
+             stroke-width=\"2\"/>",
+            x - 4.0,
+            y - 4.0,
+            x + 4.0,
+            y + 4.0,
+            x - 4.0,
+            y + 4.0,
+            x + 4.0,
+            y - 4.0
+        ),
     };
 }
 
@@ -273,11 +326,13 @@ fn panel(s: &mut String, rows: &[Row], case: Case, workers: &[u32], px: f64, py:
     let x_of = |w: u32| x0 + pad + (lx(w) - lo) / (hi - lo) * (x1 - x0 - 2.0 * pad);
     let y_of = |v: f64| y0 - (v / y_max) * (y0 - y1);
 
-    // Title: the case and the absolute time of its munmap, for scale.
-    let munmap = rows
+    // Title: the case and the absolute time of its munmap (or, without,
+    // of qemu-quit), for scale.
+    let quit = Method::Peer(Peer::Qemu, Stop::Graceful);
+    let munmap = [Method::Munmap, quit]
         .iter()
-        .find(|r| r.case == case && r.method == Method::Munmap)
-        .map(|r| format!(" (munmap {:.3} s)", r.summary.median_s))
+        .find_map(|&m| rows.iter().find(|r| r.case == case && r.method == m))
+        .map(|r| format!(" ({} {:.3} s)", r.method, r.summary.median_s))
         .unwrap_or_default();
     let _ = writeln!(
         s,
@@ -494,178 +549,5 @@ pub fn plot(rows: &[Row], title: &str, notes: &[String]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::{Pages, Sample};
-    use crate::report::rows;
-    use teravm::config::Backing;
-
-    fn samples(vm: bool) -> Vec<Sample> {
-        let mut v = Vec::new();
-        for (pages, backing, scale) in [
-            (Pages::FourK, Backing::Anonymous, 1.0),
-            (Pages::Thp, Backing::Anonymous, 0.1),
-            (Pages::FourK, Backing::Memfd, 1.5),
-        ] {
-            let case = Case { pages, backing };
-            let mut methods = vec![
-                (Method::Munmap, 2.0),
-                (Method::Exit, 1.8),
-                (Method::Mrelease, 1.0),
-                (Method::Teravm(1), 2.1),
-                (Method::Teravm(2), 1.2),
-                (Method::Teravm(4), 0.7),
-            ];
-            if vm {
-                methods.extend([
-                    (Method::VmKill, 3.0),
-                    (Method::VmMrelease, 2.0),
-                    (Method::VmShutdown(1), 2.5),
-                    (Method::VmShutdown(2), 1.6),
-                    (Method::VmShutdown(4), 1.1),
-                    (Method::VmAsync(4), 1.2),
-                ]);
-            }
-            for (method, t) in methods {
-                v.push(Sample {
-                    case,
-                    method,
-                    size_gib: 8,
-                    chunk_mib: None,
-                    run: 1,
-                    seconds: t * scale,
-                    reply_ms: None,
-                    phases: [None; 4],
-                    live: None,
-                });
-            }
-        }
-        v
-    }
-
-    fn well_formed(text: &str) {
-        assert!(text.starts_with("<svg"));
-        assert!(text.trim_end().ends_with("</svg>"));
-        assert!(!text.contains("NaN") && !text.contains("inf"), "{text}");
-        assert_eq!(text.matches('<').count(), text.matches('>').count());
-        assert_eq!(
-            text.matches("<text").count(),
-            text.matches("</text>").count()
-        );
-    }
-
-    #[test]
-    fn one_panel_per_case_with_a_line_per_baseline() {
-        let text = plot(
-            &rows(&samples(false)),
-            "reclaim of 8 GiB <test>",
-            &["a note".to_string()],
-        );
-        well_formed(&text);
-        // 3 cases x (vs munmap, vs exit, vs mrelease).
-        assert_eq!(text.matches("<polyline").count(), 9);
-        for case in ["4k anonymous", "thp anonymous", "4k memfd"] {
-            assert!(text.contains(&format!(">{case} (munmap ")), "{case}");
-        }
-        assert!(text.contains("workers per NUMA node"));
-        assert!(text.contains("speedup (baseline time / time)"));
-        assert!(text.contains("mrelease (vm-mrelease for a microVM)"));
-        assert!(text.contains("teravm-w: the executor, in process"));
-        assert!(!text.contains("vm-teravm-w"));
-        assert!(text.contains(">a note</text>"));
-        assert!(text.contains("&lt;test&gt;"));
-    }
-
-    #[test]
-    fn thp_gets_its_own_scale() {
-        // THP is ten times faster in absolute terms but has the same
-        // speedups here: its points sit as high in its panel as 4k's in theirs.
-        let text = plot(&rows(&samples(false)), "t", &[]);
-        let firsts: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("<polyline"))
-            .map(|l| {
-                l.split("points=\"")
-                    .nth(1)
-                    .unwrap()
-                    .split(' ')
-                    .next()
-                    .unwrap()
-            })
-            .collect();
-        let y = |p: &str| p.split(',').nth(1).unwrap().parse::<f64>().unwrap();
-        // Panels 0 and 1 (4k and THP anonymous) are side by side.
-        assert!((y(firsts[0]) - y(firsts[3])).abs() < 0.5, "{firsts:?}");
-    }
-
-    #[test]
-    fn vm_methods_are_drawn_dashed_with_async_markers() {
-        let text = plot(&rows(&samples(true)), "t", &[]);
-        well_formed(&text);
-        // Per case: 3 executor lines, vm-teravm vs vm-kill and vs vm-mrelease.
-        assert_eq!(text.matches("<polyline").count(), 3 * 5);
-        assert_eq!(text.matches("stroke-dasharray=\"7,4\"").count(), 3 * 2 + 1);
-        // vm-async against vm-kill and vm-mrelease, in 3 panels, plus legend.
-        assert_eq!(text.matches("<polygon").count(), 3 * 2 + 1);
-        assert!(text.contains("vm-teravm-w: microVM, sync Shutdown"));
-        assert!(text.contains("vm-async-w: microVM, async Shutdown, until exit"));
-    }
-
-    #[test]
-    fn live_rows_are_drawn_against_serial() {
-        let mut v = samples(false);
-        let case = v[0].case;
-        for (method, t) in [
-            (Method::ReportSerial, 1.0),
-            (Method::ReportTeravm(1), 0.9),
-            (Method::ReportTeravm(2), 0.6),
-        ] {
-            let mut s = v[0];
-            s.case = case;
-            s.method = method;
-            s.seconds = t;
-            v.push(s);
-        }
-        let text = plot(&rows(&v), "t", &[]);
-        well_formed(&text);
-        // 3 cases x 3 baselines, plus report-teravm against serial.
-        assert_eq!(text.matches("<polyline").count(), 3 * 3 + 1);
-        assert!(text.contains("stroke=\"#7570b3\" stroke-width=\"2\" stroke-dasharray=\"2,3\""));
-        assert!(text.contains("report-teravm-w: live, guest reports, per-node pool"));
-        assert!(text.contains("report-serial (live: balloon thread, madvise per range)"));
-    }
-
-    #[test]
-    fn polyline_points_are_ordered_by_workers() {
-        let text = plot(&rows(&samples(false)), "t", &[]);
-        let line = text.lines().find(|l| l.starts_with("<polyline")).unwrap();
-        let points = line.split("points=\"").nth(1).unwrap();
-        let xs: Vec<f64> = points
-            .trim_end_matches("\"/>")
-            .split(' ')
-            .map(|p| p.split(',').next().unwrap().parse().unwrap())
-            .collect();
-        assert_eq!(xs.len(), 3);
-        assert!(xs.windows(2).all(|w| w[0] < w[1]));
-    }
-
-    #[test]
-    fn plot_of_a_single_worker_count_or_no_rows_is_still_a_document() {
-        let one: Vec<Sample> = samples(true)
-            .into_iter()
-            .filter(|s| s.method.workers() == 1 || s.method == Method::VmAsync(4))
-            .collect();
-        well_formed(&plot(&rows(&one), "t", &[]));
-        well_formed(&plot(&[], "t", &[]));
-    }
-
-    #[test]
-    fn nice_steps() {
-        assert_eq!(nice_step(10.0), 2.0);
-        assert_eq!(nice_step(2.3), 0.5);
-        assert_eq!(nice_step(0.0), 1.0);
-        assert_eq!(trim_number(0.5), "0.5");
-        assert_eq!(trim_number(2.0), "2");
-        assert_eq!(trim_number(0.0), "0");
-    }
-}
+#[path = "svg_tests.rs"]
+mod tests;

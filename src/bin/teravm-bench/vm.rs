@@ -13,7 +13,13 @@
 //!   request until the process is gone (`waitpid`, teravm started with
 //!   `--linger-ms 0`); the reply's latency (request sent → 202 received) is
 //!   kept apart, and teravm's summary line (stderr, or stdout before teravm
-//!   moved it) must account for the memory touched.
+//!   moved it) must account for the memory touched;
+//! - `--peers`' teravm row beside the peer VMMs (`vm-prealloc-teravm-<w>`):
+//!   all RAM populated before boot and the firmware touching nothing
+//!   (`touch=0`), as a peer whose RAM is preallocated and whose guest never
+//!   ran, teravm started with `--no-api`; its resident size must cover the
+//!   RAM; then `SIGTERM` (teravm reclaims with `w` workers per node and
+//!   exits), timed until `waitpid`, the summary line accounting for the RAM.
 //!
 //! Guest memory is populated before boot (untimed, and far faster than the
 //! guest's own first touches on a host whose KVM is paging-based), then the
@@ -21,7 +27,6 @@
 //! own lines (stderr) are read by one thread each into one channel.
 
 use std::io::{BufRead, BufReader, Read};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -30,8 +35,9 @@ use std::time::{Duration, Instant};
 use crate::args::Args;
 use crate::client::{request, Connection};
 use crate::host::{find_summary, parse_touched_mib, rss_bytes, SUMMARY_PREFIX, TOUCHED_PREFIX};
-use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, PHASE_NAMES};
+use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, Resident, PHASE_NAMES};
 use crate::mrelease::{kill_and_reap, PidFd, Reap};
+use crate::resident::{covers, resident_of};
 
 /// Longest wait for a microVM to boot and touch its memory.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
@@ -61,13 +67,24 @@ pub fn teravm_binary() -> Result<PathBuf, BenchError> {
 
 /// The microVM's config: 2 vCPUs, all memory touched, then idle.
 pub fn vm_config(case: Case, args: &Args, workers: u32, bind: bool) -> String {
+    config_booting(case, args, workers, bind, "touch=all then=idle")
+}
+
+/// The config of `vm-prealloc-teravm-<w>`: the same, but the firmware
+/// touches nothing (all memory is populated before boot all the same).
+pub fn prealloc_config(case: Case, args: &Args, workers: u32, bind: bool) -> String {
+    config_booting(case, args, workers, bind, "touch=0 then=idle")
+}
+
+/// The microVM's config with the firmware's `boot_args`.
+fn config_booting(case: Case, args: &Args, workers: u32, bind: bool, boot_args: &str) -> String {
     let huge_pages = match case.pages {
         Pages::FourK => "None",
         Pages::Thp => "Transparent",
     };
     format!(
         r#"{{"machine-config": {{"vcpu_count": 2, "mem_size_mib": {mib}, "huge_pages": "{huge_pages}"}},
-  "boot-source": {{"boot_args": "touch=all then=idle"}},
+  "boot-source": {{"boot_args": "{boot_args}"}},
   "memory": {{"backing": "{backing}", "numa_policy": "{policy}", "populate": true}},
   "reclaim": {{"workers_per_node": {workers}, "chunk_mib": {chunk}, "parallel_threshold_mib": 0, "steal": true}}}}"#,
         mib = args.size_gib << 10,
@@ -142,20 +159,17 @@ impl RunningVm {
     }
 
     /// Waits up to `timeout` for the process to exit (its pidfd becomes
-    /// readable), then reaps it; the moment `waitpid` returned.
+    /// readable), then reaps it; the moment `waitpid` returned. It must
+    /// exit with status 0.
     fn wait_exit(&mut self, pidfd: &PidFd, timeout: Duration) -> Result<Instant, BenchError> {
-        let mut pfd = libc::pollfd {
-            fd: pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = teravm::util::poll_timeout_ms(Some(timeout));
-        // SAFETY: `pfd` is one valid pollfd that lives across the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc <= 0 {
-            return Err(vm_err(format!(
-                "teravm did not exit within {timeout:?} after an async Shutdown"
-            )));
+        match pidfd.exited_within(timeout) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(vm_err(format!(
+                    "teravm did not exit within {timeout:?} after it was stopped"
+                )))
+            }
+            Err(e) => return Err(vm_err(format!("poll: {e}"))),
         }
         let status = self
             .child
@@ -210,20 +224,37 @@ pub fn spawn(
     sysfs_root: &Path,
     linger_ms: u64,
 ) -> Result<RunningVm, BenchError> {
+    launch(teravm, config, sysfs_root, Some(linger_ms))
+}
+
+/// Starts teravm with `config` as its config file: with an API socket
+/// (lingering `linger_ms` after an API shutdown), waiting until it answers;
+/// or, for `None`, with `--no-api` (stopped by a signal).
+fn launch(
+    teravm: &Path,
+    config: &str,
+    sysfs_root: &Path,
+    linger_ms: Option<u64>,
+) -> Result<RunningVm, BenchError> {
     let dir = std::env::temp_dir().join(format!("teravm-bench-vm-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| vm_err(format!("{}: {e}", dir.display())))?;
     let cfg = dir.join("vm.json");
     std::fs::write(&cfg, config).map_err(|e| vm_err(format!("{}: {e}", cfg.display())))?;
     let sock = dir.join("api.sock");
-    let mut child = Command::new(teravm)
-        .arg("--api-sock")
-        .arg(&sock)
+    let mut command = Command::new(teravm);
+    match linger_ms {
+        Some(ms) => command
+            .arg("--api-sock")
+            .arg(&sock)
+            .args(["--linger-ms", &ms.to_string()]),
+        None => command.arg("--no-api"),
+    };
+    let mut child = command
         .arg("--config-file")
         .arg(&cfg)
         .arg("--sysfs-root")
         .arg(sysfs_root)
-        .args(["--linger-ms", &linger_ms.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -243,6 +274,9 @@ pub fn spawn(
         lines,
         seen: Vec::new(),
     };
+    if linger_ms.is_none() {
+        return Ok(vm);
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
     while request(&vm.sock, "GET", "/", None).is_err() {
         if Instant::now() > deadline {
@@ -262,6 +296,8 @@ pub struct VmRun {
     pub reply_ms: Option<f64>,
     /// `vm-teravm`: the phases of the shutdown, from the reply.
     pub phases: Phases,
+    /// `vm-prealloc-teravm`: what teravm held when the clock started.
+    pub resident: Option<Resident>,
 }
 
 /// The phases in a sync `Shutdown` reply, where it has them.
@@ -295,6 +331,7 @@ pub fn measure_vm(
         seconds,
         reply_ms: None,
         phases: [None; 4],
+        resident: None,
     };
     match method {
         Method::VmKill => Ok(plain(
@@ -335,6 +372,7 @@ pub fn measure_vm(
                 seconds,
                 reply_ms: None,
                 phases: phases_of(&report),
+                resident: None,
             })
         }
         Method::VmAsync(_) => {
@@ -367,10 +405,72 @@ pub fn measure_vm(
                 seconds,
                 reply_ms: Some(reply_ms),
                 phases: [None; 4],
+                resident: None,
             })
         }
         other => Err(vm_err(format!("{other} is not a --vm method"))),
     }
+}
+
+/// One timed run of `vm-prealloc-teravm-<w>`: teravm with all RAM
+/// populated and the firmware touching nothing, stopped with `SIGTERM`,
+/// timed until `waitpid`.
+pub fn measure_prealloc(
+    workers: u32,
+    case: Case,
+    args: &Args,
+    teravm: &Path,
+    bind: bool,
+) -> Result<VmRun, BenchError> {
+    let config = prealloc_config(case, args, workers, bind);
+    // No API socket: stopped by SIGTERM, ready when the firmware says so.
+    let mut vm = launch(teravm, &config, &args.sysfs_root, None)?;
+    let touched = vm.wait_line(TOUCHED_PREFIX)?;
+    if parse_touched_mib(&touched) != Some(0) {
+        return Err(vm_err(format!(
+            "the firmware was to touch nothing: {touched:?}"
+        )));
+    }
+    vm.wait_line("teravm firmware: idle")?;
+    let size_bytes = args.size_gib << 30;
+    let resident =
+        resident_of(vm.child.id()).ok_or_else(|| vm_err("teravm's /proc files cannot be read"))?;
+    if !covers(&resident, size_bytes) {
+        return Err(vm_err(format!(
+            "teravm holds {} MiB resident, less than its {} MiB of guest RAM",
+            resident.bytes >> 20,
+            size_bytes >> 20
+        )));
+    }
+    let pid = libc::pid_t::try_from(vm.child.id()).map_err(|_| vm_err("pid out of range"))?;
+    let pidfd = PidFd::open(vm.child.id()).map_err(|e| vm_err(format!("pidfd_open: {e}")))?;
+    let start = Instant::now();
+    // SAFETY: kill takes a pid and a signal by value; the pid is our child's,
+    // not yet reaped, so it names no other process.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+        return Err(vm_err(format!(
+            "SIGTERM: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let end = vm.wait_exit(&pidfd, EXIT_TIMEOUT)?;
+    let seconds = end.duration_since(start).as_secs_f64();
+    vm.drain();
+    let summary = find_summary(vm.seen.iter().map(|(_, l)| l.as_str()))
+        .ok_or_else(|| vm_err("no summary line after SIGTERM"))?;
+    if !accounts_for(summary.mib << 20, size_bytes >> 20) {
+        return Err(vm_err(format!(
+            "teravm reclaimed {} MiB of the {} MiB populated",
+            summary.mib,
+            size_bytes >> 20
+        )));
+    }
+    Ok(VmRun {
+        seconds,
+        reply_ms: None,
+        phases: [None; 4],
+        resident: Some(resident),
+    })
 }
 
 /// The `--vm` methods, in the order they alternate: the baselines, sync
@@ -406,6 +506,24 @@ mod tests {
                 assert_eq!(c.memory.backing, backing);
             }
         }
+    }
+
+    #[test]
+    fn the_prealloc_config_populates_and_touches_nothing() {
+        let args = Args::try_parse_from(["teravm-bench", "--size-gib", "2"]).unwrap();
+        let case = Case {
+            pages: Pages::Thp,
+            backing: Backing::Memfd,
+        };
+        let text = prealloc_config(case, &args, 4, false);
+        let c = VmConfig::from_json(&text, Path::new("bench")).unwrap();
+        assert!(c.memory.populate);
+        assert_eq!(c.reclaim.workers_per_node, 4);
+        assert!(
+            text.contains(r#""boot_args": "touch=0 then=idle""#),
+            "{text}"
+        );
+        assert!(vm_config(case, &args, 4, false).contains("touch=all then=idle"));
     }
 
     #[test]
