@@ -16,7 +16,7 @@ const CSV_HEADER: &str = "method,pages,backing,size_gib,workers,chunk_mib,run,se
 vs_munmap,vs_exit,vs_mrelease,reply_ms,reply_p50_ms,reply_p99_ms,reply_max_ms,\
 stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms,\
 vs_serial,discard_mib_per_s,discarded_mib,rss_before_mib,rss_after_mib,\
-vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib";
+vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms";
 
 /// The CSV's rows, each checked: every column there, a positive time, the
 /// size and run asked for.
@@ -27,7 +27,7 @@ fn csv_rows(text: &str) -> Vec<Vec<String>> {
         .map(|l| l.split(',').map(str::to_string).collect())
         .collect();
     for row in &rows {
-        assert_eq!(row.len(), 29, "{row:?}");
+        assert_eq!(row.len(), 30, "{row:?}");
         let seconds: f64 = row[7].parse().unwrap();
         assert!(seconds > 0.0, "{row:?}");
         assert_eq!((row[3].as_str(), row[6].as_str()), ("1", "1"), "{row:?}");

@@ -82,7 +82,7 @@ fn the_firmware_runs_on_guest_memfd_and_reclaim_empties_and_closes_its_files() {
     );
     assert_eq!(gmem_fds(pid).len(), 3, "one file per stripe");
     assert!(gmem_mappings(pid) >= 3, "each stripe mapped into teravm");
-    let held = gmem_allocated_bytes(pid);
+    let held = gmem_allocated_bytes(pid).unwrap();
     assert!(
         held >= touched && held <= 2112 * MIB,
         "the guest's pages are in teravm's guest_memfds: {held} for {touched} touched"
@@ -135,7 +135,7 @@ fn two_fake_nodes_get_their_own_files_and_reclaim_frees_both() {
         assert_eq!(slice["numa_binding"], "not_asked", "{memory}");
     }
     assert_eq!(gmem_fds(pid).len(), 2, "a file per node slice");
-    let held = gmem_allocated_bytes(pid);
+    let held = gmem_allocated_bytes(pid).unwrap();
     assert!(held >= 2000 * MIB, "{held}");
     vmm.signal(libc::SIGTERM);
     let (code, _, stderr) = vmm.wait(T);
@@ -172,7 +172,11 @@ fn populate_allocates_the_files_without_mapping_them_and_checks_where_pages_are(
         assert_eq!(u(p, "sampled_pages"), 64, "{memory}");
         assert_eq!(u(p, "on_node"), 64, "{memory}");
     }
-    assert_eq!(gmem_allocated_bytes(pid), 1536 * MIB, "all of it allocated");
+    assert_eq!(
+        gmem_allocated_bytes(pid).unwrap(),
+        1536 * MIB,
+        "all of it allocated"
+    );
     let rss = rss_bytes_of(pid);
     assert!(
         rss < 256 * MIB,
@@ -212,7 +216,7 @@ fn an_inflated_balloon_punches_its_pages_out_of_the_guest_memfds() {
     assert_eq!(status, 204, "{body}");
     vmm.wait_line("teravm firmware: balloon device at", T);
     let pid = vmm.child.id();
-    let before = gmem_allocated_bytes(pid);
+    let before = gmem_allocated_bytes(pid).unwrap();
     assert!(before >= 384 * MIB, "the guest touched 384 MiB: {before}");
     let (status, body) =
         common::client::request(&sock, "PATCH", "/balloon", Some(r#"{"amount_mib": 256}"#))
@@ -222,7 +226,7 @@ fn an_inflated_balloon_punches_its_pages_out_of_the_guest_memfds() {
     // falls by them (waited for: the guest inflates at its own pace).
     let deadline = std::time::Instant::now() + T;
     loop {
-        let held = gmem_allocated_bytes(pid);
+        let held = gmem_allocated_bytes(pid).unwrap();
         if held <= before - 250 * MIB {
             break;
         }

@@ -11,6 +11,7 @@
 pub mod api;
 #[path = "../../src/bin/teravm-bench/client.rs"]
 pub mod client;
+#[path = "../../src/bin/teravm-bench/gmem_files.rs"]
 pub mod gmem;
 #[path = "../../src/bin/teravm-bench/host.rs"]
 pub mod host;

@@ -40,8 +40,8 @@
 //! child   → args, held, model, mrelease
 //! held    → args, model          args → model, peers   mrelease → model
 //! report  → model, stats         svg  → model, report
-//! peers_text → model, report, stats                    resident → host, model
-//! model   → host                 client, host, qmp, stats → nothing here
+//! peers_text → model, report, stats                    resident → host, model, gmem_files
+//! model   → host                 client, gmem_files, host, qmp, stats → nothing here
 //! ```
 //!
 //! [`client`] and [`host`] have no dependency on the rest: the integration
@@ -52,6 +52,9 @@
 mod args;
 mod child;
 mod cli;
+// Shared with the integration tests (tests/common/gmem.rs is this file).
+#[allow(dead_code)]
+mod gmem_files;
 // Shared with the integration tests, which use all of it; the bench uses a part.
 #[allow(dead_code)]
 mod client;

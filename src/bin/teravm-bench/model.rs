@@ -114,13 +114,14 @@ pub fn backing_name(backing: Backing) -> &'static str {
     }
 }
 
-/// Parses a backing name (`anonymous` or `memfd`).
+/// Parses a backing name (`anonymous`, `memfd` or `guest_memfd`).
 pub fn parse_backing(text: &str) -> Result<Backing, String> {
     match text {
         "anonymous" | "anon" => Ok(Backing::Anonymous),
         "memfd" => Ok(Backing::Memfd),
+        "guest_memfd" | "gmem" => Ok(Backing::GuestMemfd),
         _ => Err(format!(
-            "unknown backing {text:?}; expected anonymous or memfd"
+            "unknown backing {text:?}; expected anonymous, memfd or guest_memfd"
         )),
     }
 }
@@ -267,6 +268,27 @@ impl Method {
         )
     }
 
+    /// Why the method cannot run for `case`, if it cannot: guest_memfd
+    /// files are made by KVM for a VM, so only the rows of a real microVM
+    /// (`vm-*`) have them; the guest's free page reports read each page
+    /// back, which allocates it again in a guest_memfd (`--live` skips it);
+    /// and this kernel offers no huge pages for guest_memfd.
+    pub fn unsupported(self, case: Case) -> Option<&'static str> {
+        if case.backing != Backing::GuestMemfd || matches!(self, Method::Peer(..)) {
+            // A peer says for itself which backings it has.
+            return None;
+        }
+        if case.pages == Pages::Thp {
+            return Some("this kernel offers no huge pages for guest_memfd (4k only)");
+        }
+        if self.is_live() {
+            return Some("the guest reads each reported page back, which allocates it again in a guest_memfd");
+        }
+        (!self.is_vm()).then_some(
+            "guest_memfd files are made by KVM for a VM: only a real microVM's rows (vm-*) have them",
+        )
+    }
+
     /// Whether the table shows `-` for its workers (a kill, or a peer VMM:
     /// the kernel frees its memory in the exiting process).
     pub fn has_no_workers(self) -> bool {
@@ -341,6 +363,8 @@ pub struct Sample {
     /// `--peers` rows (the peers' and `vm-prealloc-teravm`): what the VMM
     /// held resident when the clock started.
     pub resident: Option<Resident>,
+    /// teravm microVMs: how long teravm's populate took, milliseconds.
+    pub populate_ms: Option<f64>,
 }
 
 /// One timed run of a peer row.

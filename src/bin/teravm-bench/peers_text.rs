@@ -164,6 +164,7 @@ mod tests {
                 bytes: 1100 << 20,
                 huge_bytes: huge_mib << 20,
             }),
+            populate_ms: None,
         }
     }
 

@@ -93,6 +93,12 @@ pub fn backend(case: Case, size_mib: u64) -> Result<QemuBackend, String> {
         Backing::Memfd => {
             format!("memory-backend-memfd,id=ram,size={size_mib}M,share=on,prealloc=on")
         }
+        Backing::GuestMemfd => {
+            return Err(
+                "QEMU has no guest_memfd backend for an ordinary guest (it creates guest_memfd only for confidential ones)"
+                    .into(),
+            )
+        }
     };
     Ok(QemuBackend {
         object,

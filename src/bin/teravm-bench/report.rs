@@ -16,7 +16,7 @@ use crate::stats::{gib_per_s, median, percentile, speedup, Summary};
 pub const CSV_HEADER: &str = "method,pages,backing,size_gib,workers,chunk_mib,run,seconds,\
 vs_munmap,vs_exit,vs_mrelease,reply_ms,reply_p50_ms,reply_p99_ms,reply_max_ms,\
 stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms,vs_serial,discard_mib_per_s,discarded_mib,rss_before_mib,rss_after_mib,\
-vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib";
+vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms";
 
 /// How many ratios a row has: munmap, exit, mrelease, serial, then one per
 /// peer ([`Peer::ALL`]).
@@ -142,6 +142,7 @@ pub fn csv(samples: &[Sample]) -> String {
         for i in 0..2 {
             let _ = write!(out, ",{}", opt(resident.map(|r| r[i]), 1));
         }
+        let _ = write!(out, ",{}", opt(s.populate_ms, 1));
         out.push('\n');
     }
     out
@@ -490,6 +491,37 @@ pub fn phases_text(samples: &[Sample]) -> String {
             }
             let _ = writeln!(out, "  {method} {case}: {}", parts.join(", "));
         }
+    }
+    out
+}
+
+/// teravm's populate before boot, median per case over every microVM run
+/// of it (all its `vm-*` rows populate the same way): milliseconds and
+/// GiB/s; empty when none ran.
+pub fn populate_text(samples: &[Sample]) -> String {
+    let mut out = String::new();
+    for case in cases_of(samples) {
+        let of_case: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| s.case == case && s.populate_ms.is_some())
+            .collect();
+        let times: Vec<f64> = of_case.iter().filter_map(|s| s.populate_ms).collect();
+        let (Some(ms), Some(first)) = (median(&times), of_case.first()) else {
+            continue;
+        };
+        if out.is_empty() {
+            out.push_str("populate before boot (median ms over the microVM runs, teravm's per-node workers, from its log):\n");
+        }
+        let gib_s = if ms > 0.0 {
+            first.size_gib as f64 / (ms / 1000.0)
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            out,
+            "  {case}: {ms:.0} ms ({gib_s:.2} GiB/s, {} runs)",
+            times.len()
+        );
     }
     out
 }

@@ -20,6 +20,7 @@ fn sample(method: Method, pages: Pages, run: u32, seconds: f64) -> Sample {
         phases: [None; 4],
         live: None,
         resident: None,
+        populate_ms: None,
     }
 }
 
@@ -61,19 +62,19 @@ fn csv_has_the_header_and_one_row_per_run() {
     assert_eq!(lines.len(), 1 + 10);
     assert_eq!(
         lines[1],
-        "munmap,4k,anonymous,8,1,,1,2.000000,1.0000,1.2500,0.5000,,,,,,,,,,,,,,,,,,"
+        "munmap,4k,anonymous,8,1,,1,2.000000,1.0000,1.2500,0.5000,,,,,,,,,,,,,,,,,,,"
     );
     assert_eq!(
         lines[4],
-        "teravm-2,4k,anonymous,8,2,1024,1,0.500000,4.0000,5.0000,2.0000,,,,,,,,,,,,,,,,,,"
+        "teravm-2,4k,anonymous,8,2,1024,1,0.500000,4.0000,5.0000,2.0000,,,,,,,,,,,,,,,,,,,"
     );
     // No exit or mrelease in the THP case: empty ratios, not 4k's.
     assert_eq!(
         lines[10],
-        "teravm-1,thp,anonymous,8,1,1024,1,0.100000,2.0000,,,,,,,,,,,,,,,,,,,,"
+        "teravm-1,thp,anonymous,8,1,1024,1,0.100000,2.0000,,,,,,,,,,,,,,,,,,,,,"
     );
     for line in &lines {
-        assert_eq!(line.split(',').count(), 29, "{line}");
+        assert_eq!(line.split(',').count(), 30, "{line}");
     }
 }
 
@@ -316,14 +317,15 @@ fn peer_rows_are_compared_with_the_peers_graceful_stop() {
             .map(str::to_string)
             .collect::<Vec<_>>()
     };
-    // vs_qemu, vs_firecracker, vs_cloud_hypervisor, resident_mib, huge_mib.
+    // vs_qemu, vs_firecracker, vs_cloud_hypervisor, resident_mib, huge_mib,
+    // populate_ms.
     assert_eq!(
         &row("vm-prealloc-teravm-2,")[24..],
-        ["1.5000", "", "", "8300.0", "0.0"]
+        ["1.5000", "", "", "8300.0", "0.0", ""]
     );
     assert_eq!(&row("qemu-kill,")[4..6], ["1", ""]);
     assert_eq!(&row("qemu-quit,")[24..25], ["1.0000"]);
-    assert_eq!(&row("vm-teravm-2,")[24..], ["2.0000", "", "", "", ""]);
+    assert_eq!(&row("vm-teravm-2,")[24..], ["2.0000", "", "", "", "", ""]);
 
     let rows = rows(&samples);
     let names: Vec<String> = rows.iter().map(|r| r.method.to_string()).collect();

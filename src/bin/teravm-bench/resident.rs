@@ -1,7 +1,9 @@
 //! What a VMM process holds resident, read from `/proc/<pid>/status`
 //! (VmRSS: anonymous, file and shared memory) and `/proc/<pid>/smaps_rollup`
 //! (AnonHugePages and ShmemPmdMapped: what of it is in transparent huge
-//! pages). Pure parsers plus one reader.
+//! pages), plus what its guest_memfd files hold ([`crate::gmem_files`]:
+//! those pages are in no page table of the process, so not in VmRSS).
+//! Pure parsers plus one reader.
 
 use crate::host::parse_vm_rss;
 use crate::model::Resident;
@@ -33,8 +35,11 @@ pub fn parse_huge_bytes(smaps_rollup: &str) -> Option<u64> {
 pub fn resident_of(pid: u32) -> Option<Resident> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    // A page of a guest_memfd that the VMM also mapped (the firmware, a
+    // ring) is counted twice: a few MiB at most.
+    let gmem = crate::gmem_files::gmem_allocated_bytes(pid).ok()?;
     Some(Resident {
-        bytes: parse_vm_rss(&status)?,
+        bytes: parse_vm_rss(&status)? + gmem,
         huge_bytes: parse_huge_bytes(&rollup)?,
     })
 }

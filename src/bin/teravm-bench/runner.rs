@@ -54,6 +54,7 @@ struct Measured {
     phases: Phases,
     live: Option<Live>,
     resident: Option<Resident>,
+    populate_ms: Option<f64>,
 }
 
 impl Measured {
@@ -65,6 +66,7 @@ impl Measured {
             phases: [None; 4],
             live: None,
             resident: None,
+            populate_ms: None,
         }
     }
 }
@@ -133,6 +135,7 @@ fn measure(
                 phases: run.phases,
                 live: None,
                 resident: None,
+                populate_ms: run.populate_ms,
             })
         }
         Method::VmPrealloc(workers) => {
@@ -143,6 +146,7 @@ fn measure(
             let run = vm::measure_prealloc(workers, case, args, teravm, *bind)?;
             Ok(Measured {
                 resident: run.resident,
+                populate_ms: run.populate_ms,
                 ..Measured::seconds(run.seconds)
             })
         }
@@ -340,6 +344,19 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let mut case_methods: Vec<(Case, Vec<Method>)> = Vec::new();
     for &case in &cases {
         let mut of_case = methods.clone();
+        // A method that cannot run for the case's backing skips it, said
+        // in the table.
+        of_case.retain(|&method| match method.unsupported(case) {
+            Some(reason) => {
+                unavailable.push(Unavailable {
+                    method,
+                    case: Some(case),
+                    reason: reason.to_string(),
+                });
+                false
+            }
+            None => true,
+        });
         for &(peer, _) in &bins.peers {
             if let Err(reason) = supports(peer, case) {
                 of_case.retain(|m| !matches!(m, Method::Peer(p, _) if *p == peer));
@@ -380,6 +397,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     phases: m.phases,
                     live: m.live,
                     resident: m.resident,
+                    populate_ms: m.populate_ms,
                 });
                 node_times.extend(m.nodes.into_iter().map(|n| (case, method, n)));
             }
@@ -392,6 +410,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let _ = write!(out, "{}", report::table(&rows, &unavailable));
     let _ = write!(out, "{}", report::reply_text(&samples));
     let _ = write!(out, "{}", report::phases_text(&samples));
+    let _ = write!(out, "{}", report::populate_text(&samples));
     let _ = write!(out, "{}", report::live_text(&samples));
     if let Some(line) = &peers_line {
         let _ = writeln!(out, "{line}");

@@ -43,6 +43,7 @@ fn samples(vm: bool) -> Vec<Sample> {
                 phases: [None; 4],
                 live: None,
                 resident: None,
+                populate_ms: None,
             });
         }
     }

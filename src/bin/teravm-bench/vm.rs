@@ -250,6 +250,8 @@ fn launch(
             .args(["--linger-ms", &ms.to_string()]),
         None => command.arg("--no-api"),
     };
+    // Info lines too: the populate's time is read from them.
+    command.args(["--level", "Info"]);
     let mut child = command
         .arg("--config-file")
         .arg(&cfg)
@@ -298,6 +300,22 @@ pub struct VmRun {
     pub phases: Phases,
     /// `vm-prealloc-teravm`: what teravm held when the clock started.
     pub resident: Option<Resident>,
+    /// How long teravm's populate of guest RAM took (its per-node workers,
+    /// before boot), milliseconds, from its log line.
+    pub populate_ms: Option<f64>,
+}
+
+/// The populate time in teravm's log (`… populated <n> MiB in <ms> ms with
+/// <w> workers`, at level info), milliseconds.
+pub fn populate_ms_of<'a>(lines: impl IntoIterator<Item = &'a str>) -> Option<f64> {
+    lines.into_iter().find_map(|line| {
+        let rest = line.split_once("] populated ")?.1;
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        match words.as_slice() {
+            [_, "MiB", "in", ms, "ms", ..] => ms.parse().ok(),
+            _ => None,
+        }
+    })
 }
 
 /// The phases in a sync `Shutdown` reply, where it has them.
@@ -327,11 +345,13 @@ pub fn measure_vm(
     };
     let config = vm_config(case, args, method.workers(), bind);
     let (mut vm, touched_mib) = boot(teravm, &config, &args.sysfs_root, linger_ms)?;
+    let populate_ms = populate_ms_of(vm.seen.iter().map(|(_, l)| l.as_str()));
     let plain = |seconds: f64| VmRun {
         seconds,
         reply_ms: None,
         phases: [None; 4],
         resident: None,
+        populate_ms,
     };
     match method {
         Method::VmKill => Ok(plain(
@@ -373,6 +393,7 @@ pub fn measure_vm(
                 reply_ms: None,
                 phases: phases_of(&report),
                 resident: None,
+                populate_ms,
             })
         }
         Method::VmAsync(_) => {
@@ -406,6 +427,7 @@ pub fn measure_vm(
                 reply_ms: Some(reply_ms),
                 phases: [None; 4],
                 resident: None,
+                populate_ms,
             })
         }
         other => Err(vm_err(format!("{other} is not a --vm method"))),
@@ -470,6 +492,7 @@ pub fn measure_prealloc(
         reply_ms: None,
         phases: [None; 4],
         resident: Some(resident),
+        populate_ms: populate_ms_of(vm.seen.iter().map(|(_, l)| l.as_str())),
     })
 }
 
@@ -492,6 +515,53 @@ mod tests {
     use super::*;
     use clap::Parser;
     use teravm::config::{Backing, VmConfig};
+
+    #[test]
+    fn the_populate_time_is_read_from_teravms_log() {
+        let lines = [
+            "[   0.001s WARN  start] guest_memfd: this kernel ignores …",
+            "[   0.488s INFO  start] populated 4096 MiB in 484 ms with 2 workers",
+        ];
+        assert_eq!(populate_ms_of(lines), Some(484.0));
+        assert_eq!(
+            populate_ms_of(["teravm firmware: touched 0 MiB in 0 ms"]),
+            None
+        );
+        assert_eq!(populate_ms_of(["[ 1s INFO  start] populated lots"]), None);
+    }
+
+    #[test]
+    fn guest_memfd_runs_only_as_a_microvm_and_at_4k() {
+        let gmem = |pages| Case {
+            pages,
+            backing: Backing::GuestMemfd,
+        };
+        for m in [
+            Method::Munmap,
+            Method::Exit,
+            Method::Mrelease,
+            Method::Teravm(2),
+        ] {
+            assert!(m.unsupported(gmem(Pages::FourK)).is_some(), "{m}");
+        }
+        for m in [
+            Method::VmKill,
+            Method::VmShutdown(2),
+            Method::VmAsync(2),
+            Method::VmPrealloc(1),
+        ] {
+            assert_eq!(m.unsupported(gmem(Pages::FourK)), None, "{m}");
+            assert!(m.unsupported(gmem(Pages::Thp)).is_some(), "{m}");
+        }
+        assert!(Method::ReportTeravm(2)
+            .unsupported(gmem(Pages::FourK))
+            .is_some());
+        let anon = Case {
+            pages: Pages::Thp,
+            backing: Backing::Anonymous,
+        };
+        assert_eq!(Method::Munmap.unsupported(anon), None);
+    }
 
     #[test]
     fn the_vm_config_is_valid() {

@@ -1,9 +1,10 @@
-//! What a teravm process holds in guest_memfd files, measured from outside:
+//! What a VMM process holds in guest_memfd files, measured from outside:
 //! its descriptors that are `anon_inode:[kvm-gmem]`, each duplicated into
 //! this process (`pidfd_getfd`) and asked how many pages its page cache
 //! holds (`cachestat`). A guest_memfd's pages are never in teravm's RSS
 //! unless teravm itself mapped them, and its `st_blocks` is always 0; this
-//! counts exactly the pages allocated in teravm's own files.
+//! counts exactly the pages allocated in teravm's own files. Shared with
+//! the integration tests (`tests/common`), which include this file.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
@@ -33,19 +34,21 @@ pub fn gmem_mappings(pid: u32) -> usize {
         .count()
 }
 
-/// Bytes allocated in all of `pid`'s guest_memfds.
-pub fn gmem_allocated_bytes(pid: u32) -> u64 {
+/// Bytes allocated in all of `pid`'s guest_memfds (0 where it has none).
+pub fn gmem_allocated_bytes(pid: u32) -> std::io::Result<u64> {
+    let fds = gmem_fds(pid);
+    if fds.is_empty() {
+        return Ok(0);
+    }
     // SAFETY: pidfd_open takes no pointers; a returned descriptor is ours.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    assert!(
-        pidfd >= 0,
-        "pidfd_open({pid}): {}",
-        std::io::Error::last_os_error()
-    );
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     // SAFETY: a fresh descriptor that nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
     let mut total = 0;
-    for fd in gmem_fds(pid) {
+    for fd in fds {
         // SAFETY: pidfd_getfd takes no pointers; a returned descriptor is ours.
         let dup = unsafe {
             libc::syscall(
@@ -61,12 +64,13 @@ pub fn gmem_allocated_bytes(pid: u32) -> u64 {
         }
         // SAFETY: a fresh descriptor that nothing else owns.
         let dup = unsafe { OwnedFd::from_raw_fd(dup as RawFd) };
-        total += cached_bytes(&dup);
+        total += cached_bytes(&dup)?;
     }
-    total
+    Ok(total)
 }
 
-fn cached_bytes(fd: &OwnedFd) -> u64 {
+/// Pages of `fd` in its page cache (`cachestat`), in bytes.
+fn cached_bytes(fd: &OwnedFd) -> std::io::Result<u64> {
     #[repr(C)]
     struct Range {
         off: u64,
@@ -93,6 +97,8 @@ fn cached_bytes(fd: &OwnedFd) -> u64 {
             0,
         )
     };
-    assert_eq!(ret, 0, "cachestat: {}", std::io::Error::last_os_error());
-    stat.nr_cache * 4096
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(stat.nr_cache * 4096)
 }
