@@ -115,12 +115,23 @@ pub struct RunningVm {
     seen: Vec<(Stream, String)>,
 }
 
-/// Reads `from` line by line into `tx`; teravm's own lines other than its
-/// summary are shown on the bench's stderr too (warnings, errors).
+/// Whether a line of teravm's stderr is shown on the bench's stderr too:
+/// its warnings and errors, not its summary nor its info lines (teravm runs
+/// at level info so that the populate's time can be read).
+fn shown(line: &str) -> bool {
+    let level = line
+        .strip_prefix('[')
+        .and_then(|l| l.split_once(']'))
+        .and_then(|(head, _)| head.split_whitespace().nth(1));
+    !line.contains(SUMMARY_PREFIX) && !matches!(level, Some("INFO" | "DEBUG" | "TRACE"))
+}
+
+/// Reads `from` line by line into `tx`; teravm's own warnings and errors
+/// are shown on the bench's stderr too ([`shown`]).
 fn forward(from: impl Read + Send + 'static, stream: Stream, tx: Sender<(Stream, String)>) {
     std::thread::spawn(move || {
         for line in BufReader::new(from).lines().map_while(Result::ok) {
-            if stream == Stream::Stderr && !line.contains(SUMMARY_PREFIX) {
+            if stream == Stream::Stderr && shown(&line) {
                 eprintln!("{line}");
             }
             if tx.send((stream, line)).is_err() {
@@ -515,6 +526,17 @@ mod tests {
     use super::*;
     use clap::Parser;
     use teravm::config::{Backing, VmConfig};
+
+    #[test]
+    fn only_warnings_and_errors_are_echoed() {
+        assert!(shown("[   0.001s WARN  start] guest_memfd: …"));
+        assert!(shown("[   9.000s ERROR main] guest crashed"));
+        assert!(shown("teravm: cannot open /dev/kvm"));
+        assert!(!shown(
+            "[   0.488s INFO  start] populated 4096 MiB in 484 ms"
+        ));
+        assert!(!shown("teravm: reclaimed 4096 MiB in 232 ms (…)"));
+    }
 
     #[test]
     fn the_populate_time_is_read_from_teravms_log() {
