@@ -84,6 +84,15 @@ impl GuestMemfdSupport {
     }
 }
 
+/// Bytes allocated in a guest_memfd (or any file's page cache), whether used
+/// yet or not (`cachestat` of the whole file). Unlike `mincore` on a
+/// mapping it counts pages a populate allocated but nobody touched; unlike
+/// `st_blocks` (always 0 for a guest_memfd) it counts at all.
+pub fn allocated_bytes(file: &impl AsRawFd) -> std::io::Result<u64> {
+    // Length 0: to the end of the file.
+    sys::file_cached_bytes(file.as_raw_fd(), 0, 0)
+}
+
 /// Where guest_memfd files come from: `KVM_CREATE_GUEST_MEMFD` on the VM
 /// (implemented by `vstate::vm::Vm`), always with [`GUEST_MEMFD_FLAGS`].
 pub trait GuestMemfdSource {

@@ -69,36 +69,8 @@ pub fn gmem_allocated_bytes(pid: u32) -> std::io::Result<u64> {
     Ok(total)
 }
 
-/// Pages of `fd` in its page cache (`cachestat`), in bytes.
+/// Pages of `fd` in its page cache (`cachestat`, through teravm's
+/// wrapper), in bytes.
 fn cached_bytes(fd: &OwnedFd) -> std::io::Result<u64> {
-    #[repr(C)]
-    struct Range {
-        off: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Stat {
-        nr_cache: u64,
-        nr_dirty: u64,
-        nr_writeback: u64,
-        nr_evicted: u64,
-        nr_recently_evicted: u64,
-    }
-    let range = Range { off: 0, len: 0 };
-    let mut stat = Stat::default();
-    // SAFETY: cachestat (451) reads `range` and writes one `Stat`, both ours.
-    let ret = unsafe {
-        libc::syscall(
-            451,
-            std::os::fd::AsRawFd::as_raw_fd(fd),
-            &range as *const Range,
-            &mut stat as *mut Stat,
-            0,
-        )
-    };
-    if ret != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(stat.nr_cache * 4096)
+    teravm::memory::gmem::allocated_bytes(fd)
 }
