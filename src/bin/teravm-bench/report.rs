@@ -393,11 +393,14 @@ pub fn table(rows: &[Row], unavailable: &[Unavailable]) -> String {
         let cells: Vec<&str> = line.iter().map(String::as_str).collect();
         push_line(&cells);
     }
-    out.push_str(
-        "vs X: median time of X over this median, from the same run (above 1: faster than X); \
-         for vm-* rows, exit and mrelease are vm-kill and vm-mrelease; \
-         workers are per NUMA node\n",
-    );
+    // Said only where those columns are (not with --peers-only).
+    if shown[8..11].iter().any(|s| *s) {
+        out.push_str(
+            "vs X: median time of X over this median, from the same run (above 1: faster than X); \
+             for vm-* rows, exit and mrelease are vm-kill and vm-mrelease; \
+             workers are per NUMA node\n",
+        );
+    }
     if shown[11] {
         out.push_str(
             "report-* rows: a running guest reports its memory free, timed by the guest from \
