@@ -9,7 +9,7 @@ use vm_memory::{Bytes, GuestAddress};
 use super::super::options::{Backing, MemoryOptions, NumaPolicy, PageSize};
 use super::super::progress::ReclaimProgress;
 use super::super::reclaim::ReclaimOptions;
-use super::super::{sys, GuestMemory, GuestMemoryError, HostTopology, PopulateProgress};
+use super::super::{GuestMemory, GuestMemoryError, HostTopology, PopulateProgress};
 use super::*;
 use crate::vstate::vm::Vm;
 
@@ -43,9 +43,7 @@ fn cached(m: &GuestMemory) -> u64 {
     m.slices()
         .iter()
         .flat_map(|s| s.stripes())
-        .map(|s| {
-            sys::file_cached_bytes(std::os::fd::AsRawFd::as_raw_fd(&s.file), 0, s.len).unwrap()
-        })
+        .map(|s| allocated_bytes(&s.file).unwrap())
         .sum()
 }
 

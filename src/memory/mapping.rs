@@ -142,20 +142,17 @@ impl SliceMapping {
         }
         self.stripes
             .iter()
-            .map(|s| HostRange {
-                node: self.slice.node,
-                host_addr: self.map.addr + s.offset as usize,
-                len: s.len,
-                method: match self.backing {
-                    Backing::GuestMemfd => FreeMethod::ZapThenPunch {
-                        fd: s.file.as_raw_fd(),
-                        file_offset: 0,
+            .map(|s| {
+                let (fd, file_offset) = (s.file.as_raw_fd(), 0);
+                HostRange {
+                    node: self.slice.node,
+                    host_addr: self.map.addr + s.offset as usize,
+                    len: s.len,
+                    method: match self.backing {
+                        Backing::GuestMemfd => FreeMethod::ZapThenPunch { fd, file_offset },
+                        _ => FreeMethod::PunchHole { fd, file_offset },
                     },
-                    _ => FreeMethod::PunchHole {
-                        fd: s.file.as_raw_fd(),
-                        file_offset: 0,
-                    },
-                },
+                }
             })
             .collect()
     }

@@ -451,16 +451,15 @@ pub(crate) unsafe fn free_part(range: &HostRange, offset: u64, len: u64) -> Resu
             unsafe { sys::madvise(addr, len as usize, libc::MADV_DONTNEED) }
                 .map_err(|e| fail("madvise(MADV_DONTNEED)", None, e))
         }
-        FreeMethod::PunchHole { fd, file_offset } => {
-            let offset = file_offset + offset;
-            sys::punch_hole(fd, offset, len).map_err(|e| fail("hole punch", Some((fd, offset)), e))
-        }
-        FreeMethod::ZapThenPunch { fd, file_offset } => {
-            // SAFETY: as for DontNeed: the caller's mapping, whose contents
-            // go now anyway; on a shared mapping this only drops our page
-            // table entries.
-            unsafe { sys::madvise(addr, len as usize, libc::MADV_DONTNEED) }
-                .map_err(|e| fail("madvise(MADV_DONTNEED)", None, e))?;
+        FreeMethod::PunchHole { fd, file_offset }
+        | FreeMethod::ZapThenPunch { fd, file_offset } => {
+            if let FreeMethod::ZapThenPunch { .. } = range.method {
+                // SAFETY: as for DontNeed: the caller's mapping, whose
+                // contents go now anyway; on a shared mapping this only
+                // drops our page table entries.
+                unsafe { sys::madvise(addr, len as usize, libc::MADV_DONTNEED) }
+                    .map_err(|e| fail("madvise(MADV_DONTNEED)", None, e))?;
+            }
             let offset = file_offset + offset;
             sys::punch_hole(fd, offset, len).map_err(|e| fail("hole punch", Some((fd, offset)), e))
         }

@@ -38,19 +38,23 @@ pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Resul
 
 /// Frees the file blocks of `fd` in `offset..offset+len`, keeping its size.
 pub fn punch_hole(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
+    fallocate(
+        fd,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        offset,
+        len,
+    )
+}
+
+/// `fallocate(fd, mode, offset, len)`; an offset or length beyond `off_t`
+/// is `EINVAL`.
+fn fallocate(fd: RawFd, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
     let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     };
     // SAFETY: fallocate on a descriptor touches no memory of this process
     // directly; a bad descriptor is an error return.
-    check(unsafe {
-        libc::fallocate(
-            fd,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-        )
-    })
+    check(unsafe { libc::fallocate(fd, mode, offset, len) })
 }
 
 /// Most bytes examined by one `mincore` call (and so the largest buffer).
@@ -259,11 +263,7 @@ pub fn file_cached_bytes(fd: RawFd, offset: u64, len: u64) -> io::Result<u64> {
 /// Allocates the blocks of `fd` in `offset..offset+len` without changing
 /// its size (`fallocate(FALLOC_FL_KEEP_SIZE)`): guest_memfd's populate.
 pub fn allocate(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
-    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    };
-    // SAFETY: fallocate on a descriptor touches no memory of this process.
-    check(unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, offset, len) })
+    fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, offset, len)
 }
 
 #[cfg(test)]

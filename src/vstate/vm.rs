@@ -56,9 +56,6 @@ pub enum VmError {
         /// KVM's error.
         source: kvm_ioctls::Error,
     },
-    /// `KVM_CREATE_GUEST_MEMFD` failed.
-    #[error("KVM_CREATE_GUEST_MEMFD failed: {0}")]
-    CreateGuestMemfd(kvm_ioctls::Error),
     /// `KVM_GET_SUPPORTED_CPUID` failed.
     #[error("KVM_GET_SUPPORTED_CPUID failed: {0}")]
     SupportedCpuid(kvm_ioctls::Error),
@@ -248,20 +245,6 @@ impl Vm {
         Ok(())
     }
 
-    /// Creates a guest_memfd of `len` bytes, mappable and shared.
-    pub fn create_guest_memfd(&self, len: u64) -> Result<std::fs::File, VmError> {
-        let fd = self
-            .fd
-            .create_guest_memfd(kvm_create_guest_memfd {
-                size: len,
-                flags: GUEST_MEMFD_FLAGS,
-                ..Default::default()
-            })
-            .map_err(VmError::CreateGuestMemfd)?;
-        // SAFETY: `fd` was just returned by KVM for us and nothing else owns it.
-        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
-    }
-
     /// The CPUID KVM supports on this host, handed to every vCPU.
     pub fn supported_cpuid(&self) -> Result<CpuId, VmError> {
         self.kvm
@@ -320,10 +303,17 @@ impl Vm {
 }
 
 impl GuestMemfdSource for Vm {
+    /// `KVM_CREATE_GUEST_MEMFD` on the VM with [`GUEST_MEMFD_FLAGS`].
     fn create_guest_memfd(&self, len: u64) -> std::io::Result<std::fs::File> {
-        Vm::create_guest_memfd(self, len).map_err(|e| match e {
-            VmError::CreateGuestMemfd(k) => std::io::Error::from_raw_os_error(k.errno()),
-            other => std::io::Error::other(other.to_string()),
-        })
+        let fd = self
+            .fd
+            .create_guest_memfd(kvm_create_guest_memfd {
+                size: len,
+                flags: GUEST_MEMFD_FLAGS,
+                ..Default::default()
+            })
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        // SAFETY: `fd` was just returned by KVM for us and nothing else owns it.
+        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
     }
 }
