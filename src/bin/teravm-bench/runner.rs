@@ -344,29 +344,23 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let mut case_methods: Vec<(Case, Vec<Method>)> = Vec::new();
     for &case in &cases {
         let mut of_case = methods.clone();
-        // A method that cannot run for the case's backing skips it, said
-        // in the table.
-        of_case.retain(|&method| match method.unsupported(case) {
-            Some(reason) => {
-                unavailable.push(Unavailable {
-                    method,
-                    case: Some(case),
-                    reason: reason.to_string(),
-                });
-                false
-            }
-            None => true,
+        // A method that cannot run for the case's backing (a peer that
+        // lacks it included) skips it, said in the table.
+        of_case.retain(|&method| {
+            let reason = match method {
+                Method::Peer(peer, _) => supports(peer, case).err(),
+                other => other.unsupported(case).map(str::to_string),
+            };
+            let Some(reason) = reason else {
+                return true;
+            };
+            unavailable.push(Unavailable {
+                method,
+                case: Some(case),
+                reason,
+            });
+            false
         });
-        for &(peer, _) in &bins.peers {
-            if let Err(reason) = supports(peer, case) {
-                of_case.retain(|m| !matches!(m, Method::Peer(p, _) if *p == peer));
-                unavailable.extend(peer_methods(peer).map(|method| Unavailable {
-                    method,
-                    case: Some(case),
-                    reason: reason.clone(),
-                }));
-            }
-        }
         case_methods.push((case, of_case));
     }
     let mut progress = Progress {
