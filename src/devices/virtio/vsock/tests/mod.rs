@@ -149,7 +149,10 @@ impl Rig {
             .activate(self.mem.clone(), 1 << 32, qs, irq)
             .unwrap();
         let _ = self.dev.wake_evt().read();
-        self.dev.process_wake();
+        {
+            let p = self.dev.wake.take();
+            self.dev.process_wake(p);
+        }
     }
 
     /// Adds a one-descriptor chain to queue `q`; returns its index.
@@ -244,7 +247,7 @@ impl Rig {
         }
     }
 
-    fn m(&self) -> VsockMetricsSnapshot {
+    fn m(&self) -> VsockMetrics {
         self.dev.metrics().snapshot()
     }
 }
@@ -389,8 +392,8 @@ fn host_connects_guest_accepts_data_both_ways_then_host_closes() {
     r.send(local, 52, op::RST, &[]);
     assert_eq!(r.dev.connections(), 0);
     let m = r.m();
-    assert_eq!((m.conns_added, m.conns_removed), (1, 1));
-    assert_eq!((m.rx_bytes_count, m.tx_bytes_count), (5, 5));
+    assert_eq!((m.conns_added.get(), m.conns_removed.get()), (1, 1));
+    assert_eq!((m.rx_bytes_count.get(), m.tx_bytes_count.get()), (5, 5));
 }
 
 #[test]
@@ -416,7 +419,7 @@ fn guest_refuses_a_host_connection_and_bad_lines_close() {
         .process_timers(Instant::now() + Duration::from_millis(CONNECT_TIMEOUT_MS + 1));
     assert!(at_eof(&mut slow));
     assert!(r.recv().is_empty(), "no request for a bad line");
-    assert_eq!(r.m().conns_refused, 3);
+    assert_eq!(r.m().conns_refused.get(), 3);
     // A guest that never answers: reset at the deadline.
     let (mut s, req) = host_connect(&mut r, 8);
     r.dev
@@ -512,7 +515,7 @@ fn the_worker_serves_a_host_connection_and_exits() {
         .collect();
     let kick = evts[RXQ].try_clone().unwrap();
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let w = VsockWorker::new(dev.clone(), evts, exit.try_clone().unwrap()).unwrap();
+    let w = Vsock::worker(&dev, evts, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::spawn(move || w.run());
     kick.write(1).unwrap();
     let mut s = UnixStream::connect(&uds).unwrap();

@@ -19,10 +19,10 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::block::{
+use teravm::devices::virtio::block::{
     Block, BlockMetricsSnapshot, BlockOptions, BlockWorker, CacheType, Disk, SECTOR_BYTES,
 };
-use super::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
+use teravm::devices::virtio::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
 
 type Mem = Arc<GuestMemoryMmap<()>>;
 

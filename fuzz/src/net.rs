@@ -20,10 +20,10 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::fuzz_driver::{push_avail, take, Layout, NoIrq, Rings};
-use super::net::features::{GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF};
-use super::net::{Net, NetBackend, NetOptions, MAX_BUFFER_BYTES, RX_INDEX, VNET_HDR_BYTES};
-use super::VirtioDevice;
+use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
+use teravm::devices::virtio::net::features::{GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF};
+use teravm::devices::virtio::net::{Net, NetBackend, NetOptions, MAX_BUFFER_BYTES, RX_INDEX, VNET_HDR_BYTES};
+use teravm::devices::virtio::VirtioDevice;
 
 /// What a [`RecordingBackend`] saw and holds.
 #[derive(Debug, Default)]

@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::fuzz_driver::{push_avail, take, Layout, NoIrq, Rings};
-use super::vsock::device::AccessLog;
-use super::vsock::packet::{VsockHeader, TYPE_STREAM};
-use super::vsock::{bind_uds, Vsock, VsockOptions, HOST_CID, LOCAL_PORT_FIRST};
-use super::{VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
+use teravm::devices::virtio::vsock::device::AccessLog;
+use teravm::devices::virtio::vsock::packet::{VsockHeader, TYPE_STREAM};
+use teravm::devices::virtio::vsock::{bind_uds, Vsock, VsockOptions, HOST_CID, LOCAL_PORT_FIRST};
+use teravm::devices::virtio::{VirtioDevice, VIRTIO_F_VERSION_1};
 
 type Mem = Arc<GuestMemoryMmap<()>>;
 
@@ -221,8 +221,8 @@ pub fn vsock_queues(data: &[u8]) -> usize {
                 v.process_wake();
             }
         }
-        assert!(v.connections() <= super::vsock::MAX_CONNECTIONS);
-        assert!(v.buffered_bytes() <= 8 * super::vsock::CONN_TX_BUF_BYTES as usize);
+        assert!(v.connections() <= teravm::devices::virtio::vsock::MAX_CONNECTIONS);
+        assert!(v.buffered_bytes() <= 8 * teravm::devices::virtio::vsock::CONN_TX_BUF_BYTES as usize);
         for (a, n) in log.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             let end = a.checked_add(n as u64).expect("access wraps");
             let low = end <= LOW_LEN;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{VirtioInterrupt, VirtioInterruptType};
+use teravm::devices::virtio::{VirtioInterrupt, VirtioInterruptType};
 
 /// The harnesses' guest memory.
 pub type Mem = Arc<GuestMemoryMmap<()>>;

@@ -15,12 +15,12 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::balloon::{
+use teravm::devices::virtio::balloon::{
     features, Balloon, BalloonOptions, DiscardAck, DiscardKind, DiscardSink, GuestRange, RamMap,
 };
-use super::fuzz_driver::{push_avail, take, Layout, NoIrq, Rings};
-use super::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
-use super::{status, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
+use teravm::devices::virtio::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
+use teravm::devices::virtio::{status, VirtioDevice, VIRTIO_F_VERSION_1};
 
 type Mem = Arc<GuestMemoryMmap<()>>;
 
@@ -319,63 +319,4 @@ pub fn balloon_queues(data: &[u8]) -> usize {
     sink.complete(0);
     bl.process_wake();
     sink.checked.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    /// Runs every committed seed of `target` through `f`; returns what
-    /// each gave, by file name.
-    fn replay<T>(target: &str, f: fn(&[u8]) -> T) -> Vec<(String, T)> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fuzz/corpus")
-            .join(target);
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let p = e.unwrap().path();
-            if p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-            {
-                continue;
-            }
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            out.push((name, f(&std::fs::read(&p).unwrap())));
-        }
-        assert!(!out.is_empty(), "no seeds in {}", dir.display());
-        out
-    }
-
-    #[test]
-    fn virtio_mmio_corpus_replays() {
-        let ran = replay("virtio_mmio", super::virtio_mmio);
-        let get = |n: &str| ran.iter().find(|(f, _)| f == n).map(|(_, r)| *r);
-        // The seeds reach as far as they mean to.
-        assert_eq!(get("init_full"), Some(true));
-        assert_eq!(get("init_plain"), Some(true));
-        assert_eq!(get("reset_and_again"), Some(true));
-        assert_eq!(get("feature_not_offered"), Some(false));
-        assert_eq!(get("no_version_1"), Some(false));
-        assert_eq!(get("bad_queue_size"), Some(false));
-        assert_eq!(get("rings_in_hole"), Some(false));
-    }
-
-    #[test]
-    fn balloon_queues_corpus_replays() {
-        let got = replay("balloon_queues", super::balloon_queues);
-        let get = |n: &str| got.iter().find(|(f, _)| f == n).map(|(_, r)| *r);
-        assert!(get("inflate_deflate") >= Some(2), "{got:?}");
-        assert!(get("report") >= Some(2), "{got:?}");
-        assert!(get("hostile_pfns") >= Some(1), "{got:?}");
-        assert!(get("hostile_reports") >= Some(1), "{got:?}");
-        assert!(get("huge_pages") >= Some(1), "{got:?}");
-    }
-
-    #[test]
-    fn empty_and_short_inputs() {
-        assert!(!super::virtio_mmio(&[]));
-        assert_eq!(super::balloon_queues(&[1, 2]), 0);
-        super::virtio_mmio(&[0xff; 100]);
-        super::balloon_queues(&[0xff; 100]);
-    }
 }
