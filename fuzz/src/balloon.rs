@@ -22,7 +22,7 @@ use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
 use teravm::devices::virtio::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
 use teravm::devices::virtio::{status, VirtioDevice, VIRTIO_F_VERSION_1};
 
-type Mem = Arc<GuestMemoryMmap<()>>;
+use crate::driver::Mem;
 
 const MIB: u64 = 1 << 20;
 /// Low RAM: [0, 4 MiB); the hole: [4 MiB, 8 MiB); high RAM: [8 MiB, 12 MiB).

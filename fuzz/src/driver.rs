@@ -3,16 +3,39 @@
 //! descriptor table), `base + 4 KiB` (avail) and `base + 8 KiB` (used); a
 //! guest address comes from a selector byte and 32 bits, landing in low
 //! RAM, high RAM, the hole between them, or anywhere.
+//!
+//! [`WriteCheck`] checks that a device writes guest memory only where the
+//! driver let it (the used rings, and buffers a descriptor marks
+//! device-writable). It looks only at what was written: the memory's dirty
+//! bitmap (vm-memory marks every page a write through it touches; the
+//! devices reach guest memory only through vm-memory) names the pages, and
+//! only those are compared with the harness's copy, so a check costs a few
+//! pages, not all of guest memory.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 
 use teravm::devices::virtio::{VirtioInterrupt, VirtioInterruptType};
 
-/// The harnesses' guest memory.
-pub type Mem = Arc<GuestMemoryMmap<()>>;
+/// The harnesses' guest memory, with a dirty bitmap.
+pub type Mem = Arc<GuestMemoryMmap<AtomicBitmap>>;
+
+/// Guest memory of two RAM regions (zeroed), as `layout` says.
+pub fn memory(layout: &Layout) -> Mem {
+    Arc::new(
+        GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), layout.low_len as usize),
+            (GuestAddress(layout.high), layout.high_len as usize),
+        ])
+        .expect("fuzz guest memory"),
+    )
+}
 
 /// An interrupt that goes nowhere.
 pub struct NoIrq;
@@ -132,4 +155,130 @@ pub fn take(n: usize, rest: &mut &[u8]) -> Option<Vec<u8>> {
     let (h, t) = rest.split_at(n);
     *rest = t;
     Some(h.to_vec())
+}
+
+/// The dirty bitmap's page.
+const PAGE: u64 = 4096;
+
+/// Checks what a device writes into guest memory (see the module doc).
+#[derive(Default)]
+pub struct WriteCheck {
+    /// Pages as the harness last saw them; a page not here was never
+    /// written, so it holds zeros.
+    shadow: HashMap<u64, Box<[u8; PAGE as usize]>>,
+    /// Ranges the device may write, kept until a reset: the device may hold
+    /// chains whose descriptors the driver has since rewritten.
+    allowed: HashSet<(u64, u64)>,
+}
+
+impl WriteCheck {
+    /// Takes the pages written since the last call (by the harness, when
+    /// called before the device runs) into the copy; with `check`, first
+    /// asserts that every byte that changed in them is allowed.
+    fn sync(&mut self, mem: &Mem, check: bool) {
+        for region in mem.iter() {
+            let base = region.start_addr().0;
+            let bitmap = std::ops::Deref::deref(region).bitmap();
+            for p in (0..region.len()).step_by(PAGE as usize) {
+                if !bitmap.is_addr_set(p as usize) {
+                    continue;
+                }
+                let gpa = base + p;
+                let mut now = Box::new([0u8; PAGE as usize]);
+                let n = (region.len() - p).min(PAGE) as usize;
+                mem.read_slice(&mut now[..n], GuestAddress(gpa))
+                    .expect("a page of RAM");
+                if check {
+                    self.check_page(gpa, &now[..n]);
+                }
+                self.shadow.insert(gpa, now);
+            }
+            bitmap.reset();
+        }
+    }
+
+    fn check_page(&self, gpa: u64, now: &[u8]) {
+        let zeros = [0u8; PAGE as usize];
+        let was: &[u8] = self.shadow.get(&gpa).map_or(&zeros[..], |b| &b[..]);
+        if was[..now.len()] == *now {
+            return;
+        }
+        let mut ok = vec![false; now.len()];
+        let end = gpa + now.len() as u64;
+        for &(a, l) in &self.allowed {
+            let (s, e) = (a.max(gpa), a.saturating_add(l).min(end));
+            if s < e {
+                ok[(s - gpa) as usize..(e - gpa) as usize].fill(true);
+            }
+        }
+        for (i, (b, a)) in was.iter().zip(now).enumerate() {
+            assert!(
+                b == a || ok[i],
+                "the device wrote {:#x}, outside every writable buffer and used ring",
+                gpa + i as u64
+            );
+        }
+    }
+
+    /// Before the device runs: takes the harness's own writes into the
+    /// copy, and allows the used rings of `rings` and every range a
+    /// descriptor of `writable` (or an entry of an indirect table it
+    /// names) marks device-writable now.
+    pub fn before(&mut self, mem: &Mem, rings: &[Rings], writable: &Rings) {
+        self.sync(mem, false);
+        for r in rings {
+            self.allowed.insert((r.used().0, r.used_bytes()));
+        }
+        let mut table = vec![0u8; usize::from(writable.size) * 16];
+        if mem.read_slice(&mut table, GuestAddress(writable.base)).is_err() {
+            return;
+        }
+        for d in table.chunks_exact(16) {
+            let (a, l, f) = parse_desc(d);
+            if f & 2 != 0 {
+                self.allowed.insert((a, u64::from(l)));
+            }
+            if f & 4 != 0 {
+                self.allow_indirect(mem, a, l);
+            }
+        }
+    }
+
+    /// The writable entries of an indirect table at `a` of `l` bytes, as far
+    /// as it lies in RAM.
+    fn allow_indirect(&mut self, mem: &Mem, a: u64, l: u32) {
+        let Some(region) = mem.find_region(GuestAddress(a)) else {
+            return;
+        };
+        let in_ram = region.start_addr().0 + region.len() - a;
+        let n = u64::from(l / 16).min(in_ram / 16) as usize;
+        let mut table = vec![0u8; n * 16];
+        if mem.read_slice(&mut table, GuestAddress(a)).is_err() {
+            return;
+        }
+        for d in table.chunks_exact(16) {
+            let (ia, il, iflags) = parse_desc(d);
+            if iflags & 2 != 0 {
+                self.allowed.insert((ia, u64::from(il)));
+            }
+        }
+    }
+
+    /// After the device ran: every byte it changed is allowed.
+    pub fn after(&mut self, mem: &Mem) {
+        self.sync(mem, true);
+    }
+
+    /// A reset: nothing is allowed any more.
+    pub fn reset(&mut self) {
+        self.allowed.clear();
+    }
+}
+
+/// (address, length, flags) of a 16-byte descriptor.
+fn parse_desc(d: &[u8]) -> (u64, u32, u16) {
+    let a = u64::from_le_bytes(d[0..8].try_into().expect("8 bytes"));
+    let l = u32::from_le_bytes(d[8..12].try_into().expect("4 bytes"));
+    let f = u16::from_le_bytes(d[12..14].try_into().expect("2 bytes"));
+    (a, l, f)
 }

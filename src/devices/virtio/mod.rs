@@ -14,8 +14,18 @@
 //! - Interrupts: the transport's [`IrqTrigger`] sets `InterruptStatus` bits
 //!   and writes an [`EventFd`] (registered as an irqfd); devices see it as a
 //!   [`VirtioInterrupt`].
-//! - Devices ([`balloon`]) reach guest memory only through the memory handle
-//!   given at activation (`GuestView` in production) and drop it on reset.
+//! - The devices: [`balloon`], [`block`], [`net`], [`vsock`], one folder
+//!   each. What they share is written once here: the [`VirtioDevice`] trait
+//!   with its default configuration-space access and the [`ActiveState`]
+//!   (guest memory view, queues, interrupt) a device holds while it runs
+//!   ([`device`]); the device thread's loop, an `event-manager` loop with
+//!   the device as its subscriber, and the wake eventfd with pending flags
+//!   and bounded passes ([`worker`]); counters that serialize themselves
+//!   ([`metrics`]). Each device thread has its own seccomp role.
+//! - Devices reach guest memory only through the memory handle given at
+//!   activation (`GuestView` in production) and drop it on reset.
+//! - Fuzzing: the harnesses live in the fuzz crate (fuzz/src/), outside
+//!   the library; nothing here exists for them.
 
 pub mod balloon;
 pub mod block;
