@@ -15,10 +15,10 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
 use teravm::devices::virtio::balloon::{
     features, Balloon, BalloonOptions, DiscardAck, DiscardKind, DiscardSink, GuestRange, RamMap,
 };
-use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
 use teravm::devices::virtio::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
 use teravm::devices::virtio::{status, VirtioDevice, VIRTIO_F_VERSION_1};
 

@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
-
 use teravm::devices::virtio::block::{
     Block, BlockMetrics, BlockOptions, BlockWorker, CacheType, Disk, SECTOR_BYTES,
 };

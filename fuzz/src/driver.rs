@@ -230,7 +230,10 @@ impl WriteCheck {
             self.allowed.insert((r.used().0, r.used_bytes()));
         }
         let mut table = vec![0u8; usize::from(writable.size) * 16];
-        if mem.read_slice(&mut table, GuestAddress(writable.base)).is_err() {
+        if mem
+            .read_slice(&mut table, GuestAddress(writable.base))
+            .is_err()
+        {
             return;
         }
         for d in table.chunks_exact(16) {
@@ -281,4 +284,70 @@ fn parse_desc(d: &[u8]) -> (u64, u32, u16) {
     let l = u32::from_le_bytes(d[8..12].try_into().expect("4 bytes"));
     let f = u16::from_le_bytes(d[12..14].try_into().expect("2 bytes"));
     (a, l, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LAYOUT: Layout = Layout {
+        low_len: 64 * 1024,
+        high: 128 * 1024,
+        high_len: 64 * 1024,
+    };
+
+    /// One queue at 4 KiB whose descriptor 0 lets the device write 16
+    /// bytes at 40 KiB; the harness has written elsewhere first.
+    fn rig() -> (Mem, Vec<Rings>, WriteCheck) {
+        let mem = memory(&LAYOUT);
+        let (rings, _) = fresh_queues(&mem, 1, 16, 4096, 0);
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&(40u64 * 1024).to_le_bytes());
+        d[8..12].copy_from_slice(&16u32.to_le_bytes());
+        d[12..14].copy_from_slice(&2u16.to_le_bytes());
+        mem.write_slice(&d, rings[0].desc(0)).unwrap();
+        mem.write_slice(&[7; 8], GuestAddress(50 * 1024)).unwrap();
+        (mem, rings, WriteCheck::default())
+    }
+
+    #[test]
+    fn writes_into_a_writable_buffer_or_the_used_ring_pass() {
+        let (mem, rings, mut c) = rig();
+        c.before(&mem, &rings, &rings[0]);
+        mem.write_slice(&[1; 16], GuestAddress(40 * 1024)).unwrap();
+        mem.write_obj(1u16, rings[0].used().unchecked_add(2))
+            .unwrap();
+        c.after(&mem);
+        // What the harness wrote before is not the device's.
+        mem.write_slice(&[9; 8], GuestAddress(50 * 1024)).unwrap();
+        c.before(&mem, &rings, &rings[0]);
+        c.after(&mem);
+    }
+
+    #[test]
+    #[should_panic(expected = "the device wrote 0xa010")]
+    fn a_write_past_the_buffer_is_caught() {
+        let (mem, rings, mut c) = rig();
+        c.before(&mem, &rings, &rings[0]);
+        mem.write_slice(&[1; 17], GuestAddress(40 * 1024)).unwrap();
+        c.after(&mem);
+    }
+
+    #[test]
+    #[should_panic(expected = "the device wrote 0x20000")]
+    fn a_write_on_a_page_never_written_before_is_caught() {
+        let (mem, rings, mut c) = rig();
+        c.before(&mem, &rings, &rings[0]);
+        mem.write_obj(1u8, GuestAddress(LAYOUT.high)).unwrap();
+        c.after(&mem);
+    }
+
+    #[test]
+    #[should_panic(expected = "the device wrote 0xc800")]
+    fn a_write_over_what_the_harness_wrote_is_caught() {
+        let (mem, rings, mut c) = rig();
+        c.before(&mem, &rings, &rings[0]);
+        mem.write_obj(1u8, GuestAddress(50 * 1024)).unwrap();
+        c.after(&mem);
+    }
 }

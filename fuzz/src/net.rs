@@ -18,8 +18,12 @@ use vm_memory::{Address, Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::driver::{memory, push_avail, take, Layout, Mem, NoIrq, Rings, WriteCheck};
-use teravm::devices::virtio::net::features::{GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF};
-use teravm::devices::virtio::net::{Net, NetBackend, NetOptions, MAX_BUFFER_BYTES, RX_INDEX, VNET_HDR_BYTES};
+use teravm::devices::virtio::net::features::{
+    GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF,
+};
+use teravm::devices::virtio::net::{
+    Net, NetBackend, NetOptions, MAX_BUFFER_BYTES, RX_INDEX, VNET_HDR_BYTES,
+};
 use teravm::devices::virtio::{QueueHandler, VirtioDevice};
 
 /// What a [`RecordingBackend`] saw and holds.

@@ -66,9 +66,15 @@ fn balloon_queues_seeds_reach_the_sink() {
 fn block_queues_seeds_answer_what_they_send() {
     let got = replay("block_queues", crate::block::block_queues);
     let rw = seed(&got, "read_write");
-    assert!(rw.read_count.get() >= 1 && rw.write_count.get() >= 1, "{rw:?}");
+    assert!(
+        rw.read_count.get() >= 1 && rw.write_count.get() >= 1,
+        "{rw:?}"
+    );
     let ro = seed(&got, "read_only_write");
-    assert!(ro.invalid_reqs_count.get() >= 1 && ro.write_count == 0, "{ro:?}");
+    assert!(
+        ro.invalid_reqs_count.get() >= 1 && ro.write_count == 0,
+        "{ro:?}"
+    );
     assert!(seed(&got, "bad_status").dropped_reqs_count.get() >= 1);
     assert!(seed(&got, "loop").dropped_reqs_count.get() >= 1);
     assert!(seed(&got, "swap_file").update_count.get() >= 1);

@@ -19,8 +19,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::driver::{memory, push_avail, take, Layout, Mem, NoIrq, Rings, WriteCheck};
 use teravm::devices::virtio::vsock::packet::{VsockHeader, TYPE_STREAM};
-use teravm::devices::virtio::vsock::{bind_uds, Vsock, VsockOptions, HOST_CID, LOCAL_PORT_FIRST};
 use teravm::devices::virtio::vsock::RXQ;
+use teravm::devices::virtio::vsock::{bind_uds, Vsock, VsockOptions, HOST_CID, LOCAL_PORT_FIRST};
 use teravm::devices::virtio::{QueueHandler, VirtioDevice, VIRTIO_F_VERSION_1};
 
 const MIB: u64 = 1 << 20;
@@ -71,7 +71,13 @@ fn wake(v: &mut Vsock<Mem>) {
 }
 
 /// Runs `f` on the device and checks what it wrote.
-fn checked(mem: &Mem, rings: &[Rings], check: &mut WriteCheck, v: &mut Vsock<Mem>, f: impl FnOnce(&mut Vsock<Mem>)) {
+fn checked(
+    mem: &Mem,
+    rings: &[Rings],
+    check: &mut WriteCheck,
+    v: &mut Vsock<Mem>,
+    f: impl FnOnce(&mut Vsock<Mem>),
+) {
     check.before(mem, rings, &rings[RXQ]);
     f(v);
     check.after(mem);
@@ -143,7 +149,9 @@ pub fn vsock_queues(data: &[u8]) -> usize {
             }
             2 => {
                 let Some(d) = take(1, &mut rest) else { break };
-                checked(&mem, &rings, &mut check, &mut v, |v| v.process_queue(q_of(d[0])));
+                checked(&mem, &rings, &mut check, &mut v, |v| {
+                    v.process_queue(q_of(d[0]))
+                });
             }
             3 => {
                 let Some(d) = take(10, &mut rest) else { break };
@@ -226,7 +234,9 @@ pub fn vsock_queues(data: &[u8]) -> usize {
             }
         }
         assert!(v.connections() <= teravm::devices::virtio::vsock::MAX_CONNECTIONS);
-        assert!(v.buffered_bytes() <= 8 * teravm::devices::virtio::vsock::CONN_TX_BUF_BYTES as usize);
+        assert!(
+            v.buffered_bytes() <= 8 * teravm::devices::virtio::vsock::CONN_TX_BUF_BYTES as usize
+        );
     }
     v.reset();
     v.metrics().rx_packets_count.get() as usize

@@ -67,19 +67,19 @@ impl<M: DeviceMemory> ActiveState<M> {
 
     /// Fills `slot` with a new activation ([`Self::new`]); refused while
     /// `slot` holds one.
-    pub fn start<'a>(
-        slot: &'a mut Option<ActiveState<M>>,
+    pub fn start(
+        slot: &mut Option<ActiveState<M>>,
         mem: M,
         acked_features: u64,
         queues: Vec<Queue>,
         interrupt: Arc<dyn VirtioInterrupt>,
         needed: usize,
-    ) -> Result<&'a mut ActiveState<M>, ActivateError> {
+    ) -> Result<(), ActivateError> {
         if slot.is_some() {
             return Err(ActivateError::AlreadyActive);
         }
-        let a = Self::new(mem, acked_features, queues, interrupt, needed)?;
-        Ok(slot.insert(a))
+        *slot = Some(Self::new(mem, acked_features, queues, interrupt, needed)?);
+        Ok(())
     }
 
     /// Interrupts the guest for queue `q`'s used ring; false if that failed.

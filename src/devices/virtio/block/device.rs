@@ -154,7 +154,7 @@ impl<M: DeviceMemory> Block<M> {
     /// swaps it in between two requests (never in the middle of one), reads
     /// its size, closes the old file, bumps the configuration generation
     /// and raises a configuration interrupt so that the guest reads the new
-    /// capacity. Done when [`super::BlockMetricsSnapshot::update_count`]
+    /// capacity. Done when [`super::BlockMetrics::update_count`]
     /// grows (or `update_fails`, if its size cannot be read: the old file
     /// stays). A file handed over before the last one was swapped replaces
     /// it.

@@ -11,7 +11,7 @@
 //! [`BlockWorker::new`] the worker never locks the device's mutex, so a
 //! stalled `pread` here never blocks a vCPU's MMIO access or the VMM.
 //!
-//! Locking: the ring slot ([`BlockShared::ring`]) is taken for each
+//! Locking: the ring slot (`BlockShared::ring`) is taken for each
 //! guest-memory step (pop and parse, one chunk's copy, the status byte and
 //! used ring) and let go before each `pread`/`pwrite`/`fdatasync`. Each step
 //! first checks that the activation it began under still runs; if a reset
