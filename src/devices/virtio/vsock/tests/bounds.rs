@@ -66,7 +66,12 @@ fn a_host_that_does_not_read_bounds_the_buffer_and_a_guest_past_credit_is_reset(
     let mut got = 0;
     h.set_nonblocking(true).unwrap();
     let mut b = vec![0u8; 1 << 20];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while got < sent {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the host read {got} of the {sent} bytes sent"
+        );
         match h.read(&mut b) {
             Ok(n) => got += n,
             Err(_) => r.pump(),

@@ -240,10 +240,28 @@ impl Rig {
     }
 
     /// Lets the host side's events through.
+    /// Serves the host side as the device's thread would: waits for the
+    /// muxer's fd to be readable (the host action a test just made is
+    /// usually there already; at most 100 ms), then serves it until
+    /// nothing more is ready (a bounded number of passes).
     fn pump(&mut self) {
-        for _ in 0..5 {
-            std::thread::sleep(Duration::from_millis(2));
+        let fd = self.dev.host_fd();
+        let ready = |ms: i32| {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, valid for the call; `fd` is the muxer's
+            // epoll fd, open while the device lives.
+            unsafe { libc::poll(&mut p, 1, ms) > 0 }
+        };
+        ready(100);
+        for _ in 0..16 {
             self.dev.process_host();
+            if !ready(0) {
+                break;
+            }
         }
     }
 
