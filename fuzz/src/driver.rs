@@ -169,6 +169,17 @@ pub struct WriteCheck {
     /// Ranges the device may write, kept until a reset: the device may hold
     /// chains whose descriptors the driver has since rewritten.
     allowed: HashSet<(u64, u64)>,
+    /// The pages the last scan of the descriptors read (the table and the
+    /// indirect tables it named): the scan is done again only when one of
+    /// them was written since.
+    scanned: HashSet<u64>,
+    /// Whether one of [`Self::scanned`] was written since the last scan.
+    stale: bool,
+    /// Indirect tables (address, length) already read, and the pages each
+    /// lies on: a table is read again only after one of its pages was
+    /// written.
+    tables: HashSet<(u64, u32)>,
+    table_pages: HashMap<u64, Vec<(u64, u32)>>,
 }
 
 impl WriteCheck {
@@ -178,23 +189,32 @@ impl WriteCheck {
     fn sync(&mut self, mem: &Mem, check: bool) {
         for region in mem.iter() {
             let base = region.start_addr().0;
-            let bitmap = std::ops::Deref::deref(region).bitmap();
-            for p in (0..region.len()).step_by(PAGE as usize) {
-                if !bitmap.is_addr_set(p as usize) {
-                    continue;
+            let words = std::ops::Deref::deref(region).bitmap().get_and_reset();
+            for (w, mut bits) in words.into_iter().enumerate() {
+                while bits != 0 {
+                    let p = (w as u64 * 64 + u64::from(bits.trailing_zeros())) * PAGE;
+                    bits &= bits - 1;
+                    if p < region.len() {
+                        self.page_written(mem, base + p, (region.len() - p).min(PAGE), check);
+                    }
                 }
-                let gpa = base + p;
-                let mut now = Box::new([0u8; PAGE as usize]);
-                let n = (region.len() - p).min(PAGE) as usize;
-                mem.read_slice(&mut now[..n], GuestAddress(gpa))
-                    .expect("a page of RAM");
-                if check {
-                    self.check_page(gpa, &now[..n]);
-                }
-                self.shadow.insert(gpa, now);
             }
-            bitmap.reset();
         }
+    }
+
+    fn page_written(&mut self, mem: &Mem, gpa: u64, len: u64, check: bool) {
+        let mut now = Box::new([0u8; PAGE as usize]);
+        let n = len as usize;
+        mem.read_slice(&mut now[..n], GuestAddress(gpa))
+            .expect("a page of RAM");
+        if check {
+            self.check_page(gpa, &now[..n]);
+        }
+        self.stale |= self.scanned.contains(&gpa);
+        for t in self.table_pages.remove(&gpa).unwrap_or_default() {
+            self.tables.remove(&t);
+        }
+        self.shadow.insert(gpa, now);
     }
 
     fn check_page(&self, gpa: u64, now: &[u8]) {
@@ -226,10 +246,17 @@ impl WriteCheck {
     /// names) marks device-writable now.
     pub fn before(&mut self, mem: &Mem, rings: &[Rings], writable: &Rings) {
         self.sync(mem, false);
+        if !self.stale && !self.scanned.is_empty() {
+            return;
+        }
+        self.stale = false;
+        self.scanned.clear();
         for r in rings {
             self.allowed.insert((r.used().0, r.used_bytes()));
         }
-        let mut table = vec![0u8; usize::from(writable.size) * 16];
+        let len = u64::from(writable.size) * 16;
+        self.note_scanned(writable.base, len);
+        let mut table = vec![0u8; len as usize];
         if mem
             .read_slice(&mut table, GuestAddress(writable.base))
             .is_err()
@@ -247,14 +274,27 @@ impl WriteCheck {
         }
     }
 
+    fn note_scanned(&mut self, at: u64, len: u64) {
+        let first = at / PAGE * PAGE;
+        let end = at.saturating_add(len.max(1));
+        self.scanned.extend((first..end).step_by(PAGE as usize));
+    }
+
     /// The writable entries of an indirect table at `a` of `l` bytes, as far
-    /// as it lies in RAM.
+    /// as it lies in RAM (virtio-queue follows at most 65535 entries).
     fn allow_indirect(&mut self, mem: &Mem, a: u64, l: u32) {
+        if !self.tables.insert((a, l)) {
+            return;
+        }
         let Some(region) = mem.find_region(GuestAddress(a)) else {
             return;
         };
         let in_ram = region.start_addr().0 + region.len() - a;
-        let n = u64::from(l / 16).min(in_ram / 16) as usize;
+        let n = u64::from(l / 16).min(in_ram / 16).min(65535) as usize;
+        let first = a / PAGE * PAGE;
+        for p in (first..a + (n as u64 * 16).max(1)).step_by(PAGE as usize) {
+            self.table_pages.entry(p).or_default().push((a, l));
+        }
         let mut table = vec![0u8; n * 16];
         if mem.read_slice(&mut table, GuestAddress(a)).is_err() {
             return;
@@ -275,6 +315,9 @@ impl WriteCheck {
     /// A reset: nothing is allowed any more.
     pub fn reset(&mut self) {
         self.allowed.clear();
+        self.scanned.clear();
+        self.tables.clear();
+        self.table_pages.clear();
     }
 }
 
