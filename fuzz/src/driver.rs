@@ -169,17 +169,14 @@ pub struct WriteCheck {
     /// Ranges the device may write, kept until a reset: the device may hold
     /// chains whose descriptors the driver has since rewritten.
     allowed: HashSet<(u64, u64)>,
+    /// The used rings (the device may write them too).
+    used: HashSet<(u64, u64)>,
     /// The pages the last scan of the descriptors read (the table and the
     /// indirect tables it named): the scan is done again only when one of
     /// them was written since.
     scanned: HashSet<u64>,
     /// Whether one of [`Self::scanned`] was written since the last scan.
     stale: bool,
-    /// Indirect tables (address, length) already read, and the pages each
-    /// lies on: a table is read again only after one of its pages was
-    /// written.
-    tables: HashSet<(u64, u32)>,
-    table_pages: HashMap<u64, Vec<(u64, u32)>>,
     /// The descriptor table as the last scan read it: a descriptor that did
     /// not change adds nothing new.
     last_table: Vec<u8>,
@@ -217,9 +214,6 @@ impl WriteCheck {
             self.check_page(gpa, &now[..n]);
         }
         self.stale |= self.scanned.contains(&gpa);
-        for t in self.table_pages.remove(&gpa).unwrap_or_default() {
-            self.tables.remove(&t);
-        }
         self.shadow
             .entry(gpa)
             .or_insert_with(|| Box::new([0u8; PAGE as usize]))[..n]
@@ -240,6 +234,7 @@ impl WriteCheck {
         let mut ok: Vec<(usize, usize)> = self
             .allowed
             .iter()
+            .chain(&self.used)
             .filter_map(|&(a, l)| {
                 let (s, e) = (a.max(gpa), a.saturating_add(l).min(end));
                 (s < e).then(|| ((s - gpa) as usize, (e - gpa) as usize))
@@ -271,7 +266,7 @@ impl WriteCheck {
         self.stale = false;
         self.scanned.clear();
         for r in rings {
-            self.allowed.insert((r.used().0, r.used_bytes()));
+            self.used.insert((r.used().0, r.used_bytes()));
         }
         let len = u64::from(writable.size) * 16;
         self.note_scanned(writable.base, len);
@@ -299,31 +294,39 @@ impl WriteCheck {
         self.scanned.extend((first..end).step_by(PAGE as usize));
     }
 
-    /// The writable entries of an indirect table at `a` of `l` bytes, as far
-    /// as it lies in RAM (virtio-queue follows at most 65535 entries).
+    /// The writable entries of the indirect table at `a` of `l` bytes that
+    /// a chain can reach: as virtio-queue walks it, from entry 0 along the
+    /// `next` links, at most `l / 16` (and 65535) entries. The pages read
+    /// are watched: a write to one makes the next call scan again.
     fn allow_indirect(&mut self, mem: &Mem, a: u64, l: u32) {
-        if !self.tables.insert((a, l)) {
-            return;
-        }
-        let Some(region) = mem.find_region(GuestAddress(a)) else {
-            return;
-        };
-        let in_ram = region.start_addr().0 + region.len() - a;
-        let n = u64::from(l / 16).min(in_ram / 16).min(65535) as usize;
-        let first = a / PAGE * PAGE;
-        for p in (first..a + (n as u64 * 16).max(1)).step_by(PAGE as usize) {
-            self.table_pages.entry(p).or_default().push((a, l));
-        }
-        let mut table = vec![0u8; n * 16];
-        if mem.read_slice(&mut table, GuestAddress(a)).is_err() {
-            return;
-        }
-        for d in table.chunks_exact(16) {
-            let (ia, il, iflags) = parse_desc(d);
+        let n = (l / 16).min(u32::from(u16::MAX));
+        let mut i = 0u32;
+        for _ in 0..n {
+            let at = a.saturating_add(u64::from(i) * 16);
+            let mut d = [0u8; 16];
+            self.note_scanned(at, 16);
+            if mem.read_slice(&mut d, GuestAddress(at)).is_err() {
+                return;
+            }
+            let (ia, il, iflags) = parse_desc(&d);
             if iflags & 2 != 0 {
                 self.allowed.insert((ia, u64::from(il)));
             }
+            let next = u32::from(u16::from_le_bytes([d[14], d[15]]));
+            if iflags & 1 == 0 || next >= n {
+                return;
+            }
+            i = next;
         }
+    }
+
+    /// Whether a buffer the device may write (not counting the used rings)
+    /// overlaps `[at, at + len)`: what the device wrote there may be a
+    /// frame's bytes, not what it means to publish.
+    pub fn buffer_overlaps(&self, at: u64, len: u64) -> bool {
+        self.allowed
+            .iter()
+            .any(|&(a, l)| a < at.saturating_add(len) && at < a.saturating_add(l))
     }
 
     /// After the device ran: every byte it changed is allowed.
@@ -334,9 +337,8 @@ impl WriteCheck {
     /// A reset: nothing is allowed any more.
     pub fn reset(&mut self) {
         self.allowed.clear();
+        self.used.clear();
         self.scanned.clear();
-        self.tables.clear();
-        self.table_pages.clear();
         self.last_table.clear();
     }
 }
