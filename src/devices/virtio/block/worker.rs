@@ -128,6 +128,19 @@ impl<M: DeviceMemory> QueueHandler for BlockWorker<M> {
     }
 }
 
+/// A request's data in bounce-buffer chunks: (bytes before the chunk, its
+/// length, its offset in the file).
+fn chunks(req: &Request) -> impl Iterator<Item = (u64, usize, u64)> {
+    let (len, base) = (req.data_len, req.offset());
+    (0..len).step_by(BOUNCE_BYTES).map(move |done| {
+        (
+            done,
+            (len - done).min(BOUNCE_BYTES as u64) as usize,
+            base + done,
+        )
+    })
+}
+
 /// How a request ended: its status and the bytes written into the guest's
 /// data buffers, or `None` when its activation is gone.
 type Outcome = Option<(u8, u32)>;
@@ -198,10 +211,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
         };
         match req.kind {
             RequestType::In => {
-                let mut done = 0u64;
-                while done < req.data_len {
-                    let n = (req.data_len - done).min(BOUNCE_BYTES as u64) as usize;
-                    let off = req.offset() + done;
+                for (done, n, off) in chunks(req) {
                     debug_assert!(off + n as u64 <= self.capacity_sectors * SECTOR_BYTES);
                     // Host I/O, no lock held.
                     if self.disk.read_exact_at(&mut self.bounce[..n], off).is_err() {
@@ -212,30 +222,23 @@ impl<M: DeviceMemory> BlockWorker<M> {
                     if scatter(&*a.mem, &self.segments, done, &self.bounce[..n]).is_err() {
                         return ioerr(done);
                     }
-                    done += n as u64;
                 }
                 m.read_bytes.add(req.data_len);
                 m.read_count.inc();
                 Some((status::OK, req.data_len as u32))
             }
             RequestType::Out => {
-                let mut done = 0u64;
-                while done < req.data_len {
-                    let n = (req.data_len - done).min(BOUNCE_BYTES as u64) as usize;
-                    let off = req.offset() + done;
+                for (done, n, off) in chunks(req) {
                     debug_assert!(off + n as u64 <= self.capacity_sectors * SECTOR_BYTES);
-                    {
+                    let copied = {
                         let ring = self.shared.ring();
                         let a = self.current(&ring, epoch)?;
-                        if gather(&*a.mem, &self.segments, done, &mut self.bounce[..n]).is_err() {
-                            return ioerr(0);
-                        }
-                    }
+                        gather(&*a.mem, &self.segments, done, &mut self.bounce[..n])
+                    };
                     // Host I/O, no lock held.
-                    if self.disk.write_all_at(&self.bounce[..n], off).is_err() {
+                    if copied.is_err() || self.disk.write_all_at(&self.bounce[..n], off).is_err() {
                         return ioerr(0);
                     }
-                    done += n as u64;
                 }
                 m.write_bytes.add(req.data_len);
                 m.write_count.inc();
