@@ -15,7 +15,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::test_support::*;
 use super::*;
 use crate::api::action::{ReclaimMode, VmmAction};
-use crate::api::client::{self, Connection};
+use teravm_client::http::{self as client, Connection};
 use crate::config::{MachineConfig, ReclaimConfig};
 
 #[test]

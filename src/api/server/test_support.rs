@@ -16,7 +16,7 @@ use super::{ApiServer, ApiServerError, ServerLimits};
 use crate::api::action::{
     ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData,
 };
-use crate::api::client::{self, Connection};
+use teravm_client::http::{self as client, Connection};
 use crate::config::MachineConfig;
 
 static DIRS: AtomicUsize = AtomicUsize::new(0);

@@ -6,7 +6,7 @@ use std::fmt;
 
 use teravm::config::Backing;
 
-use crate::host::HostError;
+use teravm_client::host::HostError;
 
 /// Errors of the benchmark.
 #[derive(Debug, thiserror::Error)]

@@ -33,8 +33,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use crate::args::Args;
-use crate::client::{request, Connection};
-use crate::host::{find_summary, parse_touched_mib, rss_bytes, SUMMARY_PREFIX, TOUCHED_PREFIX};
+use teravm_client::http::{request, Connection};
+use teravm_client::host::{find_summary, parse_touched_mib, rss_bytes, SUMMARY_PREFIX, TOUCHED_PREFIX};
 use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, Resident, PHASE_NAMES};
 use crate::mrelease::{kill_and_reap, PidFd, Reap};
 use crate::resident::{covers, resident_of};

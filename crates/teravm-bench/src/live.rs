@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::args::Args;
-use crate::client::request;
+use teravm_client::http::request;
 use crate::model::{backing_name, BenchError, Case, Live, Method, Pages};
 use crate::vm::{spawn, vm_err};
 
