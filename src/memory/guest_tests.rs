@@ -201,7 +201,7 @@ fn populate_then_reclaim() {
         assert_eq!(resident(&m), 128 << 20);
         let opts = ReclaimOptions {
             workers_per_node: 2,
-            chunk_bytes: 16 << 20,
+            chunk_bytes: Some(16 << 20),
             parallel_threshold_bytes: 0,
             steal: true,
         };
