@@ -32,7 +32,9 @@ pub struct Args {
     /// Page sizes, comma-separated: 4k, thp.
     #[arg(long, value_delimiter = ',', default_value = "4k,thp")]
     pub pages: Vec<Pages>,
-    /// Backings, comma-separated: anonymous, memfd.
+    /// Backings, comma-separated: anonymous, memfd, guest_memfd (KVM's own
+    /// memory files, Linux 6.18+, 4k pages only; the rows it cannot run are
+    /// skipped with the reason).
     #[arg(long, value_delimiter = ',', default_value = "anonymous,memfd", value_parser = parse_backing)]
     pub backing: Vec<Backing>,
     /// Reclaim chunk size in MiB (even, 2 to 1048576); default: teravm's,
