@@ -20,7 +20,7 @@ mod actions;
 pub mod builder;
 pub mod device_opens;
 pub mod devices;
-pub mod discard;
+pub mod balloon_sink;
 pub mod jobs;
 pub mod opens;
 pub mod phase;
