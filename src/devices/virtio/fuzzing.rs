@@ -298,6 +298,9 @@ pub fn balloon_queues(data: &[u8]) -> usize {
             }
             5 => {
                 bl.reset();
+                // The driver polls Status until the reset completed: the
+                // discards in flight end first.
+                sink.complete(0);
                 rings = activate(&mut bl, &mem, acked, size);
             }
             6 => bl.process_stats_timer(Instant::now() + Duration::from_secs(3600)),
@@ -365,7 +368,8 @@ mod tests {
     fn balloon_queues_corpus_replays() {
         let got = replay("balloon_queues", super::balloon_queues);
         let get = |n: &str| got.iter().find(|(f, _)| f == n).map(|(_, r)| *r);
-        assert!(get("inflate_deflate") >= Some(2), "{got:?}");
+        // The inflate's ranges (a deflate no longer calls the sink).
+        assert!(get("inflate_deflate") >= Some(1), "{got:?}");
         assert!(get("report") >= Some(2), "{got:?}");
         assert!(get("hostile_pfns") >= Some(1), "{got:?}");
         assert!(get("hostile_reports") >= Some(1), "{got:?}");
