@@ -64,7 +64,9 @@ impl LogLimiter {
     /// since the last one that was, or None (counted).
     pub fn allow(&self, now: Instant) -> Option<u64> {
         let mut s = lock(&self.state);
-        if s.window.is_none_or(|w| now.saturating_duration_since(w) >= Duration::from_secs(1)) {
+        if s.window
+            .is_none_or(|w| now.saturating_duration_since(w) >= Duration::from_secs(1))
+        {
             s.window = Some(now);
             s.lines = 0;
         }

@@ -623,7 +623,11 @@ fn a_deflate_waits_for_the_discard_of_its_pages_however_long() {
     }
     assert_eq!(used(&qs[1]), 1);
     r.sink.held.lock().unwrap().pop().unwrap().freed();
-    assert_eq!(r.b.wake_evt().read().unwrap(), 1, "the ack wakes the thread");
+    assert_eq!(
+        r.b.wake_evt().read().unwrap(),
+        1,
+        "the ack wakes the thread"
+    );
     wake(&mut r.b);
     assert_eq!(used(&qs[1]), 2);
     assert_eq!((r.b.chains_parked(), r.b.batches_in_flight()), (0, 0));
@@ -666,7 +670,11 @@ fn parked_deflates_are_bounded_and_the_rest_waits_in_the_ring() {
     r.sink.held.lock().unwrap().pop().unwrap().freed();
     wake(&mut r.b); // the parked ones go back, the ring gets a pass
     wake(&mut r.b);
-    assert_eq!(used(&qs[1]), n, "every chain returned once the discard ended");
+    assert_eq!(
+        used(&qs[1]),
+        n,
+        "every chain returned once the discard ended"
+    );
     assert_eq!(r.b.chains_parked(), 0);
 }
 
