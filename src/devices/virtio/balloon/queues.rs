@@ -12,7 +12,7 @@
 //! No page goes back to the guest while a discard can reach it: each batch
 //! handed to the sink is listed in flight (its ranges) until its ack comes
 //! back, and a deflate chain, or a report chain once freed, whose pages a
-//! listed batch covers is parked ([`super::device::Parked`], bounded) and
+//! listed batch covers is parked (bounded: [`super::MAX_PARKED_DEFLATES`]) and
 //! returned when the last covering batch completes (the ack wakes this
 //! thread). Nothing here waits: the balloon's lock is never held across a
 //! discard.
