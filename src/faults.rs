@@ -17,6 +17,13 @@
 //!   kicks and goes on running the guest (the VMM must free guest memory
 //!   anyway and keep its address range reserved until exit).
 //!
+//! - `slow-discard`: every discard of the balloon's pool (and of any later
+//!   live-memory device) waits 2 s before it frees
+//!   ([`SLOW_DISCARD_DELAY`], per part, on whichever thread frees it; a
+//!   pool that stops ends the wait and frees nothing). A guest must not get
+//!   a page back while such a discard can still reach it, and no vCPU, API
+//!   request or shutdown may wait behind one.
+//!
 //! Nothing is injected unless the variable names the fault.
 
 use std::sync::OnceLock;
@@ -29,6 +36,12 @@ pub const SPURIOUS_JOB_EVENTS: &str = "spurious-job-events";
 
 /// The fault that makes vCPU 1's thread ignore stop requests.
 pub const VCPU_IGNORES_STOP: &str = "vcpu-ignores-stop";
+
+/// The fault that makes every discard of a running guest's pages slow.
+pub const SLOW_DISCARD: &str = "slow-discard";
+
+/// How long each discard waits under [`SLOW_DISCARD`].
+pub const SLOW_DISCARD_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The fault that makes vCPU threads call a forbidden system call.
 pub const VCPU_FORBIDDEN_SYSCALL: &str = "vcpu-forbidden-syscall";

@@ -33,7 +33,7 @@ use crate::memory::{GuestMemory, GuestView};
 use crate::seccomp::Role;
 use crate::vstate::vm::{Vm, VmError};
 
-use super::discard::BalloonDiscard;
+use super::balloon_sink::BalloonDiscard;
 
 /// Errors of building the devices.
 #[derive(Debug, thiserror::Error)]
@@ -378,6 +378,11 @@ impl Devices {
     /// afterwards no device holds guest memory. Idempotent.
     pub fn stop(&mut self, deadline: Instant) -> DeviceStopReport {
         let mut report = DeviceStopReport::default();
+        // First end the discards in flight (freeing nothing more): memory is
+        // reclaimed whole next, and no device thread may wait behind one.
+        if let Some(b) = &self.balloon {
+            b.discard.cancel();
+        }
         for t in &self.threads {
             let _ = t.exit.write(1);
         }

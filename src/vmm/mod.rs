@@ -17,10 +17,10 @@
 //! and `devices` depend on nothing of teravm's above them.
 
 mod actions;
+pub mod balloon_sink;
 pub mod builder;
 pub mod device_opens;
 pub mod devices;
-pub mod discard;
 pub mod jobs;
 pub mod opens;
 pub mod phase;

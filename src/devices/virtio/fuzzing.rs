@@ -61,12 +61,6 @@ impl DiscardSink for CheckingSink {
         held.push(ack);
         assert!(held.len() <= 64, "unbounded batches in flight");
     }
-
-    fn reclaimed(&self, ranges: &[GuestRange]) {
-        let n = check_ranges(&self.ram, ranges);
-        self.checked
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-    }
 }
 
 fn check_ranges(ram: &RamMap, ranges: &[GuestRange]) -> usize {
@@ -182,7 +176,9 @@ pub fn virtio_mmio(data: &[u8]) -> bool {
                 let q = u32::from_le_bytes([a[3], a[4], a[5], a[6]]) as usize;
                 let mut bl = b.lock().unwrap_or_else(|e| e.into_inner());
                 bl.process_queue(q);
+                bl.take_sink_work().send();
                 bl.process_wake();
+                bl.take_sink_work().send();
             }
         } else {
             let mut buf = [0x5au8; 9];
@@ -193,6 +189,7 @@ pub fn virtio_mmio(data: &[u8]) -> bool {
             sink.complete(op >> 5);
             let mut bl = b.lock().unwrap_or_else(|e| e.into_inner());
             bl.process_wake();
+            bl.take_sink_work().send();
             bl.process_stats_timer(Instant::now() + Duration::from_secs(3600));
         }
         assert_eq!(read_u32(&t, regs::MAGIC_VALUE), MMIO_MAGIC);
@@ -233,6 +230,7 @@ fn activate(b: &mut Balloon<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings
     let (rings, queues) = fresh_queues(mem, b.queue_max_sizes().len(), size);
     let _ = b.activate(mem.clone(), acked, queues, Arc::new(NoIrq));
     b.process_wake();
+    b.take_sink_work().send();
     rings
 }
 
@@ -285,6 +283,7 @@ pub fn balloon_queues(data: &[u8]) -> usize {
             2 => {
                 let Some(d) = take(1, &mut rest) else { break };
                 bl.process_queue(q_of(d[0]));
+                bl.take_sink_work().send();
             }
             3 => {
                 let Some(d) = take(10, &mut rest) else { break };
@@ -295,9 +294,13 @@ pub fn balloon_queues(data: &[u8]) -> usize {
                 let Some(d) = take(1, &mut rest) else { break };
                 sink.complete(d[0]);
                 bl.process_wake();
+                bl.take_sink_work().send();
             }
             5 => {
                 bl.reset();
+                // The driver polls Status until the reset completed: the
+                // discards in flight end first.
+                sink.complete(0);
                 rings = activate(&mut bl, &mem, acked, size);
             }
             6 => bl.process_stats_timer(Instant::now() + Duration::from_secs(3600)),
@@ -318,6 +321,7 @@ pub fn balloon_queues(data: &[u8]) -> usize {
     bl.reset();
     sink.complete(0);
     bl.process_wake();
+    bl.take_sink_work().send();
     sink.checked.load(std::sync::atomic::Ordering::Relaxed)
 }
 
@@ -364,7 +368,8 @@ mod tests {
     fn balloon_queues_corpus_replays() {
         let got = replay("balloon_queues", super::balloon_queues);
         let get = |n: &str| got.iter().find(|(f, _)| f == n).map(|(_, r)| *r);
-        assert!(get("inflate_deflate") >= Some(2), "{got:?}");
+        // The inflate's ranges (a deflate no longer calls the sink).
+        assert!(get("inflate_deflate") >= Some(1), "{got:?}");
         assert!(get("report") >= Some(2), "{got:?}");
         assert!(get("hostile_pfns") >= Some(1), "{got:?}");
         assert!(get("hostile_reports") >= Some(1), "{got:?}");
