@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::config::check_balloon_target;
 use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
-use super::device_opens::{drive_request, listener_for, tap_for};
+use super::device_opens::{check_count_with, drive_request, listener_for, tap_for};
 use super::opens::{boot_requests, output_request, Opening, Pending};
 use super::phase::Phase;
 use super::{ShutdownReason, VmState, Vmm};
@@ -274,10 +274,10 @@ impl Vmm {
                 .flush_metrics()
                 .map(|_| VmmData::Empty)
                 .map_err(|e| VmmActionError::Internal(e.to_string())),
-            // Placeholder until the balloon is wired into the VMM.
             VmmAction::PutBalloon(b) if not_started => {
                 check_balloon_target(b.amount_mib, self.config.machine_config.mem_size_mib)
                     .map_err(bad)?;
+                check_count_with(&self.config, |c| c.balloon = Some(b.clone())).map_err(bad)?;
                 self.config.balloon = Some(b);
                 Ok(VmmData::Empty)
             }

@@ -17,9 +17,8 @@ use crate::config::{
 };
 use crate::devices::virtio::net::Tap;
 use std::os::unix::net::UnixListener;
-use std::sync::Mutex;
 
-use super::device_opens::{with_drive, with_net};
+use super::device_opens::{check_count_with, with_drive, with_net};
 use crate::files::{FilesError, OpenRequest, OpenResult, OpenSpec, Opened, OPEN_TIMEOUT};
 use crate::vstate::linux::image::{initrd_request, kernel_request};
 use crate::vstate::linux::ImageFile;
@@ -118,23 +117,6 @@ fn bad(e: impl std::fmt::Display) -> VmmActionError {
 }
 
 impl Vmm {
-    /// The drives to attach: each configured drive with the file opened
-    /// when it was put, the root drive first (as Firecracker orders them).
-    pub(super) fn drive_specs(&self) -> Vec<crate::vmm::devices::DriveSpec> {
-        self.resources.drive_specs(&self.config.drives)
-    }
-
-    /// The network interfaces to attach, each with the tap opened when it
-    /// was put.
-    pub(super) fn net_specs(&self) -> Vec<crate::vmm::devices::NetSpec> {
-        self.resources.net_specs(&self.config.network_interfaces)
-    }
-
-    /// The vsock to attach, with the socket bound when it was put.
-    pub(super) fn vsock_spec(&self) -> Option<crate::vmm::devices::VsockSpec> {
-        self.resources.vsock_spec(self.config.vsock.as_ref())
-    }
-
     /// Opens `requests` on the `files` thread, then applies `section` and
     /// answers `reply` ([`Vmm::on_files_done`]).
     pub(super) fn open_then(
@@ -298,7 +280,11 @@ impl Vmm {
                 )),
             },
             (Pending::Drive(d), Opening::Files(Ok(files))) => match files.into_iter().next() {
-                Some(o) if not_started => match with_drive(&self.config.drives, d.clone()) {
+                Some(o) if not_started => match with_drive(&self.config.drives, d.clone())
+                    .and_then(|next| {
+                        check_count_with(&self.config, |c| c.drives.clone_from(&next))?;
+                        Ok(next)
+                    }) {
                     Ok(next) => {
                         self.config.drives = next;
                         self.resources
@@ -318,12 +304,13 @@ impl Vmm {
                 }
             }
             (Pending::Net(n), Opening::Tap(Ok(tap))) if not_started => {
-                match with_net(&self.config.network_interfaces, n.clone()) {
+                match with_net(&self.config.network_interfaces, n.clone()).and_then(|next| {
+                    check_count_with(&self.config, |c| c.network_interfaces.clone_from(&next))?;
+                    Ok(next)
+                }) {
                     Ok(next) => {
                         self.config.network_interfaces = next;
-                        self.resources
-                            .taps
-                            .insert(n.iface_id.clone(), Arc::new(Mutex::new(Some(tap))));
+                        self.resources.taps.insert(n.iface_id.clone(), Arc::new(tap));
                         Ok(VmmData::Empty)
                     }
                     Err(e) => Err(bad(e)),
@@ -331,9 +318,14 @@ impl Vmm {
             }
             (Pending::Net(_), Opening::Tap(Ok(_))) => refused("adding a network interface", state),
             (Pending::Vsock(v), Opening::Listener(Ok(l))) if not_started => {
-                self.config.vsock = Some(v);
-                self.resources.vsock = Some(Arc::new(Mutex::new(Some(l))));
-                Ok(VmmData::Empty)
+                match check_count_with(&self.config, |c| c.vsock = Some(v.clone())) {
+                    Ok(()) => {
+                        self.config.vsock = Some(v);
+                        self.resources.vsock = Some(Arc::new(l));
+                        Ok(VmmData::Empty)
+                    }
+                    Err(e) => Err(bad(e)),
+                }
             }
             (Pending::Vsock(_), Opening::Listener(Ok(_))) => refused("adding a vsock", state),
             (_, Opening::Tap(Err(e)) | Opening::Listener(Err(e))) => Err(bad(e)),

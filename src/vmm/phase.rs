@@ -136,6 +136,10 @@ impl Vmm {
             Ok(e) => e,
             Err(e) => return self.start_failed(format!("cannot clone an eventfd: {e}"), replies),
         };
+        let devices = match self.device_specs() {
+            Ok(d) => d,
+            Err(e) => return self.start_failed(e, replies),
+        };
         let cancel = Arc::new(AtomicBool::new(false));
         self.populate = Arc::new(PopulateProgress::new());
         let ctx = StartContext {
@@ -149,7 +153,7 @@ impl Vmm {
             events_ready,
             cancel: cancel.clone(),
             populate: self.populate.clone(),
-            devices: self.device_specs(),
+            devices,
         };
         match self
             .start_runner
@@ -276,19 +280,21 @@ impl Vmm {
         }
     }
 
-    /// The devices the configuration asks for.
-    pub(super) fn device_specs(&self) -> super::devices::DeviceSpecs {
-        super::devices::DeviceSpecs {
+    /// The devices the configuration asks for, with the files, taps and
+    /// socket opened when they were put (one not open fails the start).
+    pub(super) fn device_specs(&self) -> Result<super::devices::DeviceSpecs, String> {
+        let r = &self.resources;
+        Ok(super::devices::DeviceSpecs {
             balloon: self
                 .config
                 .balloon
                 .as_ref()
                 .map(crate::devices::virtio::balloon::BalloonOptions::from),
             discard_workers_per_node: self.config.reclaim.discard_workers(),
-            drives: self.drive_specs(),
-            nets: self.net_specs(),
-            vsock: self.vsock_spec(),
-        }
+            drives: r.drive_specs(&self.config.drives)?,
+            nets: r.net_specs(&self.config.network_interfaces)?,
+            vsock: r.vsock_spec(self.config.vsock.as_ref())?,
+        })
     }
 
     /// A shutdown before anything runs: nothing to free.
