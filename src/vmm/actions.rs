@@ -110,13 +110,7 @@ impl Vmm {
                 let request = output_request("metrics.metrics_path", &c.metrics_path, false);
                 return self.open_then(vec![request], Pending::Metrics(c), reply);
             }
-            // Answered when the memory is back.
-            VmmAction::Shutdown(ReclaimMode::Sync)
-                if matches!(state, VmState::Starting | VmState::Running) =>
-            {
-                self.sync_waiters.push(reply);
-                return self.begin_shutdown(ShutdownReason::Api, Instant::now());
-            }
+            VmmAction::Shutdown(mode) => return self.shutdown(mode, reply),
             _ => {}
         }
         let (method, path) = action.method_and_path();
@@ -126,6 +120,37 @@ impl Vmm {
         }
         // The client may have gone away: nothing to do about it.
         let _ = reply.send(result);
+    }
+
+    /// `Shutdown`, sync or async: refused unless the microVM starts or
+    /// runs; otherwise the one shutdown path ([`Vmm::begin_shutdown`]).
+    /// The async reply goes at once, before the vCPUs stop, with the plan
+    /// the `reclaim` job will run; the sync one when the memory is back.
+    fn shutdown(&mut self, mode: ReclaimMode, reply: std::sync::mpsc::Sender<ActionResult>) {
+        let state = self.state();
+        if !matches!(state, VmState::Starting | VmState::Running) {
+            let (method, path) = VmmAction::Shutdown(mode).method_and_path();
+            crate::metrics::record_failure(method, path);
+            let _ = reply.send(refused("Shutdown", state));
+            return;
+        }
+        let accepted = match mode {
+            ReclaimMode::Sync => {
+                self.sync_waiters.push(reply);
+                None
+            }
+            ReclaimMode::Async => {
+                let plan = shapes::ReclaimReport::from(&self.planned_report());
+                Some((reply, plan))
+            }
+        };
+        self.begin_shutdown(ShutdownReason::Api, Instant::now());
+        if let Some((reply, plan)) = accepted {
+            let _ = reply.send(to_json(&plan).map(|d| match d {
+                VmmData::Json(v) => VmmData::Accepted(v),
+                other => other,
+            }));
+        }
     }
 
     /// Writes a metrics line (if metrics are set up) with the VM's state and
@@ -246,19 +271,10 @@ impl Vmm {
                 }
                 _ => refused("SendCtrlAltDel", state),
             },
-            // The async reply: at once, before the vCPUs stop, with the plan
-            // the `reclaim` job will run.
-            VmmAction::Shutdown(ReclaimMode::Async)
-                if matches!(state, VmState::Starting | VmState::Running) =>
-            {
-                let plan = shapes::ReclaimReport::from(&self.planned_report());
-                self.begin_shutdown(ShutdownReason::Api, Instant::now());
-                to_json(&plan).map(|d| match d {
-                    VmmData::Json(v) => VmmData::Accepted(v),
-                    other => other,
-                })
-            }
-            VmmAction::Shutdown(_) => refused("Shutdown", state),
+            // Answered by [`Vmm::shutdown`], before this match.
+            VmmAction::Shutdown(_) => Err(VmmActionError::Internal(
+                "Shutdown reached do_action".into(),
+            )),
             VmmAction::GetVmConfig => to_json(&self.config),
             VmmAction::GetVersion => Ok(VmmData::Json(json!({
                 "firecracker_version": env!("CARGO_PKG_VERSION"),
