@@ -158,7 +158,7 @@ impl Vmm {
     pub(super) fn flush_metrics(&self) -> Result<bool, crate::metrics::MetricsError> {
         let report = self.reclaim_report();
         let console_dropped_bytes = match &self.phase {
-            super::phase::Phase::Running(m) => m.console.buffer().stats().dropped_bytes,
+            super::phase::Phase::Running(m) => m.console().map_or(0, |c| c.buffer().stats().dropped_bytes),
             _ => self
                 .last_report
                 .as_ref()
@@ -266,7 +266,9 @@ impl Vmm {
                     if !queued {
                         log::info!("SendCtrlAltDel: the guest has not read the ones before; not queued again");
                     }
-                    microvm.vcpus.control().wake_all();
+                    if let Some(vcpus) = microvm.vcpus() {
+                        vcpus.control().wake_all();
+                    }
                     Ok(VmmData::Empty)
                 }
                 _ => refused("SendCtrlAltDel", state),
@@ -300,8 +302,8 @@ impl Vmm {
             VmmAction::PutBalloon(_) => refused("configuring the balloon (PUT /balloon)", state),
             VmmAction::PatchBalloon(u) => self.patch_balloon(u.amount_mib),
             VmmAction::GetBalloon => match (&self.phase, &self.config.balloon) {
-                (Phase::Running(m), _) if m.devices.balloon.is_some() => {
-                    let b = m.devices.balloon.as_ref().map(|b| lock(&b.device).options());
+                (Phase::Running(m), _) if m.balloon().is_some() => {
+                    let b = m.balloon().map(|b| lock(&b.device).options());
                     to_json(&b.as_ref().map(shapes::BalloonShape::from))
                 }
                 (_, Some(b)) => to_json(&shapes::BalloonShape::from(b)),
@@ -314,7 +316,7 @@ impl Vmm {
                 };
                 match &self.phase {
                     Phase::Running(m) => {
-                        if let Some(b) = &m.devices.balloon {
+                        if let Some(b) = m.balloon() {
                             lock(&b.device)
                                 .set_stats_polling_interval(u.stats_polling_interval_s)
                                 .map_err(bad)?;
@@ -364,7 +366,7 @@ impl Vmm {
     fn device_metrics(&self) -> Vec<(String, Value)> {
         let mut groups = Vec::new();
         if let Phase::Running(m) = &self.phase {
-            if let Some(b) = &m.devices.balloon {
+            if let Some(b) = m.balloon() {
                 let mut v = serde_json::to_value(lock(&b.device).metrics().snapshot())
                     .unwrap_or(Value::Null);
                 if let (Value::Object(map), Some(p)) = (&mut v, b.discard.snapshot()) {
@@ -375,14 +377,14 @@ impl Vmm {
                 groups.push(("balloon".into(), v));
             }
             let json = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
-            for b in &m.devices.blocks {
+            for b in m.blocks() {
                 let snap = lock(&b.device).metrics().snapshot();
                 groups.push((
                     format!("block_{}", b.drive_id),
                     json(serde_json::to_value(snap)),
                 ));
             }
-            for n in &m.devices.nets {
+            for n in m.nets() {
                 let n = lock(n);
                 let snap = n.metrics().snapshot();
                 groups.push((
@@ -390,7 +392,7 @@ impl Vmm {
                     json(serde_json::to_value(snap)),
                 ));
             }
-            if let Some(v) = &m.devices.vsock {
+            if let Some(v) = m.vsock() {
                 let snap = lock(v).metrics().snapshot();
                 groups.push(("vsock".into(), json(serde_json::to_value(snap))));
             }
@@ -409,7 +411,7 @@ impl Vmm {
         };
         match &self.phase {
             Phase::Running(m) => {
-                let Some(b) = &m.devices.balloon else {
+                let Some(b) = m.balloon() else {
                     return Err(no_balloon());
                 };
                 lock(&b.device)
@@ -436,7 +438,7 @@ impl Vmm {
                 None => Err(no_balloon()),
             };
         };
-        let Some(b) = &m.devices.balloon else {
+        let Some(b) = m.balloon() else {
             return Err(no_balloon());
         };
         let teravm = b

@@ -23,16 +23,9 @@ use crate::files::{FilesError, OpenRequest, OpenResult, OpenSpec, Opened, OPEN_T
 use crate::vstate::linux::image::{initrd_request, kernel_request};
 use crate::vstate::linux::ImageFile;
 
+use super::builder::BootFiles;
 use super::Vmm;
 
-/// The kernel and initrd of the boot source in force, open.
-#[derive(Debug, Clone)]
-pub struct BootFiles {
-    /// The kernel.
-    pub kernel: ImageFile,
-    /// The initrd, if any.
-    pub initrd: Option<ImageFile>,
-}
 
 /// A section waiting for its files.
 #[derive(Debug)]
@@ -245,25 +238,24 @@ impl Vmm {
             .any(|p| matches!(p.section, Pending::BootSource(_)))
     }
 
+    /// Applies a section whose open came back. The state is checked once,
+    /// here: a start may have begun while the files thread worked, and the
+    /// sections that only a microVM not started takes are refused then.
     fn apply_opened(&mut self, section: Pending, opened: Opening, reply: Sender<ActionResult>) {
         let path = section_path(&section);
-        let not_started = self.state() == super::VmState::NotStarted;
-        let refused = |what: &str, state: super::VmState| {
-            Err(bad(format!(
-                "{what} is not allowed in state \"{}\"",
-                state.as_str()
-            )))
-        };
         let state = self.state();
         let result = match (section, opened) {
+            (s, _) if state != super::VmState::NotStarted && before_start(&s).is_some() => {
+                Err(bad(format!(
+                    "{} is not allowed in state \"{}\"",
+                    before_start(&s).unwrap_or_default(),
+                    state.as_str()
+                )))
+            }
             (Pending::BootSource(b), Opening::Files(Ok(files))) => {
-                if !not_started {
-                    refused("changing the boot source", state)
-                } else {
-                    self.boot_files = boot_files(&b, files);
-                    self.config.boot_source = b;
-                    Ok(VmmData::Empty)
-                }
+                self.boot_files = boot_files(&b, files);
+                self.config.boot_source = b;
+                Ok(VmmData::Empty)
             }
             (Pending::Logger(c), Opening::Files(Ok(files))) => {
                 let file = files.into_iter().next().map(|o| o.file);
@@ -280,7 +272,7 @@ impl Vmm {
                 )),
             },
             (Pending::Drive(d), Opening::Files(Ok(files))) => match files.into_iter().next() {
-                Some(o) if not_started => match with_drive(&self.config.drives, d.clone())
+                Some(o) => match with_drive(&self.config.drives, d.clone())
                     .and_then(|next| {
                         check_count_with(&self.config, |c| c.drives.clone_from(&next))?;
                         Ok(next)
@@ -294,7 +286,6 @@ impl Vmm {
                     }
                     Err(e) => Err(bad(e)),
                 },
-                Some(_) => refused("adding a drive", state),
                 None => Err(VmmActionError::Internal("the drive was not opened".into())),
             },
             (Pending::DrivePatch(u), Opening::Files(Ok(files))) => {
@@ -303,7 +294,7 @@ impl Vmm {
                     _ => Err(VmmActionError::Internal("the drive was not opened".into())),
                 }
             }
-            (Pending::Net(n), Opening::Tap(Ok(tap))) if not_started => {
+            (Pending::Net(n), Opening::Tap(Ok(tap))) => {
                 match with_net(&self.config.network_interfaces, n.clone()).and_then(|next| {
                     check_count_with(&self.config, |c| c.network_interfaces.clone_from(&next))?;
                     Ok(next)
@@ -316,8 +307,7 @@ impl Vmm {
                     Err(e) => Err(bad(e)),
                 }
             }
-            (Pending::Net(_), Opening::Tap(Ok(_))) => refused("adding a network interface", state),
-            (Pending::Vsock(v), Opening::Listener(Ok(l))) if not_started => {
+            (Pending::Vsock(v), Opening::Listener(Ok(l))) => {
                 match check_count_with(&self.config, |c| c.vsock = Some(v.clone())) {
                     Ok(()) => {
                         self.config.vsock = Some(v);
@@ -327,7 +317,6 @@ impl Vmm {
                     Err(e) => Err(bad(e)),
                 }
             }
-            (Pending::Vsock(_), Opening::Listener(Ok(_))) => refused("adding a vsock", state),
             (_, Opening::Tap(Err(e)) | Opening::Listener(Err(e))) => Err(bad(e)),
             (_, Opening::Files(Err(e))) => Err(bad(e)),
             _ => Err(VmmActionError::Internal(
@@ -359,7 +348,7 @@ impl Vmm {
         };
         let file = Arc::new(file);
         if let super::phase::Phase::Running(m) = &self.phase {
-            let Some(b) = m.devices.blocks.iter().find(|b| b.drive_id == drive_id) else {
+            let Some(b) = m.blocks().iter().find(|b| b.drive_id == drive_id) else {
                 return Err(bad(format!("drives: {drive_id:?} is not attached")));
             };
             let f = file.try_clone().map_err(bad)?;
@@ -372,6 +361,18 @@ impl Vmm {
         d.path_on_host = path;
         self.resources.drives.insert(drive_id.to_string(), file);
         Ok(VmmData::Empty)
+    }
+}
+
+/// What a section that only a microVM not started takes does, as a
+/// refusal names it; `None` for the sections taken in any state.
+fn before_start(s: &Pending) -> Option<&'static str> {
+    match s {
+        Pending::BootSource(_) => Some("changing the boot source"),
+        Pending::Drive(_) => Some("adding a drive"),
+        Pending::Net(_) => Some("adding a network interface"),
+        Pending::Vsock(_) => Some("adding a vsock"),
+        Pending::Logger(_) | Pending::Metrics(_) | Pending::DrivePatch(_) => None,
     }
 }
 

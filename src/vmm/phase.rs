@@ -9,7 +9,8 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::builder::{start_microvm, MicroVm, StartContext, StartError, Started, Teardown};
+use super::builder::{start_microvm, MicroVm, StartContext, StartError, Started};
+use super::teardown::Teardown;
 use super::jobs::Job;
 use super::progress_line::{self, ProgressLine};
 use super::report::{ms, PhaseTimes, ShutdownReport};
@@ -20,7 +21,6 @@ use crate::devices::ConsoleSink;
 use crate::memory::{
     PopulateProgress, ReclaimError, ReclaimOptions, ReclaimProgress, ReclaimState,
 };
-use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
 
 /// How long the console may take to write out what the guest printed last.
 const CONSOLE_DRAIN_WAIT: Duration = Duration::from_millis(500);
@@ -448,44 +448,25 @@ fn reclaim_job(
     progress: Arc<ReclaimProgress>,
     accepted: Instant,
 ) -> ShutdownReport {
-    let Teardown {
-        vcpus,
-        devices,
-        console,
-        vm,
-        memory,
-    } = teardown;
+    let mut teardown = teardown;
     let mut report = ShutdownReport::default();
     let mut phases = PhaseTimes {
         accept_ms: ms(accepted.elapsed()),
         ..PhaseTimes::default()
     };
+    // The one order: vCPUs, devices, console, VM fd; then memory below.
+    let stopped = teardown.stop(CONSOLE_DRAIN_WAIT);
+    report.vcpus = stopped.vcpus;
+    report.devices = stopped.devices;
+    report.console = stopped.console;
+    phases.stop_vcpus_ms = stopped.stop_ms;
+    phases.console_ms = stopped.console_ms;
+    phases.close_vm_ms = stopped.close_vm_ms;
     let mut step = Instant::now();
     let mut lap = |slot: &mut f64| {
         *slot = ms(step.elapsed());
         step = Instant::now();
     };
-    if let Some(mut vcpus) = vcpus {
-        report.vcpus = vcpus.stop(VCPU_STOP_TIMEOUT);
-    }
-    // The devices next: their threads stop, they are reset and taken off
-    // the bus, and the discard pool lets go of guest memory.
-    if let Some(mut devices) = devices {
-        report.devices = devices.stop(Instant::now() + VCPU_STOP_TIMEOUT);
-    }
-    lap(&mut phases.stop_vcpus_ms);
-    if let Some(console) = console {
-        report.console = console.finish(CONSOLE_DRAIN_WAIT);
-    }
-    lap(&mut phases.console_ms);
-    // Measured: freeing with the memslots alive makes every `madvise` walk
-    // KVM's MMU notifier (4x slower for a 1 TiB sparse guest); see CHANGELOG.
-    // Closing the VM on a thread of its own while the workers free gains
-    // nothing either (8 GiB of 4 KiB pages: 0.384 s against 0.380 s): KVM's
-    // shadow-MMU teardown (~10 ms per GiB here) takes the same lock as the
-    // notifier's zaps.
-    drop(vm);
-    lap(&mut phases.close_vm_ms);
     if crate::faults::injected("reclaim-thread-panic") {
         panic!(
             "injected reclaim job panic ({})",
@@ -494,18 +475,21 @@ fn reclaim_job(
     }
     let shown = progress.clone();
     let line = ProgressLine::spawn(move |t| progress_line::reclaim_text(&shown.snapshot(), t));
-    let result = memory.reclaim(opts, topology, &progress);
+    let result = teardown
+        .take_memory()
+        .map(|memory| memory.reclaim(opts, topology, &progress));
     drop(line);
     match result {
-        Ok(r) => report.reclaim = Some(r),
-        Err(ReclaimError::Failed {
+        Some(Ok(r)) => report.reclaim = Some(r),
+        Some(Err(ReclaimError::Failed {
             failures,
             report: r,
-        }) => {
+        })) => {
             report.reclaim = Some(*r);
             report.error = Some(failures.to_string());
         }
-        Err(e) => report.error = Some(e.to_string()),
+        Some(Err(e)) => report.error = Some(e.to_string()),
+        None => report.error = Some("no guest memory to reclaim (a bug)".into()),
     }
     // `reclaim` frees with the executor, then unmaps: the executor's own
     // clock splits the two.
