@@ -67,7 +67,9 @@ pub fn fire_once(name: &'static str) -> bool {
     if !injected(name) {
         return false;
     }
-    let mut fired = FIRED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut fired = FIRED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if fired.contains(&name) {
         return false;
     }

@@ -103,8 +103,14 @@ fn settles(pid: u32, before: Usage) -> Usage {
 }
 
 fn assert_back(after: Usage, before: Usage, what: &str) {
-    assert_eq!(after.threads, before.threads, "{what}: threads {after:?} vs {before:?}");
-    assert_eq!(after.fds, before.fds, "{what}: open fds {after:?} vs {before:?}");
+    assert_eq!(
+        after.threads, before.threads,
+        "{what}: threads {after:?} vs {before:?}"
+    );
+    assert_eq!(
+        after.fds, before.fds,
+        "{what}: open fds {after:?} vs {before:?}"
+    );
     assert!(
         after.vm_size_kib <= before.vm_size_kib + VM_SIZE_SLACK_KIB,
         "{what}: VmSize {after:?} vs {before:?}"
@@ -203,7 +209,10 @@ fn fails_at(step: &str, needs_net: bool) {
     let _big = big_memory();
     let ns = Netns::new(&format!("fs-{step}"));
     if needs_net && ns.is_none() {
-        return skip(&name, "cannot make a network namespace with a tap (ip, root)");
+        return skip(
+            &name,
+            "cannot make a network namespace with a tap (ip, root)",
+        );
     }
     let fault = format!("start-fails-at-{step}");
     let dir = temp_dir(&name);
@@ -214,7 +223,10 @@ fn fails_at(step: &str, needs_net: bool) {
     let (status, body) = start(&sock);
     assert_fault(status, &body, 400, &fault);
     let after = settles(pid, before);
-    eprintln!("{fault} (net: {}): before {before:?}, after {after:?}", ns.is_some());
+    eprintln!(
+        "{fault} (net: {}): before {before:?}, after {after:?}",
+        ns.is_some()
+    );
     assert_back(after, before, &fault);
     assert_eq!(state(&sock), "Not started");
     // Nothing was changed: the taps, the socket and the drives it was
@@ -346,7 +358,11 @@ fn a_device_past_the_last_gsi_is_refused_at_put() {
         eprintln!("(no network namespace: the interface case is not run)");
     }
     let config = get(&sock, "/vm/config");
-    assert_eq!(config["drives"].as_array().map(Vec::len), Some(19), "{config}");
+    assert_eq!(
+        config["drives"].as_array().map(Vec::len),
+        Some(19),
+        "{config}"
+    );
     assert!(config["balloon"].is_null(), "{config}");
     assert!(config["vsock"].is_null(), "{config}");
     drop(vmm);

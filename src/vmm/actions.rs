@@ -158,7 +158,9 @@ impl Vmm {
     pub(super) fn flush_metrics(&self) -> Result<bool, crate::metrics::MetricsError> {
         let report = self.reclaim_report();
         let console_dropped_bytes = match &self.phase {
-            super::phase::Phase::Running(m) => m.console().map_or(0, |c| c.buffer().stats().dropped_bytes),
+            super::phase::Phase::Running(m) => {
+                m.console().map_or(0, |c| c.buffer().stats().dropped_bytes)
+            }
             _ => self
                 .last_report
                 .as_ref()
@@ -295,7 +297,7 @@ impl Vmm {
             VmmAction::PutBalloon(b) if not_started => {
                 check_balloon_target(b.amount_mib, self.config.machine_config.mem_size_mib)
                     .map_err(bad)?;
-                check_count_with(&self.config, |c| c.balloon = Some(b.clone())).map_err(bad)?;
+                check_count_with(&self.config, |c| c.balloon = Some(b)).map_err(bad)?;
                 self.config.balloon = Some(b);
                 Ok(VmmData::Empty)
             }

@@ -30,10 +30,10 @@ use crate::vstate::linux::params::{kernel_cmdline, with_params};
 use crate::vstate::linux::{self, ImageFile, KernelSpec, LinuxError};
 
 use super::devices::{BalloonDevice, BlockDevice, DeviceError, DeviceSpecs, Devices};
+use super::teardown::Teardown;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::vsock::Vsock;
 use crate::memory::GuestView;
-use super::teardown::Teardown;
 use crate::vstate::vcpu::{
     configure_vcpu, GuestEntry, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus,
 };
@@ -366,13 +366,9 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         serial_irq,
     )));
     let pio = microvm_bus(serial.clone(), i8042.clone(), Instant::now())?;
-    let devices = parts.devices.insert(Devices::build(
-        &device_specs,
-        pio,
-        vm,
-        memory,
-        &topology,
-    )?);
+    let devices = parts
+        .devices
+        .insert(Devices::build(&device_specs, pio, vm, memory, &topology)?);
     let bus = devices.buses.clone();
 
     let slices = memory
@@ -396,9 +392,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         })
         .collect();
     let cpuid = vm.supported_cpuid()?;
-    let vcpus = parts
-        .vcpus
-        .insert(Vcpus::new(Arc::new(VcpuControl::new())));
+    let vcpus = parts.vcpus.insert(Vcpus::new(Arc::new(VcpuControl::new())));
     for index in 0..machine.vcpu_count {
         // On an error, dropping `parts` stops the vCPUs already running,
         // then the devices, closes the VM and unmaps guest memory.

@@ -184,9 +184,10 @@ impl DeviceResources {
         let Some(v) = vsock else {
             return Ok(None);
         };
-        let listener = self.vsock.clone().ok_or_else(|| {
-            format!("vsock: its socket {} is not bound", v.uds_path.display())
-        })?;
+        let listener = self
+            .vsock
+            .clone()
+            .ok_or_else(|| format!("vsock: its socket {} is not bound", v.uds_path.display()))?;
         Ok(Some(VsockSpec {
             opts: VsockOptions {
                 guest_cid: u64::from(v.guest_cid),

@@ -26,7 +26,6 @@ use crate::vstate::linux::ImageFile;
 use super::builder::BootFiles;
 use super::Vmm;
 
-
 /// A section waiting for its files.
 #[derive(Debug)]
 pub(super) enum Pending {
@@ -272,11 +271,10 @@ impl Vmm {
                 )),
             },
             (Pending::Drive(d), Opening::Files(Ok(files))) => match files.into_iter().next() {
-                Some(o) => match with_drive(&self.config.drives, d.clone())
-                    .and_then(|next| {
-                        check_count_with(&self.config, |c| c.drives.clone_from(&next))?;
-                        Ok(next)
-                    }) {
+                Some(o) => match with_drive(&self.config.drives, d.clone()).and_then(|next| {
+                    check_count_with(&self.config, |c| c.drives.clone_from(&next))?;
+                    Ok(next)
+                }) {
                     Ok(next) => {
                         self.config.drives = next;
                         self.resources
@@ -301,7 +299,9 @@ impl Vmm {
                 }) {
                     Ok(next) => {
                         self.config.network_interfaces = next;
-                        self.resources.taps.insert(n.iface_id.clone(), Arc::new(tap));
+                        self.resources
+                            .taps
+                            .insert(n.iface_id.clone(), Arc::new(tap));
                         Ok(VmmData::Empty)
                     }
                     Err(e) => Err(bad(e)),

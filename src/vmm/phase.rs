@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::builder::{start_microvm, MicroVm, StartContext, StartError, Started};
-use super::teardown::Teardown;
 use super::jobs::Job;
 use super::progress_line::{self, ProgressLine};
 use super::report::{ms, PhaseTimes, ShutdownReport};
+use super::teardown::Teardown;
 use super::{Vmm, EXIT_ERROR, EXIT_GUEST_CRASHED, EXIT_RECLAIM_FAILED};
 
 use crate::api::{ActionResult, VmmActionError, VmmData};
@@ -60,7 +60,7 @@ pub enum Phase {
     /// The `start` job builds it.
     Starting(Starting),
     /// vCPUs run.
-    Running(MicroVm),
+    Running(Box<MicroVm>),
     /// The `reclaim` job stops and frees it.
     Reclaiming(Reclaiming),
     /// Memory freed; the process exits (after a linger, for API shutdowns).
@@ -245,7 +245,7 @@ impl Vmm {
                     microvm.slices.len()
                 );
                 self.slices = microvm.slices.clone();
-                self.phase = Phase::Running(microvm);
+                self.phase = Phase::Running(Box::new(microvm));
                 self.inject_spurious_job_events();
                 if let Some((reason, at)) = shutdown {
                     self.begin_shutdown(reason, at);
@@ -323,7 +323,7 @@ impl Vmm {
                 else {
                     unreachable!("matched Running above");
                 };
-                self.reclaim(Teardown::from(microvm), reason, at);
+                self.reclaim(Teardown::from(*microvm), reason, at);
             }
             Phase::Reclaiming(_) | Phase::Stopped => {}
         }
