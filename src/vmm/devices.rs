@@ -17,7 +17,7 @@
 //!
 //! A build that fails at any step undoes itself: what it has set running
 //! (device threads, devices to reset, the balloon's discard pool) is owned
-//! by a [`Running`] guard from the moment it starts, and the guard's `Drop`
+//! by a `Running` guard from the moment it starts, and the guard's `Drop`
 //! stops and joins the threads, resets the devices and shuts the pool down;
 //! the transports, their eventfds and the KVM registrations go with the
 //! bus and the VM. What the client gave stays configured: each device gets
