@@ -561,6 +561,15 @@ impl VmConfig {
         Self::from_json(&text, path)
     }
 
+    /// How many virtio devices the configuration asks for: the balloon,
+    /// the drives, the network interfaces and the vsock (one GSI each).
+    pub fn device_count(&self) -> usize {
+        usize::from(self.balloon.is_some())
+            + self.drives.len()
+            + self.network_interfaces.len()
+            + usize::from(self.vsock.is_some())
+    }
+
     /// Checks every section.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.machine_config.validate()?;
@@ -581,6 +590,7 @@ impl VmConfig {
             net.validate()?;
         }
         check_nets(&self.network_interfaces)?;
+        check_device_count(self.device_count())?;
         if let Some(vsock) = &self.vsock {
             vsock.validate()?;
         }
@@ -592,6 +602,27 @@ impl VmConfig {
         self.mmds_config.check("mmds-config")?;
         self.entropy.check("entropy")
     }
+}
+
+/// Most virtio devices a microVM can have: one interrupt line each, GSI 5
+/// to 23 (Firecracker's legacy GSIs; the IOAPIC has 24 pins).
+pub const MAX_DEVICES: usize = crate::devices::mmio::MAX_MMIO_DEVICES;
+
+/// Refuses more devices than a guest has interrupt lines for.
+pub fn check_device_count(count: usize) -> Result<(), ConfigError> {
+    if count > MAX_DEVICES {
+        return Err(ConfigError::InvalidField {
+            field: "devices",
+            reason: format!(
+                "{count} devices (balloon, drives, network interfaces and vsock together) but a \
+                 guest has interrupt lines for {MAX_DEVICES} at most (GSI {} to {}, as in \
+                 Firecracker)",
+                crate::devices::mmio::FIRST_GSI,
+                crate::devices::mmio::LAST_GSI
+            ),
+        });
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------

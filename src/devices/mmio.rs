@@ -24,8 +24,11 @@ pub const MMIO_BASE: u64 = 0xC000_1000;
 pub const MMIO_SLOT_BYTES: u64 = 0x1000;
 /// The first device's interrupt line (Firecracker's `IRQ_BASE`).
 pub const FIRST_GSI: u32 = 5;
-/// Most devices on the bus (the window ends well below the 4 GiB line).
-pub const MAX_MMIO_DEVICES: usize = 64;
+/// The last device's interrupt line: the IOAPIC's last pin (Firecracker's
+/// `GSI_LEGACY_END`); a Linux guest never gets an interrupt past it.
+pub const LAST_GSI: u32 = 23;
+/// Most devices on the bus: one per GSI from [`FIRST_GSI`] to [`LAST_GSI`].
+pub const MAX_MMIO_DEVICES: usize = (LAST_GSI - FIRST_GSI + 1) as usize;
 
 /// Lines a second the bus logs about guest accesses (each kind apart).
 pub const LOG_LINES_PER_SEC: u32 = 10;
@@ -146,7 +149,10 @@ impl MmioSlot {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum MmioBusError {
     /// No slot is left.
-    #[error("no MMIO slot left for another device ({MAX_MMIO_DEVICES} at most)")]
+    #[error(
+        "no MMIO slot left for another device ({MAX_MMIO_DEVICES} at most: one per GSI from \
+         {FIRST_GSI} to {LAST_GSI})"
+    )]
     Full,
 }
 
