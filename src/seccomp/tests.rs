@@ -24,8 +24,10 @@ fn kvm_request_numbers_are_the_kernels() {
 #[test]
 fn every_role_builds() {
     for role in Role::ALL {
-        let program = build(role).unwrap();
-        assert!(!program.is_empty(), "{role:?}");
+        let built = build(role).unwrap();
+        assert!(!built.is_empty(), "{role:?}");
+        // The cached program (what `install` applies) is the same one.
+        assert_eq!(program(role).unwrap(), &built, "{role:?}");
     }
 }
 
@@ -142,7 +144,9 @@ fn spawners_start_threads_but_never_processes() {
     // A fork (clone without CLONE_THREAD) is trapped: checked in a child
     // process, which the SIGSYS ends.
     // Built here: the child of a multithreaded process must not allocate.
-    programs().unwrap();
+    for role in Role::ALL {
+        program(role).unwrap();
+    }
     no_clone3().unwrap();
     sigsys::install_handler().unwrap();
     // SAFETY: fork in a test; the child only installs a filter and forks.
