@@ -27,6 +27,7 @@ mod doc;
 mod filters;
 mod sigsys;
 mod syscall_names;
+mod tree;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -202,8 +203,25 @@ thread_local! {
     static FILTERED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Builds the BPF program of `role`.
+/// Builds the BPF program of `role`: its rules ([`rules_of`]) with the call
+/// number found by binary search ([`tree`]).
 fn build(role: Role) -> Result<BpfProgram, SeccompError> {
+    let err = |source| SeccompError::Build {
+        role: role.name(),
+        source,
+    };
+    let arch = std::env::consts::ARCH.try_into().map_err(err)?;
+    tree::build(
+        rules_of(role)?,
+        SeccompAction::Trap,
+        SeccompAction::Allow,
+        arch,
+    )
+    .map_err(err)
+}
+
+/// `role`'s calls and their argument rules, as seccompiler takes them.
+fn rules_of(role: Role) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     let err = |source| SeccompError::Build {
         role: role.name(),
         source,
@@ -246,15 +264,7 @@ fn build(role: Role) -> Result<BpfProgram, SeccompError> {
     for chain in rules.values_mut() {
         chain.dedup();
     }
-    let arch = std::env::consts::ARCH
-        .try_into()
-        .map_err(|e| SeccompError::Build {
-            role: role.name(),
-            source: e,
-        })?;
-    let filter =
-        SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, arch).map_err(err)?;
-    filter.try_into().map_err(err)
+    Ok(rules)
 }
 
 /// The filter every spawning role stacks under its own: `clone3` fails
