@@ -164,8 +164,9 @@ def main():
             replies[b].append(async_reply_ms(b))
     for b in binaries:
         print(b)
-        summary("  start -> first firmware line, 1 vCPU 256 MiB", first[(b, True)])
-        summary("  the same with --no-seccomp", first[(b, False)])
+        if runs:
+            summary("  start -> first firmware line, 1 vCPU 256 MiB", first[(b, True)])
+            summary("  the same with --no-seccomp", first[(b, False)])
         if async_runs:
             summary("  async Shutdown reply, 4 GiB 4 KiB", replies[b])
             print(f"    replies: {' '.join(f'{v:.2f}' for v in replies[b])}")

@@ -25,6 +25,7 @@
 
 mod doc;
 mod filters;
+pub mod open_flags;
 mod sigsys;
 mod syscall_names;
 mod tree;
