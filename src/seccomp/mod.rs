@@ -410,7 +410,7 @@ pub fn install(role: Role, policy: Policy) -> Result<(), SeccompError> {
     if policy == Policy::Off {
         return Ok(());
     }
-    let program = program(role)?;
+    let own = program(role)?;
     sigsys::install_handler()?;
     sigsys::remember_thread_name();
     let apply = |program| {
@@ -422,8 +422,13 @@ pub fn install(role: Role, policy: Policy) -> Result<(), SeccompError> {
     if role.spawns() {
         apply(no_clone3()?)?;
     }
-    apply(program)?;
+    apply(own)?;
     FILTERED.with(|f| f.set(true));
+    // The `api` thread starts an `api-conn` thread per client: its program
+    // is built now, off the path of the first request (and its reply).
+    if role == Role::Api {
+        program(Role::ApiConnection)?;
+    }
     Ok(())
 }
 
