@@ -390,7 +390,8 @@ impl Vmm {
         report.stderr_dropped_lines = crate::output::dropped_lines();
         if let Some(line) = report.summary_line() {
             self.say(&line);
-            log::info!("{line}");
+            // The log path's copy (stderr has the line already).
+            log::info!(target: crate::logger::SUMMARY_TARGET, "{line}");
         }
         if report.vcpus.panicked > 0 {
             log::error!("{} vCPU threads panicked", report.vcpus.panicked);
