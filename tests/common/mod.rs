@@ -79,8 +79,11 @@ pub fn big_memory() -> MutexGuard<'static, ()> {
 /// A fresh temp dir for one test.
 pub fn temp_dir(name: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
+    // The process id at a fixed width (pid_max is at most 2^22, 7 digits),
+    // so that a path's length, which some messages quote, does not depend
+    // on it.
     let dir = std::env::temp_dir().join(format!(
-        "teravm-test-{}-{}-{}",
+        "teravm-test-{:07}-{}-{}",
         std::process::id(),
         name,
         N.fetch_add(1, Ordering::Relaxed)
