@@ -25,6 +25,12 @@
  *                       num_pages, answer its statistics queue; with
  *                       then=idle vCPU 0 keeps serving it instead of parking
  *                       (with then=reset it follows num_pages once, then resets)
+ *   bcheck-deflate      with balloon: inflate 256 pages, deflate them at
+ *                       once and time register reads meanwhile, then write
+ *                       a pattern into them and check it 3 s later
+ *   bcheck-reset        with balloon: inflate 256 pages, reset the device
+ *                       (timed, until Status reads 0), set it up again, then
+ *                       write and check the pattern as bcheck-deflate does
  *   report=<MiB>        after touching, report that much of the touched RAM
  *                       as free on the balloon's reporting queue, then read
  *                       it back and say whether it reads as zero
@@ -81,6 +87,17 @@
  *   "balloon report took <ms> ms": from the first chain built to the last
  *   used (PORT_CLOCK). Then every reported page is read (all of it) and
  *   must be zero.
+ *   Checks (bcheck-deflate, bcheck-reset; the teravm tests run them with
+ *   the slow-discard fault): balloon pages 0..255 are inflated (one
+ *   batch). bcheck-deflate posts their deflate, reads num_pages 2000 times
+ *   ("balloon register reads took <ms> ms") and waits for the chain
+ *   ("balloon deflate took <ms> ms"); bcheck-reset writes Status 0 and reads
+ *   it until 0, for 10 s at most ("balloon reset took <ms> ms"), forgets
+ *   the balloon's queue state and runs the initialisation again. Then each
+ *   of the 256 pages is filled with its own address + 0x5a (every qword),
+ *   3 s pass (the clock port) and every qword is checked: "balloon
+ *   <deflate|reset> pattern ok" or "... corrupt" (a late discard zeroed a
+ *   page the guest had back).
  *   Serving (balloon, then=idle): vCPU 0 spins (pause) and every ~65536
  *   rounds checks the statsq's used idx (memory), num_pages (one MMIO
  *   exit) and the i8042 for a Ctrl-Alt-Del (one port exit); the other
@@ -293,6 +310,9 @@
         .set SLOT_STATS,      2
         .set SLOT_REPORT,     3
         .set PFNS_MAX,        256       /* PFNs per inflate/deflate batch */
+        .set BCK_DEFLATE,     1         /* opt_bcheck */
+        .set BCK_RESET,       2
+        .set BCK_PATTERN,     0x5a      /* added to each page's address */
         .set REPORT_DESCS,    32        /* descriptors per report, at most */
         .set REPORT_CHUNK,    4 << 20   /* bytes per report descriptor, at most */
         .set VQ_TIMEOUT_MS,   20000
@@ -649,8 +669,18 @@ parse_cmdline:
         jmp     .Lword
 1:      lea     rdi, [rip + key_balloon]
         call    match_value
-        jnc     .Lskip
+        jnc     1f
         mov     byte ptr [rip + opt_balloon], 1
+        jmp     .Lword
+1:      lea     rdi, [rip + key_bck_deflate]
+        call    match_value
+        jnc     1f
+        mov     byte ptr [rip + opt_bcheck], BCK_DEFLATE
+        jmp     .Lword
+1:      lea     rdi, [rip + key_bck_reset]
+        call    match_value
+        jnc     .Lskip
+        mov     byte ptr [rip + opt_bcheck], BCK_RESET
         jmp     .Lword
 .Lskip:                                 /* unknown word: skip it */
         cmp     rsi, r8
@@ -887,6 +917,7 @@ balloon_start:
         call    bl_init
         jc      1f
         call    bl_report
+        call    bl_check
 1:      pop     rbx
         ret
 
@@ -909,6 +940,134 @@ balloon_serve:
         dec     ecx
         jnz     2b
         jmp     balloon_serve
+
+/* bcheck-deflate / bcheck-reset (see the top): rbx = the device. */
+bl_check:
+        movzx   eax, byte ptr [rip + opt_bcheck]
+        test    eax, eax
+        jz      .Lck_ret
+        push    r12
+        push    r13
+        xor     edi, edi
+        mov     esi, PFNS_MAX
+        mov     [rip + bl_batch], esi
+        call    bl_pfns
+        mov     r12d, SLOT_INFLATE
+        call    bl_tell                 /* acknowledged at once; freed behind */
+        jc      .Lck_out
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        mov     r13d, eax               /* r13d = when the check began */
+        cmp     byte ptr [rip + opt_bcheck], BCK_RESET
+        je      .Lck_reset
+        mov     r12d, SLOT_DEFLATE
+        call    vq_ptrs
+        lea     rax, [rip + pfn_buf]
+        mov     [rdi], rax
+        mov     eax, [rip + bl_batch]
+        shl     eax, 2
+        mov     [rdi + 8], eax
+        mov     dword ptr [rdi + 12], 0
+        call    vq_post
+        mov     ecx, 2000
+1:      mov     eax, dword ptr [rbx + BL_NUM_PAGES]
+        dec     ecx
+        jnz     1b
+        lea     rsi, [rip + msg_bck_regs]
+        call    bck_took
+        call    vq_wait
+        jc      .Lck_out
+        lea     rsi, [rip + msg_bck_deflate]
+        call    bck_took
+        jmp     .Lck_pattern
+.Lck_reset:
+        mov     dword ptr [rbx + VM_STATUS], 0
+1:      mov     eax, dword ptr [rbx + VM_STATUS]
+        test    eax, eax
+        jz      2f
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        sub     eax, r13d
+        cmp     eax, 10000
+        jb      1b
+        lea     rsi, [rip + msg_bck_noreset]
+        call    puts
+        jmp     .Lck_out
+2:      lea     rsi, [rip + msg_bck_reset]
+        call    bck_took
+        lea     rdi, [rip + vq_state]   /* the balloon's slots 0-3: fresh */
+        mov     ecx, 8
+        xor     eax, eax
+        rep stosq
+        mov     qword ptr [rip + bl_base], 0
+        mov     dword ptr [rip + bl_actual], 0
+        call    bl_init
+        jc      .Lck_out
+.Lck_pattern:
+        mov     dword ptr [rip + bl_actual], 0
+        xor     r12d, r12d              /* fill */
+.Lck_fill:
+        lea     r8, [rip + pfn_buf]
+        mov     eax, [r8 + r12 * 4]
+        shl     rax, 12
+        mov     rdi, rax
+        add     rax, BCK_PATTERN
+        mov     ecx, PAGE / 8
+        rep stosq
+        inc     r12d
+        cmp     r12d, PFNS_MAX
+        jb      .Lck_fill
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        mov     r13d, eax
+1:      pause
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        sub     eax, r13d
+        cmp     eax, 3000
+        jb      1b
+        xor     r12d, r12d              /* check */
+.Lck_check:
+        lea     r8, [rip + pfn_buf]
+        mov     eax, [r8 + r12 * 4]
+        shl     rax, 12
+        mov     rdi, rax
+        add     rax, BCK_PATTERN
+        mov     ecx, PAGE / 8
+        repe scasq
+        jne     .Lck_corrupt
+        inc     r12d
+        cmp     r12d, PFNS_MAX
+        jb      .Lck_check
+        lea     rsi, [rip + msg_bck_ok]
+        jmp     1f
+.Lck_corrupt:
+        lea     rsi, [rip + msg_bck_corrupt]
+1:      push    rsi
+        lea     rsi, [rip + msg_bck_pat]
+        call    puts
+        lea     rsi, [rip + msg_bck_what_deflate]
+        cmp     byte ptr [rip + opt_bcheck], BCK_RESET
+        jne     2f
+        lea     rsi, [rip + msg_bck_what_reset]
+2:      call    puts
+        pop     rsi
+        call    puts
+.Lck_out:
+        pop     r13
+        pop     r12
+.Lck_ret:
+        ret
+
+/* Say rsi (a line's start) + (clock - r13d) + " ms". */
+bck_took:
+        call    puts
+        mov     dx, PORT_CLOCK
+        in      eax, dx
+        sub     eax, r13d
+        call    put_u64
+        lea     rsi, [rip + msg_ms]
+        jmp     puts
 
 /* rax = bytes of all RAM regions. */
 ram_total:
@@ -2810,6 +2969,17 @@ key_keep:        .asciz "keep="
 key_say:         .asciz "say="
 key_report:      .asciz "report="
 key_balloon:     .asciz "balloon"
+key_bck_deflate: .asciz "bcheck-deflate"
+key_bck_reset:   .asciz "bcheck-reset"
+msg_bck_regs:    .asciz "teravm firmware: balloon register reads took "
+msg_bck_deflate: .asciz "teravm firmware: balloon deflate took "
+msg_bck_reset:   .asciz "teravm firmware: balloon reset took "
+msg_bck_noreset: .asciz "teravm firmware: balloon error reset did not complete in 10 s\n"
+msg_bck_pat:     .asciz "teravm firmware: balloon "
+msg_bck_what_deflate: .asciz "deflate pattern "
+msg_bck_what_reset: .asciz "reset pattern "
+msg_bck_ok:      .asciz "ok\n"
+msg_bck_corrupt: .asciz "corrupt\n"
 key_blk:         .asciz "blk"
 key_vsock:       .asciz "vsock="
 key_net:         .asciz "net="
@@ -2892,6 +3062,7 @@ opt_reset:      .byte 0
 opt_fault:      .byte 0
 opt_keep:       .byte 0
 opt_balloon:    .byte 0
+opt_bcheck:     .byte 0                 /* BCK_DEFLATE or BCK_RESET */
 rep_nonzero:    .byte 0
         .balign 8
 bl_base:        .quad 0                 /* the balloon's MMIO base; 0: none */

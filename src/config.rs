@@ -367,9 +367,14 @@ impl MemoryConfig {
 ///   on bigger nodes raise it towards the node's core count (the background
 ///   measurements gained up to 4 workers per node, where the zone lock
 ///   saturates).
-/// - `chunk_mib` 1024: 64, 256, 1024 and 2048 MiB chunks gave the same time
-///   (0.26–0.27 s for 8 GiB with 2 workers); 1 GiB keeps the queues short on
-///   terabyte guests and still leaves 8 chunks per 8 GiB for stealing.
+/// - `chunk_mib` absent: sized from the guest, the largest node's bytes cut
+///   into 4 chunks per worker, rounded up to 2 MiB, between 2 MiB and 1 GiB
+///   (`memory::plan::default_chunk_bytes`). 64, 256, 1024 and 2048 MiB chunks
+///   gave the same time for 8 GiB with 2 workers (0.26–0.27 s), where the
+///   rule gives 1 GiB, which keeps the queues short on terabyte guests; a
+///   fixed 1 GiB gave a 1 GiB guest one chunk, so its second worker had
+///   nothing to do (77 ms with 1, 2 or 4 workers, 1.97x faster with 256 MiB
+///   chunks). A `chunk_mib` given is used as given.
 /// - `parallel_threshold_mib` 1024: below 1 GiB a reclaim takes a few
 ///   milliseconds, less than starting pinned workers is worth.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -378,9 +383,10 @@ pub struct ReclaimConfig {
     /// Worker threads per host node.
     #[serde(default = "ReclaimConfig::default_workers_per_node")]
     pub workers_per_node: u32,
-    /// Size of the unit of work a worker takes from its node's queue.
-    #[serde(default = "ReclaimConfig::default_chunk_mib")]
-    pub chunk_mib: u64,
+    /// Size of the unit of work a worker takes from its node's queue;
+    /// absent: sized from the guest and the workers (see above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_mib: Option<u64>,
     /// Below this much guest RAM, one thread frees it all.
     #[serde(default = "ReclaimConfig::default_parallel_threshold_mib")]
     pub parallel_threshold_mib: u64,
@@ -399,9 +405,6 @@ pub struct ReclaimConfig {
 impl ReclaimConfig {
     fn default_workers_per_node() -> u32 {
         2
-    }
-    fn default_chunk_mib() -> u64 {
-        1024
     }
     fn default_parallel_threshold_mib() -> u64 {
         1024
@@ -437,20 +440,19 @@ impl ReclaimConfig {
                 format!("{n} is not in 0..={MAX_WORKERS_PER_NODE}"),
             ));
         }
-        if self.chunk_mib < 2 || self.chunk_mib > (1 << 20) {
-            return Err(invalid(
-                "reclaim.chunk_mib",
-                format!("{} is not in 2..=1048576", self.chunk_mib),
-            ));
-        }
-        if self.chunk_mib % 2 != 0 {
-            return Err(invalid(
-                "reclaim.chunk_mib",
-                format!(
-                    "{} is not a multiple of 2 (the huge page size)",
-                    self.chunk_mib
-                ),
-            ));
+        if let Some(chunk_mib) = self.chunk_mib {
+            if !(2..=(1 << 20)).contains(&chunk_mib) {
+                return Err(invalid(
+                    "reclaim.chunk_mib",
+                    format!("{chunk_mib} is not in 2..=1048576"),
+                ));
+            }
+            if chunk_mib % 2 != 0 {
+                return Err(invalid(
+                    "reclaim.chunk_mib",
+                    format!("{chunk_mib} is not a multiple of 2 (the huge page size)"),
+                ));
+            }
         }
         if self.parallel_threshold_mib > MAX_MEM_SIZE_MIB {
             return Err(invalid(
@@ -469,7 +471,7 @@ impl Default for ReclaimConfig {
     fn default() -> Self {
         ReclaimConfig {
             workers_per_node: Self::default_workers_per_node(),
-            chunk_mib: Self::default_chunk_mib(),
+            chunk_mib: None,
             parallel_threshold_mib: Self::default_parallel_threshold_mib(),
             steal: Self::default_steal(),
             discard_workers_per_node: None,
@@ -559,6 +561,15 @@ impl VmConfig {
         Self::from_json(&text, path)
     }
 
+    /// How many virtio devices the configuration asks for: the balloon,
+    /// the drives, the network interfaces and the vsock (one GSI each).
+    pub fn device_count(&self) -> usize {
+        usize::from(self.balloon.is_some())
+            + self.drives.len()
+            + self.network_interfaces.len()
+            + usize::from(self.vsock.is_some())
+    }
+
     /// Checks every section.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.machine_config.validate()?;
@@ -579,6 +590,7 @@ impl VmConfig {
             net.validate()?;
         }
         check_nets(&self.network_interfaces)?;
+        check_device_count(self.device_count())?;
         if let Some(vsock) = &self.vsock {
             vsock.validate()?;
         }
@@ -590,6 +602,27 @@ impl VmConfig {
         self.mmds_config.check("mmds-config")?;
         self.entropy.check("entropy")
     }
+}
+
+/// Most virtio devices a microVM can have: one interrupt line each, GSI 5
+/// to 23 (Firecracker's legacy GSIs; the IOAPIC has 24 pins).
+pub const MAX_DEVICES: usize = crate::devices::mmio::MAX_MMIO_DEVICES;
+
+/// Refuses more devices than a guest has interrupt lines for.
+pub fn check_device_count(count: usize) -> Result<(), ConfigError> {
+    if count > MAX_DEVICES {
+        return Err(ConfigError::InvalidField {
+            field: "devices",
+            reason: format!(
+                "{count} devices (balloon, drives, network interfaces and vsock together) but a \
+                 guest has interrupt lines for {MAX_DEVICES} at most (GSI {} to {}, as in \
+                 Firecracker)",
+                crate::devices::mmio::FIRST_GSI,
+                crate::devices::mmio::LAST_GSI
+            ),
+        });
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -646,7 +679,7 @@ impl From<&ReclaimConfig> for crate::memory::ReclaimOptions {
     fn from(c: &ReclaimConfig) -> Self {
         crate::memory::ReclaimOptions {
             workers_per_node: c.workers_per_node,
-            chunk_bytes: c.chunk_mib.saturating_mul(1 << 20),
+            chunk_bytes: c.chunk_mib.map(|m| m.saturating_mul(1 << 20)),
             parallel_threshold_bytes: c.parallel_threshold_mib.saturating_mul(1 << 20),
             steal: c.steal,
         }
@@ -669,7 +702,7 @@ mod conversion_tests {
             o,
             memory::ReclaimOptions {
                 workers_per_node: 2,
-                chunk_bytes: 1 << 30,
+                chunk_bytes: None,
                 parallel_threshold_bytes: 1 << 30,
                 steal: true
             }

@@ -17,6 +17,29 @@
 //!   kicks and goes on running the guest (the VMM must free guest memory
 //!   anyway and keep its address range reserved until exit).
 //!
+//! - `slow-discard`: every discard of the balloon's pool (and of any later
+//!   live-memory device) waits 2 s before it frees
+//!   ([`SLOW_DISCARD_DELAY`], per part, on whichever thread frees it; a
+//!   pool that stops ends the wait and frees nothing). A guest must not get
+//!   a page back while such a discard can still reach it, and no vCPU, API
+//!   request or shutdown may wait behind one.
+//!
+//! Failed starts (issue 24: a start that fails undoes itself). Each fires
+//! once per process, at the first `InstanceStart` that reaches its step, so
+//! the retry after it goes through; several can be named to fail several
+//! attempts, each one step later:
+//!
+//! - `start-fails-at-balloon`, `start-fails-at-drives`, `start-fails-at-net`,
+//!   `start-fails-at-vsock`: the device build fails right after that step's
+//!   device threads have started (the balloon's with its discard pool; all
+//!   the drives'; all the interfaces'; the vsock's); a step with no device
+//!   configured is skipped and does not fire;
+//! - `first-start-fails-after-devices`: the build fails right after every
+//!   configured device's thread has started, as a later step failing would.
+//!
+//! A start failed so is answered with a 400 whose `fault_message` names
+//! the fault.
+//!
 //! Nothing is injected unless the variable names the fault.
 
 use std::sync::OnceLock;
@@ -30,8 +53,42 @@ pub const SPURIOUS_JOB_EVENTS: &str = "spurious-job-events";
 /// The fault that makes vCPU 1's thread ignore stop requests.
 pub const VCPU_IGNORES_STOP: &str = "vcpu-ignores-stop";
 
+/// The fault that makes every discard of a running guest's pages slow.
+pub const SLOW_DISCARD: &str = "slow-discard";
+
+/// How long each discard waits under [`SLOW_DISCARD`].
+pub const SLOW_DISCARD_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The fault that makes vCPU threads call a forbidden system call.
 pub const VCPU_FORBIDDEN_SYSCALL: &str = "vcpu-forbidden-syscall";
+
+/// Fails the start right after the balloon's thread started.
+pub const START_FAILS_AT_BALLOON: &str = "start-fails-at-balloon";
+/// Fails the start right after every drive's thread started.
+pub const START_FAILS_AT_DRIVES: &str = "start-fails-at-drives";
+/// Fails the start right after every network interface's thread started.
+pub const START_FAILS_AT_NET: &str = "start-fails-at-net";
+/// Fails the start right after the vsock's thread started.
+pub const START_FAILS_AT_VSOCK: &str = "start-fails-at-vsock";
+/// Fails the first start right after every device's thread started.
+pub const FIRST_START_FAILS_AFTER_DEVICES: &str = "first-start-fails-after-devices";
+
+/// Whether the fault `name` was asked for and has not fired yet; the first
+/// call that sees it fires it (later calls answer false).
+pub fn fire_once(name: &'static str) -> bool {
+    static FIRED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    if !injected(name) {
+        return false;
+    }
+    let mut fired = FIRED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if fired.contains(&name) {
+        return false;
+    }
+    fired.push(name);
+    true
+}
 
 /// Makes a system call no vCPU filter allows: `socket(AF_UNIX, SOCK_STREAM)`
 /// (closed again if it succeeds, i.e. without a filter).

@@ -5,7 +5,9 @@
 //! Data flows top to bottom: [`config`] and [`api`] describe what to run;
 //! [`vmm`] runs it; [`vstate`] wraps KVM; [`memory`] owns guest RAM, its NUMA
 //! placement and its parallel populate and reclaim; [`devices`] answer the
-//! guest's port I/O. Nothing below [`vmm`] knows about HTTP.
+//! guest's port I/O and MMIO (serial, i8042, and the virtio-mmio balloon,
+//! block, net and vsock devices, each with its own thread). Nothing below
+//! [`vmm`] knows about HTTP.
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 

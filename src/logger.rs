@@ -1,7 +1,6 @@
 //! teravm's `log` backend and its settings (Firecracker's `--level`,
 //! `--log-path`, `--show-level`, `--show-log-origin`, `--module` and
-//! `PUT /logger`), and [`LineSink`], the non-blocking line writer that the
-//! log file and the metrics file share.
+//! `PUT /logger`).
 //!
 //! Without a log path, lines go to stderr as
 //! `[   1.234s INFO  vcpu0] message` (time since start, level, thread).
@@ -16,16 +15,24 @@
 //! The logger formats a record under its settings' lock and hands the line
 //! to [`crate::output`]'s bounded queue; only the `output` thread writes it
 //! (to stderr, or to the log path's sink), so logging never waits on the
-//! host and the lock is never held across a write.
+//! host and the lock is never held across a write. The logger uses
+//! `output`, never the other way round ([`LineSink`] is `output`'s,
+//! re-exported here).
 
 use std::fs::File;
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use crate::config::LoggerConfig;
+pub use crate::output::LineSink;
 use crate::output::SharedSink;
+
+/// The `log` target of the shutdown summary's record: written to a log path
+/// only, since the summary itself is already one of teravm's lines on
+/// stderr (logged to stderr as well, it was printed twice at `--level info`).
+pub const SUMMARY_TARGET: &str = "teravm::summary";
 
 /// Longest log line written to a log path, newline included: a FIFO write
 /// of at most `PIPE_BUF` bytes is atomic, so lines never interleave.
@@ -42,57 +49,6 @@ pub enum LoggerError {
         /// Why.
         source: io::Error,
     },
-}
-
-/// A file or FIFO written one line at a time without ever blocking: opened
-/// `O_NONBLOCK`; a line the reader has no room for is dropped (the caller
-/// counts it); the tail of a line written in part is kept and sent before
-/// the next line, so lines are never cut or interleaved.
-#[derive(Debug)]
-pub struct LineSink {
-    file: File,
-    path: PathBuf,
-    pending: Vec<u8>,
-}
-
-impl LineSink {
-    /// A sink over `file`, already opened for appending (by the `files`
-    /// thread, non-blocking) from `path`.
-    pub fn from_file(file: File, path: &Path) -> LineSink {
-        LineSink {
-            file,
-            path: path.to_path_buf(),
-            pending: Vec::new(),
-        }
-    }
-
-    /// The path it writes to.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Writes `line` (which ends with a newline); false if it was dropped.
-    pub fn write_line(&mut self, line: &[u8]) -> bool {
-        if !self.pending.is_empty() {
-            match self.file.write(&self.pending) {
-                Ok(n) => {
-                    self.pending.drain(..n);
-                }
-                Err(_) => return false,
-            }
-            if !self.pending.is_empty() {
-                return false;
-            }
-        }
-        match self.file.write(line) {
-            Ok(n) if n == line.len() => true,
-            Ok(n) => {
-                self.pending.extend_from_slice(&line[n..]);
-                true
-            }
-            Err(_) => false,
-        }
-    }
 }
 
 struct Settings {
@@ -162,6 +118,9 @@ impl Logger {
             )
         };
         if s.sink.is_none() {
+            if record.target() == SUMMARY_TARGET {
+                return;
+            }
             let t = self.start.elapsed();
             let mut tag = format!("{:>4}.{:03}s", t.as_secs(), t.subsec_millis());
             if s.show_level {
@@ -340,33 +299,5 @@ mod tests {
         assert_eq!(&t[4..5], "-");
         assert_eq!(&t[10..11], "T");
         assert_eq!(&t[19..20], ".");
-    }
-
-    #[test]
-    fn a_fifo_nobody_reads_drops_lines_instead_of_blocking() {
-        let dir = std::env::temp_dir().join(format!("teravm-logger-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
-        let fifo = dir.join("log.fifo");
-        let _ = std::fs::remove_file(&fifo);
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path; the result is checked.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let opened = crate::files::open(&crate::files::OpenRequest {
-            what: "test",
-            path: fifo.clone(),
-            spec: crate::files::OpenSpec::Output { blocking: false },
-        })
-        .unwrap();
-        let mut sink = LineSink::from_file(opened.file, &fifo);
-        let line = [b'x'; 1023]
-            .iter()
-            .copied()
-            .chain([b'\n'])
-            .collect::<Vec<u8>>();
-        // A pipe holds 64 KiB by default: well before 1,000 lines of 1 KiB
-        // the writes must start failing, and none of them may block.
-        let written = (0..1000).filter(|_| sink.write_line(&line)).count();
-        assert!(written > 0 && written < 1000, "{written}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

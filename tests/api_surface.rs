@@ -16,8 +16,12 @@
 //!
 //! The walk does not stop at the first failure: it records every case (a
 //! dead process is replaced by a fresh one in the same phase), then fails
-//! with the whole list. With `TERAVM_WRITE_API_TABLE=1` it writes the
-//! table of answers to `docs/api-surface.md`.
+//! with the whole list. The table of answers must equal
+//! `docs/api-surface.md` (so every status of every case is pinned: a
+//! change fails the test until the doc is regenerated and reviewed); with
+//! `TERAVM_WRITE_API_TABLE=1` it writes that table to the doc first.
+//! Malformed requests must answer a 4xx, the actions that end the VM a
+//! 2xx and a clean exit.
 
 mod common;
 
@@ -58,12 +62,18 @@ impl Phase {
     }
 }
 
-/// What a case may answer besides a 2xx or a 4xx with a `fault_message`.
+/// The class of answer a case expects, on top of the rule (a 2xx, or a
+/// 4xx with a `fault_message`). Every exact answer is pinned besides by the
+/// table, which must equal `docs/api-surface.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Expect {
-    /// The normal rule.
+    /// Either class; which one is pinned by the table.
     Normal,
-    /// A 2xx, after which the process exits 0 (the VM was told to stop).
+    /// A 4xx: the request is malformed (bad JSON, an unknown field, a
+    /// wrong type, out of range, no body, a wrong method).
+    Refused,
+    /// A 2xx, after which the process exits 0 (the VM was told to stop); a
+    /// 4xx fails the case.
     Ends,
 }
 
@@ -200,8 +210,20 @@ impl Walk {
                 self.fail(why);
             }
         }
+        let status = reply.as_ref().map(|(s, _)| *s);
+        match (r.expect, status) {
+            (Expect::Refused, Some(s)) if !(400..500).contains(&s) => {
+                self.fail(format!("a malformed request answered {s}, not a 4xx"));
+            }
+            (Expect::Ends, Some(s)) if !(200..300).contains(&s) => {
+                self.fail(format!(
+                    "an action that ends the VM answered {s}, not a 2xx"
+                ));
+            }
+            _ => {}
+        }
         match r.expect {
-            Expect::Normal => {
+            Expect::Normal | Expect::Refused => {
                 if let Some((note, why)) = self.check_alive() {
                     cell = format!("{cell}; {note}");
                     self.fail(why);
@@ -563,20 +585,27 @@ fn body_cases(w: &mut Walk, method: &str, path: &str, valid: &str, out_of_range:
     let ep = format!("{method} {path}");
     let e = ep.as_str();
     w.case(req(e, "valid", method, path, Some(valid)));
-    w.case(req(e, "bad JSON", method, path, Some(BAD_JSON)));
-    w.case(req(
-        e,
-        "unknown field",
-        method,
-        path,
-        Some(&unknown_field(valid)),
-    ));
-    w.case(req(e, "wrong type", method, path, Some(&wrong_type(valid))));
+    let refused = |case: &str, body: &str| {
+        let mut r = req(e, case, method, path, Some(body));
+        r.expect = Expect::Refused;
+        r
+    };
+    w.case(refused("bad JSON", BAD_JSON));
+    w.case(refused("unknown field", &unknown_field(valid)));
+    w.case(refused("wrong type", &wrong_type(valid)));
+    // The extra cases: those named "out of range ...", "unknown ...",
+    // "missing ..." or "bad ..." are malformed; the others are variants
+    // whose answer the table pins.
     for (case, body) in out_of_range {
-        w.case(req(e, case, method, path, Some(body)));
+        let malformed = ["out of range", "unknown ", "missing ", "bad "];
+        if malformed.iter().any(|m| case.starts_with(m)) {
+            w.case(refused(case, body));
+        } else {
+            w.case(req(e, case, method, path, Some(body)));
+        }
     }
-    w.case(req(e, "empty body", method, path, Some("")));
-    w.case(req(e, "not an object ([])", method, path, Some("[]")));
+    w.case(refused("empty body", ""));
+    w.case(refused("not an object ([])", "[]"));
 }
 
 /// A GET resource: valid, with a body, and a wrong method.
@@ -585,7 +614,9 @@ fn get_cases(w: &mut Walk, path: &str, wrong: &str) {
     w.case(req(&ep, "valid", "GET", path, None));
     w.case(req(&ep, "with a body", "GET", path, Some("{}")));
     let ep = format!("{wrong} {path}");
-    w.case(req(&ep, "wrong method", wrong, path, Some("{}")));
+    let mut r = req(&ep, "wrong method", wrong, path, Some("{}"));
+    r.expect = Expect::Refused;
+    w.case(r);
 }
 
 /// A resource: method, path, a valid body, out-of-range bodies.
@@ -1186,10 +1217,35 @@ fn every_endpoint_and_method_before_and_after_start() {
     r.expect = Expect::Ends;
     w.case(r);
 
+    // The table is the doc: every answer of every case is pinned there.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/api-surface.md");
+    let table = table(&w);
     if std::env::var_os("TERAVM_WRITE_API_TABLE").is_some_and(|v| v == "1") {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/api-surface.md");
-        std::fs::write(&path, table(&w)).unwrap();
+        std::fs::write(&path, &table).unwrap();
         eprintln!("wrote {}", path.display());
+    }
+    let doc = std::fs::read_to_string(&path).unwrap_or_default();
+    if doc != table {
+        let differ: Vec<String> = table
+            .lines()
+            .zip(
+                doc.lines()
+                    .chain(std::iter::repeat("<end of docs/api-surface.md>")),
+            )
+            .filter(|(t, d)| t != d)
+            .take(10)
+            .map(|(t, d)| format!("  walked: {t}\n  doc:    {d}"))
+            .collect();
+        w.failures.push(format!(
+            "the answers differ from docs/api-surface.md (regenerate it: \
+             TERAVM_WRITE_API_TABLE=1 cargo test --release --test api_surface, \
+             and review the diff); first lines that differ:\n{}",
+            if differ.is_empty() {
+                "  (the doc has more lines)".to_string()
+            } else {
+                differ.join("\n")
+            }
+        ));
     }
     let _ = std::fs::set_permissions(
         dir.join("unreadable"),
@@ -1287,7 +1343,11 @@ connection; afterwards the process is alive (`try_wait`) and answers
 `GET /`. For the host-path cases, a `GET /` on a second connection sent
 while the request is outstanding must answer within 3 s. The actions that
 end the VM (`SendCtrlAltDel` once started, `Shutdown` sync and async) run
-last, each ending its own process, and must exit 0. Where a process dies,
+last, each ending its own process, and must answer a 2xx and exit 0.
+Malformed requests (bad JSON, an unknown field, a wrong type, out of
+range, an empty body, not an object, a wrong method) must answer a 4xx.
+The test fails when its table differs from this page: every answer below
+is the expected one. Where a process dies,
 the cell says so and the walk goes on with a fresh one in the same phase.
 
 A cell is the status code and the start of the `fault_message`; `$DIR` is

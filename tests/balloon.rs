@@ -38,11 +38,23 @@ fn started(
     args: &str,
     extra: &[&str],
 ) -> (Vmm, std::path::PathBuf) {
+    started_env(name, machine, balloon, args, extra, &[])
+}
+
+/// `started` with environment variables (faults) for teravm.
+fn started_env(
+    name: &str,
+    machine: &str,
+    balloon: &str,
+    args: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Vmm, std::path::PathBuf) {
     let dir = temp_dir(name);
     let sock = dir.join("api.sock");
     let mut a = vec!["--api-sock", sock.to_str().unwrap()];
     a.extend_from_slice(extra);
-    let mut vmm = Vmm::spawn(&a);
+    let mut vmm = Vmm::spawn_env(&a, env);
     wait_for_api(&sock, T);
     put_ok(&sock, "/machine-config", machine);
     if extra.contains(&"--sysfs-root") {
@@ -165,33 +177,202 @@ fn reported_ranges_are_freed_in_both_nodes_slices_and_read_back_zero() {
     assert!(stderr.contains("4 workers, 2 nodes"), "{stderr}");
 }
 
+/// The balloon's `stats_updates_count` now, by a `FlushMetrics`.
+fn stats_updates(sock: &Path, metrics: &Path) -> u64 {
+    let (status, body) = action(sock, r#"{"action_type": "FlushMetrics"}"#);
+    assert_eq!(status, 204, "{body}");
+    let text = std::fs::read_to_string(metrics).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    last["balloon"]["stats_updates_count"].as_u64().unwrap()
+}
+
+/// The gaps between the next `n + 1` statistics updates the guest gives
+/// (polled every 20 ms).
+fn update_gaps(sock: &Path, metrics: &Path, n: usize) -> Vec<Duration> {
+    let deadline = Instant::now() + T;
+    let mut last = stats_updates(sock, metrics);
+    let mut at: Vec<Instant> = Vec::new();
+    while at.len() <= n {
+        assert!(Instant::now() < deadline, "updates so far at {at:?}");
+        std::thread::sleep(Duration::from_millis(20));
+        let now = stats_updates(sock, metrics);
+        if now > last {
+            at.push(Instant::now());
+            last = now;
+        }
+    }
+    at.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
 #[test]
 fn statistics_come_from_the_guest_at_the_polling_interval() {
     if !kvm_or_skip("balloon_stats") {
         return;
     }
     let _big = big_memory();
+    let dir = temp_dir("balloon-stats-metrics");
+    let metrics = dir.join("metrics");
     let (vmm, sock) = started(
         "balloon-stats",
         r#"{"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "None"}"#,
         r#"{"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1}"#,
         "touch=64 balloon then=idle",
-        &[],
+        &["--metrics-path", metrics.to_str().unwrap()],
     );
     let s = stats_until(&sock, "the guest's counters", |v| {
         v["total_memory"].as_u64().is_some() && v["free_memory"].as_u64().is_some()
     });
     assert_eq!(s["total_memory"], 256u64 << 20, "{s}");
     assert!(s["free_memory"].as_u64().unwrap() < 256 << 20, "{s}");
+    // Updates come every second, then every 2 s once PATCHed.
+    let near = |gaps: &[Duration], secs: f64| {
+        for g in gaps {
+            let g = g.as_secs_f64();
+            assert!(
+                g > secs - 0.3 && g < secs + 0.5,
+                "gaps {gaps:?}, not {secs} s"
+            );
+        }
+    };
+    near(&update_gaps(&sock, &metrics, 2), 1.0);
     let (status, body) = patch(
         &sock,
         "/balloon/statistics",
         r#"{"stats_polling_interval_s": 2}"#,
     );
     assert_eq!(status, 204, "{body}");
+    assert_eq!(get(&sock, "/balloon")["stats_polling_interval_s"], 2);
+    // The first update after the PATCH may come at either pace.
+    let _ = update_gaps(&sock, &metrics, 0);
+    near(&update_gaps(&sock, &metrics, 2), 2.0);
     vmm.signal(libc::SIGTERM);
     let (code, _, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "{stderr}");
+}
+
+/// Every discard of the balloon's pool waits 2 s before it frees.
+const SLOW_DISCARD: (&str, &str) = ("TERAVM_FAULT_INJECT", "slow-discard");
+
+/// The N of a firmware line "... took N ms".
+fn took_ms(line: &str) -> u64 {
+    let t = line
+        .split(" took ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{line}"));
+    t.trim_end_matches(" ms")
+        .parse()
+        .unwrap_or_else(|_| panic!("{line}"))
+}
+
+/// How long `f` took.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let t = Instant::now();
+    let v = f();
+    (v, t.elapsed())
+}
+
+/// Prompt: what a vCPU register access, an API request or a shutdown may
+/// take while a discard runs (the slow one takes 2 s).
+const PROMPT: Duration = Duration::from_millis(500);
+
+#[test]
+fn a_slow_discard_stalls_no_register_read_nor_the_api_and_deflated_pages_keep_their_contents() {
+    if !kvm_or_skip("balloon_slow_deflate") {
+        return;
+    }
+    let _big = big_memory();
+    let (mut vmm, sock) = started_env(
+        "balloon-slow-deflate",
+        r#"{"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "None"}"#,
+        r#"{"amount_mib": 0, "deflate_on_oom": false}"#,
+        "touch=64 balloon bcheck-deflate then=idle",
+        &[],
+        &[SLOW_DISCARD],
+    );
+    // Inflated, then deflated at once: the deflate waits for the discard.
+    let regs = vmm.wait_line("balloon register reads took", T);
+    let (_, api) = timed(|| get(&sock, "/"));
+    let (s, stats) = timed(|| get(&sock, "/balloon/statistics"));
+    assert!(
+        api < PROMPT && stats < PROMPT,
+        "GET / {api:?}, statistics {stats:?}"
+    );
+    assert!(
+        took_ms(&regs) < PROMPT.as_millis() as u64,
+        "2000 register reads while the deflate waits: {regs}"
+    );
+    let line = vmm.wait_line("balloon deflate took", T);
+    assert!(
+        took_ms(&line) >= 1000,
+        "the deflate waited for the discard: {line}"
+    );
+    let line = vmm.wait_line("balloon deflate pattern", T);
+    assert!(line.ends_with("balloon deflate pattern ok"), "{line}");
+    assert!(s["teravm"]["failures"].as_u64() == Some(0), "{s}");
+    vmm.signal(libc::SIGTERM);
+    let (code, _, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn a_driver_reset_completes_only_once_the_discards_end_and_the_pages_keep_their_contents() {
+    if !kvm_or_skip("balloon_slow_reset") {
+        return;
+    }
+    let _big = big_memory();
+    let (mut vmm, _sock) = started_env(
+        "balloon-slow-reset",
+        r#"{"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "None"}"#,
+        r#"{"amount_mib": 0, "deflate_on_oom": false}"#,
+        "touch=64 balloon bcheck-reset then=idle",
+        &[],
+        &[SLOW_DISCARD],
+    );
+    let line = vmm.wait_line("balloon reset took", T);
+    assert!(
+        took_ms(&line) >= 1000,
+        "Status read 0 before the discard ended: {line}"
+    );
+    // Set up again, the pages written: a late discard would zero them.
+    let line = vmm.wait_line("balloon reset pattern", T);
+    assert!(line.ends_with("balloon reset pattern ok"), "{line}");
+    vmm.signal(libc::SIGTERM);
+    let (code, _, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn sigterm_during_a_slow_discard_ends_promptly_with_the_memory_freed() {
+    if !kvm_or_skip("balloon_slow_sigterm") {
+        return;
+    }
+    let _big = big_memory();
+    let (mut vmm, _sock) = started_env(
+        "balloon-slow-sigterm",
+        r#"{"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "None"}"#,
+        r#"{"amount_mib": 0, "deflate_on_oom": false}"#,
+        "touch=64 balloon bcheck-deflate then=idle",
+        &[],
+        &[SLOW_DISCARD],
+    );
+    // The inflate's discard waits its 2 s, the deflate waits for it.
+    vmm.wait_line("balloon register reads took", T);
+    let t = Instant::now();
+    vmm.signal(libc::SIGTERM);
+    let (code, stdout, stderr) = vmm.wait(T);
+    let took = t.elapsed();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        !stdout.iter().any(|l| l.contains("deflate took")),
+        "the discard ended before the signal: {stdout:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "exit took {took:?}: {stderr}"
+    );
+    // Reclaim freed the guest: no view of it was left with the pool.
+    // The 64 MiB touched, less the MiB the balloon may have freed.
+    assert!(summary(&stderr).0 >= 63, "{stderr}");
 }
 
 #[test]

@@ -78,6 +78,41 @@ fn drive(id: &str, path: &Path, read_only: bool) -> (String, String) {
     )
 }
 
+/// Pages of `file` in the page cache that are dirty (`cachestat`, Linux
+/// 6.5+): written but not yet on the disk.
+fn dirty_pages(file: &std::fs::File) -> u64 {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let range = Range { off: 0, len: 0 };
+    let mut stat = CacheStat::default();
+    // SAFETY: cachestat reads `range` and writes `stat`, both ours and of
+    // the kernel's layout; the descriptor is open.
+    let r = unsafe {
+        libc::syscall(
+            451, // __NR_cachestat on x86-64
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut CacheStat,
+            0u32,
+        )
+    };
+    assert_eq!(r, 0, "cachestat: {}", std::io::Error::last_os_error());
+    stat.nr_dirty
+}
+
 #[test]
 fn a_drive_is_read_written_flushed_and_named() {
     if !kvm_or_skip("blk_rw") {
@@ -85,28 +120,79 @@ fn a_drive_is_read_written_flushed_and_named() {
     }
     let _big = big_memory();
     let dir = temp_dir("blk-rw");
-    let disk = dir.join("disk.img");
+    // The drive on a disk-backed filesystem (cargo's target dir), where an
+    // fdatasync cleans the page cache's dirty pages (on tmpfs none ever is).
+    let disk_dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("blk-rw-{}", std::process::id()));
+    std::fs::create_dir_all(&disk_dir).unwrap();
+    let disk = disk_dir.join("disk.img");
     let mut bytes = vec![0u8; 1 << 20];
     bytes[..16].copy_from_slice(b"teravm-disk-0123");
-    std::fs::write(&disk, &bytes).unwrap();
-    let (path, body) = drive("data1", &disk, false);
-    let (mut vmm, sock) = start_with(&dir, &[(&path, body)], "blk then=idle", None);
+    let file = std::fs::File::create(&disk).unwrap();
+    std::io::Write::write_all(&mut &file, &bytes).unwrap();
+    file.sync_all().unwrap();
+    assert_eq!(dirty_pages(&file), 0, "clean before the guest writes");
+    let metrics = dir.join("metrics");
+    let sock = dir.join("api.sock");
+    let mut vmm = Vmm::spawn(&[
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--metrics-path",
+        metrics.to_str().unwrap(),
+    ]);
+    wait_for_api(&sock, T);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
+    );
+    // Writeback: FLUSH is offered, and done with fdatasync.
+    put_ok(
+        &sock,
+        "/drives/data1",
+        &format!(
+            r#"{{"drive_id": "data1", "path_on_host": "{}", "is_root_device": false, "is_read_only": false, "cache_type": "Writeback"}}"#,
+            disk.display()
+        ),
+    );
+    put_ok(&sock, "/boot-source", r#"{"boot_args": "blk then=idle"}"#);
+    let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(status, 204, "{body}");
+    // FLUSH (feature bit 9) offered and accepted by the driver.
+    let found = vmm.wait_line("teravm firmware: blk device at", T);
+    let features = found
+        .split(" features 0x")
+        .nth(1)
+        .and_then(|f| u64::from_str_radix(f.split(' ').next()?, 16).ok())
+        .unwrap_or_else(|| panic!("{found}"));
+    assert_ne!(features & (1 << 9), 0, "FLUSH negotiated: {found}");
     let line = vmm.wait_line("teravm firmware: blk sector0", T);
     assert!(line.ends_with(&hex(b"teravm-disk-0123")), "{line}");
     assert!(vmm
         .wait_line("teravm firmware: blk write", T)
         .ends_with("write ok"));
+    // The firmware flushes after its write and before the read back.
     assert!(vmm
         .wait_line("teravm firmware: blk readback", T)
         .ends_with("readback match"));
     assert!(vmm
         .wait_line("teravm firmware: blk id", T)
         .ends_with("blk id data1"));
+    // The write reached the disk: fdatasync left no dirty page (without it,
+    // sector 1's page stays dirty until the kernel's writeback, 30 s on).
+    assert_eq!(dirty_pages(&file), 0, "sector 1 written back by the FLUSH");
+    // And the FLUSH was counted, once.
+    let (status, body) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
+    assert_eq!(status, 204, "{body}");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["block_data1"]["flush_count"], 1, "{last}");
     shutdown_ok(vmm, &sock);
     let after = std::fs::read(&disk).unwrap();
     assert_eq!(&after[512..1024], &[0xA5u8; 512][..], "sector 1 written");
     assert_eq!(&after[..512], &bytes[..512], "sector 0 untouched");
     assert_eq!(&after[1024..], &bytes[1024..], "nothing past sector 1");
+    std::fs::remove_dir_all(&disk_dir).unwrap();
 }
 
 #[test]
@@ -312,6 +398,13 @@ fn each_device_has_its_metrics_group() {
     if !kvm_or_skip("device_metrics") {
         return;
     }
+    let Some(ns) = Netns::new("metrics") else {
+        skip(
+            "device_metrics",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
     let _big = big_memory();
     let dir = temp_dir("device-metrics");
     let disk = dir.join("disk.img");
@@ -319,12 +412,19 @@ fn each_device_has_its_metrics_group() {
     let metrics = dir.join("metrics");
     let uds = dir.join("v.sock");
     let sock = dir.join("api.sock");
-    let mut vmm = Vmm::spawn(&[
+    let fd = packet_socket(&ns);
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        &ns.name,
+        teravm(),
         "--api-sock",
         sock.to_str().unwrap(),
         "--metrics-path",
         metrics.to_str().unwrap(),
     ]);
+    let mut vmm = Vmm::spawn_command(cmd);
     wait_for_api(&sock, T);
     put_ok(
         &sock,
@@ -335,26 +435,55 @@ fn each_device_has_its_metrics_group() {
     put_ok(&sock, &path, &body);
     put_ok(
         &sock,
+        "/network-interfaces/eth0",
+        r#"{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:ac:10:00:02"}"#,
+    );
+    put_ok(
+        &sock,
         "/vsock",
         &format!(r#"{{"guest_cid": 7, "uds_path": "{}"}}"#, uds.display()),
     );
-    put_ok(&sock, "/boot-source", r#"{"boot_args": "blk then=idle"}"#);
+    put_ok(
+        &sock,
+        "/boot-source",
+        r#"{"boot_args": "blk vsock=echo:5000 net=echo then=idle"}"#,
+    );
     let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(status, 204, "{body}");
+    // Drive each device: the drive once (the firmware's blk), one echoed
+    // vsock line, the net's hello frame seen on the tap.
     vmm.wait_line("teravm firmware: blk id", T);
+    vmm.wait_line("teravm firmware: vsock listening on 5000", T);
+    let (mut s, ok) = vsock_connect(&uds, 5000);
+    assert!(ok.starts_with("OK "), "{ok:?}");
+    s.write_all(b"ping\n").unwrap();
+    let mut echo = [0u8; 5];
+    s.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo, b"ping\n");
+    let hello = next_frame(&fd, T).expect("the guest's hello frame on the tap");
+    assert_eq!(&hello[6..12], &[6, 0, 0xac, 0x10, 0, 2]);
     let (status, body) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
     assert_eq!(status, 204, "{body}");
     let text = std::fs::read_to_string(&metrics).unwrap();
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let n = |group: &str, counter: &str| {
+        last[group][counter]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {group}.{counter}: {last}"))
+    };
+    assert!(n("block_d0", "read_count") >= 2, "{last}");
+    assert!(n("block_d0", "write_count") >= 1, "{last}");
+    assert!(n("net_eth0", "tx_packets_count") >= 1, "{last}");
+    assert!(n("net_eth0", "tx_bytes_count") >= 33, "{last}");
     assert!(
-        last["block_d0"]["read_count"].as_u64().unwrap() >= 2,
-        "{last}"
+        n("vsock", "rx_bytes_count") >= 5,
+        "the guest got ping: {last}"
     );
     assert!(
-        last["block_d0"]["write_count"].as_u64().unwrap() >= 1,
-        "{last}"
+        n("vsock", "tx_bytes_count") >= 5,
+        "and sent it back: {last}"
     );
-    assert!(last["vsock"].is_object(), "{last}");
+    drop(s);
     shutdown_ok(vmm, &sock);
 }
 
@@ -390,6 +519,34 @@ fn a_host_that_floods_and_never_reads_cannot_stop_the_shutdown() {
         );
     }
     assert!(sent > 0);
+    // The guest did forward: its echo of our bytes waits in our receive
+    // side (peeked, never read, so the host side stays full).
+    let mut peek = vec![0u8; 4096];
+    let deadline = Instant::now() + T;
+    let echoed = loop {
+        // SAFETY: recv into our own buffer of its length; MSG_PEEK leaves
+        // the bytes queued.
+        let n = unsafe {
+            libc::recv(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                peek.as_mut_ptr().cast(),
+                peek.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n > 0 {
+            break n as usize;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest never echoed any of the {sent} bytes"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        peek[..echoed].iter().all(|&b| b == 0x5a),
+        "the echo is our bytes"
+    );
     // The device still answers the VMM: the shutdown stops it, resets it
     // and reclaims, with the host side still full.
     shutdown_ok(vmm, &sock);

@@ -478,13 +478,13 @@ fn firectl_replay() {
         r#"{"boot_args":"touch=64 then=idle"}"#,
     );
     // firectl always attaches its root drive: the body is Firecracker's,
-    // and the VMM refuses it (there is no /img).
+    // and the VMM refuses it (there is no /img), naming the field and path.
     let (s, b) = put(
         &sock,
         "/drives/1",
         r#"{"drive_id":"1","is_read_only":false,"is_root_device":true,"path_on_host":"/img"}"#,
     );
-    assert_fault(s, &b, 400, "");
+    assert_fault(s, &b, 400, "drives.path_on_host: cannot use /img");
     let (s, b) = action(&sock, r#"{"action_type":"InstanceStart"}"#);
     assert_eq!(s, 204, "{b}");
     vmm.wait_line("teravm firmware: idle", T);
@@ -719,10 +719,13 @@ fn firecracker_python_api_and_launcher() {
     assert_eq!(seen["machine_config"]["mem_size_mib"], 256);
     assert_eq!(seen["machine_config"]["cpu_template"], "None");
     // The drive's file and the TAP device do not exist: the VMM refuses
-    // them, whatever its words.
+    // each, naming the field and what it could not use.
     for (key, needle) in [
-        ("drive_refused", ""),
-        ("network_refused", ""),
+        (
+            "drive_refused",
+            "drives.path_on_host: cannot use /rootfs.img",
+        ),
+        ("network_refused", "network-interfaces.host_dev_name"),
         ("pause_refused", "PATCH /vm"),
     ] {
         let msg = seen[key].as_str().unwrap();
@@ -785,6 +788,9 @@ fn firecracker_python_drive_tap_and_vsock() {
     };
     let _big = big_memory();
     let dir = temp_dir("fcpython-devices");
+    // The frames the guest sends on the tap, captured from its host side
+    // while the client runs (queued on this socket until read).
+    let capture = common::netns::packet_socket_on(&ns, tap);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/fc_python.py");
     // The package's user runs it where the tap is: in the namespace.
     let out = ns
@@ -823,6 +829,24 @@ fn firecracker_python_drive_tap_and_vsock() {
         "{fw:?}"
     );
     assert!(has("net sent hello from "), "{fw:?}");
+    // The frame itself, on the tap: a broadcast from the guest's MAC with
+    // the firmware's EtherType and payload.
+    let hello = common::netns::next_frame(&capture, T).expect("the guest's hello frame on the tap");
+    assert_eq!(&hello[..6], &[0xff; 6], "{hello:02x?}");
+    let mac = fw
+        .iter()
+        .find_map(|l| l.split("net sent hello from ").nth(1))
+        .unwrap();
+    let mac: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    assert_eq!(&hello[6..12], &mac[..], "{hello:02x?}");
+    assert_eq!(&hello[12..14], &[0x88, 0xb5], "{hello:02x?}");
+    assert!(
+        hello.windows(19).any(|w| w == b"teravm firmware net"),
+        "{hello:02x?}"
+    );
     assert!(seen["vsock"]["ok"].as_str().unwrap().starts_with("OK "));
     assert_eq!(seen["vsock"]["echoed"], "fc-python over vsock\n");
     assert_eq!(seen["rootfs_sector1"], "a5a5a5a5", "{seen}");

@@ -375,7 +375,23 @@ fn a_config_file_runs_the_firmware_on_guest_memfd_to_its_reset() {
         r#", "memory": {"backing": "guest_memfd", "populate": false}"#,
     );
     let file = config_file(&dir, &json);
-    let (code, stdout, stderr) = run(&["--config-file", file.to_str().unwrap(), "--no-api"], T);
+    let mut vmm = Vmm::spawn(&["--config-file", file.to_str().unwrap(), "--no-api"]);
+    // The backing is guest_memfd: the process holds `[kvm-gmem]` files while
+    // the firmware runs (touching 1 GiB of 4 KiB pages takes far longer than
+    // this takes to see; anonymous or memfd memory has none).
+    let pid = vmm.child.id();
+    let deadline = std::time::Instant::now() + T;
+    let mut fds = gmem_fds(pid);
+    while fds.is_empty() && std::time::Instant::now() < deadline {
+        assert!(
+            vmm.child.try_wait().unwrap().is_none(),
+            "teravm exited before its guest_memfds were seen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        fds = gmem_fds(pid);
+    }
+    assert!(!fds.is_empty(), "no [kvm-gmem] descriptor in teravm {pid}");
+    let (code, stdout, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "{stderr}");
     let touched = stdout
         .iter()

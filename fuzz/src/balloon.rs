@@ -1,7 +1,5 @@
 //! What the fuzz targets `virtio_mmio` and `balloon_queues` run (they are
-//! thin wrappers over these functions), kept in the library so that their
-//! committed seed corpora (`fuzz/corpus/<target>/`) replay in `cargo test`.
-//! Not part of teravm's API: no stability, no use outside fuzzing and tests.
+//! thin wrappers over these functions); their seeds replay in `seeds`.
 //!
 //! Guest memory is two small regions with a hole between them (standing in
 //! for the MMIO gap); the discard sink asserts that every range lies inside
@@ -60,12 +58,6 @@ impl DiscardSink for CheckingSink {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.push(ack);
         assert!(held.len() <= 64, "unbounded batches in flight");
-    }
-
-    fn reclaimed(&self, ranges: &[GuestRange]) {
-        let n = check_ranges(&self.ram, ranges);
-        self.checked
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -182,7 +174,9 @@ pub fn virtio_mmio(data: &[u8]) -> bool {
                 let q = u32::from_le_bytes([a[3], a[4], a[5], a[6]]) as usize;
                 let mut bl = b.lock().unwrap_or_else(|e| e.into_inner());
                 bl.process_queue(q);
+                bl.take_sink_work().send();
                 bl.process_wake();
+                bl.take_sink_work().send();
             }
         } else {
             let mut buf = [0x5au8; 9];
@@ -193,6 +187,7 @@ pub fn virtio_mmio(data: &[u8]) -> bool {
             sink.complete(op >> 5);
             let mut bl = b.lock().unwrap_or_else(|e| e.into_inner());
             bl.process_wake();
+            bl.take_sink_work().send();
             bl.process_stats_timer(Instant::now() + Duration::from_secs(3600));
         }
         assert_eq!(read_u32(&t, regs::MAGIC_VALUE), MMIO_MAGIC);
@@ -233,6 +228,7 @@ fn activate(b: &mut Balloon<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings
     let (rings, queues) = fresh_queues(mem, b.queue_max_sizes().len(), size);
     let _ = b.activate(mem.clone(), acked, queues, Arc::new(NoIrq));
     b.process_wake();
+    b.take_sink_work().send();
     rings
 }
 
@@ -285,6 +281,7 @@ pub fn balloon_queues(data: &[u8]) -> usize {
             2 => {
                 let Some(d) = take(1, &mut rest) else { break };
                 bl.process_queue(q_of(d[0]));
+                bl.take_sink_work().send();
             }
             3 => {
                 let Some(d) = take(10, &mut rest) else { break };
@@ -295,9 +292,13 @@ pub fn balloon_queues(data: &[u8]) -> usize {
                 let Some(d) = take(1, &mut rest) else { break };
                 sink.complete(d[0]);
                 bl.process_wake();
+                bl.take_sink_work().send();
             }
             5 => {
                 bl.reset();
+                // The driver polls Status until the reset completed: the
+                // discards in flight end first.
+                sink.complete(0);
                 rings = activate(&mut bl, &mem, acked, size);
             }
             6 => bl.process_stats_timer(Instant::now() + Duration::from_secs(3600)),
@@ -318,5 +319,6 @@ pub fn balloon_queues(data: &[u8]) -> usize {
     bl.reset();
     sink.complete(0);
     bl.process_wake();
+    bl.take_sink_work().send();
     sink.checked.load(std::sync::atomic::Ordering::Relaxed)
 }

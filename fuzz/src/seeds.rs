@@ -51,8 +51,10 @@ fn virtio_mmio_seeds_reach_their_step() {
 #[test]
 fn balloon_queues_seeds_reach_the_sink() {
     let got = replay("balloon_queues", crate::balloon::balloon_queues);
+    // inflate_deflate: the inflate's ranges (a deflate no longer calls the
+    // sink).
     for (name, ranges) in [
-        ("inflate_deflate", 2),
+        ("inflate_deflate", 1),
         ("report", 2),
         ("hostile_pfns", 1),
         ("hostile_reports", 1),

@@ -13,12 +13,6 @@
 //!   reports.
 
 pub mod action;
-// The HTTP client lives with the benchmark (src/bin/teravm-bench); the
-// server's unit tests use that same file.
-#[cfg(test)]
-#[allow(dead_code)]
-#[path = "../bin/teravm-bench/client.rs"]
-mod client;
 pub mod http;
 pub mod routing;
 pub mod server;

@@ -15,8 +15,8 @@ use vmm_sys_util::eventfd::EventFd;
 use super::test_support::*;
 use super::*;
 use crate::api::action::{ReclaimMode, VmmAction};
-use crate::api::client::{self, Connection};
 use crate::config::{MachineConfig, ReclaimConfig};
+use teravm_client::http::{self as client, Connection};
 
 #[test]
 fn statuses_for_vmm_answers() {

@@ -2,13 +2,19 @@
 //! window, 4 KiB each from [`MMIO_BASE`] in the 3–4 GiB gap, one GSI each
 //! from [`FIRST_GSI`], in the order they are added. A vCPU's MMIO exit
 //! reaches the device whose window holds the address ([`MmioBus::read`],
-//! [`MmioBus::write`]); an address no device claims reads `0xff` and is
-//! logged once. At shutdown [`MmioBus::detach_all`] takes every device off
+//! [`MmioBus::write`]); an address no device claims reads `0xff`. What a
+//! guest does wrong here is logged at most [`LOG_LINES_PER_SEC`] lines a
+//! second ([`LogLimiter`], the lines left out are counted in the next one):
+//! an unclaimed page once (up to [`UNKNOWN_PAGES_REMEMBERED`] distinct
+//! pages, then every access, rate-limited), a register access the
+//! transport refuses every time. Nothing a guest does grows memory here.
+//! At shutdown [`MmioBus::detach_all`] takes every device off
 //! the bus, so a vCPU thread that outlives its stop (and still holds the
 //! bus) no longer holds a device, nor the guest memory the device holds.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::virtio::{DeviceMemory, MmioTransport};
 
@@ -18,8 +24,74 @@ pub const MMIO_BASE: u64 = 0xC000_1000;
 pub const MMIO_SLOT_BYTES: u64 = 0x1000;
 /// The first device's interrupt line (Firecracker's `IRQ_BASE`).
 pub const FIRST_GSI: u32 = 5;
-/// Most devices on the bus (the window ends well below the 4 GiB line).
-pub const MAX_MMIO_DEVICES: usize = 64;
+/// The last device's interrupt line: the IOAPIC's last pin (Firecracker's
+/// `GSI_LEGACY_END`); a Linux guest never gets an interrupt past it.
+pub const LAST_GSI: u32 = 23;
+/// Most devices on the bus: one per GSI from [`FIRST_GSI`] to [`LAST_GSI`].
+pub const MAX_MMIO_DEVICES: usize = (LAST_GSI - FIRST_GSI + 1) as usize;
+
+/// Lines a second the bus logs about guest accesses (each kind apart).
+pub const LOG_LINES_PER_SEC: u32 = 10;
+/// Distinct unclaimed pages remembered, each logged once; past them an
+/// unclaimed access is logged every time, within the rate limit.
+pub const UNKNOWN_PAGES_REMEMBERED: usize = 64;
+
+/// At most `per_sec` lines a second; counts those it holds back.
+#[derive(Debug)]
+pub struct LogLimiter {
+    per_sec: u32,
+    state: Mutex<LimiterState>,
+}
+
+#[derive(Debug)]
+struct LimiterState {
+    window: Option<Instant>,
+    lines: u32,
+    held_back: u64,
+}
+
+impl LogLimiter {
+    /// A limiter of `per_sec` lines a second.
+    pub const fn new(per_sec: u32) -> LogLimiter {
+        LogLimiter {
+            per_sec,
+            state: Mutex::new(LimiterState {
+                window: None,
+                lines: 0,
+                held_back: 0,
+            }),
+        }
+    }
+
+    /// Whether a line may be logged now: `Some(n)` with the lines held back
+    /// since the last one that was, or None (counted).
+    pub fn allow(&self, now: Instant) -> Option<u64> {
+        let mut s = lock(&self.state);
+        if s.window
+            .is_none_or(|w| now.saturating_duration_since(w) >= Duration::from_secs(1))
+        {
+            s.window = Some(now);
+            s.lines = 0;
+        }
+        if s.lines >= self.per_sec {
+            s.held_back += 1;
+            return None;
+        }
+        s.lines += 1;
+        Some(std::mem::take(&mut s.held_back))
+    }
+}
+
+/// Register accesses the transports refused.
+static TRANSPORT_LOG: LogLimiter = LogLimiter::new(LOG_LINES_PER_SEC);
+
+fn held_back(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" ({n} similar lines left out)")
+    }
+}
 
 /// A device on the MMIO bus; `offset` is relative to its window.
 pub trait MmioDevice: Send {
@@ -32,14 +104,18 @@ pub trait MmioDevice: Send {
 impl<M: DeviceMemory> MmioDevice for MmioTransport<M> {
     fn mmio_read(&mut self, offset: u64, data: &mut [u8]) {
         if let Err(e) = self.read(offset, data) {
-            log::debug!("virtio-mmio read at {offset:#x}: {e}");
+            if let Some(n) = TRANSPORT_LOG.allow(Instant::now()) {
+                log::debug!("virtio-mmio read at {offset:#x}: {e}{}", held_back(n));
+            }
             data.fill(0);
         }
     }
 
     fn mmio_write(&mut self, offset: u64, data: &[u8]) {
         if let Err(e) = self.write(offset, data) {
-            log::debug!("virtio-mmio write at {offset:#x}: {e}");
+            if let Some(n) = TRANSPORT_LOG.allow(Instant::now()) {
+                log::debug!("virtio-mmio write at {offset:#x}: {e}{}", held_back(n));
+            }
         }
     }
 }
@@ -73,7 +149,10 @@ impl MmioSlot {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum MmioBusError {
     /// No slot is left.
-    #[error("no MMIO slot left for another device ({MAX_MMIO_DEVICES} at most)")]
+    #[error(
+        "no MMIO slot left for another device ({MAX_MMIO_DEVICES} at most: one per GSI from \
+         {FIRST_GSI} to {LAST_GSI})"
+    )]
     Full,
 }
 
@@ -81,10 +160,21 @@ pub enum MmioBusError {
 type Slot = Mutex<Option<Box<dyn MmioDevice>>>;
 
 /// The MMIO devices, shared by all vCPU threads.
-#[derive(Default)]
 pub struct MmioBus {
     devices: Vec<Slot>,
+    /// Unclaimed pages already logged (at most [`UNKNOWN_PAGES_REMEMBERED`]).
     unknown_seen: Mutex<HashSet<u64>>,
+    unknown_log: LogLimiter,
+}
+
+impl Default for MmioBus {
+    fn default() -> Self {
+        MmioBus {
+            devices: Vec::new(),
+            unknown_seen: Mutex::new(HashSet::new()),
+            unknown_log: LogLimiter::new(LOG_LINES_PER_SEC),
+        }
+    }
 }
 
 impl std::fmt::Debug for MmioBus {
@@ -128,9 +218,27 @@ impl MmioBus {
 
     fn unknown(&self, addr: u64, what: &str) {
         let page = addr & !(MMIO_SLOT_BYTES - 1);
-        if lock(&self.unknown_seen).insert(page) {
-            log::debug!("MMIO {what} at {addr:#x} with no device (logged once per page)");
+        let first = {
+            let mut seen = lock(&self.unknown_seen);
+            if seen.contains(&page) {
+                return;
+            }
+            // Past the bound every access is logged (rate-limited), none
+            // remembered.
+            seen.len() < UNKNOWN_PAGES_REMEMBERED && seen.insert(page)
+        };
+        if let Some(n) = self.unknown_log.allow(Instant::now()) {
+            let once = if first { " (logged once per page)" } else { "" };
+            log::debug!(
+                "MMIO {what} at {addr:#x} with no device{once}{}",
+                held_back(n)
+            );
         }
+    }
+
+    /// Unclaimed pages remembered (bounded by [`UNKNOWN_PAGES_REMEMBERED`]).
+    pub fn unknown_pages_remembered(&self) -> usize {
+        lock(&self.unknown_seen).len()
     }
 
     /// A guest read at `addr`; `0xff` where no device is.
@@ -223,6 +331,33 @@ mod tests {
         assert_eq!(data, [0xff; 4]);
         bus.write(slot.base + 0x50, &[2, 0, 0, 0]);
         assert_eq!(lock(&writes).len(), 1);
+    }
+
+    #[test]
+    fn unclaimed_pages_stay_bounded_whatever_the_guest_touches() {
+        let bus = MmioBus::default();
+        let mut data = [0u8; 4];
+        // A guest walking 100,000 distinct pages of the gap and beyond.
+        for i in 0..100_000u64 {
+            bus.read(0xD000_0000 + i * MMIO_SLOT_BYTES, &mut data);
+            assert_eq!(data, [0xff; 4]);
+        }
+        assert_eq!(bus.unknown_pages_remembered(), UNKNOWN_PAGES_REMEMBERED);
+    }
+
+    #[test]
+    fn the_log_limiter_allows_per_second_and_counts_the_rest() {
+        let l = LogLimiter::new(3);
+        let t = Instant::now();
+        assert_eq!(l.allow(t), Some(0));
+        assert_eq!(l.allow(t), Some(0));
+        assert_eq!(l.allow(t + Duration::from_millis(500)), Some(0));
+        for _ in 0..5 {
+            assert_eq!(l.allow(t + Duration::from_millis(900)), None);
+        }
+        // A new second: the first line says how many were left out.
+        assert_eq!(l.allow(t + Duration::from_secs(1)), Some(5));
+        assert_eq!(l.allow(t + Duration::from_secs(1)), Some(0));
     }
 
     #[test]

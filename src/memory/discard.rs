@@ -145,6 +145,12 @@ pub struct DiscardOptions {
     /// splitting at slice and stripe ends and aligning inward), adjacent
     /// ranges not merged nor cut into parts. A baseline to measure against.
     pub serial: bool,
+    /// Each part waits this long before it is freed (0: none): the
+    /// `slow-discard` fault ([`crate::faults::SLOW_DISCARD`]), a discard
+    /// that takes long. The wait ends early when the pool stops
+    /// ([`DiscardPool::cancel`], [`DiscardPool::shutdown`]); the part is
+    /// then not freed.
+    pub delay_before_free: Duration,
 }
 
 impl Default for DiscardOptions {
@@ -157,6 +163,7 @@ impl Default for DiscardOptions {
             min_page_bytes: 0,
             on_worker_start: None,
             serial: false,
+            delay_before_free: Duration::ZERO,
         }
     }
 }
@@ -170,6 +177,7 @@ impl std::fmt::Debug for DiscardOptions {
             .field("min_page_bytes", &self.min_page_bytes)
             .field("on_worker_start", &self.on_worker_start.is_some())
             .field("serial", &self.serial)
+            .field("delay_before_free", &self.delay_before_free)
             .finish()
     }
 }
@@ -550,13 +558,45 @@ struct Shared {
     started: Instant,
     inline_threshold_bytes: u64,
     queue_depth: usize,
+    delay_before_free: Duration,
+    /// Woken when the pool stops: a part waiting out `delay_before_free`
+    /// gives up.
+    halt: Mutex<()>,
+    halted: Condvar,
     /// Keeps the mappings (and the memfds) that `table` points into alive.
     _view: GuestView,
 }
 
 impl Shared {
-    /// Frees one part and ends it.
+    /// Waits `delay_before_free`; false if the pool stopped meanwhile.
+    fn delay(&self) -> bool {
+        let until = Instant::now() + self.delay_before_free;
+        let mut g = self.halt.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if self.stopping.load(Ordering::Acquire) {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return true;
+            }
+            g = self
+                .halted
+                .wait_timeout(g, until - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Frees one part and ends it. Once the pool stops, a part is ended
+    /// as not freed instead.
     fn free(&self, part: Part, on_worker: bool) {
+        let waited = self.delay_before_free.is_zero() || self.delay();
+        if !waited || self.stopping.load(Ordering::Acquire) {
+            self.counters.failures.fetch_add(1, Ordering::Relaxed);
+            part.finish(false);
+            return;
+        }
         let piece = part.piece;
         let entry = &self.table.entries[piece.entry];
         // SAFETY: `piece` was built by `Table::translate`, so it is whole
@@ -619,6 +659,10 @@ impl Shared {
     /// Stops the workers and ends every queued part as not freed.
     fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
+        {
+            let _g = self.halt.lock().unwrap_or_else(|e| e.into_inner());
+            self.halted.notify_all();
+        }
         for q in &self.queues {
             let left: Vec<Part> = q.lock().drain(..).collect();
             q.ready.notify_all();
@@ -727,6 +771,9 @@ impl DiscardPool {
             started: Instant::now(),
             inline_threshold_bytes: opts.inline_threshold_bytes,
             queue_depth: opts.queue_depth,
+            delay_before_free: opts.delay_before_free,
+            halt: Mutex::new(()),
+            halted: Condvar::new(),
             table,
             _view: view,
         });
@@ -938,6 +985,15 @@ impl DiscardPool {
                 bytes as f64 * 1e9 / busy_ns as f64
             },
         }
+    }
+
+    /// Stops the pool now, from any thread, without waiting: workers end
+    /// after the part they free (a part waiting out `delay_before_free`
+    /// gives up), what is queued ends as not freed, and later discards free
+    /// nothing. For a shutdown that must not wait behind a discard; call
+    /// [`DiscardPool::shutdown`] afterwards to join the workers.
+    pub fn cancel(&self) {
+        self.shared().stop();
     }
 
     /// Stops the workers, ends what is still queued as not freed (its

@@ -415,8 +415,12 @@ fn memfd_backing_punches_holes_split_at_stripes() {
         (blocks(0), blocks(1)),
         (4 * mib - mib / 4, 4 * mib - mib / 4)
     );
-    let (o, inline, _) = discard_and_wait(&pool, &[(GIB - 4 * mib, 8 * mib)]);
-    assert!(!inline || pool.snapshot().worker_parts == 0);
+    let (o, _, thread) = discard_and_wait(&pool, &[(GIB - 4 * mib, 8 * mib)]);
+    // The worker half: 8 MiB is above the threshold, so both stripes'
+    // parts went to the node's worker, which ended the batch.
+    assert!(thread.starts_with("discard-n"), "{thread}");
+    let s = pool.snapshot();
+    assert_eq!((s.inline_parts, s.worker_parts), (2, 2), "{s:?}");
     assert_eq!(o.bytes_freed, 8 * mib);
     assert_eq!((blocks(0), blocks(1)), (0, 0));
     assert_eq!(pool.snapshot().calls, 4, "one hole per stripe and batch");
@@ -612,4 +616,45 @@ fn the_pool_is_shared_between_threads() {
     fn check<T: Send + Sync>() {}
     check::<DiscardPool>();
     check::<DiscardOptions>();
+}
+
+#[test]
+fn a_slow_discard_frees_after_its_delay_and_a_cancel_ends_it_unfreed() {
+    let topo = real();
+    let m = memory(64, Backing::Anonymous, &topo);
+    touch(&m, 0, 8 << 20);
+    let delay = Duration::from_millis(300);
+    let opts = DiscardOptions {
+        delay_before_free: delay,
+        ..DiscardOptions::default()
+    };
+    let pool = start(&m, &topo, opts);
+    // Inline (64 KiB) and on a worker (4 MiB): each waits, then frees.
+    for (addr, len) in [(0, 64 * KIB), (4 << 20, 4 << 20)] {
+        let t = Instant::now();
+        let (o, _, _) = discard_and_wait(&pool, &[(addr, len)]);
+        assert!(t.elapsed() >= delay, "{:?}", t.elapsed());
+        assert_eq!((o.bytes_freed, o.failed), (len, 0));
+        assert!(reads_zero(&m, addr, len));
+    }
+    // A worker waiting out its delay: cancelled, it gives up at once and
+    // frees nothing, and the batch ends (failed).
+    touch(&m, 16 << 20, 4 << 20);
+    let (tx, rx) = mpsc::channel();
+    pool.discard(
+        &[(16 << 20, 4 << 20)],
+        Box::new(move |o| tx.send(o).unwrap()),
+    );
+    let t = Instant::now();
+    pool.cancel();
+    let o = rx.recv_timeout(PATIENCE).unwrap();
+    assert!(t.elapsed() < delay, "{:?}", t.elapsed());
+    assert_eq!((o.bytes_freed, o.failed), (0, 1));
+    assert_eq!(resident(&m, 16 << 20, 4 << 20), 4 << 20, "not freed");
+    // Later discards free nothing either; the shutdown is prompt.
+    let (o, _, _) = discard_and_wait(&pool, &[(16 << 20, 64 * KIB)]);
+    assert_eq!(o.bytes_freed, 0);
+    let t = Instant::now();
+    pool.shutdown(Instant::now() + PATIENCE).unwrap();
+    assert!(t.elapsed() < delay, "{:?}", t.elapsed());
 }

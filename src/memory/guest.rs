@@ -9,7 +9,8 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use super::admission::{self, AdmissionError};
+use super::admission;
+pub use super::error::GuestMemoryError;
 use super::gmem::{GuestMemfdSource, NumaBinding, PLACEMENT_SAMPLES};
 use super::layout::ram_regions;
 use super::mapping::SliceMapping;
@@ -34,106 +35,6 @@ const GIB: u64 = 1 << 30;
 /// connection took up to 1.2 s with 256 MiB chunks, 24–58 ms with 16 MiB,
 /// 12–28 ms with 4 MiB, at the same populate speed.
 const POPULATE_CHUNK_BYTES: u64 = 4 * MIB;
-
-/// Errors setting up guest memory.
-#[derive(Debug, thiserror::Error)]
-pub enum GuestMemoryError {
-    /// Guest RAM cannot be split over the selected nodes.
-    #[error("cannot place guest memory: {0}")]
-    Plan(#[from] PlanError),
-    /// No node of the topology has memory.
-    #[error("no host node has memory")]
-    NoNodes,
-    /// A selected node is not in the host topology.
-    #[error("host node {0} is not in the host topology")]
-    UnknownNode(u32),
-    /// A selected node does not exist on this host, so it cannot be bound.
-    #[error("host node {0} does not exist on this host, so memory cannot be bound to it (choose existing nodes or numa_policy \"none\")")]
-    HostLacksNode(u32),
-    /// `memfd_create` failed.
-    #[error("memfd_create for the slice of node {node} failed: {source}")]
-    Memfd {
-        /// The slice's node.
-        node: u32,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The memfd could not be sized.
-    #[error("cannot size the memfd of node {node} to {len} bytes: {source}")]
-    Truncate {
-        /// The slice's node.
-        node: u32,
-        /// The size.
-        len: u64,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// `mmap` failed.
-    #[error("mmap of {len} bytes for node {node} failed: {source}")]
-    Mmap {
-        /// The slice's node.
-        node: u32,
-        /// The size.
-        len: u64,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// hugetlb pages could not be reserved.
-    #[error("cannot map {len} bytes of {} MiB huge pages for node {node}: {source}; reserve huge pages on the host (/sys/kernel/mm/hugepages/hugepages-{}kB/nr_hugepages) or use huge_pages \"None\" or \"Transparent\"", page >> 20, page >> 10)]
-    HugePages {
-        /// The slice's node.
-        node: u32,
-        /// The size.
-        len: u64,
-        /// The huge page size.
-        page: u64,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// `madvise` (huge page advice) failed.
-    #[error("madvise({advice}) of the slice of node {node} failed: {source}")]
-    Madvise {
-        /// The slice's node.
-        node: u32,
-        /// Which advice.
-        advice: &'static str,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// `mbind` failed.
-    #[error("mbind of the slice of node {node} failed: {source}")]
-    Mbind {
-        /// The slice's node.
-        node: u32,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The vm-memory view could not be built.
-    #[error("cannot build the guest memory view: {0}")]
-    View(String),
-    /// The process may not get the memory the guest needs.
-    #[error(transparent)]
-    Admission(#[from] AdmissionError),
-    /// guest_memfd backing was asked of a memory built without a VM.
-    #[error("guest_memfd backing needs the KVM VM that creates its files")]
-    GuestMemfdNeedsVm,
-    /// guest_memfd has no hugetlb pages.
-    #[error("guest_memfd backing has no {} MiB huge pages in this kernel (it takes 4 KiB pages only); use huge_pages \"None\"", page >> 20)]
-    GuestMemfdPageSize {
-        /// The page size asked for.
-        page: u64,
-    },
-    /// `KVM_CREATE_GUEST_MEMFD` failed.
-    #[error("KVM_CREATE_GUEST_MEMFD of {len} bytes for node {node} failed: {source}")]
-    GuestMemfd {
-        /// The slice's node.
-        node: u32,
-        /// The file's size.
-        len: u64,
-        /// Why.
-        source: std::io::Error,
-    },
-}
 
 /// The guest's RAM.
 #[derive(Debug)]
@@ -448,7 +349,8 @@ impl GuestMemory {
         let mut opts = opts.clone();
         if let Some(page) = page_size.hugetlb_bytes() {
             // Huge pages are only freed whole.
-            opts.chunk_bytes = opts.chunk_bytes.max(1).div_ceil(page).saturating_mul(page);
+            let chunk = opts.chunk_bytes_for(&ranges);
+            opts.chunk_bytes = Some(chunk.max(1).div_ceil(page).saturating_mul(page));
         }
         // SAFETY: the ranges are the mappings we now own alone (no view is
         // left, and `mappings` is ours by value); discarding their contents

@@ -8,8 +8,8 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::OnceLock;
 
+use super::error::GuestMemoryError;
 use super::gmem::{self, GuestMemfdSource, NumaBinding, Placement};
-use super::guest::GuestMemoryError;
 use super::options::{Backing, NumaPolicy, PageSize};
 use super::plan::NodeSlice;
 use super::reclaim::{FreeMethod, HostRange};

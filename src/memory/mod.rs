@@ -2,8 +2,8 @@
 //! ([`numa`]), the partition of guest RAM into per-node slices and chunks
 //! ([`plan`]), its own option types ([`options`]), admission against what
 //! the process may get ([`admission`]), the owned mappings ([`mapping`]) and
-//! their owner ([`guest`]) with its vm-memory view ([`view`]) and memslots
-//! ([`slots`]), the parallel per-node [`populate`] and [`reclaim`]
+//! their owner ([`guest`], its error in [`error`]) with its vm-memory view
+//! ([`view`]) and memslots ([`slots`]), the parallel per-node [`populate`] and [`reclaim`]
 //! executors, and the [`discard`] pool that frees what a running guest
 //! gives back. It knows no file format: the config file's types are
 //! converted into [`MemoryOptions`] and [`ReclaimOptions`] by `config`, and
@@ -20,6 +20,7 @@
 
 pub mod admission;
 pub mod discard;
+pub mod error;
 pub mod gmem;
 pub mod guest;
 pub mod layout;

@@ -231,6 +231,35 @@ pub fn plan_chunks(ranges: &[(u32, u64)], chunk_bytes: u64) -> ReclaimPlan {
     ReclaimPlan { queues }
 }
 
+/// Chunks each worker of a node gets, at least, when the chunk is sized by
+/// default: more than one, so that a worker that ends early still finds
+/// work to steal while the others finish theirs.
+pub const CHUNKS_PER_WORKER: u64 = 4;
+/// The largest default chunk: 1 GiB (the measured default on large guests,
+/// see the config's `reclaim` section; it keeps a terabyte guest's queues
+/// short).
+pub const MAX_DEFAULT_CHUNK_BYTES: u64 = 1 << 30;
+/// The smallest default chunk, and its granule: 2 MiB, one transparent huge
+/// page, so that a default chunk never splits one.
+pub const MIN_DEFAULT_CHUNK_BYTES: u64 = 2 << 20;
+
+/// The chunk size when none is given, for a node holding `node_bytes` freed
+/// by `workers_per_node` workers: the node's bytes cut into
+/// [`CHUNKS_PER_WORKER`] chunks per worker, rounded up to 2 MiB, between
+/// 2 MiB and 1 GiB. So every worker has chunks to take at every size (a
+/// fixed 1 GiB chunk gave a 1 GiB guest one chunk, and all its workers but
+/// one nothing), and from `workers * 4` GiB per node up the chunk is the
+/// measured 1 GiB. Pass the largest node's bytes: one chunk size serves a
+/// whole plan.
+pub fn default_chunk_bytes(node_bytes: u64, workers_per_node: u32) -> u64 {
+    let parts = u64::from(workers_per_node.max(1)).saturating_mul(CHUNKS_PER_WORKER);
+    node_bytes
+        .div_ceil(parts)
+        .div_ceil(MIN_DEFAULT_CHUNK_BYTES)
+        .saturating_mul(MIN_DEFAULT_CHUNK_BYTES)
+        .clamp(MIN_DEFAULT_CHUNK_BYTES, MAX_DEFAULT_CHUNK_BYTES)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::layout::{ram_regions, MMIO_GAP_END, MMIO_GAP_START};
@@ -523,5 +552,45 @@ mod tests {
                 len: 5 * MIB
             }]
         );
+    }
+
+    #[test]
+    fn the_default_chunk_gives_every_worker_chunks_at_every_size() {
+        // Written out: a 1 GiB node freed by 1, 2, 4 workers.
+        assert_eq!(default_chunk_bytes(GIB, 1), 256 * MIB);
+        assert_eq!(default_chunk_bytes(GIB, 2), 128 * MIB);
+        assert_eq!(default_chunk_bytes(GIB, 4), 64 * MIB);
+        // From 8 GiB with 2 workers up, the measured 1 GiB, and no more.
+        assert_eq!(default_chunk_bytes(8 * GIB, 2), GIB);
+        assert_eq!(default_chunk_bytes(64 << 40, 2), GIB);
+        // Tiny nodes: 2 MiB, never 0; rounded up to 2 MiB.
+        assert_eq!(default_chunk_bytes(0, 4), 2 * MIB);
+        assert_eq!(default_chunk_bytes(MIB, 4), 2 * MIB);
+        assert_eq!(default_chunk_bytes(3 * GIB, 8), 96 * MIB);
+        assert_eq!(default_chunk_bytes(100 * MIB, 1), 26 * MIB);
+        // No workers is taken as one, and huge counts do not overflow.
+        assert_eq!(default_chunk_bytes(GIB, 0), 256 * MIB);
+        assert_eq!(default_chunk_bytes(u64::MAX, u32::MAX), GIB);
+
+        let mut rng = Rng(7);
+        for _ in 0..5000 {
+            let node_bytes = rng.below(1 << 20) * MIB / (1 + rng.below(64));
+            let workers = 1 + rng.below(64) as u32;
+            let chunk = default_chunk_bytes(node_bytes, workers);
+            assert_eq!(chunk % (2 * MIB), 0, "{node_bytes} {workers}");
+            assert!((2 * MIB..=GIB).contains(&chunk), "{node_bytes} {workers}");
+            let chunks = plan_chunks(&[(0, node_bytes)], chunk).chunk_count();
+            if node_bytes >= u64::from(workers) * CHUNKS_PER_WORKER * 2 * MIB && chunk < GIB {
+                // Each worker has chunks to spare (rounding up to 2 MiB
+                // can halve the count, no more).
+                assert!(
+                    chunks >= u64::from(workers) * CHUNKS_PER_WORKER / 2,
+                    "{node_bytes} {workers}: {chunks} chunks of {chunk}"
+                );
+            }
+            if node_bytes >= u64::from(workers) * 2 * MIB {
+                assert!(chunks >= u64::from(workers), "{node_bytes} {workers}");
+            }
+        }
     }
 }

@@ -101,15 +101,18 @@ impl ReclaimReport {
         }
     }
 
-    /// `teravm: reclaimed <MiB> MiB in <ms> ms (<GiB/s> GiB/s, <w> workers, <n> nodes)`.
+    /// `teravm: reclaimed <MiB> MiB in <ms> ms (<GiB/s> GiB/s, <w> workers, <n> nodes)`
+    /// ("1 worker", "1 node" in the singular).
     pub fn summary_line(&self) -> String {
         format!(
-            "teravm: reclaimed {} MiB in {} ms ({:.1} GiB/s, {} workers, {} nodes)",
+            "teravm: reclaimed {} MiB in {} ms ({:.1} GiB/s, {} worker{}, {} node{})",
             self.resident_bytes_freed >> 20,
             self.elapsed_ms,
             self.gib_per_s(),
             self.workers,
-            self.nodes.len()
+            if self.workers == 1 { "" } else { "s" },
+            self.nodes.len(),
+            if self.nodes.len() == 1 { "" } else { "s" },
         )
     }
 }

@@ -15,7 +15,7 @@ use std::os::fd::RawFd;
 use std::panic::AssertUnwindSafe;
 
 use super::numa::HostTopology;
-use super::plan::{plan_chunks, Chunk};
+use super::plan::{default_chunk_bytes, plan_chunks, Chunk};
 use super::progress::{ReclaimProgress, ReclaimReport};
 use super::sys;
 use super::workers::{run_pinned, ChunkQueues};
@@ -193,8 +193,10 @@ pub struct HostRange {
 pub struct ReclaimOptions {
     /// Worker threads per node.
     pub workers_per_node: u32,
-    /// The unit of work (rounded up to whole pages).
-    pub chunk_bytes: u64,
+    /// The unit of work (rounded up to whole pages); `None`: sized from the
+    /// largest node's bytes and the workers ([`default_chunk_bytes`]), so
+    /// that every worker has chunks to take whatever the guest's size.
+    pub chunk_bytes: Option<u64>,
     /// Below this many bytes in all, the caller's thread frees everything.
     pub parallel_threshold_bytes: u64,
     /// Workers whose queue is empty take chunks from the fullest other queue.
@@ -202,6 +204,22 @@ pub struct ReclaimOptions {
 }
 
 impl ReclaimOptions {
+    /// The chunk a reclaim of `ranges` takes: the one given, or the default
+    /// for the node with the most bytes among `ranges`.
+    pub fn chunk_bytes_for(&self, ranges: &[HostRange]) -> u64 {
+        self.chunk_bytes.unwrap_or_else(|| {
+            let mut per_node: Vec<(u32, u64)> = Vec::new();
+            for r in ranges {
+                match per_node.iter_mut().find(|(n, _)| *n == r.node) {
+                    Some((_, b)) => *b = b.saturating_add(r.len),
+                    None => per_node.push((r.node, r.len)),
+                }
+            }
+            let largest = per_node.iter().map(|&(_, b)| b).max().unwrap_or(0);
+            default_chunk_bytes(largest, self.workers_per_node)
+        })
+    }
+
     /// How many workers a reclaim of `total_bytes` over `nodes` nodes runs:
     /// `(in all, per node)`. Below the threshold the caller's thread does it
     /// all, which counts as one worker per node's report.
@@ -219,13 +237,14 @@ impl ReclaimOptions {
 }
 
 impl Default for ReclaimOptions {
-    /// 2 workers per node, 1 GiB chunks, parallel from 1 GiB, stealing: the
-    /// measured defaults (the config file's `reclaim` section documents how
-    /// they were measured).
+    /// 2 workers per node, chunks sized from the guest (1 GiB from 8 GiB
+    /// per node up), parallel from 1 GiB, stealing: the measured defaults
+    /// (the config file's `reclaim` section documents how they were
+    /// measured).
     fn default() -> Self {
         ReclaimOptions {
             workers_per_node: 2,
-            chunk_bytes: 1 << 30,
+            chunk_bytes: None,
             parallel_threshold_bytes: 1 << 30,
             steal: true,
         }
@@ -291,11 +310,14 @@ pub(crate) unsafe fn execute_with(
     if opts.workers_per_node == 0 {
         return Err(ReclaimError::InvalidOptions("workers_per_node is 0".into()));
     }
-    if opts.chunk_bytes == 0 {
+    if opts.chunk_bytes == Some(0) {
         return Err(ReclaimError::InvalidOptions("chunk_bytes is 0".into()));
     }
     let page = sys::page_size() as u64;
-    let chunk_bytes = opts.chunk_bytes.div_ceil(page).saturating_mul(page);
+    let chunk_bytes = opts
+        .chunk_bytes_for(ranges)
+        .div_ceil(page)
+        .saturating_mul(page);
     let plan = plan_chunks(
         &ranges.iter().map(|r| (r.node, r.len)).collect::<Vec<_>>(),
         chunk_bytes,

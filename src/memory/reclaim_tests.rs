@@ -144,7 +144,7 @@ fn fake_four_nodes() -> HostTopology {
 fn opts(workers_per_node: u32, chunk: usize, steal: bool) -> ReclaimOptions {
     ReclaimOptions {
         workers_per_node,
-        chunk_bytes: chunk as u64,
+        chunk_bytes: Some(chunk as u64),
         parallel_threshold_bytes: 0,
         steal,
     }
@@ -250,7 +250,7 @@ fn run(
         before_free: Some(before),
         after_free: Some(&after),
     };
-    let chunk = o.chunk_bytes;
+    let chunk = o.chunk_bytes_for(&ranges);
     let chunks = plan_chunks(
         &ranges.iter().map(|r| (r.node, r.len)).collect::<Vec<_>>(),
         chunk,

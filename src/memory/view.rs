@@ -11,7 +11,7 @@ use vm_memory::bitmap::{Bitmap, BitmapSlice, WithBitmapSlice};
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
-use super::guest::GuestMemoryError;
+use super::error::GuestMemoryError;
 use super::mapping::SliceMapping;
 
 /// The slices' mappings, shared by the `GuestMemory` and its views. When

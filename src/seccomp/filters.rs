@@ -386,17 +386,17 @@ const FILES: &[Allow] = &[
         libc::SYS_openat,
         2,
         &[
-            (crate::files::flags::READ_IMAGE as u64, "O_RDONLY|O_NONBLOCK|O_CLOEXEC"),
+            (super::open_flags::READ_IMAGE as u64, "O_RDONLY|O_NONBLOCK|O_CLOEXEC"),
             (
-                crate::files::flags::OUTPUT_WRITE as u64,
+                super::open_flags::OUTPUT_WRITE as u64,
                 "O_WRONLY|O_APPEND|O_CREAT|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC",
             ),
             (
-                crate::files::flags::OUTPUT_FIFO as u64,
+                super::open_flags::OUTPUT_FIFO as u64,
                 "O_RDWR|O_APPEND|O_CREAT|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC",
             ),
             (
-                crate::files::flags::DRIVE_RW as u64,
+                super::open_flags::DRIVE_RW as u64,
                 "O_RDWR|O_NONBLOCK|O_CLOEXEC",
             ),
         ],

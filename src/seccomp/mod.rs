@@ -25,8 +25,10 @@
 
 mod doc;
 mod filters;
+pub mod open_flags;
 mod sigsys;
 mod syscall_names;
+mod tree;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -192,16 +194,35 @@ pub enum SeccompError {
 
 /// The policy for [`install_thread`], set once by [`prepare`].
 static PROCESS_POLICY: OnceLock<Policy> = OnceLock::new();
-/// The compiled filters, built once.
-static PROGRAMS: OnceLock<Result<BTreeMap<Role, BpfProgram>, String>> = OnceLock::new();
+/// Each role's compiled filter, built the first time a thread of that role
+/// installs it (or [`program`] is asked for it), then shared.
+static PROGRAMS: [OnceLock<Result<BpfProgram, String>>; Role::ALL.len()] =
+    [const { OnceLock::new() }; Role::ALL.len()];
 
 thread_local! {
     /// Whether this thread installed its own filter.
     static FILTERED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Builds the BPF program of `role`.
+/// Builds the BPF program of `role`: its rules ([`rules_of`]) with the call
+/// number found by binary search ([`tree`]).
 fn build(role: Role) -> Result<BpfProgram, SeccompError> {
+    let err = |source| SeccompError::Build {
+        role: role.name(),
+        source,
+    };
+    let arch = std::env::consts::ARCH.try_into().map_err(err)?;
+    tree::build(
+        rules_of(role)?,
+        SeccompAction::Trap,
+        SeccompAction::Allow,
+        arch,
+    )
+    .map_err(err)
+}
+
+/// `role`'s calls and their argument rules, as seccompiler takes them.
+fn rules_of(role: Role) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     let err = |source| SeccompError::Build {
         role: role.name(),
         source,
@@ -244,15 +265,7 @@ fn build(role: Role) -> Result<BpfProgram, SeccompError> {
     for chain in rules.values_mut() {
         chain.dedup();
     }
-    let arch = std::env::consts::ARCH
-        .try_into()
-        .map_err(|e| SeccompError::Build {
-            role: role.name(),
-            source: e,
-        })?;
-    let filter =
-        SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, arch).map_err(err)?;
-    filter.try_into().map_err(err)
+    Ok(rules)
 }
 
 /// The filter every spawning role stacks under its own: `clone3` fails
@@ -285,20 +298,26 @@ fn no_clone3() -> Result<&'static BpfProgram, SeccompError> {
         .map_err(|e| SeccompError::Filters(e.clone()))
 }
 
-/// Every role's program, built once.
-fn programs() -> Result<&'static BTreeMap<Role, BpfProgram>, SeccompError> {
-    let built = PROGRAMS.get_or_init(|| {
-        Role::ALL
-            .iter()
-            .map(|&role| build(role).map(|p| (role, p)))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())
-    });
-    built.as_ref().map_err(|e| SeccompError::Filters(e.clone()))
+/// `role`'s program, built once, by the first thread that needs it.
+/// Built on demand, not all at [`prepare`]: compiling the 15 lists took
+/// 0.33 ms of the main thread before anything else could start (measured
+/// on the 1 vCPU 256 MiB firmware start, docs in /work/notes/perf.md),
+/// while a firmware start uses 7 roles, each compiled on its own thread.
+/// `every_role_builds` (tests.rs) builds them all, so a list that does not
+/// compile fails the tests, not a user's start.
+fn program(role: Role) -> Result<&'static BpfProgram, SeccompError> {
+    let index = Role::ALL
+        .iter()
+        .position(|&r| r == role)
+        .ok_or_else(|| SeccompError::Filters(format!("no filter for role {}", role.name())))?;
+    PROGRAMS[index]
+        .get_or_init(|| build(role).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| SeccompError::Filters(e.clone()))
 }
 
 /// Sets the process's policy for [`install_thread`]; with
-/// [`Policy::Enforce`] also builds every filter, installs the SIGSYS
+/// [`Policy::Enforce`] also builds the `clone3` filter, installs the SIGSYS
 /// handler, and makes a panic print its message without a backtrace
 /// (resolving one reads files that no filter allows).
 /// Call it once at startup, before any thread is spawned.
@@ -310,7 +329,6 @@ pub fn prepare(policy: Policy) -> Result<(), SeccompError> {
     if policy == Policy::Off {
         return Ok(());
     }
-    programs()?;
     no_clone3()?;
     fix_malloc_arenas();
     // SAFETY: tzset reads the TZ variable and /etc/localtime into libc's
@@ -357,8 +375,28 @@ fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let thread = std::thread::current();
         let name = thread.name().unwrap_or("<unnamed>");
-        eprintln!("\nthread '{name}' panicked at {info}\n(no backtrace under seccomp; run with --no-seccomp for one)");
+        eprintln!("\n{}", panic_lines(name, info.location(), info.payload()));
     }));
+}
+
+/// What the hook prints: the default hook's first lines (`thread 'NAME'
+/// panicked at FILE:LINE:COL:` and the message), and why there is no
+/// backtrace. Not `PanicHookInfo`'s own `Display`, which begins with
+/// "panicked at" itself.
+fn panic_lines(
+    thread: &str,
+    location: Option<&std::panic::Location<'_>>,
+    payload: &(dyn std::any::Any + Send),
+) -> String {
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("Box<dyn Any>");
+    let at = location.map_or_else(|| "<unknown>".to_string(), ToString::to_string);
+    format!(
+        "thread '{thread}' panicked at {at}:\n{message}\n(no backtrace under seccomp; run with --no-seccomp for one)"
+    )
 }
 
 /// The policy [`prepare`] set ([`Policy::Off`] if it was never called).
@@ -372,9 +410,7 @@ pub fn install(role: Role, policy: Policy) -> Result<(), SeccompError> {
     if policy == Policy::Off {
         return Ok(());
     }
-    let program = programs()?
-        .get(&role)
-        .ok_or_else(|| SeccompError::Filters(format!("no filter for role {}", role.name())))?;
+    let own = program(role)?;
     sigsys::install_handler()?;
     sigsys::remember_thread_name();
     let apply = |program| {
@@ -386,8 +422,13 @@ pub fn install(role: Role, policy: Policy) -> Result<(), SeccompError> {
     if role.spawns() {
         apply(no_clone3()?)?;
     }
-    apply(program)?;
+    apply(own)?;
     FILTERED.with(|f| f.set(true));
+    // The `api` thread starts an `api-conn` thread per client: its program
+    // is built now, off the path of the first request (and its reply).
+    if role == Role::Api {
+        program(Role::ApiConnection)?;
+    }
     Ok(())
 }
 

@@ -24,8 +24,10 @@ fn kvm_request_numbers_are_the_kernels() {
 #[test]
 fn every_role_builds() {
     for role in Role::ALL {
-        let program = build(role).unwrap();
-        assert!(!program.is_empty(), "{role:?}");
+        let built = build(role).unwrap();
+        assert!(!built.is_empty(), "{role:?}");
+        // The cached program (what `install` applies) is the same one.
+        assert_eq!(program(role).unwrap(), &built, "{role:?}");
     }
 }
 
@@ -142,7 +144,9 @@ fn spawners_start_threads_but_never_processes() {
     // A fork (clone without CLONE_THREAD) is trapped: checked in a child
     // process, which the SIGSYS ends.
     // Built here: the child of a multithreaded process must not allocate.
-    programs().unwrap();
+    for role in Role::ALL {
+        program(role).unwrap();
+    }
     no_clone3().unwrap();
     sigsys::install_handler().unwrap();
     // SAFETY: fork in a test; the child only installs a filter and forks.
@@ -302,5 +306,147 @@ fn guest_memfd_calls_are_the_start_jobs_and_the_reclaims_only() {
     for role in [Role::Vcpu, Role::Api, Role::ApiConnection, Role::Vmm] {
         assert!(!role.syscalls().contains(&libc::SYS_move_pages), "{role:?}");
         assert!(!role.syscalls().contains(&libc::SYS_fallocate), "{role:?}");
+    }
+}
+
+/// A classic-BPF interpreter for the instructions seccompiler and
+/// [`tree`] emit, over a `struct seccomp_data` (little endian).
+fn run_bpf(program: &[seccompiler::sock_filter], data: &[u8; 64]) -> u32 {
+    let mut a: u32 = 0;
+    let mut pc = 0;
+    loop {
+        let insn = &program[pc];
+        pc += 1;
+        let (jt, jf) = (usize::from(insn.jt), usize::from(insn.jf));
+        let k = insn.k;
+        match insn.code {
+            // ld [k]
+            0x20 => {
+                let at = k as usize;
+                a = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+            }
+            // and #k
+            0x54 => a &= k,
+            // ja
+            0x05 => pc += k as usize,
+            // jeq, jgt, jge, jset #k
+            0x15 => pc += if a == k { jt } else { jf },
+            0x25 => pc += if a > k { jt } else { jf },
+            0x35 => pc += if a >= k { jt } else { jf },
+            0x45 => pc += if a & k != 0 { jt } else { jf },
+            // ret #k
+            0x06 => return k,
+            code => panic!("instruction {code:#x} at {} not interpreted", pc - 1),
+        }
+    }
+}
+
+/// `struct seccomp_data` for call `nr` of `arch` with `args`.
+fn seccomp_data(nr: u32, arch: u32, args: [u64; 6]) -> [u8; 64] {
+    let mut d = [0u8; 64];
+    d[0..4].copy_from_slice(&nr.to_le_bytes());
+    d[4..8].copy_from_slice(&arch.to_le_bytes());
+    for (i, v) in args.iter().enumerate() {
+        d[16 + 8 * i..24 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    d
+}
+
+/// The argument values `role`'s rules name, with their neighbours, their
+/// upper words set, and a few others.
+fn interesting_values(role: Role) -> Vec<u64> {
+    let mut named = vec![0, 1, u64::from(u32::MAX), u64::MAX];
+    named.push(vmm_sys_util::signal::SIGRTMIN() as u64);
+    for allow in role.allowed() {
+        match allow.only {
+            Only::Any => {}
+            Only::OneOf { values, .. } => named.extend(values.iter().map(|&(v, _)| v)),
+            Only::KickSignal { .. } => {}
+            Only::Masked(checks, _) => {
+                for &(_, mask, value) in checks {
+                    named.extend([value, mask, value | !mask, value & !1]);
+                }
+            }
+        }
+    }
+    let mut all = Vec::new();
+    for v in named {
+        all.extend([
+            v,
+            v.wrapping_add(1),
+            v.wrapping_sub(1),
+            v | (1 << 32),
+            v ^ (1 << 63),
+        ]);
+    }
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
+#[test]
+fn the_search_tree_allows_exactly_what_the_linear_filter_allows() {
+    for role in Role::ALL {
+        let linear: seccompiler::BpfProgram = SeccompFilter::new(
+            rules_of(role).unwrap(),
+            SeccompAction::Trap,
+            SeccompAction::Allow,
+            std::env::consts::ARCH.try_into().unwrap(),
+        )
+        .unwrap()
+        .try_into()
+        .unwrap();
+        let tree = build(role).unwrap();
+        // The arch check's constant is seccompiler's audit value.
+        let arch = linear[1].k;
+        let values = interesting_values(role);
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            seed
+        };
+        let mut compared = 0u64;
+        let mut allowed = 0u64;
+        for nr in 0..600u32 {
+            let mut inputs: Vec<[u64; 6]> = vec![[0; 6]];
+            for arg in 0..6 {
+                for &v in &values {
+                    let mut args = [0; 6];
+                    args[arg] = v;
+                    inputs.push(args);
+                }
+            }
+            inputs.extend(values.iter().map(|&v| [v; 6]));
+            for _ in 0..64 {
+                let mut args = [0; 6];
+                for a in &mut args {
+                    *a = values[(next() % values.len() as u64) as usize];
+                }
+                inputs.push(args);
+            }
+            for args in inputs {
+                for a in [arch, arch ^ 1] {
+                    let data = seccomp_data(nr, a, args);
+                    let (want, got) = (run_bpf(&linear, &data), run_bpf(&tree, &data));
+                    assert_eq!(
+                        want, got,
+                        "{role:?}: call {nr}, arch {a:#x}, args {args:x?}: linear {want:#x}, tree {got:#x}"
+                    );
+                    compared += 1;
+                    allowed += u64::from(want == libc::SECCOMP_RET_ALLOW);
+                }
+            }
+        }
+        // Both ways were seen: the comparison is not of two programs that
+        // trap everything.
+        assert!(allowed > 0 && allowed < compared, "{role:?}");
+        assert!(
+            tree.len() <= linear.len() + linear.len() / 2,
+            "{role:?}: {} instructions against {}",
+            tree.len(),
+            linear.len()
+        );
     }
 }

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::config::check_balloon_target;
 use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 
-use super::device_opens::{drive_request, listener_for, tap_for};
+use super::device_opens::{check_count_with, drive_request, listener_for, tap_for};
 use super::opens::{boot_requests, output_request, Opening, Pending};
 use super::phase::Phase;
 use super::{ShutdownReason, VmState, Vmm};
@@ -110,13 +110,7 @@ impl Vmm {
                 let request = output_request("metrics.metrics_path", &c.metrics_path, false);
                 return self.open_then(vec![request], Pending::Metrics(c), reply);
             }
-            // Answered when the memory is back.
-            VmmAction::Shutdown(ReclaimMode::Sync)
-                if matches!(state, VmState::Starting | VmState::Running) =>
-            {
-                self.sync_waiters.push(reply);
-                return self.begin_shutdown(ShutdownReason::Api, Instant::now());
-            }
+            VmmAction::Shutdown(mode) => return self.shutdown(mode, reply),
             _ => {}
         }
         let (method, path) = action.method_and_path();
@@ -128,12 +122,45 @@ impl Vmm {
         let _ = reply.send(result);
     }
 
+    /// `Shutdown`, sync or async: refused unless the microVM starts or
+    /// runs; otherwise the one shutdown path ([`Vmm::begin_shutdown`]).
+    /// The async reply goes at once, before the vCPUs stop, with the plan
+    /// the `reclaim` job will run; the sync one when the memory is back.
+    fn shutdown(&mut self, mode: ReclaimMode, reply: std::sync::mpsc::Sender<ActionResult>) {
+        let state = self.state();
+        if !matches!(state, VmState::Starting | VmState::Running) {
+            let (method, path) = VmmAction::Shutdown(mode).method_and_path();
+            crate::metrics::record_failure(method, path);
+            let _ = reply.send(refused("Shutdown", state));
+            return;
+        }
+        let accepted = match mode {
+            ReclaimMode::Sync => {
+                self.sync_waiters.push(reply);
+                None
+            }
+            ReclaimMode::Async => {
+                let plan = shapes::ReclaimReport::from(&self.planned_report());
+                Some((reply, plan))
+            }
+        };
+        self.begin_shutdown(ShutdownReason::Api, Instant::now());
+        if let Some((reply, plan)) = accepted {
+            let _ = reply.send(to_json(&plan).map(|d| match d {
+                VmmData::Json(v) => VmmData::Accepted(v),
+                other => other,
+            }));
+        }
+    }
+
     /// Writes a metrics line (if metrics are set up) with the VM's state and
     /// its reclaim report; a failure is logged, never fatal.
     pub(super) fn flush_metrics(&self) -> Result<bool, crate::metrics::MetricsError> {
         let report = self.reclaim_report();
         let console_dropped_bytes = match &self.phase {
-            super::phase::Phase::Running(m) => m.console.buffer().stats().dropped_bytes,
+            super::phase::Phase::Running(m) => {
+                m.console().map_or(0, |c| c.buffer().stats().dropped_bytes)
+            }
             _ => self
                 .last_report
                 .as_ref()
@@ -241,24 +268,17 @@ impl Vmm {
                     if !queued {
                         log::info!("SendCtrlAltDel: the guest has not read the ones before; not queued again");
                     }
-                    microvm.vcpus.control().wake_all();
+                    if let Some(vcpus) = microvm.vcpus() {
+                        vcpus.control().wake_all();
+                    }
                     Ok(VmmData::Empty)
                 }
                 _ => refused("SendCtrlAltDel", state),
             },
-            // The async reply: at once, before the vCPUs stop, with the plan
-            // the `reclaim` job will run.
-            VmmAction::Shutdown(ReclaimMode::Async)
-                if matches!(state, VmState::Starting | VmState::Running) =>
-            {
-                let plan = shapes::ReclaimReport::from(&self.planned_report());
-                self.begin_shutdown(ShutdownReason::Api, Instant::now());
-                to_json(&plan).map(|d| match d {
-                    VmmData::Json(v) => VmmData::Accepted(v),
-                    other => other,
-                })
-            }
-            VmmAction::Shutdown(_) => refused("Shutdown", state),
+            // Answered by [`Vmm::shutdown`], before this match.
+            VmmAction::Shutdown(_) => Err(VmmActionError::Internal(
+                "Shutdown reached do_action".into(),
+            )),
             VmmAction::GetVmConfig => to_json(&self.config),
             VmmAction::GetVersion => Ok(VmmData::Json(json!({
                 "firecracker_version": env!("CARGO_PKG_VERSION"),
@@ -274,18 +294,18 @@ impl Vmm {
                 .flush_metrics()
                 .map(|_| VmmData::Empty)
                 .map_err(|e| VmmActionError::Internal(e.to_string())),
-            // Placeholder until the balloon is wired into the VMM.
             VmmAction::PutBalloon(b) if not_started => {
                 check_balloon_target(b.amount_mib, self.config.machine_config.mem_size_mib)
                     .map_err(bad)?;
+                check_count_with(&self.config, |c| c.balloon = Some(b)).map_err(bad)?;
                 self.config.balloon = Some(b);
                 Ok(VmmData::Empty)
             }
             VmmAction::PutBalloon(_) => refused("configuring the balloon (PUT /balloon)", state),
             VmmAction::PatchBalloon(u) => self.patch_balloon(u.amount_mib),
             VmmAction::GetBalloon => match (&self.phase, &self.config.balloon) {
-                (Phase::Running(m), _) if m.devices.balloon.is_some() => {
-                    let b = m.devices.balloon.as_ref().map(|b| lock(&b.device).options());
+                (Phase::Running(m), _) if m.balloon().is_some() => {
+                    let b = m.balloon().map(|b| lock(&b.device).options());
                     to_json(&b.as_ref().map(shapes::BalloonShape::from))
                 }
                 (_, Some(b)) => to_json(&shapes::BalloonShape::from(b)),
@@ -298,7 +318,7 @@ impl Vmm {
                 };
                 match &self.phase {
                     Phase::Running(m) => {
-                        if let Some(b) = &m.devices.balloon {
+                        if let Some(b) = m.balloon() {
                             lock(&b.device)
                                 .set_stats_polling_interval(u.stats_polling_interval_s)
                                 .map_err(bad)?;
@@ -348,7 +368,7 @@ impl Vmm {
     fn device_metrics(&self) -> Vec<(String, Value)> {
         let mut groups = Vec::new();
         if let Phase::Running(m) = &self.phase {
-            if let Some(b) = &m.devices.balloon {
+            if let Some(b) = m.balloon() {
                 let mut v = serde_json::to_value(lock(&b.device).metrics().snapshot())
                     .unwrap_or(Value::Null);
                 if let (Value::Object(map), Some(p)) = (&mut v, b.discard.snapshot()) {
@@ -359,14 +379,14 @@ impl Vmm {
                 groups.push(("balloon".into(), v));
             }
             let json = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
-            for b in &m.devices.blocks {
+            for b in m.blocks() {
                 let snap = lock(&b.device).metrics().snapshot();
                 groups.push((
                     format!("block_{}", b.drive_id),
                     json(serde_json::to_value(snap)),
                 ));
             }
-            for n in &m.devices.nets {
+            for n in m.nets() {
                 let n = lock(n);
                 let snap = n.metrics().snapshot();
                 groups.push((
@@ -374,7 +394,7 @@ impl Vmm {
                     json(serde_json::to_value(snap)),
                 ));
             }
-            if let Some(v) = &m.devices.vsock {
+            if let Some(v) = m.vsock() {
                 let snap = lock(v).metrics().snapshot();
                 groups.push(("vsock".into(), json(serde_json::to_value(snap))));
             }
@@ -393,7 +413,7 @@ impl Vmm {
         };
         match &self.phase {
             Phase::Running(m) => {
-                let Some(b) = &m.devices.balloon else {
+                let Some(b) = m.balloon() else {
                     return Err(no_balloon());
                 };
                 lock(&b.device)
@@ -420,7 +440,7 @@ impl Vmm {
                 None => Err(no_balloon()),
             };
         };
-        let Some(b) = &m.devices.balloon else {
+        let Some(b) = m.balloon() else {
             return Err(no_balloon());
         };
         let teravm = b

@@ -27,9 +27,13 @@ use crate::memory::{GuestMemory, HostTopology, MemoryOptions, PopulateProgress};
 use crate::vstate::boot::{write_boot_state, BootError};
 use crate::vstate::linux::acpi::{guest_nodes, vcpu_node};
 use crate::vstate::linux::params::{kernel_cmdline, with_params};
-use crate::vstate::linux::{self, KernelSpec, LinuxError};
+use crate::vstate::linux::{self, ImageFile, KernelSpec, LinuxError};
 
-use super::devices::{DeviceError, DeviceSpecs, Devices};
+use super::devices::{BalloonDevice, BlockDevice, DeviceError, DeviceSpecs, Devices};
+use super::teardown::Teardown;
+use crate::devices::virtio::net::Net;
+use crate::devices::virtio::vsock::Vsock;
+use crate::memory::GuestView;
 use crate::vstate::vcpu::{
     configure_vcpu, GuestEntry, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus,
 };
@@ -71,9 +75,21 @@ pub enum StartError {
     /// The devices could not be built.
     #[error("devices: {0}")]
     Devices(#[from] DeviceError),
+    /// A part of the microVM was not there right after it was made (a bug).
+    #[error("a part of the microVM is missing right after it was made")]
+    PartMissing,
     /// A kernel is configured but its files were not opened (a bug).
     #[error("the boot source's kernel was not opened")]
     BootFilesMissing,
+}
+
+/// The kernel and initrd of the boot source in force, open.
+#[derive(Debug, Clone)]
+pub struct BootFiles {
+    /// The kernel.
+    pub kernel: ImageFile,
+    /// The initrd, if any.
+    pub initrd: Option<ImageFile>,
 }
 
 /// COM1's interrupt line (ISA IRQ 4, IOAPIC pin 4 and PIC input 4 in KVM's
@@ -109,23 +125,12 @@ pub struct SliceInfo {
     pub guest_node: Option<u32>,
 }
 
-/// A running microVM.
-///
-/// Fields drop in declaration order, so whatever path drops a `MicroVm` (an
-/// error return, a panic) stops and joins its vCPUs first, then closes the
-/// VM fd, and only then unmaps guest memory.
+/// A running microVM: every part, held in the one [`Teardown`] order, so
+/// whatever path drops it (a failed vCPU, a panic) or hands it to reclaim
+/// takes that order.
 pub struct MicroVm {
-    /// The vCPU threads (stopped and joined when dropped).
-    pub vcpus: Vcpus,
-    /// The devices and their threads (stopped when dropped, after the
-    /// vCPUs and before guest memory).
-    pub devices: Devices,
-    /// The guest console's writer thread.
-    pub console: ConsoleWriter,
-    /// The KVM VM.
-    pub vm: Vm,
-    /// Guest RAM.
-    pub memory: GuestMemory,
+    /// The vCPUs, devices, console, VM and guest memory (all present).
+    parts: Teardown,
     /// The keyboard controller, to send Ctrl-Alt-Del.
     pub i8042: Arc<Mutex<I8042>>,
     /// COM1, for console input (Linux guests; the firmware reads nothing).
@@ -134,31 +139,46 @@ pub struct MicroVm {
     pub slices: Vec<SliceInfo>,
 }
 
-/// What a shutdown takes apart, in this order: the vCPUs, the console, the
-/// VM fd, then guest memory (freed in parallel). A start cut short by a
-/// shutdown has built only some of it.
-pub struct Teardown {
-    /// The vCPUs, if they were started.
-    pub vcpus: Option<Vcpus>,
-    /// The devices, if they were built.
-    pub devices: Option<Devices>,
-    /// The console, if it was started.
-    pub console: Option<ConsoleWriter>,
-    /// The VM, if it was made.
-    pub vm: Option<Vm>,
-    /// Guest RAM.
-    pub memory: GuestMemory,
+impl MicroVm {
+    /// The vCPU threads.
+    pub fn vcpus(&self) -> Option<&Vcpus> {
+        self.parts.vcpus.as_ref()
+    }
+
+    /// The devices and their threads.
+    pub fn devices(&self) -> Option<&Devices> {
+        self.parts.devices.as_ref()
+    }
+
+    /// The balloon, if configured.
+    pub fn balloon(&self) -> Option<&BalloonDevice> {
+        self.devices().and_then(|d| d.balloon.as_ref())
+    }
+
+    /// The drives.
+    pub fn blocks(&self) -> &[BlockDevice] {
+        self.devices().map_or(&[], |d| &d.blocks)
+    }
+
+    /// The network interfaces.
+    pub fn nets(&self) -> &[Arc<Mutex<Net<GuestView>>>] {
+        self.devices().map_or(&[], |d| &d.nets)
+    }
+
+    /// The vsock, if configured.
+    pub fn vsock(&self) -> Option<&Arc<Mutex<Vsock<GuestView>>>> {
+        self.devices().and_then(|d| d.vsock.as_ref())
+    }
+
+    /// The guest console's writer thread.
+    pub fn console(&self) -> Option<&ConsoleWriter> {
+        self.parts.console.as_ref()
+    }
 }
 
 impl From<MicroVm> for Teardown {
     fn from(m: MicroVm) -> Self {
-        Teardown {
-            vcpus: Some(m.vcpus),
-            devices: Some(m.devices),
-            console: Some(m.console),
-            vm: Some(m.vm),
-            memory: m.memory,
-        }
+        m.parts
     }
 }
 
@@ -167,7 +187,7 @@ pub struct StartContext {
     /// The configuration to start.
     pub config: VmConfig,
     /// The kernel and initrd of `config.boot_source`, already open.
-    pub boot_files: Option<super::opens::BootFiles>,
+    pub boot_files: Option<BootFiles>,
     /// `/dev/kvm`, opened at start-up.
     pub kvm: Arc<crate::vstate::vm::KvmDevice>,
     /// The host topology.
@@ -216,19 +236,26 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         .map_err(StartError::Console)?;
     let cancelled = || cancel.load(Ordering::Acquire);
     let machine = &config.machine_config;
-    let mut vm = Vm::create(&kvm)?;
+    let vm = Vm::create(&kvm)?;
     let memory = GuestMemory::new_with(&MemoryOptions::from(&config), &topology, Some(&vm))?;
-    let teardown = |vm, memory, console| {
-        Ok(Started::Cancelled(Teardown {
-            vcpus: None,
-            devices: None,
-            console: Some(console),
-            vm: Some(vm),
-            memory,
-        }))
+    // From here on, whatever is built goes into `parts`: an error return
+    // drops it (the one teardown order), a shutdown hands it to reclaim.
+    let mut parts = Teardown {
+        vcpus: None,
+        devices: None,
+        console: Some(console),
+        vm: Some(vm),
+        memory: Some(memory),
+    };
+    let (Some(vm), Some(memory), Some(console)) = (
+        parts.vm.as_mut(),
+        parts.memory.as_ref(),
+        parts.console.as_ref(),
+    ) else {
+        return Err(StartError::PartMissing);
     };
     if cancelled() {
-        return teardown(vm, memory, console);
+        return Ok(Started::Cancelled(parts));
     }
     if config.memory.populate {
         let shown = populate.clone();
@@ -246,7 +273,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             stats.workers
         );
         if cancelled() {
-            return teardown(vm, memory, console);
+            return Ok(Started::Cancelled(parts));
         }
     }
     let slots: Vec<MemorySlot> = memory
@@ -339,7 +366,9 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         serial_irq,
     )));
     let pio = microvm_bus(serial.clone(), i8042.clone(), Instant::now())?;
-    let devices = Devices::build(&device_specs, pio, &vm, &memory, &topology)?;
+    let devices = parts
+        .devices
+        .insert(Devices::build(&device_specs, pio, vm, memory, &topology)?);
     let bus = devices.buses.clone();
 
     let slices = memory
@@ -363,33 +392,29 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         })
         .collect();
     let cpuid = vm.supported_cpuid()?;
-    let mut microvm = MicroVm {
-        vcpus: Vcpus::new(Arc::new(VcpuControl::new())),
-        devices,
-        console,
-        vm,
-        memory,
-        i8042,
-        console_input: linux.then_some(serial),
-        slices,
-    };
+    let vcpus = parts.vcpus.insert(Vcpus::new(Arc::new(VcpuControl::new())));
     for index in 0..machine.vcpu_count {
-        // On an error, dropping `microvm` stops the vCPUs already running,
-        // then unmaps guest memory.
-        let fd = microvm.vm.create_vcpu(index)?;
+        // On an error, dropping `parts` stops the vCPUs already running,
+        // then the devices, closes the VM and unmaps guest memory.
+        let fd = vm.create_vcpu(index)?;
         configure_vcpu(&fd, index, &cpuid, &entry)?;
         let ready = events_ready
             .try_clone()
             .map_err(|source| VcpuError::Spawn { index, source })?;
-        microvm.vcpus.push(VcpuHandle::spawn(
+        vcpus.push(VcpuHandle::spawn(
             index,
             fd,
             bus.clone(),
-            microvm.vcpus.control().clone(),
+            vcpus.control().clone(),
             events.clone(),
             ready,
-            microvm.memory.lease(),
+            memory.lease(),
         )?);
     }
-    Ok(Started::Running(microvm))
+    Ok(Started::Running(MicroVm {
+        parts,
+        i8042,
+        console_input: linux.then_some(serial),
+        slices,
+    }))
 }

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::net::UnixListener;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::config::{check_drives, DriveConfig, NetConfig, VsockConfig};
 use crate::devices::virtio::block::{BlockOptions, CacheType as BlockCache};
@@ -24,10 +24,10 @@ use super::VmmError;
 pub struct DeviceResources {
     /// Each drive's file.
     pub drives: BTreeMap<String, Arc<std::fs::File>>,
-    /// Each interface's tap (taken by the device at start).
-    pub taps: BTreeMap<String, Arc<Mutex<Option<Tap>>>>,
-    /// The vsock's socket (taken by the device at start).
-    pub vsock: Option<Arc<Mutex<Option<UnixListener>>>>,
+    /// Each interface's tap (a device at start gets its own handle).
+    pub taps: BTreeMap<String, Arc<Tap>>,
+    /// The vsock's socket (a device at start gets its own handle).
+    pub vsock: Option<Arc<UnixListener>>,
 }
 
 /// How the `files` thread opens a drive's file.
@@ -81,6 +81,17 @@ pub fn with_net(nets: &[NetConfig], n: NetConfig) -> Result<Vec<NetConfig>, Stri
     Ok(next)
 }
 
+/// Refuses a change to `config` that would give the microVM more devices
+/// than a guest has interrupt lines for ([`crate::config::MAX_DEVICES`]).
+pub fn check_count_with(
+    config: &crate::config::VmConfig,
+    change: impl FnOnce(&mut crate::config::VmConfig),
+) -> Result<(), String> {
+    let mut next = config.clone();
+    change(&mut next);
+    crate::config::check_device_count(next.device_count()).map_err(|e| e.to_string())
+}
+
 impl DeviceResources {
     /// Opens what a config file's device sections name, waiting for each
     /// (start-up: a failure ends the process with exit 1).
@@ -100,26 +111,34 @@ impl DeviceResources {
             let tap = files
                 .run_now(move || tap_for(&n2), OPEN_TIMEOUT)?
                 .map_err(VmmError::Device)?;
-            r.taps
-                .insert(n.iface_id.clone(), Arc::new(Mutex::new(Some(tap))));
+            r.taps.insert(n.iface_id.clone(), Arc::new(tap));
         }
         if let Some(v) = vsock {
             let v2 = v.clone();
             let l = files
                 .run_now(move || listener_for(&v2), OPEN_TIMEOUT)?
                 .map_err(VmmError::Device)?;
-            r.vsock = Some(Arc::new(Mutex::new(Some(l))));
+            r.vsock = Some(Arc::new(l));
         }
         Ok(r)
     }
 
     /// The drives to attach, the root device first (Firecracker's order).
-    pub fn drive_specs(&self, drives: &[DriveConfig]) -> Vec<DriveSpec> {
-        let mut v: Vec<DriveSpec> = drives
+    /// A drive whose file is not open (never a drive that was put, whose
+    /// open answered its PUT) fails the start, naming it.
+    pub fn drive_specs(&self, drives: &[DriveConfig]) -> Result<Vec<DriveSpec>, String> {
+        let mut v = drives
             .iter()
-            .filter_map(|d| {
-                let file = self.drives.get(&d.drive_id)?.clone();
-                Some(DriveSpec {
+            .map(|d| {
+                let file = self.drives.get(&d.drive_id).cloned().ok_or_else(|| {
+                    format!(
+                        "drive {:?}: its file {} is not open (PUT /drives/{} again)",
+                        d.drive_id,
+                        d.path_on_host.display(),
+                        d.drive_id
+                    )
+                })?;
+                Ok(DriveSpec {
                     opts: BlockOptions {
                         drive_id: d.drive_id.clone(),
                         read_only: d.is_read_only,
@@ -133,35 +152,48 @@ impl DeviceResources {
                     partuuid: d.partuuid.clone(),
                 })
             })
-            .collect();
+            .collect::<Result<Vec<_>, String>>()?;
         v.sort_by_key(|d| !d.is_root_device);
-        v
+        Ok(v)
     }
 
-    /// The network interfaces to attach.
-    pub fn net_specs(&self, nets: &[NetConfig]) -> Vec<NetSpec> {
+    /// The network interfaces to attach; one whose tap is not open fails
+    /// the start, naming it.
+    pub fn net_specs(&self, nets: &[NetConfig]) -> Result<Vec<NetSpec>, String> {
         nets.iter()
-            .filter_map(|n| {
-                Some(NetSpec {
+            .map(|n| {
+                let tap = self.taps.get(&n.iface_id).cloned().ok_or_else(|| {
+                    format!(
+                        "network interface {:?}: its tap {} is not open",
+                        n.iface_id, n.host_dev_name
+                    )
+                })?;
+                Ok(NetSpec {
                     opts: NetOptions {
                         iface_id: n.iface_id.clone(),
                         guest_mac: n.guest_mac.map(|m| m.bytes()),
                     },
-                    tap: self.taps.get(&n.iface_id)?.clone(),
+                    tap,
                 })
             })
             .collect()
     }
 
-    /// The vsock to attach.
-    pub fn vsock_spec(&self, vsock: Option<&VsockConfig>) -> Option<VsockSpec> {
-        let v = vsock?;
-        Some(VsockSpec {
+    /// The vsock to attach; one whose socket is not bound fails the start.
+    pub fn vsock_spec(&self, vsock: Option<&VsockConfig>) -> Result<Option<VsockSpec>, String> {
+        let Some(v) = vsock else {
+            return Ok(None);
+        };
+        let listener = self
+            .vsock
+            .clone()
+            .ok_or_else(|| format!("vsock: its socket {} is not bound", v.uds_path.display()))?;
+        Ok(Some(VsockSpec {
             opts: VsockOptions {
                 guest_cid: u64::from(v.guest_cid),
                 uds_path: v.uds_path.clone(),
             },
-            listener: self.vsock.clone()?,
-        })
+            listener,
+        }))
     }
 }

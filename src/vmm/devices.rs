@@ -14,6 +14,14 @@
 //! firmware, which has none, polls); and one device thread with its own
 //! seccomp role that does the queue work, never a vCPU and never the event
 //! loop.
+//!
+//! A build that fails at any step undoes itself: what it has set running
+//! (device threads, devices to reset, the balloon's discard pool) is owned
+//! by a `Running` guard from the moment it starts, and the guard's `Drop`
+//! stops and joins the threads, resets the devices and shuts the pool down;
+//! the transports, their eventfds and the KVM registrations go with the
+//! bus and the VM. What the client gave stays configured: each device gets
+//! its own handle (`dup`) on the drive's file, the tap and the listener.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,7 +41,7 @@ use crate::memory::{GuestMemory, GuestView};
 use crate::seccomp::Role;
 use crate::vstate::vm::{Vm, VmError};
 
-use super::discard::BalloonDiscard;
+use super::balloon_sink::BalloonDiscard;
 
 /// Errors of building the devices.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +73,19 @@ pub enum DeviceError {
     /// A drive could not be made.
     #[error("drive: {0}")]
     Block(#[from] BlockError),
+    /// A fault injected for the tests (`TERAVM_FAULT_INJECT`).
+    #[error("injected fault {0}")]
+    Injected(&'static str),
+    /// A tap or socket could not be duplicated for its device.
+    #[error("cannot duplicate the {what} of {id}: {source}")]
+    Dup {
+        /// A tap or the vsock's socket.
+        what: &'static str,
+        /// Its interface (or `vsock`).
+        id: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A device thread could not be started.
     #[error("cannot spawn the {name} thread: {source}")]
     Spawn {
@@ -95,8 +116,9 @@ pub struct DriveSpec {
 pub struct NetSpec {
     /// The device's options.
     pub opts: NetOptions,
-    /// The tap.
-    pub tap: Arc<Mutex<Option<Tap>>>,
+    /// The tap (the device gets its own handle: the configuration keeps
+    /// this one).
+    pub tap: Arc<Tap>,
 }
 
 /// The vsock to attach: its options and its listening socket, bound by the
@@ -105,8 +127,9 @@ pub struct NetSpec {
 pub struct VsockSpec {
     /// The device's options.
     pub opts: VsockOptions,
-    /// The host side's socket (`uds_path`).
-    pub listener: Arc<Mutex<Option<std::os::unix::net::UnixListener>>>,
+    /// The host side's socket (`uds_path`; the device gets its own handle:
+    /// the configuration keeps this one).
+    pub listener: Arc<std::os::unix::net::UnixListener>,
 }
 
 /// The devices a configuration asks for, as the builder needs them, in
@@ -191,6 +214,70 @@ pub struct DeviceStopReport {
     pub stuck: usize,
 }
 
+/// What a start has set running for the devices, owned from the moment
+/// each is started: the device threads, the devices (to reset), the
+/// balloon's discard pool. Dropping it (a build that fails at a later step,
+/// a panic) stops and joins all of it, so no thread, device or guest
+/// mapping outlives a failed start.
+#[derive(Default)]
+struct Running {
+    threads: Vec<DeviceThread>,
+    devices: Vec<Arc<Mutex<dyn VirtioDevice<GuestView>>>>,
+    discard: Option<Arc<BalloonDiscard>>,
+}
+
+impl Running {
+    /// Stops the threads, waiting until `deadline` at most.
+    fn stop_threads(&mut self, deadline: Instant) -> DeviceStopReport {
+        let mut report = DeviceStopReport::default();
+        // First end the discards in flight (freeing nothing more): memory is
+        // reclaimed whole next, and no device thread may wait behind one.
+        if let Some(pool) = &self.discard {
+            pool.cancel();
+        }
+        for t in &self.threads {
+            let _ = t.exit.write(1);
+        }
+        for mut t in self.threads.drain(..) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match t.ended.recv_timeout(left) {
+                Err(RecvTimeoutError::Disconnected) => {
+                    if let Some(h) = t.thread.take() {
+                        let _ = h.join();
+                    }
+                }
+                Ok(()) | Err(RecvTimeoutError::Timeout) => {
+                    log::error!(
+                        "the {} thread did not stop in time; leaving it behind",
+                        t.name
+                    );
+                    report.stuck += 1;
+                }
+            }
+        }
+        report
+    }
+
+    /// Resets the devices and stops the discard pool: afterwards no device
+    /// holds guest memory.
+    fn release(&mut self, deadline: Instant) {
+        for d in self.devices.drain(..) {
+            lock(&d).reset();
+        }
+        if let Some(pool) = self.discard.take() {
+            pool.shutdown(deadline);
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
+        self.stop_threads(deadline);
+        self.release(deadline);
+    }
+}
+
 /// The microVM's devices.
 pub struct Devices {
     /// The buses the vCPUs' exits reach.
@@ -203,16 +290,28 @@ pub struct Devices {
     pub nets: Vec<Arc<Mutex<Net<GuestView>>>>,
     /// The vsock.
     pub vsock: Option<Arc<Mutex<Vsock<GuestView>>>>,
-    threads: Vec<DeviceThread>,
+    running: Running,
 }
 
 fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// With the fault `start-fails-at-<step>` (or, after the last step,
+/// `first-start-fails-after-devices`): the build fails here, once, as a
+/// later step failing would.
+fn fault_at(fault: &'static str) -> Result<(), DeviceError> {
+    if crate::faults::fire_once(fault) {
+        log::warn!("{fault}: failing the start here");
+        return Err(DeviceError::Injected(fault));
+    }
+    Ok(())
+}
+
 impl Devices {
     /// Builds the devices of `specs` over `memory` and `vm`, with the port
-    /// devices of `pio`, and starts their threads.
+    /// devices of `pio`, and starts their threads. On an error, whatever it
+    /// had started is stopped, joined and released before it returns.
     pub fn build(
         specs: &DeviceSpecs,
         pio: PioBus,
@@ -220,8 +319,10 @@ impl Devices {
         memory: &GuestMemory,
         topology: &crate::memory::HostTopology,
     ) -> Result<Devices, DeviceError> {
+        // Dropped last on an error (declared first): the threads stop while
+        // nothing else is left to stop.
+        let mut running = Running::default();
         let mut mmio = crate::devices::MmioBus::default();
-        let mut threads = Vec::new();
         let mut balloon = None;
         if let Some(opts) = specs.balloon {
             let page = memory.hugetlb_page_bytes().unwrap_or(4096);
@@ -229,23 +330,27 @@ impl Devices {
                 BalloonDiscard::start(memory, topology, specs.discard_workers_per_node, page)
                     .map_err(DeviceError::Discard)?,
             );
+            running.discard = Some(discard.clone());
             let device = Arc::new(Mutex::new(Balloon::new(
                 opts,
                 memory.mem_bytes() >> 20,
                 page,
                 discard.clone(),
             )?));
+            running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = BalloonWorker::new(
                 device.clone(),
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
-            threads.push(spawn("balloon".into(), Role::Balloon, exit, move || {
-                if let Err(e) = worker.run() {
-                    log::error!("balloon: {e}; the device stops");
-                }
-            })?);
+            running
+                .threads
+                .push(spawn("balloon".into(), Role::Balloon, exit, move || {
+                    if let Err(e) = worker.run() {
+                        log::error!("balloon: {e}; the device stops");
+                    }
+                })?);
             log::info!(
                 "balloon at {:#x} (GSI {}): {} MiB target, reporting {}, statistics every {} s",
                 slot.base,
@@ -259,12 +364,13 @@ impl Devices {
                 slot,
                 discard,
             });
+            fault_at(crate::faults::START_FAILS_AT_BALLOON)?;
         }
         let mut blocks = Vec::new();
-        let mut nets = Vec::new();
         for (i, d) in specs.drives.iter().enumerate() {
             let file = d.file.try_clone().map_err(DeviceError::EventFd)?;
             let device = Arc::new(Mutex::new(Block::new(d.opts.clone(), file)?));
+            running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = Block::worker(
                 &device,
@@ -272,7 +378,7 @@ impl Devices {
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
             let id = d.opts.drive_id.clone();
-            threads.push(spawn(
+            running.threads.push(spawn(
                 format!("virtio-blk{i}"),
                 Role::Block,
                 exit,
@@ -300,13 +406,20 @@ impl Devices {
                 slot,
             });
         }
+        if !specs.drives.is_empty() {
+            fault_at(crate::faults::START_FAILS_AT_DRIVES)?;
+        }
+        let mut nets = Vec::new();
         for (i, n) in specs.nets.iter().enumerate() {
-            // A tap serves one device: a retried start after a failure gets
-            // it again only if it was not taken.
-            let tap = lock(&n.tap)
-                .take()
-                .ok_or_else(|| DeviceError::Net(NetError::TapMissing(n.opts.iface_id.clone())))?;
+            // The device gets its own handle: the configured tap stays for
+            // a retry if this start fails.
+            let tap = n.tap.try_clone().map_err(|source| DeviceError::Dup {
+                what: "tap",
+                id: n.opts.iface_id.clone(),
+                source,
+            })?;
             let device = Arc::new(Mutex::new(Net::new(n.opts.clone(), tap)?));
+            running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = Net::worker(
                 &device,
@@ -314,7 +427,7 @@ impl Devices {
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
             let id = n.opts.iface_id.clone();
-            threads.push(spawn(
+            running.threads.push(spawn(
                 format!("virtio-net{i}"),
                 Role::Net,
                 exit,
@@ -332,19 +445,25 @@ impl Devices {
             );
             nets.push(device);
         }
+        if !specs.nets.is_empty() {
+            fault_at(crate::faults::START_FAILS_AT_NET)?;
+        }
         let mut vsock = None;
         if let Some(v) = &specs.vsock {
-            let listener = lock(&v.listener)
-                .take()
-                .ok_or(DeviceError::Vsock(VsockError::NoListener))?;
+            let listener = v.listener.try_clone().map_err(|source| DeviceError::Dup {
+                what: "socket",
+                id: "vsock".into(),
+                source,
+            })?;
             let device = Arc::new(Mutex::new(Vsock::new(v.opts.clone(), listener)?));
+            running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = Vsock::worker(
                 &device,
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
-            threads.push(spawn(
+            running.threads.push(spawn(
                 "virtio-vsock".into(),
                 Role::Vsock,
                 exit,
@@ -362,14 +481,16 @@ impl Devices {
                 v.opts.uds_path.display()
             );
             vsock = Some(device);
+            fault_at(crate::faults::START_FAILS_AT_VSOCK)?;
         }
+        fault_at(crate::faults::FIRST_START_FAILS_AFTER_DEVICES)?;
         Ok(Devices {
             vsock,
             nets,
             buses: Arc::new(Buses { pio, mmio }),
             balloon,
             blocks,
-            threads,
+            running,
         })
     }
 
@@ -377,41 +498,9 @@ impl Devices {
     /// every device off the bus and resets it, and stops the discard pool:
     /// afterwards no device holds guest memory. Idempotent.
     pub fn stop(&mut self, deadline: Instant) -> DeviceStopReport {
-        let mut report = DeviceStopReport::default();
-        for t in &self.threads {
-            let _ = t.exit.write(1);
-        }
-        for mut t in self.threads.drain(..) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match t.ended.recv_timeout(left) {
-                Err(RecvTimeoutError::Disconnected) => {
-                    if let Some(h) = t.thread.take() {
-                        let _ = h.join();
-                    }
-                }
-                Ok(()) | Err(RecvTimeoutError::Timeout) => {
-                    log::error!(
-                        "the {} thread did not stop in time; leaving it behind",
-                        t.name
-                    );
-                    report.stuck += 1;
-                }
-            }
-        }
+        let report = self.running.stop_threads(deadline);
         self.buses.mmio.detach_all();
-        for b in &self.blocks {
-            lock(&b.device).reset();
-        }
-        for n in &self.nets {
-            lock(n).reset();
-        }
-        if let Some(v) = &self.vsock {
-            lock(v).reset();
-        }
-        if let Some(b) = &self.balloon {
-            lock(&b.device).reset();
-            b.discard.shutdown(deadline);
-        }
+        self.running.release(deadline);
         report
     }
 }

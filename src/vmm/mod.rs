@@ -6,21 +6,30 @@
 //! VM: reset, crash), SIGTERM/SIGINT/SIGHUP (a signalfd), API requests (an
 //! mpsc channel plus an `EventFd`, each request with its own reply channel),
 //! and the end of the `start` and `reclaim` jobs ([`jobs`]). Every way of
-//! shutting down (guest reset, signal, API `Shutdown`, guest crash) takes the
-//! same path: the microVM goes to the `reclaim` job, which stops the vCPUs,
-//! closes KVM and frees guest memory with per-node workers while the API
-//! keeps answering (`GET /reclaim` shows live progress); then the summary
-//! goes to stderr and the process exits.
+//! shutting down (guest reset, signal, API `Shutdown` sync or async, guest
+//! crash) takes the same path: the microVM goes to the `reclaim` job, which
+//! takes it apart in the one order of [`teardown`] (vCPUs, devices,
+//! console, VM fd) and frees guest memory with per-node workers while the
+//! API keeps answering (`GET /reclaim` shows live progress); then the
+//! summary goes to stderr and the process exits. A start that fails drops
+//! what it built in that same order.
+//!
+//! Inside `vmm`, no two modules import each other: `phase` → `builder` →
+//! `devices` → `discard`; `builder` and `phase` → `teardown` → `devices`;
+//! `actions` → `opens` → `device_opens` → `devices` (the submodules' `impl
+//! Vmm` blocks name their parent's `Vmm`).
 //!
 //! Module graph: `main` → `vmm` → (`api` contract, `config`, `vstate`,
 //! `devices`, `memory`); `api` → `config`; `vstate` → `devices`; `memory`
-//! and `devices` depend on nothing of teravm's above them.
+//! uses only `util` and `faults` (and its tests `vstate`); `devices` uses
+//! `memory` (guest views) and `seccomp` (the console writer installs its
+//! own filter), nothing of `vmm`, `api` or `config`.
 
 mod actions;
+pub mod balloon_sink;
 pub mod builder;
 pub mod device_opens;
 pub mod devices;
-pub mod discard;
 pub mod jobs;
 pub mod opens;
 pub mod phase;
@@ -28,6 +37,7 @@ pub mod progress_line;
 pub mod report;
 pub mod signals;
 pub mod stdin;
+pub mod teardown;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -147,7 +157,7 @@ pub struct Vmm {
     serial_file: Option<std::fs::File>,
     config: VmConfig,
     /// The boot source's kernel and initrd, opened when it was put.
-    boot_files: Option<opens::BootFiles>,
+    boot_files: Option<builder::BootFiles>,
     /// The devices' files, taps and sockets, opened when they were put.
     resources: device_opens::DeviceResources,
     /// `/dev/kvm`, opened at start-up.

@@ -17,23 +17,14 @@ use crate::config::{
 };
 use crate::devices::virtio::net::Tap;
 use std::os::unix::net::UnixListener;
-use std::sync::Mutex;
 
-use super::device_opens::{with_drive, with_net};
+use super::device_opens::{check_count_with, with_drive, with_net};
 use crate::files::{FilesError, OpenRequest, OpenResult, OpenSpec, Opened, OPEN_TIMEOUT};
 use crate::vstate::linux::image::{initrd_request, kernel_request};
 use crate::vstate::linux::ImageFile;
 
+use super::builder::BootFiles;
 use super::Vmm;
-
-/// The kernel and initrd of the boot source in force, open.
-#[derive(Debug, Clone)]
-pub struct BootFiles {
-    /// The kernel.
-    pub kernel: ImageFile,
-    /// The initrd, if any.
-    pub initrd: Option<ImageFile>,
-}
 
 /// A section waiting for its files.
 #[derive(Debug)]
@@ -118,23 +109,6 @@ fn bad(e: impl std::fmt::Display) -> VmmActionError {
 }
 
 impl Vmm {
-    /// The drives to attach: each configured drive with the file opened
-    /// when it was put, the root drive first (as Firecracker orders them).
-    pub(super) fn drive_specs(&self) -> Vec<crate::vmm::devices::DriveSpec> {
-        self.resources.drive_specs(&self.config.drives)
-    }
-
-    /// The network interfaces to attach, each with the tap opened when it
-    /// was put.
-    pub(super) fn net_specs(&self) -> Vec<crate::vmm::devices::NetSpec> {
-        self.resources.net_specs(&self.config.network_interfaces)
-    }
-
-    /// The vsock to attach, with the socket bound when it was put.
-    pub(super) fn vsock_spec(&self) -> Option<crate::vmm::devices::VsockSpec> {
-        self.resources.vsock_spec(self.config.vsock.as_ref())
-    }
-
     /// Opens `requests` on the `files` thread, then applies `section` and
     /// answers `reply` ([`Vmm::on_files_done`]).
     pub(super) fn open_then(
@@ -263,25 +237,24 @@ impl Vmm {
             .any(|p| matches!(p.section, Pending::BootSource(_)))
     }
 
+    /// Applies a section whose open came back. The state is checked once,
+    /// here: a start may have begun while the files thread worked, and the
+    /// sections that only a microVM not started takes are refused then.
     fn apply_opened(&mut self, section: Pending, opened: Opening, reply: Sender<ActionResult>) {
         let path = section_path(&section);
-        let not_started = self.state() == super::VmState::NotStarted;
-        let refused = |what: &str, state: super::VmState| {
-            Err(bad(format!(
-                "{what} is not allowed in state \"{}\"",
-                state.as_str()
-            )))
-        };
         let state = self.state();
         let result = match (section, opened) {
+            (s, _) if state != super::VmState::NotStarted && before_start(&s).is_some() => {
+                Err(bad(format!(
+                    "{} is not allowed in state \"{}\"",
+                    before_start(&s).unwrap_or_default(),
+                    state.as_str()
+                )))
+            }
             (Pending::BootSource(b), Opening::Files(Ok(files))) => {
-                if !not_started {
-                    refused("changing the boot source", state)
-                } else {
-                    self.boot_files = boot_files(&b, files);
-                    self.config.boot_source = b;
-                    Ok(VmmData::Empty)
-                }
+                self.boot_files = boot_files(&b, files);
+                self.config.boot_source = b;
+                Ok(VmmData::Empty)
             }
             (Pending::Logger(c), Opening::Files(Ok(files))) => {
                 let file = files.into_iter().next().map(|o| o.file);
@@ -298,7 +271,10 @@ impl Vmm {
                 )),
             },
             (Pending::Drive(d), Opening::Files(Ok(files))) => match files.into_iter().next() {
-                Some(o) if not_started => match with_drive(&self.config.drives, d.clone()) {
+                Some(o) => match with_drive(&self.config.drives, d.clone()).and_then(|next| {
+                    check_count_with(&self.config, |c| c.drives.clone_from(&next))?;
+                    Ok(next)
+                }) {
                     Ok(next) => {
                         self.config.drives = next;
                         self.resources
@@ -308,7 +284,6 @@ impl Vmm {
                     }
                     Err(e) => Err(bad(e)),
                 },
-                Some(_) => refused("adding a drive", state),
                 None => Err(VmmActionError::Internal("the drive was not opened".into())),
             },
             (Pending::DrivePatch(u), Opening::Files(Ok(files))) => {
@@ -317,25 +292,31 @@ impl Vmm {
                     _ => Err(VmmActionError::Internal("the drive was not opened".into())),
                 }
             }
-            (Pending::Net(n), Opening::Tap(Ok(tap))) if not_started => {
-                match with_net(&self.config.network_interfaces, n.clone()) {
+            (Pending::Net(n), Opening::Tap(Ok(tap))) => {
+                match with_net(&self.config.network_interfaces, n.clone()).and_then(|next| {
+                    check_count_with(&self.config, |c| c.network_interfaces.clone_from(&next))?;
+                    Ok(next)
+                }) {
                     Ok(next) => {
                         self.config.network_interfaces = next;
                         self.resources
                             .taps
-                            .insert(n.iface_id.clone(), Arc::new(Mutex::new(Some(tap))));
+                            .insert(n.iface_id.clone(), Arc::new(tap));
                         Ok(VmmData::Empty)
                     }
                     Err(e) => Err(bad(e)),
                 }
             }
-            (Pending::Net(_), Opening::Tap(Ok(_))) => refused("adding a network interface", state),
-            (Pending::Vsock(v), Opening::Listener(Ok(l))) if not_started => {
-                self.config.vsock = Some(v);
-                self.resources.vsock = Some(Arc::new(Mutex::new(Some(l))));
-                Ok(VmmData::Empty)
+            (Pending::Vsock(v), Opening::Listener(Ok(l))) => {
+                match check_count_with(&self.config, |c| c.vsock = Some(v.clone())) {
+                    Ok(()) => {
+                        self.config.vsock = Some(v);
+                        self.resources.vsock = Some(Arc::new(l));
+                        Ok(VmmData::Empty)
+                    }
+                    Err(e) => Err(bad(e)),
+                }
             }
-            (Pending::Vsock(_), Opening::Listener(Ok(_))) => refused("adding a vsock", state),
             (_, Opening::Tap(Err(e)) | Opening::Listener(Err(e))) => Err(bad(e)),
             (_, Opening::Files(Err(e))) => Err(bad(e)),
             _ => Err(VmmActionError::Internal(
@@ -367,7 +348,7 @@ impl Vmm {
         };
         let file = Arc::new(file);
         if let super::phase::Phase::Running(m) = &self.phase {
-            let Some(b) = m.devices.blocks.iter().find(|b| b.drive_id == drive_id) else {
+            let Some(b) = m.blocks().iter().find(|b| b.drive_id == drive_id) else {
                 return Err(bad(format!("drives: {drive_id:?} is not attached")));
             };
             let f = file.try_clone().map_err(bad)?;
@@ -380,6 +361,18 @@ impl Vmm {
         d.path_on_host = path;
         self.resources.drives.insert(drive_id.to_string(), file);
         Ok(VmmData::Empty)
+    }
+}
+
+/// What a section that only a microVM not started takes does, as a
+/// refusal names it; `None` for the sections taken in any state.
+fn before_start(s: &Pending) -> Option<&'static str> {
+    match s {
+        Pending::BootSource(_) => Some("changing the boot source"),
+        Pending::Drive(_) => Some("adding a drive"),
+        Pending::Net(_) => Some("adding a network interface"),
+        Pending::Vsock(_) => Some("adding a vsock"),
+        Pending::Logger(_) | Pending::Metrics(_) | Pending::DrivePatch(_) => None,
     }
 }
 

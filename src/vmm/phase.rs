@@ -9,10 +9,11 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::builder::{start_microvm, MicroVm, StartContext, StartError, Started, Teardown};
+use super::builder::{start_microvm, MicroVm, StartContext, StartError, Started};
 use super::jobs::Job;
 use super::progress_line::{self, ProgressLine};
 use super::report::{ms, PhaseTimes, ShutdownReport};
+use super::teardown::Teardown;
 use super::{Vmm, EXIT_ERROR, EXIT_GUEST_CRASHED, EXIT_RECLAIM_FAILED};
 
 use crate::api::{ActionResult, VmmActionError, VmmData};
@@ -20,7 +21,6 @@ use crate::devices::ConsoleSink;
 use crate::memory::{
     PopulateProgress, ReclaimError, ReclaimOptions, ReclaimProgress, ReclaimState,
 };
-use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
 
 /// How long the console may take to write out what the guest printed last.
 const CONSOLE_DRAIN_WAIT: Duration = Duration::from_millis(500);
@@ -60,7 +60,7 @@ pub enum Phase {
     /// The `start` job builds it.
     Starting(Starting),
     /// vCPUs run.
-    Running(MicroVm),
+    Running(Box<MicroVm>),
     /// The `reclaim` job stops and frees it.
     Reclaiming(Reclaiming),
     /// Memory freed; the process exits (after a linger, for API shutdowns).
@@ -136,6 +136,10 @@ impl Vmm {
             Ok(e) => e,
             Err(e) => return self.start_failed(format!("cannot clone an eventfd: {e}"), replies),
         };
+        let devices = match self.device_specs() {
+            Ok(d) => d,
+            Err(e) => return self.start_failed(e, replies),
+        };
         let cancel = Arc::new(AtomicBool::new(false));
         self.populate = Arc::new(PopulateProgress::new());
         let ctx = StartContext {
@@ -149,7 +153,7 @@ impl Vmm {
             events_ready,
             cancel: cancel.clone(),
             populate: self.populate.clone(),
-            devices: self.device_specs(),
+            devices,
         };
         match self
             .start_runner
@@ -241,7 +245,7 @@ impl Vmm {
                     microvm.slices.len()
                 );
                 self.slices = microvm.slices.clone();
-                self.phase = Phase::Running(microvm);
+                self.phase = Phase::Running(Box::new(microvm));
                 self.inject_spurious_job_events();
                 if let Some((reason, at)) = shutdown {
                     self.begin_shutdown(reason, at);
@@ -276,19 +280,21 @@ impl Vmm {
         }
     }
 
-    /// The devices the configuration asks for.
-    pub(super) fn device_specs(&self) -> super::devices::DeviceSpecs {
-        super::devices::DeviceSpecs {
+    /// The devices the configuration asks for, with the files, taps and
+    /// socket opened when they were put (one not open fails the start).
+    pub(super) fn device_specs(&self) -> Result<super::devices::DeviceSpecs, String> {
+        let r = &self.resources;
+        Ok(super::devices::DeviceSpecs {
             balloon: self
                 .config
                 .balloon
                 .as_ref()
                 .map(crate::devices::virtio::balloon::BalloonOptions::from),
             discard_workers_per_node: self.config.reclaim.discard_workers(),
-            drives: self.drive_specs(),
-            nets: self.net_specs(),
-            vsock: self.vsock_spec(),
-        }
+            drives: r.drive_specs(&self.config.drives)?,
+            nets: r.net_specs(&self.config.network_interfaces)?,
+            vsock: r.vsock_spec(self.config.vsock.as_ref())?,
+        })
     }
 
     /// A shutdown before anything runs: nothing to free.
@@ -317,7 +323,7 @@ impl Vmm {
                 else {
                     unreachable!("matched Running above");
                 };
-                self.reclaim(Teardown::from(microvm), reason, at);
+                self.reclaim(Teardown::from(*microvm), reason, at);
             }
             Phase::Reclaiming(_) | Phase::Stopped => {}
         }
@@ -384,7 +390,8 @@ impl Vmm {
         report.stderr_dropped_lines = crate::output::dropped_lines();
         if let Some(line) = report.summary_line() {
             self.say(&line);
-            log::info!("{line}");
+            // The log path's copy (stderr has the line already).
+            log::info!(target: crate::logger::SUMMARY_TARGET, "{line}");
         }
         if report.vcpus.panicked > 0 {
             log::error!("{} vCPU threads panicked", report.vcpus.panicked);
@@ -442,44 +449,25 @@ fn reclaim_job(
     progress: Arc<ReclaimProgress>,
     accepted: Instant,
 ) -> ShutdownReport {
-    let Teardown {
-        vcpus,
-        devices,
-        console,
-        vm,
-        memory,
-    } = teardown;
+    let mut teardown = teardown;
     let mut report = ShutdownReport::default();
     let mut phases = PhaseTimes {
         accept_ms: ms(accepted.elapsed()),
         ..PhaseTimes::default()
     };
+    // The one order: vCPUs, devices, console, VM fd; then memory below.
+    let stopped = teardown.stop(CONSOLE_DRAIN_WAIT);
+    report.vcpus = stopped.vcpus;
+    report.devices = stopped.devices;
+    report.console = stopped.console;
+    phases.stop_vcpus_ms = stopped.stop_ms;
+    phases.console_ms = stopped.console_ms;
+    phases.close_vm_ms = stopped.close_vm_ms;
     let mut step = Instant::now();
     let mut lap = |slot: &mut f64| {
         *slot = ms(step.elapsed());
         step = Instant::now();
     };
-    if let Some(mut vcpus) = vcpus {
-        report.vcpus = vcpus.stop(VCPU_STOP_TIMEOUT);
-    }
-    // The devices next: their threads stop, they are reset and taken off
-    // the bus, and the discard pool lets go of guest memory.
-    if let Some(mut devices) = devices {
-        report.devices = devices.stop(Instant::now() + VCPU_STOP_TIMEOUT);
-    }
-    lap(&mut phases.stop_vcpus_ms);
-    if let Some(console) = console {
-        report.console = console.finish(CONSOLE_DRAIN_WAIT);
-    }
-    lap(&mut phases.console_ms);
-    // Measured: freeing with the memslots alive makes every `madvise` walk
-    // KVM's MMU notifier (4x slower for a 1 TiB sparse guest); see CHANGELOG.
-    // Closing the VM on a thread of its own while the workers free gains
-    // nothing either (8 GiB of 4 KiB pages: 0.384 s against 0.380 s): KVM's
-    // shadow-MMU teardown (~10 ms per GiB here) takes the same lock as the
-    // notifier's zaps.
-    drop(vm);
-    lap(&mut phases.close_vm_ms);
     if crate::faults::injected("reclaim-thread-panic") {
         panic!(
             "injected reclaim job panic ({})",
@@ -488,18 +476,21 @@ fn reclaim_job(
     }
     let shown = progress.clone();
     let line = ProgressLine::spawn(move |t| progress_line::reclaim_text(&shown.snapshot(), t));
-    let result = memory.reclaim(opts, topology, &progress);
+    let result = teardown
+        .take_memory()
+        .map(|memory| memory.reclaim(opts, topology, &progress));
     drop(line);
     match result {
-        Ok(r) => report.reclaim = Some(r),
-        Err(ReclaimError::Failed {
+        Some(Ok(r)) => report.reclaim = Some(r),
+        Some(Err(ReclaimError::Failed {
             failures,
             report: r,
-        }) => {
+        })) => {
             report.reclaim = Some(*r);
             report.error = Some(failures.to_string());
         }
-        Err(e) => report.error = Some(e.to_string()),
+        Some(Err(e)) => report.error = Some(e.to_string()),
+        None => report.error = Some("no guest memory to reclaim (a bug)".into()),
     }
     // `reclaim` frees with the executor, then unmaps: the executor's own
     // clock splits the two.

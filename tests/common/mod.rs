@@ -3,19 +3,28 @@
 //! the big-memory KVM tests of one test binary from running at once (cargo
 //! runs test binaries one after another, so one lock per binary suffices).
 //!
-//! The HTTP client ([`client`]) and the parsers of `/proc` and of teravm's
-//! output ([`host`]) are the benchmark's own files, included here, so that
-//! there is one copy of each.
+//! The HTTP client ([`client`]), the parsers of `/proc` and of teravm's
+//! output ([`host`]) and the guest_memfd count ([`gmem`]) are the
+//! `teravm-client` crate's, which the benchmark uses too.
 #![allow(dead_code)]
 
 pub mod api;
-#[path = "../../src/bin/teravm-bench/client.rs"]
-pub mod client;
-#[path = "../../src/bin/teravm-bench/gmem_files.rs"]
-pub mod gmem;
-#[path = "../../src/bin/teravm-bench/host.rs"]
-pub mod host;
 pub mod netns;
+// Not every test binary uses every part.
+#[allow(unused_imports)]
+pub use teravm_client::{host, http as client};
+
+/// What a teravm process holds in guest_memfd files, counted with teravm's
+/// own `cachestat` wrapper.
+pub mod gmem {
+    #[allow(unused_imports)]
+    pub use teravm_client::gmem::{gmem_fds, gmem_mappings};
+
+    /// Bytes allocated in all of `pid`'s guest_memfds (0 where it has none).
+    pub fn gmem_allocated_bytes(pid: u32) -> std::io::Result<u64> {
+        teravm_client::gmem::gmem_allocated_bytes(pid, teravm::memory::gmem::allocated_bytes)
+    }
+}
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -70,8 +79,11 @@ pub fn big_memory() -> MutexGuard<'static, ()> {
 /// A fresh temp dir for one test.
 pub fn temp_dir(name: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
+    // The process id at a fixed width (pid_max is at most 2^22, 7 digits),
+    // so that a path's length, which some messages quote, does not depend
+    // on it.
     let dir = std::env::temp_dir().join(format!(
-        "teravm-test-{}-{}-{}",
+        "teravm-test-{:07}-{}-{}",
         std::process::id(),
         name,
         N.fetch_add(1, Ordering::Relaxed)

@@ -54,7 +54,13 @@ impl Drop for Netns {
 /// An AF_PACKET socket bound to `tap0` inside `ns` (made on a thread that
 /// enters the namespace; the socket keeps it).
 pub fn packet_socket(ns: &Netns) -> OwnedFd {
+    packet_socket_on(ns, "tap0")
+}
+
+/// An AF_PACKET socket bound to the interface `dev` inside `ns`.
+pub fn packet_socket_on(ns: &Netns, dev: &str) -> OwnedFd {
     let path = format!("/var/run/netns/{}", ns.name);
+    let dev = dev.to_string();
     std::thread::spawn(move || {
         let f = std::fs::File::open(&path).unwrap();
         // SAFETY: setns on this thread with a namespace fd we hold.
@@ -71,7 +77,7 @@ pub fn packet_socket(ns: &Netns) -> OwnedFd {
         assert!(fd >= 0, "{}", std::io::Error::last_os_error());
         // SAFETY: a new descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let name = std::ffi::CString::new("tap0").unwrap();
+        let name = std::ffi::CString::new(dev).unwrap();
         // SAFETY: a NUL-terminated name.
         let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
         assert!(index > 0);

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::test_support::*;
 use super::*;
-use crate::api::client::{self, Connection};
+use teravm_client::http::{self as client, Connection};
 
 /// A connection that has sent the head of a `PUT /reclaim` asking for
 /// `100 Continue` and got it: the server counts it as receiving a request.

@@ -16,8 +16,8 @@ use super::{ApiServer, ApiServerError, ServerLimits};
 use crate::api::action::{
     ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData,
 };
-use crate::api::client::{self, Connection};
 use crate::config::MachineConfig;
+use teravm_client::http::{self as client, Connection};
 
 static DIRS: AtomicUsize = AtomicUsize::new(0);
 

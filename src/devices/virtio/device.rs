@@ -26,6 +26,10 @@ pub enum ActivateError {
     /// The device cannot start twice without a reset.
     #[error("the device is already active")]
     AlreadyActive,
+    /// The reset before has not completed (work of the device may still
+    /// touch guest memory).
+    #[error("the device's reset has not completed yet")]
+    ResetInProgress,
     /// An eventfd write failed.
     #[error("cannot signal the device thread: {0}")]
     Signal(std::io::Error),
@@ -223,4 +227,11 @@ pub trait VirtioDevice<M: DeviceMemory>: Send {
     ) -> Result<(), ActivateError>;
     /// Stops the device and forgets the queues and the guest memory.
     fn reset(&mut self);
+    /// After [`VirtioDevice::reset`]: whether work the device started may
+    /// still touch guest memory (a discard in flight). The transport reports
+    /// the reset complete (Status reads 0, virtio 1.2, 2.4) and lets the
+    /// driver start again only once this is false; it must return promptly.
+    fn reset_in_progress(&mut self) -> bool {
+        false
+    }
 }

@@ -132,6 +132,10 @@ pub enum MmioError {
     /// A write to a read-only or unknown register.
     #[error("write to read-only or unknown register {0:#x}")]
     ReadOnly(u64),
+    /// A status write before the reset completed (Status still reads the
+    /// status it had).
+    #[error("status {0:#x} written before the device's reset completed")]
+    ResetInProgress(u32),
     /// A feature write outside `DRIVER` .. `FEATURES_OK`.
     #[error("driver features written outside feature negotiation (status {0:#x})")]
     FeaturesNotNegotiating(u32),
@@ -234,6 +238,9 @@ pub struct MmioTransport<M: DeviceMemory> {
     /// The driver set a bit in a feature page past the second (never offered).
     driver_features_beyond: bool,
     queue_sel: u32,
+    /// The status before the last reset: what Status reads until the device
+    /// says the reset completed ([`VirtioDevice::reset_in_progress`]).
+    status_before_reset: u32,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for MmioTransport<M> {
@@ -287,6 +294,7 @@ impl<M: DeviceMemory> MmioTransport<M> {
             driver_features: 0,
             driver_features_beyond: false,
             queue_sel: 0,
+            status_before_reset: 0,
         })
     }
 
@@ -348,6 +356,9 @@ impl<M: DeviceMemory> MmioTransport<M> {
             regs::QUEUE_NUM_MAX => q.map_or(0, |i| u32::from(self.max_sizes[i])),
             regs::QUEUE_READY => q.map_or(0, |i| u32::from(self.queues[i].ready)),
             regs::INTERRUPT_STATUS => self.interrupt.status(),
+            regs::STATUS if self.status == 0 && lock(&self.device).reset_in_progress() => {
+                self.status_before_reset | status::ACKNOWLEDGE
+            }
             regs::STATUS => self.status,
             regs::SHM_LEN_LOW | regs::SHM_LEN_HIGH | regs::SHM_BASE_LOW | regs::SHM_BASE_HIGH => {
                 u32::MAX
@@ -472,6 +483,9 @@ impl<M: DeviceMemory> MmioTransport<M> {
             self.reset();
             return Ok(());
         }
+        if self.status == 0 && lock(&self.device).reset_in_progress() {
+            return Err(MmioError::ResetInProgress(v));
+        }
         let keep = self.status & !status::DEVICE_NEEDS_RESET;
         let refuse = MmioError::StatusTransition {
             from: self.status,
@@ -559,6 +573,9 @@ impl<M: DeviceMemory> MmioTransport<M> {
 
     /// Status 0: forgets everything the driver set and resets the device.
     fn reset(&mut self) {
+        if self.status != 0 {
+            self.status_before_reset = self.status;
+        }
         self.status = 0;
         self.device_features_sel = 0;
         self.driver_features_sel = 0;

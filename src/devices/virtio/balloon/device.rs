@@ -11,8 +11,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::features::{DEFLATE_ON_OOM, MUST_TELL_HOST, REPORTING, STATS_VQ};
 use super::metrics::BalloonMetrics;
-use super::ranges::RamMap;
-use super::sink::{Completion, DiscardSink};
+use super::ranges::{GuestRange, RamMap};
+use super::sink::{Completion, DiscardAck, DiscardKind, DiscardSink, SinkWork};
 use super::stats::BalloonStats;
 use super::{BalloonError, CONFIG_SPACE_BYTES, PAGES_PER_MIB, QUEUE_SIZE, VIRTIO_ID_BALLOON};
 use crate::devices::virtio::{
@@ -80,10 +80,27 @@ pub(super) struct Active<M: DeviceMemory> {
     /// The statistics buffer the device holds until the next update.
     pub stats_head: Option<u16>,
     pub next_stats_at: Option<Instant>,
-    /// Batches at the sink.
-    pub inflight: usize,
     /// Queues with work left over from a bounded pass.
     pub pending: Vec<bool>,
+}
+
+/// A batch handed to the sink and not yet completed: its ranges (sorted,
+/// merged) may still be freed, so no page of them goes back to the guest.
+#[derive(Debug)]
+pub(super) struct InFlightBatch {
+    pub id: u64,
+    pub ranges: Vec<GuestRange>,
+}
+
+/// Chains whose pages the guest takes back (deflated, or reported and
+/// freed), held until no batch in flight covers them.
+#[derive(Debug)]
+pub(super) struct Parked {
+    pub epoch: u64,
+    pub queue: usize,
+    pub heads: Vec<u16>,
+    /// Sorted, merged.
+    pub ranges: Vec<GuestRange>,
 }
 
 /// A virtio-balloon.
@@ -106,6 +123,16 @@ pub struct Balloon<M: DeviceMemory> {
     pub(super) completion_tx: Sender<Completion>,
     pub(super) completion_rx: Receiver<Completion>,
     pub(super) wake: Arc<EventFd>,
+    /// Batches at the sink, across resets (at most
+    /// [`super::MAX_INFLIGHT_BATCHES`]: a reset is not complete until they
+    /// end, so a new activation starts with none).
+    pub(super) in_flight: Vec<InFlightBatch>,
+    pub(super) next_batch: u64,
+    /// Chains waiting for batches in flight (at most
+    /// [`super::MAX_PARKED_DEFLATES`] deflate passes plus one per batch).
+    pub(super) parked: Vec<Parked>,
+    /// Batches of this pass, for the sink once the lock is let go.
+    pub(super) outbox: Vec<(DiscardKind, Vec<GuestRange>, DiscardAck)>,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for Balloon<M> {
@@ -164,6 +191,10 @@ impl<M: DeviceMemory> Balloon<M> {
             completion_tx,
             completion_rx,
             wake: Arc::new(EventFd::new(EFD_NONBLOCK).map_err(BalloonError::EventFd)?),
+            in_flight: Vec::new(),
+            next_batch: 0,
+            parked: Vec::new(),
+            outbox: Vec::new(),
         })
     }
 
@@ -255,6 +286,26 @@ impl<M: DeviceMemory> Balloon<M> {
         &self.wake
     }
 
+    /// The batches the last pass made, to hand to the sink with the lock let
+    /// go ([`SinkWork::send`]). The balloon's thread calls this after every
+    /// call into the balloon.
+    pub fn take_sink_work(&mut self) -> SinkWork {
+        SinkWork {
+            sink: self.sink.clone(),
+            batches: std::mem::take(&mut self.outbox),
+        }
+    }
+
+    /// Batches handed to the sink and not completed yet.
+    pub fn batches_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Chains held back until the discards covering their pages end.
+    pub fn chains_parked(&self) -> usize {
+        self.parked.iter().map(|p| p.heads.len()).sum()
+    }
+
     /// Whether the device runs (between `DRIVER_OK` and a reset).
     pub fn is_active(&self) -> bool {
         self.active.is_some()
@@ -332,6 +383,12 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
                 return Err(ActivateError::QueueNotReady(i));
             }
         }
+        self.drain_completions();
+        if !self.in_flight.is_empty() {
+            // The transport refuses DRIVER_OK until the reset completed.
+            BalloonMetrics::add(&self.metrics.activate_fails, 1);
+            return Err(ActivateError::ResetInProgress);
+        }
         let ram = RamMap::of(&*mem, self.discard_page_bytes);
         let n = queues.len();
         self.epoch += 1;
@@ -343,7 +400,6 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
             interrupt,
             stats_head: None,
             next_stats_at: layout.stats.map(|_| Instant::now() + self.stats_interval),
-            inflight: 0,
             // Buffers added before DRIVER_OK (Linux adds the statistics
             // buffer then): look at every queue once.
             pending: vec![true; n],
@@ -352,10 +408,20 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
     }
 
     fn reset(&mut self) {
-        // Drops the queues and the guest memory. Batches still at the sink
-        // complete into a stale epoch and are ignored.
+        // Drops the queues, the chains held back and the guest memory.
+        // Batches still at the sink complete into a stale epoch: their
+        // chains are not returned, but the reset is complete only once they
+        // ended (`reset_in_progress`), for the guest owns all its memory
+        // again then.
         self.active = None;
         self.actual_pages = 0;
-        while self.completion_rx.try_recv().is_ok() {}
+        self.parked.clear();
+        self.outbox.clear();
+        self.drain_completions();
+    }
+
+    fn reset_in_progress(&mut self) -> bool {
+        self.drain_completions();
+        self.active.is_none() && !self.in_flight.is_empty()
     }
 }

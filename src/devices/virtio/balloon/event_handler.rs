@@ -10,7 +10,9 @@
 //! Syscalls it makes, for its seccomp role: `epoll_create1`, `epoll_ctl`
 //! (at start), `epoll_wait`, `read` and `write` on eventfds, `futex` (the
 //! balloon's lock, the completion channel), and whatever the sink does
-//! inline in [`super::DiscardSink::discard`] / `reclaimed`.
+//! inline in [`super::DiscardSink::discard`], which it calls with the
+//! balloon's lock let go ([`super::SinkWork`]): a slow discard never stalls
+//! a vCPU, the API or a shutdown behind that lock.
 
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -107,12 +109,19 @@ impl<M: DeviceMemory> BalloonWorker<M> {
                     let mut b = self.lock();
                     let _ = b.wake_evt().read();
                     b.process_wake();
+                    let work = b.take_sink_work();
+                    drop(b);
+                    work.send();
                 }
                 t => {
                     let i = (t - QUEUE0) as usize;
                     if let Some(e) = self.queue_evts.get(i) {
                         let _ = e.read();
-                        self.lock().process_queue(i);
+                        let mut b = self.lock();
+                        b.process_queue(i);
+                        let work = b.take_sink_work();
+                        drop(b);
+                        work.send();
                     }
                 }
             }

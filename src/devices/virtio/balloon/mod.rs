@@ -13,8 +13,12 @@
 //!   deadline, and locks the balloon for one bounded pass per event.
 //! - Inflated and reported ranges are clipped to guest RAM and aligned
 //!   inward ([`ranges`]), then handed to a [`DiscardSink`] ([`sink`]) with a
-//!   [`DiscardAck`]; inflated chains are acknowledged at once, reported
-//!   chains when the ack says the ranges are freed.
+//!   [`DiscardAck`], with no lock of the balloon held ([`SinkWork`]);
+//!   inflated chains are acknowledged at once, reported chains when the ack
+//!   says the ranges are freed. A page goes back to the guest (a deflate, a
+//!   report, a reset) only once every batch that covers it has ended: the
+//!   chain is parked until then, and a reset completes (Status reads 0) only
+//!   when no batch is in flight ([`crate::devices::virtio::VirtioDevice::reset_in_progress`]).
 //! - Counters: [`metrics::BalloonMetrics`].
 
 pub mod device;
@@ -31,7 +35,7 @@ pub use device::{Balloon, BalloonOptions, QueueLayout};
 pub use event_handler::BalloonWorker;
 pub use metrics::{BalloonMetrics, BalloonMetricsSnapshot};
 pub use ranges::{GuestRange, RamMap, BALLOON_PAGE_BYTES};
-pub use sink::{DiscardAck, DiscardKind, DiscardSink};
+pub use sink::{DiscardAck, DiscardKind, DiscardSink, SinkWork};
 pub use stats::BalloonStats;
 
 /// The virtio device ID of a balloon.
@@ -71,6 +75,9 @@ pub const MAX_CHAINS_PER_PASS: usize = 64;
 /// Most batches at the sink at once; past it, inflate and reporting chains
 /// wait in their rings until a batch completes.
 pub const MAX_INFLIGHT_BATCHES: usize = 16;
+/// Most deflate passes held back at once because discards still cover
+/// their pages; past it, deflate chains wait in their ring.
+pub const MAX_PARKED_DEFLATES: usize = 4;
 
 /// Errors of the balloon.
 #[derive(Debug, thiserror::Error)]

@@ -8,18 +8,28 @@
 //! part and takes at most [`MAX_CHAINS_PER_PASS`] chains per pass. Every
 //! range is clipped to guest RAM before the sink sees it. Every chain taken
 //! is returned to the guest (used ring), whatever was wrong with it.
+//!
+//! No page goes back to the guest while a discard can reach it: each batch
+//! handed to the sink is listed in flight (its ranges) until its ack comes
+//! back, and a deflate chain, or a report chain once freed, whose pages a
+//! listed batch covers is parked (bounded: [`super::MAX_PARKED_DEFLATES`]) and
+//! returned when the last covering batch completes (the ack wakes this
+//! thread). Nothing here waits: the balloon's lock is never held across a
+//! discard.
 
 use std::time::{Duration, Instant};
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestMemory};
 
-use super::device::Active;
+use super::device::{Active, InFlightBatch, Parked};
 use super::metrics::BalloonMetrics;
-use super::ranges::{pfns_to_ranges, GuestRange};
+use super::ranges::{overlaps_any, pfns_to_ranges, sorted_merged, GuestRange};
 use super::sink::{Completion, DiscardAck, DiscardKind};
 use super::stats::{MAX_STAT_ENTRIES, STAT_ENTRY_BYTES};
-use super::{Balloon, MAX_CHAINS_PER_PASS, MAX_INFLIGHT_BATCHES, MAX_PFNS_PER_CHAIN};
+use super::{
+    Balloon, MAX_CHAINS_PER_PASS, MAX_INFLIGHT_BATCHES, MAX_PARKED_DEFLATES, MAX_PFNS_PER_CHAIN,
+};
 use crate::devices::virtio::{DeviceMemory, VirtioInterruptType};
 
 /// Reads up to `out.len()` bytes of the chain's device-readable buffers;
@@ -67,9 +77,7 @@ impl<M: DeviceMemory> Balloon<M> {
     /// The wake eventfd fired: returns completed batches to the guest, then
     /// runs the passes left over.
     pub fn process_wake(&mut self) {
-        while let Ok(c) = self.completion_rx.try_recv() {
-            self.complete(c);
-        }
+        self.drain_completions();
         let Some(a) = self.active.as_mut() else {
             return;
         };
@@ -108,6 +116,54 @@ impl<M: DeviceMemory> Balloon<M> {
         if let Some(head) = a.stats_head.take() {
             let ok = Self::return_chains(a, q, &[head]);
             Self::count_fail(&self.metrics, ok);
+        }
+    }
+
+    /// Takes the sink's completions: their batches are no longer in flight,
+    /// and chains that waited only for them go back to the guest.
+    pub(super) fn drain_completions(&mut self) {
+        let mut any = false;
+        while let Ok(c) = self.completion_rx.try_recv() {
+            self.complete(c);
+            any = true;
+        }
+        if any {
+            self.release_parked();
+        }
+    }
+
+    /// Whether a batch in flight covers any of `ranges`.
+    fn covered(&self, ranges: &[GuestRange]) -> bool {
+        ranges
+            .iter()
+            .any(|r| self.in_flight.iter().any(|b| overlaps_any(&b.ranges, r)))
+    }
+
+    /// Returns the parked chains no batch in flight covers any more (and
+    /// drops those of an earlier activation: their queues are gone).
+    fn release_parked(&mut self) {
+        let epoch = self.epoch;
+        let mut parked = std::mem::take(&mut self.parked);
+        parked.retain(|p| p.epoch == epoch && self.active.is_some());
+        let mut kept = Vec::with_capacity(parked.len());
+        let mut deflate_freed = false;
+        for p in parked {
+            if self.covered(&p.ranges) {
+                kept.push(p);
+                continue;
+            }
+            if let Some(a) = self.active.as_mut() {
+                deflate_freed |= p.queue == a.layout.deflate;
+                let ok = Self::return_chains(a, p.queue, &p.heads);
+                Self::count_fail(&self.metrics, ok);
+            }
+        }
+        self.parked = kept;
+        // Deflate chains that waited for room get a pass.
+        if let Some(a) = self.active.as_ref() {
+            if deflate_freed && a.pending[a.layout.deflate] && self.wake.write(1).is_err() {
+                BalloonMetrics::add(&self.metrics.event_fails, 1);
+            }
         }
     }
 
@@ -192,21 +248,28 @@ impl<M: DeviceMemory> Balloon<M> {
         let Some(a) = self.active.as_mut() else {
             return false;
         };
-        if a.inflight >= MAX_INFLIGHT_BATCHES {
+        if self.in_flight.len() >= MAX_INFLIGHT_BATCHES {
             a.pending[q] = true;
             return false;
         }
         true
     }
 
-    /// Hands a batch to the sink; `heads` of queue `q` go back to the guest
-    /// when the sink completes it.
+    /// Lists a batch in flight and queues it for the sink (sent once the
+    /// lock is let go); `heads` of queue `q` go back to the guest when the
+    /// sink completes it and no other batch covers its ranges.
     fn send_to_sink(&mut self, kind: DiscardKind, q: usize, heads: Vec<u16>, r: Vec<GuestRange>) {
-        let Some(a) = self.active.as_mut() else {
+        if self.active.is_none() {
             return;
-        };
-        a.inflight += 1;
+        }
+        let batch = self.next_batch;
+        self.next_batch += 1;
+        self.in_flight.push(InFlightBatch {
+            id: batch,
+            ranges: sorted_merged(r.clone()),
+        });
         let c = Completion {
+            batch,
             epoch: self.epoch,
             kind,
             queue: q,
@@ -216,17 +279,23 @@ impl<M: DeviceMemory> Balloon<M> {
             freed: false,
         };
         let ack = DiscardAck::new(c, self.completion_tx.clone(), self.wake.clone());
-        self.sink.discard(kind, r, ack);
+        self.outbox.push((kind, r, ack));
     }
 
+    /// One batch ended: off the in-flight list; its chains (a report's)
+    /// are parked until no other batch covers them
+    /// ([`Self::release_parked`], which the caller runs next).
     fn complete(&mut self, c: Completion) {
+        let ranges = match self.in_flight.iter().position(|b| b.id == c.batch) {
+            Some(i) => self.in_flight.swap_remove(i).ranges,
+            None => Vec::new(),
+        };
         if c.epoch != self.epoch {
             return;
         }
         let Some(a) = self.active.as_mut() else {
             return;
         };
-        a.inflight = a.inflight.saturating_sub(1);
         if c.freed {
             BalloonMetrics::add(&self.metrics.discarded_bytes, c.bytes);
             BalloonMetrics::add(&self.metrics.discarded_ranges, c.ranges);
@@ -236,8 +305,14 @@ impl<M: DeviceMemory> Balloon<M> {
                 BalloonMetrics::add(&self.metrics.free_page_report_fails, 1);
             }
         }
-        let ok = Self::return_chains(a, c.queue, &c.heads);
-        Self::count_fail(&self.metrics, ok);
+        if !c.heads.is_empty() {
+            self.parked.push(Parked {
+                epoch: c.epoch,
+                queue: c.queue,
+                heads: c.heads,
+                ranges,
+            });
+        }
         // A batch completed: queues waiting for room get a pass.
         for q in [Some(a.layout.inflate), a.layout.reporting]
             .into_iter()
@@ -275,14 +350,33 @@ impl<M: DeviceMemory> Balloon<M> {
         let Some(q) = self.active.as_ref().map(|a| a.layout.deflate) else {
             return;
         };
+        let parked = self.parked.iter().filter(|p| p.queue == q).count();
+        if parked >= MAX_PARKED_DEFLATES {
+            // The chains wait in the ring until a parked pass goes back.
+            if let Some(a) = self.active.as_mut() {
+                a.pending[q] = true;
+            }
+            return;
+        }
         let (heads, ranges, pages) = self.take_pfn_chains(q);
         BalloonMetrics::add(&self.metrics.deflate_count, heads.len() as u64);
         BalloonMetrics::add(&self.metrics.deflated_pages, pages);
-        // The guest gets the pages back only once no discard of them is in
-        // flight.
-        let a = self.active.as_ref().map(|a| a.ram.clip(&ranges).ranges);
-        if let Some(kept) = a.filter(|k| !k.is_empty()) {
-            self.sink.reclaimed(&kept);
+        // The guest gets the pages back only once no discard that covers
+        // them is in flight, however long that takes. The PFNs as given (not
+        // clipped to whole discard pages): a 4 KiB page inside a huge page
+        // being freed is covered too.
+        if self.covered(&ranges) {
+            log::debug!(
+                "balloon deflate: {} chain(s) wait for discards of their pages",
+                heads.len()
+            );
+            self.parked.push(Parked {
+                epoch: self.epoch,
+                queue: q,
+                heads,
+                ranges,
+            });
+            return;
         }
         if let Some(a) = self.active.as_mut() {
             let ok = Self::return_chains(a, q, &heads);

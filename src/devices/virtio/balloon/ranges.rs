@@ -154,6 +154,29 @@ pub fn pfns_to_ranges(pfns: &mut [u32]) -> Vec<GuestRange> {
     out
 }
 
+/// `ranges` sorted by address, those that overlap or touch merged (empty
+/// ones dropped): the form [`overlaps_any`] searches.
+pub fn sorted_merged(mut ranges: Vec<GuestRange>) -> Vec<GuestRange> {
+    ranges.retain(|r| r.len > 0);
+    ranges.sort_unstable();
+    let mut out: Vec<GuestRange> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match out.last_mut() {
+            Some(last) if r.gpa <= last.end() => {
+                last.len = last.end().max(r.end()) - last.gpa;
+            }
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+/// Whether `r` overlaps any of `sorted` (as [`sorted_merged`] makes it).
+pub fn overlaps_any(sorted: &[GuestRange], r: &GuestRange) -> bool {
+    let i = sorted.partition_point(|s| s.end() <= r.gpa);
+    sorted.get(i).is_some_and(|s| s.gpa < r.end())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +190,19 @@ mod tests {
     fn two_regions(page: u64) -> RamMap {
         // 0..3 GiB, then 4..5 GiB: the MMIO gap in between.
         RamMap::new(vec![r(4 * GIB, GIB), r(0, 3 * GIB)], page)
+    }
+
+    #[test]
+    fn overlaps_search_merged_ranges() {
+        let s = sorted_merged(vec![r(0x5000, 0x1000), r(0x1000, 0x1000), r(0x2000, 0x800)]);
+        assert_eq!(s, vec![r(0x1000, 0x1800), r(0x5000, 0x1000)]);
+        assert!(overlaps_any(&s, &r(0x27ff, 1)));
+        assert!(!overlaps_any(&s, &r(0x2800, 0x2800)));
+        assert!(overlaps_any(&s, &r(0, 0x1001)));
+        assert!(overlaps_any(&s, &r(0x5800, 0x100)));
+        assert!(!overlaps_any(&s, &r(0x6000, 0x1000)));
+        assert!(!overlaps_any(&s, &r(0, 0x1000)));
+        assert!(!overlaps_any(&[], &r(0, u64::MAX)));
     }
 
     #[test]

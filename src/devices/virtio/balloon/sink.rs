@@ -9,6 +9,13 @@
 //! still hands the guest its descriptors back. The ack's completion travels
 //! over a channel and wakes the balloon's thread through an eventfd; only
 //! that thread touches the queues.
+//!
+//! An ack completes only once its discard has ended (freed, failed, or
+//! abandoned by a stopping pool): the balloon lists each batch as in flight
+//! until then, and no page of it goes back to the guest (a deflate, a
+//! report's chain, a reset) while it is listed. The sink is called with no
+//! lock of the balloon held ([`SinkWork`]): a sink that frees inline, or
+//! slowly, stalls only the balloon's thread.
 
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -31,22 +38,42 @@ pub enum DiscardKind {
 /// Frees guest ranges. Every range it is given lies inside guest RAM (one
 /// region each) and is aligned to the balloon's discard page size.
 pub trait DiscardSink: Send + Sync {
-    /// Frees `ranges`, then completes `ack` (from any thread). Must not
-    /// block for long: the balloon's thread calls it.
+    /// Frees `ranges`, then completes `ack` (from any thread) once nothing
+    /// of the discard can reach the ranges any more. The balloon's thread
+    /// calls it, holding no lock of the balloon.
     fn discard(&self, kind: DiscardKind, ranges: Vec<GuestRange>, ack: DiscardAck);
+}
 
-    /// The guest takes `ranges` back (deflate): returns once no discard
-    /// overlapping them is still in flight, so a page is never freed after
-    /// the guest got it back. The default does nothing (for sinks that free
-    /// before they complete the ack).
-    fn reclaimed(&self, ranges: &[GuestRange]) {
-        let _ = ranges;
+/// Batches a pass of the balloon made, to hand to the sink once the
+/// balloon's lock is let go ([`super::Balloon::take_sink_work`]).
+#[must_use = "the batches are listed as in flight until the sink completes them"]
+pub struct SinkWork {
+    pub(crate) sink: Arc<dyn DiscardSink>,
+    pub(crate) batches: Vec<(DiscardKind, Vec<GuestRange>, DiscardAck)>,
+}
+
+impl std::fmt::Debug for SinkWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkWork")
+            .field("batches", &self.batches.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SinkWork {
+    /// Hands every batch to the sink (call with no lock of the balloon held).
+    pub fn send(self) {
+        for (kind, ranges, ack) in self.batches {
+            self.sink.discard(kind, ranges, ack);
+        }
     }
 }
 
 /// What a completed ack tells the balloon's thread.
 #[derive(Debug)]
 pub(crate) struct Completion {
+    /// The batch (listed in flight until this arrives).
+    pub batch: u64,
     /// The activation the batch belongs to (a reset in between makes it
     /// stale: its heads are not returned to the new queues).
     pub epoch: u64,

@@ -38,7 +38,6 @@ fn mem() -> Mem {
 struct Sink {
     ram: Mutex<Option<RamMap>>,
     got: Mutex<Vec<(DiscardKind, Vec<GuestRange>)>>,
-    reclaimed: Mutex<Vec<GuestRange>>,
     held: Mutex<Vec<DiscardAck>>,
     hold: bool,
 }
@@ -58,9 +57,6 @@ impl DiscardSink for Sink {
         } else {
             ack.freed();
         }
-    }
-    fn reclaimed(&self, ranges: &[GuestRange]) {
-        self.reclaimed.lock().unwrap().extend_from_slice(ranges);
     }
 }
 
@@ -115,9 +111,22 @@ fn start<'a>(r: &mut Rig, mem: &'a GuestMemoryMmap<()>, acked: u64, size: u16) -
         .collect();
     let irq: Arc<dyn VirtioInterrupt> = r.irq.clone();
     r.b.activate(r.mem.clone(), acked, queues, irq).unwrap();
-    r.b.process_wake();
+    wake(&mut r.b);
     let _ = r.b.wake_evt().read(); // as the balloon's thread would
     qs
+}
+
+/// One pass over queue `i` as the balloon's thread makes it: the batches
+/// go to the sink once the pass is over.
+fn queue(b: &mut Balloon<Mem>, i: usize) {
+    b.process_queue(i);
+    b.take_sink_work().send();
+}
+
+/// The wake eventfd fired, as the balloon's thread handles it.
+fn wake(b: &mut Balloon<Mem>) {
+    b.process_wake();
+    b.take_sink_work().send();
 }
 
 fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
@@ -248,7 +257,7 @@ fn inflate_then_deflate() {
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
     add_pfns(&mem, &qs[0], 0, BUF, &[0x102, 0x100, 0x101, 0x200, 0x100]);
-    r.b.process_queue(0);
+    queue(&mut r.b, 0);
     assert_eq!(used(&qs[0]), 1, "inflate acknowledged at once");
     assert_eq!(
         got(&r, DiscardKind::Inflate),
@@ -260,17 +269,14 @@ fn inflate_then_deflate() {
         .lock()
         .unwrap()
         .contains(&VirtioInterruptType::Queue(0)));
-    r.b.process_wake(); // the sink's completion
+    wake(&mut r.b); // the sink's completion
     let s = m(&r.b);
     assert_eq!((s.inflate_count, s.inflated_pages), (1, 5));
     assert_eq!((s.discarded_bytes, s.discarded_ranges), (4 * PAGE, 2));
     add_pfns(&mem, &qs[1], 0, BUF, &[0x100, 0x101]);
-    r.b.process_queue(1);
-    assert_eq!(used(&qs[1]), 1);
-    assert_eq!(
-        *r.sink.reclaimed.lock().unwrap(),
-        vec![range(0x100 * PAGE, 2 * PAGE)]
-    );
+    queue(&mut r.b, 1);
+    assert_eq!(used(&qs[1]), 1, "no discard of them in flight: at once");
+    assert_eq!(r.b.chains_parked(), 0);
     assert_eq!((m(&r.b).deflate_count, m(&r.b).deflated_pages), (1, 2));
 }
 
@@ -289,13 +295,13 @@ fn reported_ranges_acknowledged_only_once_freed() {
             0,
         )
         .unwrap();
-    r.b.process_queue(3);
+    queue(&mut r.b, 3);
     assert_eq!(
         got(&r, DiscardKind::Report),
         vec![range(16 * MIB, 4 * MIB), range(HIGH, 2 * MIB)]
     );
     assert_eq!(used(&qs[3]), 0, "not before the sink says freed");
-    r.b.process_wake();
+    wake(&mut r.b);
     assert_eq!(used(&qs[3]), 0);
     let ack = r.sink.held.lock().unwrap().pop().unwrap();
     assert_eq!(ack.bytes(), 6 * MIB);
@@ -305,7 +311,7 @@ fn reported_ranges_acknowledged_only_once_freed() {
         1,
         "the ack wakes the balloon thread"
     );
-    r.b.process_wake();
+    wake(&mut r.b);
     assert_eq!(used(&qs[3]), 1);
     let s = m(&r.b);
     assert_eq!((s.free_page_report_count, s.discarded_bytes), (1, 6 * MIB));
@@ -313,9 +319,9 @@ fn reported_ranges_acknowledged_only_once_freed() {
     qs[3]
         .add_desc_chains(&[desc(32 * MIB, PAGE as u32, VRING_DESC_F_WRITE, 0)], 2)
         .unwrap();
-    r.b.process_queue(3);
+    queue(&mut r.b, 3);
     drop(r.sink.held.lock().unwrap().pop());
-    r.b.process_wake();
+    wake(&mut r.b);
     assert_eq!(used(&qs[3]), 2);
     assert_eq!(m(&r.b).discard_fails, 1);
 }
@@ -334,7 +340,7 @@ fn statistics_buffer_held_until_the_next_update() {
     qs[2]
         .add_desc_chains(&[desc(BUF, buf.len() as u32, 0, 0)], 0)
         .unwrap();
-    r.b.process_queue(2);
+    queue(&mut r.b, 2);
     let st = r.b.latest_stats().unwrap();
     assert_eq!(
         (st.free_memory, st.total_memory, st.available_memory),
@@ -370,7 +376,7 @@ fn hostile_pfns_and_ranges_never_leave_ram() {
         BUF,
         &[u32::MAX, gap, gap + 5, top, top - 1, 7],
     );
-    r.b.process_queue(0);
+    queue(&mut r.b, 0);
     assert_eq!(
         got(&r, DiscardKind::Inflate),
         vec![
@@ -391,8 +397,8 @@ fn hostile_pfns_and_ranges_never_leave_ram() {
         desc(4 * PAGE, 0, wo, 0),
     ];
     qs[3].add_desc_chains(&chains, 0).unwrap();
-    r.b.process_queue(3);
-    r.b.process_wake();
+    queue(&mut r.b, 3);
+    wake(&mut r.b);
     assert_eq!(
         got(&r, DiscardKind::Report),
         vec![
@@ -411,7 +417,7 @@ fn hostile_pfns_and_ranges_never_leave_ram() {
     qs[3]
         .add_desc_chains(&[desc(3 * GIB, PAGE as u32, wo, 0)], 6)
         .unwrap();
-    r.b.process_queue(3);
+    queue(&mut r.b, 3);
     assert_eq!(used(&qs[3]), 7);
     assert_eq!(r.sink.got.lock().unwrap().len(), before);
 }
@@ -443,19 +449,30 @@ fn hostile_descriptors_loops_write_only_outside_ram() {
         tbl.avail().ring().ref_at(i).unwrap().store(*h);
     }
     tbl.avail().idx().store(heads.len() as u16);
-    r.b.process_queue(0);
-    r.b.process_wake();
+    queue(&mut r.b, 0);
+    wake(&mut r.b);
     // The loop's PFN (read up to the chain's TTL) and the huge buffer's
     // first 16 KiB: only page 9 and what lies at BUF.. inside RAM.
-    for g in got(&r, DiscardKind::Inflate) {
-        assert!(g.end() <= 3 * GIB);
+    let inflated = got(&r, DiscardKind::Inflate);
+    assert!(
+        inflated.contains(&range(9 * PAGE, PAGE)),
+        "the loop's PFN 9 was read: {inflated:?}"
+    );
+    for g in &inflated {
+        assert!(g.end() <= 3 * GIB, "{g:?}");
     }
-    assert!(used(&qs[0]) >= 4, "chains returned");
+    assert_eq!(used(&qs[0]), 4, "the four chains with a head in the table");
     assert!(m(&r.b).event_fails >= 2);
-    // A descriptor chain longer than the ring: avail idx far ahead.
+    // An available index far ahead of the ring (1000 entries in a ring of
+    // 16): nothing is taken, returned or discarded, and nothing panics.
+    let (used_before, batches_before) = (used(&qs[0]), r.sink.got.lock().unwrap().len());
+    let pfns_before = m(&r.b).inflated_pages;
     tbl.avail().idx().store(1000);
-    r.b.process_queue(0);
-    r.b.process_wake();
+    queue(&mut r.b, 0);
+    wake(&mut r.b);
+    assert_eq!(used(&qs[0]), used_before);
+    assert_eq!(r.sink.got.lock().unwrap().len(), batches_before);
+    assert_eq!(m(&r.b).inflated_pages, pfns_before);
 }
 
 #[test]
@@ -466,12 +483,12 @@ fn reset_in_the_middle_drops_stale_completions() {
     qs[3]
         .add_desc_chains(&[desc(16 * MIB, MIB as u32, VRING_DESC_F_WRITE, 0)], 0)
         .unwrap();
-    r.b.process_queue(3);
+    queue(&mut r.b, 3);
     r.b.reset();
     assert!(!r.b.is_active());
     r.sink.held.lock().unwrap().pop().unwrap().freed();
-    r.b.process_wake();
-    r.b.process_queue(3);
+    wake(&mut r.b);
+    queue(&mut r.b, 3);
     assert_eq!(used(&qs[3]), 0, "no write to the old rings after reset");
     // Start again: new rings, same flows.
     let mem2 = r.mem.clone();
@@ -480,9 +497,9 @@ fn reset_in_the_middle_drops_stale_completions() {
     qs2[2]
         .add_desc_chains(&[desc(16 * MIB, MIB as u32, VRING_DESC_F_WRITE, 0)], 0)
         .unwrap();
-    r.b.process_queue(2);
+    queue(&mut r.b, 2);
     r.sink.held.lock().unwrap().pop().unwrap().freed();
-    r.b.process_wake();
+    wake(&mut r.b);
     assert_eq!(used(&qs2[2]), 1);
 }
 
@@ -500,14 +517,14 @@ fn bounded_work_per_pass_and_in_flight() {
             &[u32::from(i) + 16],
         );
     }
-    r.b.process_queue(0);
+    queue(&mut r.b, 0);
     assert_eq!(usize::from(used(&qs[0])), MAX_CHAINS_PER_PASS);
     assert_eq!(
         r.b.wake_evt().read().unwrap(),
         1,
         "more work: the thread wakes"
     );
-    r.b.process_wake();
+    wake(&mut r.b);
     assert_eq!(used(&qs[0]), 100);
     // The sink holds every batch: past MAX_INFLIGHT_BATCHES, reports wait.
     for i in 0..(MAX_INFLIGHT_BATCHES as u16 + 4) {
@@ -515,14 +532,14 @@ fn bounded_work_per_pass_and_in_flight() {
         qs[3]
             .add_desc_chains(&[desc(gpa, MIB as u32, VRING_DESC_F_WRITE, 0)], i)
             .unwrap();
-        r.b.process_queue(3);
+        queue(&mut r.b, 3);
     }
     let held = r.sink.held.lock().unwrap().len();
     assert_eq!(held, MAX_INFLIGHT_BATCHES);
     let acks: Vec<DiscardAck> = r.sink.held.lock().unwrap().drain(..).collect();
     acks.into_iter().for_each(DiscardAck::freed);
-    r.b.process_wake();
-    r.b.process_wake();
+    wake(&mut r.b);
+    wake(&mut r.b);
     assert!(
         !r.sink.held.lock().unwrap().is_empty(),
         "the waiting reports went on"
@@ -540,7 +557,7 @@ fn huge_pages_discarded_whole_only() {
     add_pfns(&mem, &qs[0], 0, BUF, &whole);
     let part: Vec<u32> = (1024..1535).collect();
     add_pfns(&mem, &qs[0], 1, BUF + 4 * PAGE * 256, &part);
-    r.b.process_queue(0);
+    queue(&mut r.b, 0);
     assert_eq!(got(&r, DiscardKind::Inflate), vec![range(huge, huge)]);
     assert_eq!(m(&r.b).refused_bytes, 511 * PAGE);
 }
@@ -579,4 +596,218 @@ fn worker_thread_serves_queues_until_exit() {
     t.join().unwrap().unwrap();
     let g = r.sink.got.lock().unwrap();
     assert_eq!(g[0], (DiscardKind::Inflate, vec![range(42 * PAGE, PAGE)]));
+}
+
+#[test]
+fn a_deflate_waits_for_the_discard_of_its_pages_however_long() {
+    let mut r = balloon(opts(), PAGE, true);
+    let mem = r.mem.clone();
+    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    add_pfns(&mem, &qs[0], 0, BUF, &[0x100, 0x101, 0x102]);
+    queue(&mut r.b, 0);
+    assert_eq!(used(&qs[0]), 1, "inflate acknowledged at once");
+    assert_eq!(r.b.batches_in_flight(), 1);
+    // The guest deflates one of them while its discard still runs.
+    add_pfns(&mem, &qs[1], 0, BUF + 64, &[0x101]);
+    queue(&mut r.b, 1);
+    assert_eq!(used(&qs[1]), 0, "parked while a discard can reach it");
+    assert_eq!(r.b.chains_parked(), 1);
+    // A deflate of pages no discard covers goes back at once.
+    add_pfns(&mem, &qs[1], 1, BUF + 128, &[0x300]);
+    queue(&mut r.b, 1);
+    assert_eq!(used(&qs[1]), 1);
+    // Nothing but the end of the discard releases it: wakes, passes.
+    for _ in 0..3 {
+        wake(&mut r.b);
+        queue(&mut r.b, 1);
+    }
+    assert_eq!(used(&qs[1]), 1);
+    r.sink.held.lock().unwrap().pop().unwrap().freed();
+    assert_eq!(
+        r.b.wake_evt().read().unwrap(),
+        1,
+        "the ack wakes the thread"
+    );
+    wake(&mut r.b);
+    assert_eq!(used(&qs[1]), 2);
+    assert_eq!((r.b.chains_parked(), r.b.batches_in_flight()), (0, 0));
+}
+
+#[test]
+fn a_deflated_page_inside_a_huge_page_being_freed_waits_too() {
+    let huge = 2 * MIB;
+    let mut r = balloon(opts(), huge, true);
+    let mem = r.mem.clone();
+    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let first = (huge / PAGE) as u32;
+    let pfns: Vec<u32> = (first..first + 512).collect();
+    add_pfns(&mem, &qs[0], 0, BUF, &pfns);
+    queue(&mut r.b, 0);
+    assert_eq!(got(&r, DiscardKind::Inflate), vec![range(huge, huge)]);
+    // One 4 KiB page of it: not a whole discard page, still covered.
+    add_pfns(&mem, &qs[1], 0, BUF + 4096, &[first + 7]);
+    queue(&mut r.b, 1);
+    assert_eq!(used(&qs[1]), 0);
+    drop(r.sink.held.lock().unwrap().pop()); // a failed discard ends too
+    wake(&mut r.b);
+    assert_eq!(used(&qs[1]), 1);
+}
+
+#[test]
+fn parked_deflates_are_bounded_and_the_rest_waits_in_the_ring() {
+    let mut r = balloon(opts(), PAGE, true);
+    let mem = r.mem.clone();
+    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    add_pfns(&mem, &qs[0], 0, BUF, &[0x100]);
+    queue(&mut r.b, 0);
+    let n = MAX_PARKED_DEFLATES as u16 + 3;
+    for i in 0..n {
+        add_pfns(&mem, &qs[1], i, BUF + 64 + u64::from(i) * 8, &[0x100]);
+        queue(&mut r.b, 1);
+    }
+    assert_eq!(r.b.chains_parked(), MAX_PARKED_DEFLATES);
+    assert_eq!(used(&qs[1]), 0);
+    r.sink.held.lock().unwrap().pop().unwrap().freed();
+    wake(&mut r.b); // the parked ones go back, the ring gets a pass
+    wake(&mut r.b);
+    assert_eq!(
+        used(&qs[1]),
+        n,
+        "every chain returned once the discard ended"
+    );
+    assert_eq!(r.b.chains_parked(), 0);
+}
+
+#[test]
+fn a_report_goes_back_only_once_no_other_discard_covers_it() {
+    let mut r = balloon(opts(), PAGE, true);
+    let mem = r.mem.clone();
+    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    // A (hostile) guest inflates a page, then reports the MiB around it.
+    add_pfns(&mem, &qs[0], 0, BUF, &[(16 * MIB / PAGE) as u32 + 3]);
+    queue(&mut r.b, 0);
+    qs[3]
+        .add_desc_chains(&[desc(16 * MIB, MIB as u32, VRING_DESC_F_WRITE, 0)], 0)
+        .unwrap();
+    queue(&mut r.b, 3);
+    assert_eq!(r.b.batches_in_flight(), 2);
+    r.sink.held.lock().unwrap().pop().unwrap().freed(); // the report's
+    wake(&mut r.b);
+    assert_eq!(used(&qs[3]), 0, "the inflate's discard still covers it");
+    r.sink.held.lock().unwrap().pop().unwrap().freed();
+    wake(&mut r.b);
+    assert_eq!(used(&qs[3]), 1);
+}
+
+#[test]
+fn a_reset_completes_only_once_the_discards_in_flight_end() {
+    use crate::devices::virtio::mmio::regs;
+    use crate::devices::virtio::MmioTransport;
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+    let mut r = balloon(opts(), PAGE, true);
+    let mem = r.mem.clone();
+    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    add_pfns(&mem, &qs[0], 0, BUF, &[0x100]);
+    queue(&mut r.b, 0);
+    let Rig { b, sink, .. } = r;
+    let b = Arc::new(Mutex::new(b));
+    let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+    let mut t = MmioTransport::new(b.clone(), mem.clone(), irq).unwrap();
+    let status = |t: &MmioTransport<Mem>| {
+        let mut v = [0u8; 4];
+        t.read(regs::STATUS, &mut v).unwrap();
+        u32::from_le_bytes(v)
+    };
+    // The driver resets (a reboot, kexec) while the discard runs.
+    t.write(regs::STATUS, &0u32.to_le_bytes()).unwrap();
+    assert!(!b.lock().unwrap().is_active());
+    assert_ne!(status(&t), 0, "the reset is not complete yet");
+    assert!(
+        t.write(regs::STATUS, &1u32.to_le_bytes()).is_err(),
+        "the driver cannot start again meanwhile"
+    );
+    assert_ne!(status(&t), 0);
+    assert_eq!(used(&qs[0]), 1);
+    sink.held.lock().unwrap().pop().unwrap().freed();
+    assert_eq!(status(&t), 0, "complete once the discard ended");
+    t.write(regs::STATUS, &1u32.to_le_bytes()).unwrap();
+    assert_eq!(status(&t), 1);
+    // And the device itself refuses an activation while fenced.
+    let mut r = balloon(opts(), PAGE, true);
+    let mem = r.mem.clone();
+    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    add_pfns(&mem, &qs[0], 0, BUF, &[0x100]);
+    queue(&mut r.b, 0);
+    r.b.reset();
+    assert!(r.b.reset_in_progress());
+    let queues: Vec<Queue> = qs
+        .iter()
+        .map(|q| q.create_queue::<Queue>().unwrap())
+        .collect();
+    let irq: Arc<dyn VirtioInterrupt> = r.irq.clone();
+    assert!(r.b.activate(mem.clone(), V1, queues, irq).is_err());
+    r.sink.held.lock().unwrap().pop().unwrap().freed();
+    assert!(!r.b.reset_in_progress());
+}
+
+/// A sink whose discard blocks until told to go on.
+struct BlockingSink {
+    entered: Mutex<std::sync::mpsc::Sender<()>>,
+    go: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl DiscardSink for BlockingSink {
+    fn discard(&self, _kind: DiscardKind, _ranges: Vec<GuestRange>, ack: DiscardAck) {
+        self.entered.lock().unwrap().send(()).unwrap();
+        let _ = self.go.lock().unwrap().recv();
+        ack.freed();
+    }
+}
+
+#[test]
+fn a_slow_discard_never_holds_the_balloons_lock() {
+    use std::sync::mpsc::channel;
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+    let mem = mem();
+    let (entered_tx, entered) = channel();
+    let (go, go_rx) = channel();
+    let sink = Arc::new(BlockingSink {
+        entered: Mutex::new(entered_tx),
+        go: Mutex::new(go_rx),
+    });
+    let ram_mib = (3 * GIB + HIGH_LEN) / MIB;
+    let b: Balloon<Mem> = Balloon::new(opts(), ram_mib, PAGE, sink).unwrap();
+    let mut r = Rig {
+        mem: mem.clone(),
+        b,
+        sink: Arc::default(),
+        irq: Arc::default(),
+    };
+    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let b = Arc::new(Mutex::new(r.b));
+    let evts: Vec<EventFd> = (0..4)
+        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+        .collect();
+    let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
+    let exit = EventFd::new(EFD_NONBLOCK).unwrap();
+    let worker = BalloonWorker::new(b.clone(), clones, exit.try_clone().unwrap()).unwrap();
+    let t = std::thread::spawn(move || worker.run());
+    add_pfns(&mem, &qs[0], 0, BUF, &[42]);
+    evts[0].write(1).unwrap();
+    entered.recv_timeout(Duration::from_secs(10)).unwrap();
+    // The discard blocks the balloon's thread: a vCPU's register access
+    // (the same lock) goes through meanwhile.
+    let (done_tx, done) = channel();
+    let b2 = b.clone();
+    std::thread::spawn(move || {
+        let n = b2.lock().unwrap().target_pages();
+        done_tx.send(n).unwrap();
+    });
+    assert!(
+        done.recv_timeout(Duration::from_secs(2)).is_ok(),
+        "the balloon's lock is held across the discard"
+    );
+    go.send(()).unwrap();
+    exit.write(1).unwrap();
+    t.join().unwrap().unwrap();
 }

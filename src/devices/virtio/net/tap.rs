@@ -152,6 +152,15 @@ impl Tap {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Another handle on the same tap (`dup`): a device gets its own, so
+    /// the configured one stays when a start fails.
+    pub fn try_clone(&self) -> std::io::Result<Tap> {
+        Ok(Tap {
+            file: self.file.try_clone()?,
+            name: self.name.clone(),
+        })
+    }
 }
 
 impl AsRawFd for Tap {

@@ -1,12 +1,12 @@
 //! What a VMM process holds resident, read from `/proc/<pid>/status`
 //! (VmRSS: anonymous, file and shared memory) and `/proc/<pid>/smaps_rollup`
 //! (AnonHugePages and ShmemPmdMapped: what of it is in transparent huge
-//! pages), plus what its guest_memfd files hold ([`crate::gmem_files`]:
+//! pages), plus what its guest_memfd files hold ([`teravm_client::gmem`]:
 //! those pages are in no page table of the process, so not in VmRSS).
 //! Pure parsers plus one reader.
 
-use crate::host::parse_vm_rss;
 use crate::model::Resident;
+use teravm_client::host::parse_vm_rss;
 
 /// A `<value> kB` field of `smaps_rollup`, in bytes.
 fn kib_line(text: &str, name: &str) -> Option<u64> {
@@ -37,7 +37,9 @@ pub fn resident_of(pid: u32) -> Option<Resident> {
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     // A page of a guest_memfd that the VMM also mapped (the firmware, a
     // ring) is counted twice: a few MiB at most.
-    let gmem = crate::gmem_files::gmem_allocated_bytes(pid).ok()?;
+    let gmem =
+        teravm_client::gmem::gmem_allocated_bytes(pid, teravm::memory::gmem::allocated_bytes)
+            .ok()?;
     Some(Resident {
         bytes: parse_vm_rss(&status)? + gmem,
         huge_bytes: parse_huge_bytes(&rollup)?,

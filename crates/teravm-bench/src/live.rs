@@ -26,9 +26,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::args::Args;
-use crate::client::request;
 use crate::model::{backing_name, BenchError, Case, Live, Method, Pages};
+use crate::vm::chunk_field;
 use crate::vm::{spawn, vm_err};
+use teravm_client::http::request;
 
 /// The firmware's line with its reporting time.
 pub const TOOK_PREFIX: &str = "teravm firmware: balloon report took ";
@@ -60,12 +61,12 @@ pub fn live_config(case: Case, args: &Args, discard_workers: u32, bind: bool) ->
   "boot-source": {{"boot_args": "touch={mib} report={mib} balloon then=idle"}},
   "memory": {{"backing": "{backing}", "numa_policy": "{policy}", "populate": true}},
   "balloon": {{"amount_mib": 0, "deflate_on_oom": false, "free_page_reporting": true}},
-  "reclaim": {{"workers_per_node": {workers}, "chunk_mib": {chunk}, "discard_workers_per_node": {discard_workers}}}}}"#,
+  "reclaim": {{"workers_per_node": {workers}, {chunk}"discard_workers_per_node": {discard_workers}}}}}"#,
         mem = mib + HEADROOM_MIB,
         backing = backing_name(case.backing),
         policy = if bind { "bind" } else { "none" },
         workers = discard_workers.max(1),
-        chunk = args.chunk_mib,
+        chunk = chunk_field(args.chunk_mib),
     )
 }
 

@@ -3,8 +3,11 @@
 //! this process (`pidfd_getfd`) and asked how many pages its page cache
 //! holds (`cachestat`). A guest_memfd's pages are never in teravm's RSS
 //! unless teravm itself mapped them, and its `st_blocks` is always 0; this
-//! counts exactly the pages allocated in teravm's own files. Shared with
-//! the integration tests (`tests/common`), which include this file.
+//! counts exactly the pages allocated in teravm's own files.
+//!
+//! The count itself is the caller's (`count`, e.g. teravm's
+//! `memory::gmem::allocated_bytes`, a `cachestat` wrapper), so that this
+//! crate does not depend on teravm.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
@@ -34,8 +37,12 @@ pub fn gmem_mappings(pid: u32) -> usize {
         .count()
 }
 
-/// Bytes allocated in all of `pid`'s guest_memfds (0 where it has none).
-pub fn gmem_allocated_bytes(pid: u32) -> std::io::Result<u64> {
+/// Bytes allocated in all of `pid`'s guest_memfds (0 where it has none),
+/// each counted by `count` on a duplicate of the descriptor.
+pub fn gmem_allocated_bytes(
+    pid: u32,
+    count: impl Fn(&OwnedFd) -> std::io::Result<u64>,
+) -> std::io::Result<u64> {
     let fds = gmem_fds(pid);
     if fds.is_empty() {
         return Ok(0);
@@ -64,13 +71,7 @@ pub fn gmem_allocated_bytes(pid: u32) -> std::io::Result<u64> {
         }
         // SAFETY: a fresh descriptor that nothing else owns.
         let dup = unsafe { OwnedFd::from_raw_fd(dup as RawFd) };
-        total += cached_bytes(&dup)?;
+        total += count(&dup)?;
     }
     Ok(total)
-}
-
-/// Pages of `fd` in its page cache (`cachestat`, through teravm's
-/// wrapper), in bytes.
-fn cached_bytes(fd: &OwnedFd) -> std::io::Result<u64> {
-    teravm::memory::gmem::allocated_bytes(fd)
 }

@@ -31,38 +31,29 @@
 //!
 //! ```text
 //! main    → cli
-//! cli     → args, child, host, runner
+//! cli     → args, child, runner
 //! runner  → args, child, held, live, model, mrelease, peers, peers_text,
 //!           report, stats, svg, vm
-//! live    → args, client, model, vm
-//! vm      → args, client, host, model, mrelease, resident
+//! live    → args, model, vm
+//! vm      → args, model, mrelease, resident
 //! peers   → model, qemu          qemu → model, mrelease, qmp, resident
 //! child   → args, held, model, mrelease
 //! held    → args, model          args → model, peers   mrelease → model
 //! report  → model, stats         svg  → model, report
-//! peers_text → model, report, stats                    resident → host, model, gmem_files
-//! model   → host                 client, gmem_files, host, qmp, stats → nothing here
+//! peers_text → model, report, stats                    resident → model
+//! qmp, stats → nothing here
 //! ```
 //!
-//! [`client`] and [`host`] have no dependency on the rest: the integration
-//! tests include the same files (`tests/common`).
+//! The HTTP client, the parsers of `/proc` and of teravm's output and the
+//! guest_memfd count are the `teravm-client` crate's (`crates/teravm-client`),
+//! which the integration tests use too.
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod args;
 mod child;
 mod cli;
-// Shared with the integration tests (tests/common/gmem.rs is this file).
-#[allow(dead_code)]
-mod gmem_files;
-// Shared with the integration tests, which use all of it; the bench uses a part.
-#[allow(dead_code)]
-mod client;
 mod held;
-#[allow(dead_code)]
-mod host;
-#[cfg(test)]
-mod host_tests;
 mod live;
 mod model;
 mod mrelease;

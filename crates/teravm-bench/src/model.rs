@@ -6,7 +6,7 @@ use std::fmt;
 
 use teravm::config::Backing;
 
-use crate::host::HostError;
+use teravm_client::host::HostError;
 
 /// Errors of the benchmark.
 #[derive(Debug, thiserror::Error)]
@@ -239,6 +239,18 @@ impl Method {
             Method::ReportSerial => 0,
             _ => 1,
         }
+    }
+
+    /// The chunk, in MiB, the method frees `size_gib` in: `--chunk-mib`, or
+    /// teravm's default for that size and the method's workers (the bench's
+    /// guests are on one node, or bound to none); `None` where it frees in
+    /// no chunks.
+    pub fn chunk_mib(self, chunk_mib: Option<u64>, size_gib: u64) -> Option<u64> {
+        self.uses_chunks().then(|| {
+            chunk_mib.unwrap_or_else(|| {
+                teravm::memory::plan::default_chunk_bytes(size_gib << 30, self.workers()) >> 20
+            })
+        })
     }
 
     /// Whether the method frees in `--chunk-mib` chunks (teravm's shutdown

@@ -99,7 +99,7 @@ fn measure(
             let held = map_populated(case, args)?;
             let opts = ReclaimOptions {
                 workers_per_node: workers,
-                chunk_bytes: args.chunk_mib << 20,
+                chunk_bytes: args.chunk_mib.map(|c| c << 20),
                 parallel_threshold_bytes: 0,
                 steal: true,
             };
@@ -384,7 +384,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     case,
                     method,
                     size_gib: args.size_gib,
-                    chunk_mib: method.uses_chunks().then_some(args.chunk_mib),
+                    chunk_mib: method.chunk_mib(args.chunk_mib, args.size_gib),
                     run,
                     seconds: m.seconds,
                     reply_ms: m.reply_ms,

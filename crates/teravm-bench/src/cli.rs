@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::args::{check_size, Args};
-use crate::host::read_mem_available;
+use teravm_client::host::read_mem_available;
 
 /// clap's error text on one line: its first line, plus the possible values
 /// when it lists them, or the arguments it names when the first line ends

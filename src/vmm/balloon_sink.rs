@@ -8,15 +8,15 @@
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
+use crate::faults;
+
 use crate::devices::virtio::balloon::{DiscardAck, DiscardKind, DiscardSink, GuestRange};
 use crate::memory::{DiscardOptions, DiscardPool, DiscardSnapshot, GuestMemory, HostTopology};
 
-/// How long a deflate waits for discards of its pages still in flight.
-const RECLAIMED_WAIT: Duration = Duration::from_secs(10);
-
 /// The pool behind the balloon; gone once shut down. Read-locked by every
 /// use (the balloon's thread, the API's counters), write-locked only to
-/// shut it down, so a deflate waiting on the pool never stalls a reader.
+/// shut it down. Nothing waits on the pool here: the balloon parks a
+/// deflate of pages still being freed until their batch's ack comes back.
 pub struct BalloonDiscard {
     pool: RwLock<Option<DiscardPool>>,
 }
@@ -40,6 +40,11 @@ impl BalloonDiscard {
             on_worker_start: Some(std::sync::Arc::new(|_name: &str| {
                 crate::seccomp::install_thread(crate::seccomp::Role::Discard)
             })),
+            delay_before_free: if faults::injected(faults::SLOW_DISCARD) {
+                faults::SLOW_DISCARD_DELAY
+            } else {
+                Duration::ZERO
+            },
             ..DiscardOptions::default()
         };
         let pool = DiscardPool::start(memory, topology, &opts).map_err(|e| e.to_string())?;
@@ -50,6 +55,15 @@ impl BalloonDiscard {
 
     fn lock(&self) -> RwLockReadGuard<'_, Option<DiscardPool>> {
         self.pool.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops the pool at once, without waiting (a shutdown's first step,
+    /// before the device threads are joined): a discard waiting or queued
+    /// ends as not freed, so no device thread waits behind one.
+    pub fn cancel(&self) {
+        if let Some(pool) = self.lock().as_ref() {
+            pool.cancel();
+        }
     }
 
     /// Stops the workers and lets go of guest memory (before reclaim).
@@ -95,14 +109,5 @@ impl DiscardSink for BalloonDiscard {
                 }
             }),
         );
-    }
-
-    fn reclaimed(&self, ranges: &[GuestRange]) {
-        let ranges: Vec<(u64, u64)> = ranges.iter().map(|r| (r.gpa, r.len)).collect();
-        if let Some(pool) = self.lock().as_ref() {
-            if let Err(e) = pool.wait_overlapping(&ranges, Instant::now() + RECLAIMED_WAIT) {
-                log::warn!("balloon deflate: {e}");
-            }
-        }
     }
 }

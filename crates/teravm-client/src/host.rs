@@ -4,9 +4,7 @@
 //! `touched N MiB` line and teravm's `reclaimed` summary line.
 //!
 //! Pure parsers over text plus two small readers; it depends on nothing but
-//! `std` and `thiserror`, so `tests/common` includes this same file. Its unit
-//! tests are in `host_tests.rs`, declared by the binary alone, so that they
-//! do not run again in every integration test binary.
+//! `std` and `thiserror`. Its unit tests are in `host_tests.rs`.
 
 use std::path::Path;
 

@@ -33,11 +33,13 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use crate::args::Args;
-use crate::client::{request, Connection};
-use crate::host::{find_summary, parse_touched_mib, rss_bytes, SUMMARY_PREFIX, TOUCHED_PREFIX};
 use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, Resident, PHASE_NAMES};
 use crate::mrelease::{kill_and_reap, PidFd, Reap};
 use crate::resident::{covers, resident_of};
+use teravm_client::host::{
+    find_summary, parse_touched_mib, rss_bytes, SUMMARY_PREFIX, TOUCHED_PREFIX,
+};
+use teravm_client::http::{request, Connection};
 
 /// Longest wait for a microVM to boot and touch its memory.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
@@ -77,6 +79,12 @@ pub fn prealloc_config(case: Case, args: &Args, workers: u32, bind: bool) -> Str
 }
 
 /// The microVM's config with the firmware's `boot_args`.
+/// The config's `"chunk_mib": N, ` when `--chunk-mib` was given; nothing
+/// (teravm's default) otherwise.
+pub fn chunk_field(chunk_mib: Option<u64>) -> String {
+    chunk_mib.map_or(String::new(), |c| format!(r#""chunk_mib": {c}, "#))
+}
+
 fn config_booting(case: Case, args: &Args, workers: u32, bind: bool, boot_args: &str) -> String {
     let huge_pages = match case.pages {
         Pages::FourK => "None",
@@ -86,11 +94,11 @@ fn config_booting(case: Case, args: &Args, workers: u32, bind: bool, boot_args: 
         r#"{{"machine-config": {{"vcpu_count": 2, "mem_size_mib": {mib}, "huge_pages": "{huge_pages}"}},
   "boot-source": {{"boot_args": "{boot_args}"}},
   "memory": {{"backing": "{backing}", "numa_policy": "{policy}", "populate": true}},
-  "reclaim": {{"workers_per_node": {workers}, "chunk_mib": {chunk}, "parallel_threshold_mib": 0, "steal": true}}}}"#,
+  "reclaim": {{"workers_per_node": {workers}, {chunk}"parallel_threshold_mib": 0, "steal": true}}}}"#,
         mib = args.size_gib << 10,
         backing = backing_name(case.backing),
         policy = if bind { "bind" } else { "none" },
-        chunk = args.chunk_mib,
+        chunk = chunk_field(args.chunk_mib),
     )
 }
 
