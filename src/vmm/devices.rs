@@ -31,7 +31,7 @@ use std::time::Instant;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::devices::mmio::MmioBusError;
-use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions, BalloonWorker};
+use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions};
 use crate::devices::virtio::block::{Block, BlockError, BlockOptions};
 use crate::devices::virtio::net::{Net, NetError, NetOptions, Tap};
 use crate::devices::virtio::vsock::{Vsock, VsockError, VsockOptions};
@@ -339,8 +339,8 @@ impl Devices {
             )?));
             running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
-            let worker = BalloonWorker::new(
-                device.clone(),
+            let worker = Balloon::worker(
+                &device,
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
