@@ -134,23 +134,22 @@ impl Vmm {
             let _ = reply.send(refused("Shutdown", state));
             return;
         }
-        let accepted = match mode {
-            ReclaimMode::Sync => {
-                self.sync_waiters.push(reply);
-                None
-            }
+        let accepted = Instant::now();
+        match mode {
+            ReclaimMode::Sync => self.sync_waiters.push(reply),
+            // Answered before the teardown is handed to its job, so the reply
+            // does not wait for that thread's wake-up; the event loop takes
+            // the next request only after this returns, when the phase has
+            // already moved on.
             ReclaimMode::Async => {
                 let plan = shapes::ReclaimReport::from(&self.planned_report());
-                Some((reply, plan))
+                let _ = reply.send(to_json(&plan).map(|d| match d {
+                    VmmData::Json(v) => VmmData::Accepted(v),
+                    other => other,
+                }));
             }
-        };
-        self.begin_shutdown(ShutdownReason::Api, Instant::now());
-        if let Some((reply, plan)) = accepted {
-            let _ = reply.send(to_json(&plan).map(|d| match d {
-                VmmData::Json(v) => VmmData::Accepted(v),
-                other => other,
-            }));
         }
+        self.begin_shutdown(ShutdownReason::Api, accepted);
     }
 
     /// Writes a metrics line (if metrics are set up) with the VM's state and
