@@ -18,6 +18,7 @@ use teravm::devices::virtio::balloon::{
     features, Balloon, BalloonOptions, DiscardAck, DiscardKind, DiscardSink, GuestRange, RamMap,
 };
 use teravm::devices::virtio::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
+use teravm::devices::virtio::ActiveState;
 use teravm::devices::virtio::{status, VirtioDevice, VIRTIO_F_VERSION_1};
 
 use crate::driver::Mem;
@@ -226,7 +227,12 @@ fn fresh_queues(mem: &Mem, n: usize, size: u16) -> (Vec<Rings>, Vec<Queue>) {
 
 fn activate(b: &mut Balloon<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings> {
     let (rings, queues) = fresh_queues(mem, b.queue_max_sizes().len(), size);
-    let _ = b.activate(mem.clone(), acked, queues, Arc::new(NoIrq));
+    let _ = b.activate(ActiveState::new(
+        mem.clone(),
+        acked,
+        queues,
+        Arc::new(NoIrq),
+    ));
     b.process_wake();
     b.take_sink_work().send();
     rings

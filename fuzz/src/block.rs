@@ -19,6 +19,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use teravm::devices::virtio::block::{
     Block, BlockMetrics, BlockOptions, BlockWorker, CacheType, Disk, SECTOR_BYTES,
 };
+use teravm::devices::virtio::ActiveState;
 use teravm::devices::virtio::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
 
 type Mem = Arc<GuestMemoryMmap<()>>;
@@ -206,12 +207,12 @@ pub fn block_queues(data: &[u8]) -> BlockMetrics {
     let lock = || block.lock().unwrap_or_else(PoisonError::into_inner);
     let start = || {
         let acked = lock().avail_features();
-        let _ = lock().activate(
+        let _ = lock().activate(ActiveState::new(
             mem.clone(),
             acked,
             vec![fresh_queue(&mem, size)],
             Arc::new(NoIrq),
-        );
+        ));
     };
     start();
     let mut logs = vec![log];

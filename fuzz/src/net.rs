@@ -24,6 +24,7 @@ use teravm::devices::virtio::net::features::{
 use teravm::devices::virtio::net::{
     Net, NetBackend, NetOptions, MAX_BUFFER_BYTES, RX_INDEX, VNET_HDR_BYTES,
 };
+use teravm::devices::virtio::ActiveState;
 use teravm::devices::virtio::{QueueHandler, VirtioDevice};
 
 /// What a [`RecordingBackend`] saw and holds.
@@ -148,7 +149,12 @@ fn activate(net: &mut Net<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings> 
         rings.push(r);
         queues.push(q);
     }
-    let _ = net.activate(mem.clone(), acked, queues, Arc::new(NoIrq));
+    let _ = net.activate(ActiveState::new(
+        mem.clone(),
+        acked,
+        queues,
+        Arc::new(NoIrq),
+    ));
     rings
 }
 

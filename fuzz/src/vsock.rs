@@ -21,6 +21,7 @@ use crate::driver::{memory, push_avail, take, Layout, Mem, NoIrq, Rings, WriteCh
 use teravm::devices::virtio::vsock::packet::{VsockHeader, TYPE_STREAM};
 use teravm::devices::virtio::vsock::RXQ;
 use teravm::devices::virtio::vsock::{bind_uds, Vsock, VsockOptions, HOST_CID, LOCAL_PORT_FIRST};
+use teravm::devices::virtio::ActiveState;
 use teravm::devices::virtio::{QueueHandler, VirtioDevice, VIRTIO_F_VERSION_1};
 
 const MIB: u64 = 1 << 20;
@@ -60,7 +61,12 @@ fn activate(v: &mut Vsock<Mem>, mem: &Mem, size: u16) -> Vec<Rings> {
         rings.push(r);
         queues.push(q);
     }
-    let _ = v.activate(mem.clone(), VIRTIO_F_VERSION_1, queues, Arc::new(NoIrq));
+    let _ = v.activate(ActiveState::new(
+        mem.clone(),
+        VIRTIO_F_VERSION_1,
+        queues,
+        Arc::new(NoIrq),
+    ));
     rings
 }
 

@@ -50,40 +50,39 @@ pub struct ActiveState<M: DeviceMemory> {
 }
 
 impl<M: DeviceMemory> ActiveState<M> {
-    /// A new activation whose first `needed` queues are ready.
+    /// What the transport hands a device at `DRIVER_OK`.
     pub fn new(
         mem: M,
         acked_features: u64,
         queues: Vec<Queue>,
         interrupt: Arc<dyn VirtioInterrupt>,
-        needed: usize,
-    ) -> Result<ActiveState<M>, ActivateError> {
-        if let Some(i) = (0..needed).find(|&i| !queues.get(i).is_some_and(|q| q.ready())) {
-            return Err(ActivateError::QueueNotReady(i));
-        }
-        Ok(ActiveState {
+    ) -> ActiveState<M> {
+        ActiveState {
             mem,
             queues,
             interrupt,
             acked_features,
-        })
+        }
     }
 
-    /// Fills `slot` with a new activation ([`Self::new`]); refused while
-    /// `slot` holds one.
-    pub fn start(
-        slot: &mut Option<ActiveState<M>>,
-        mem: M,
-        acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-        needed: usize,
+    /// Whether the device may start with it: not while `running` (an
+    /// activation without a reset), and only with the queues `needed`
+    /// ready.
+    pub fn check(
+        &self,
+        running: bool,
+        needed: impl IntoIterator<Item = usize>,
     ) -> Result<(), ActivateError> {
-        if slot.is_some() {
+        if running {
             return Err(ActivateError::AlreadyActive);
         }
-        *slot = Some(Self::new(mem, acked_features, queues, interrupt, needed)?);
-        Ok(())
+        match needed
+            .into_iter()
+            .find(|&i| !self.queues.get(i).is_some_and(|q| q.ready()))
+        {
+            Some(i) => Err(ActivateError::QueueNotReady(i)),
+            None => Ok(()),
+        }
     }
 
     /// Interrupts the guest for queue `q`'s used ring; false if that failed.
@@ -217,14 +216,8 @@ pub trait VirtioDevice<M: DeviceMemory>: Send {
     /// Starts the device with the negotiated features and the queues (one
     /// per [`VirtioDevice::queue_max_sizes`] entry, checked against guest
     /// memory when ready; a queue the driver did not make ready has
-    /// `ready() == false`).
-    fn activate(
-        &mut self,
-        mem: M,
-        acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError>;
+    /// `ready() == false`): see [`ActiveState::check`].
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError>;
     /// Stops the device and forgets the queues and the guest memory.
     fn reset(&mut self);
     /// After [`VirtioDevice::reset`]: whether work the device started may

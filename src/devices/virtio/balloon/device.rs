@@ -6,7 +6,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::features::{DEFLATE_ON_OOM, MUST_TELL_HOST, REPORTING, STATS_VQ};
@@ -16,8 +16,8 @@ use super::sink::{Completion, DiscardAck, DiscardKind, DiscardSink, SinkWork};
 use super::stats::BalloonStats;
 use super::{BalloonError, CONFIG_SPACE_BYTES, PAGES_PER_MIB, QUEUE_SIZE, VIRTIO_ID_BALLOON};
 use crate::devices::virtio::{
-    ActivateError, ConfigSpace, DeviceMemory, VirtioDevice, VirtioInterrupt, VirtioInterruptType,
-    Wake, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigSpace, DeviceMemory, VirtioDevice, VirtioInterrupt,
+    VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
 };
 
 /// What the balloon is made with (the API's `PUT /balloon`, checked).
@@ -351,30 +351,23 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
         self.config_generation
     }
 
-    fn activate(
-        &mut self,
-        mem: M,
-        acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError> {
-        if self.active.is_some() {
-            self.metrics.activate_fails.inc();
-            return Err(ActivateError::AlreadyActive);
-        }
-        let layout = QueueLayout::of(acked_features);
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
+        let layout = QueueLayout::of(active.acked_features);
         let needed = [
             Some(layout.inflate),
             Some(layout.deflate),
             layout.stats,
             layout.reporting,
         ];
-        for i in needed.into_iter().flatten() {
-            if !queues.get(i).is_some_and(|q| q.ready()) {
-                self.metrics.activate_fails.inc();
-                return Err(ActivateError::QueueNotReady(i));
-            }
-        }
+        active
+            .check(self.active.is_some(), needed.into_iter().flatten())
+            .inspect_err(|_| self.metrics.activate_fails.inc())?;
+        let ActiveState {
+            mem,
+            queues,
+            interrupt,
+            ..
+        } = active;
         self.drain_completions();
         if !self.in_flight.is_empty() {
             // The transport refuses DRIVER_OK until the reset completed.

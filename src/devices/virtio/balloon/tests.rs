@@ -13,6 +13,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::features::{REPORTING, STATS_VQ};
 use super::*;
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
@@ -110,7 +111,8 @@ fn start<'a>(r: &mut Rig, mem: &'a GuestMemoryMmap<()>, acked: u64, size: u16) -
         .map(|q| q.create_queue::<Queue>().unwrap())
         .collect();
     let irq: Arc<dyn VirtioInterrupt> = r.irq.clone();
-    r.b.activate(r.mem.clone(), acked, queues, irq).unwrap();
+    r.b.activate(ActiveState::new(r.mem.clone(), acked, queues, irq))
+        .unwrap();
     wake(&mut r.b);
     let _ = r.b.wake_evt().read(); // as the balloon's thread would
     qs
@@ -754,7 +756,10 @@ fn a_reset_completes_only_once_the_discards_in_flight_end() {
         .map(|q| q.create_queue::<Queue>().unwrap())
         .collect();
     let irq: Arc<dyn VirtioInterrupt> = r.irq.clone();
-    assert!(r.b.activate(mem.clone(), V1, queues, irq).is_err());
+    assert!(r
+        .b
+        .activate(ActiveState::new(mem.clone(), V1, queues, irq))
+        .is_err());
     r.sink.held.lock().unwrap().pop().unwrap().freed();
     assert!(!r.b.reset_in_progress());
 }

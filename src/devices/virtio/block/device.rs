@@ -7,15 +7,14 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::disk::{disk_size, Disk};
 use super::metrics::BlockMetrics;
 use super::{features, BlockError, ID_BYTES, QUEUE_SIZE, SECTOR_BYTES, VIRTIO_ID_BLOCK};
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, VirtioDevice,
-    VirtioInterrupt, Wake, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, VirtioDevice, Wake,
+    VIRTIO_F_VERSION_1,
 };
 
 /// Firecracker's `cache_type`.
@@ -230,19 +229,11 @@ impl<M: DeviceMemory> VirtioDevice<M> for Block<M> {
         self.shared.config_generation.load(Ordering::SeqCst)
     }
 
-    fn activate(
-        &mut self,
-        mem: M,
-        acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError> {
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
         let mut ring = self.shared.ring();
-        let started = match ring.as_ref() {
-            Some(_) => Err(ActivateError::AlreadyActive),
-            None => ActiveState::new(mem, acked_features, queues, interrupt, 1),
-        };
-        let active = started.inspect_err(|_| self.shared.metrics.activate_fails.inc())?;
+        active
+            .check(ring.is_some(), [0])
+            .inspect_err(|_| self.shared.metrics.activate_fails.inc())?;
         self.epoch += 1;
         *ring = Some((self.epoch, active));
         drop(ring);

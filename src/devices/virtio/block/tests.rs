@@ -16,6 +16,7 @@ use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
@@ -122,7 +123,7 @@ impl Rig {
         self.block
             .lock()
             .unwrap()
-            .activate(self.mem.clone(), acked, vec![queue], irq)
+            .activate(ActiveState::new(self.mem.clone(), acked, vec![queue], irq))
             .unwrap();
         let _ = self.block.lock().unwrap().wake_evt().read();
         q

@@ -14,6 +14,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::test_disk::{DiskLog, RecordingDisk};
 use super::tests::*;
 use super::*;
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{VirtioDevice, VirtioInterruptType};
 
 fn recording(sectors: u64) -> (Rig, Arc<DiskLog>) {
@@ -314,7 +315,12 @@ fn the_worker_thread_serves_notifications_and_stops_on_exit() {
     block
         .lock()
         .unwrap()
-        .activate(mem.clone(), 0, vec![q.create_queue().unwrap()], irq)
+        .activate(ActiveState::new(
+            mem.clone(),
+            0,
+            vec![q.create_queue().unwrap()],
+            irq,
+        ))
         .unwrap();
     request(&mem, &q, 0, b::VIRTIO_BLK_T_IN, 0, 512, W);
     qevt.write(1).unwrap();

@@ -9,7 +9,6 @@ use std::os::fd::RawFd;
 use std::sync::Mutex;
 
 use event_manager::EventSet;
-use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::features::{MAC, OFFERED};
@@ -20,7 +19,7 @@ use super::{
 };
 use crate::devices::virtio::{
     ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, Pending, QueueHandler,
-    VirtioDevice, VirtioInterrupt, Wake, Worker, VIRTIO_F_VERSION_1,
+    VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
 
 /// What the device is made with (the API's `PUT /network-interfaces`,
@@ -216,17 +215,12 @@ impl<M: DeviceMemory> VirtioDevice<M> for Net<M> {
         }
     }
 
-    fn activate(
-        &mut self,
-        mem: M,
-        acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError> {
-        let started =
-            ActiveState::start(&mut self.active, mem, acked_features, queues, interrupt, 2);
-        started.inspect_err(|_| self.metrics.activate_fails.inc())?;
-        self.offload = Some(tap_offload_for(acked_features));
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
+        active
+            .check(self.active.is_some(), [RX_INDEX, TX_INDEX])
+            .inspect_err(|_| self.metrics.activate_fails.inc())?;
+        self.offload = Some(tap_offload_for(active.acked_features));
+        self.active = Some(active);
         self.rx_frame = None;
         self.rx_held.clear();
         // Buffers posted before DRIVER_OK, frames already in the tap

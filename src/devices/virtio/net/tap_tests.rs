@@ -28,6 +28,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::*;
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
 
 const TAP: &str = "tvtap0";
@@ -153,8 +154,13 @@ fn run_in_netns() -> Result<(), String> {
         .collect();
     let queues: Vec<Queue> = qs.iter().map(|q| q.create_queue().unwrap()).collect();
     let acked = net.avail_features();
-    net.activate(mem.clone(), acked, queues, Arc::new(NoIrq))
-        .unwrap();
+    net.activate(ActiveState::new(
+        mem.clone(),
+        acked,
+        queues,
+        Arc::new(NoIrq),
+    ))
+    .unwrap();
     let rx_buf = 4u64 << 20;
     for i in 0..32u16 {
         qs[RX_INDEX]

@@ -13,6 +13,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::features::*;
 use super::test_backend::RecordingBackend;
 use super::*;
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
@@ -78,7 +79,9 @@ fn start<'a>(r: &mut Rig, mem: &'a GuestMemoryMmap<()>, acked: u64, size: u16) -
         .collect();
     let queues: Vec<Queue> = qs.iter().map(|q| q.create_queue().unwrap()).collect();
     let irq: Arc<dyn VirtioInterrupt> = r.irq.clone();
-    r.net.activate(r.mem.clone(), acked, queues, irq).unwrap();
+    r.net
+        .activate(ActiveState::new(r.mem.clone(), acked, queues, irq))
+        .unwrap();
     assert_eq!(r.net.wake_evt().read().unwrap(), 1);
     wake(&mut r.net);
     qs
@@ -177,12 +180,12 @@ fn a_queue_not_ready_refuses_activation() {
     let mut not_ready: Queue = q.create_queue().unwrap();
     virtio_queue::QueueT::set_ready(&mut not_ready, false);
     let ready: Queue = q.create_queue().unwrap();
-    let e = r.net.activate(
+    let e = r.net.activate(ActiveState::new(
         mem.clone(),
         VIRTIO_F_VERSION_1,
         vec![ready, not_ready],
         r.irq.clone(),
-    );
+    ));
     assert!(e.is_err());
     assert!(!r.net.is_active());
     assert_eq!(m(&r).activate_fails.get(), 1);

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::EventSet;
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -25,7 +25,7 @@ use super::{
 };
 use crate::devices::virtio::{
     ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, Pending, QueueHandler,
-    VirtioDevice, VirtioInterrupt, Wake, Worker, VIRTIO_F_VERSION_1,
+    VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
 
 /// What the vsock is made with (the API's `PUT /vsock`, checked by
@@ -374,16 +374,11 @@ impl<M: DeviceMemory> VirtioDevice<M> for Vsock<M> {
         }
     }
 
-    fn activate(
-        &mut self,
-        mem: M,
-        acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError> {
-        let started =
-            ActiveState::start(&mut self.active, mem, acked_features, queues, interrupt, 3);
-        started.inspect_err(|_| self.metrics.activate_fails.inc())?;
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
+        active
+            .check(self.active.is_some(), [RXQ, TXQ, EVQ])
+            .inspect_err(|_| self.metrics.activate_fails.inc())?;
+        self.active = Some(active);
         // Requests of host connections made before the driver was up, and
         // buffers the driver added before DRIVER_OK.
         self.stalled_tx = false;

@@ -19,6 +19,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use super::muxer::parse_connect;
 use super::packet::{op, shutdown, HeaderFault, TYPE_STREAM};
 use super::*;
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
 
 pub(super) type Mem = Arc<GuestMemoryMmap<()>>;
@@ -146,7 +147,7 @@ impl Rig {
             .collect();
         let irq: Arc<dyn VirtioInterrupt> = self.irq.clone();
         self.dev
-            .activate(self.mem.clone(), 1 << 32, qs, irq)
+            .activate(ActiveState::new(self.mem.clone(), 1 << 32, qs, irq))
             .unwrap();
         let _ = self.dev.wake_evt().read();
         {
