@@ -28,7 +28,8 @@ declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_f
 # accesses) for the port I/O bus, which has no dictionary; 8 KiB for the
 # virtio transport (1024 register accesses: a whole driver set-up and then
 # some) and the balloon's queues (hundreds of descriptors and ring entries).
-# Their seeds replay in `cargo test` (devices::virtio::fuzzing).
+# Their seeds replay as the fuzz crate's tests (fuzz/src/seeds.rs), run here
+# first: `cargo test --release --lib` in fuzz/.
 declare -A max_len=([http_request]=20000 [api_route]=4096 [api_body]=4096 [config_file]=4096 [port_io]=4096 [virtio_mmio]=8192 [balloon_queues]=8192 [block_queues]=8192 [net_queues]=8192 [vsock_queues]=8192)
 
 export RUSTC_BOOTSTRAP=1
@@ -41,6 +42,10 @@ if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
     cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked
 fi
 installed=$(date +%s)
+
+echo "== replaying the committed seeds (cargo test in fuzz/)"
+cargo test --release --lib
+seeds=$(date +%s)
 
 echo "== building ${targets[*]}"
 cargo fuzz build "${fuzz_flags[@]}"
@@ -95,5 +100,5 @@ for t in "${targets[@]}"; do
     fi
 done
 end=$(date +%s)
-echo "== install $((installed - start))s, build $((built - installed))s, fuzz $((end - built))s, total $((end - start))s"
+echo "== install $((installed - start))s, seeds $((seeds - installed))s, build $((built - seeds))s, fuzz $((end - built))s, total $((end - start))s"
 exit "$failed"

@@ -1,5 +1,18 @@
-//! Checks shared by the fuzz targets: what must hold of every answer of
-//! `teravm::api::routing::route`, beyond "it did not panic".
+//! The fuzz targets' harnesses (fuzz_targets/*.rs call them) and the checks
+//! they share. The device harnesses build guest memory and queues from the
+//! input, as Cloud Hypervisor's do, outside the shipped library:
+//! [`balloon`] (the balloon's queues and the virtio-mmio transport),
+//! [`block`], [`net`], [`vsock`], over the ring builder in [`driver`].
+//! Their committed seeds replay as this crate's tests (`seeds`).
+//! Here: what must hold of every answer of `teravm::api::routing::route`,
+//! beyond "it did not panic".
+
+pub mod balloon;
+pub mod block;
+pub mod driver;
+pub mod net;
+mod seeds;
+pub mod vsock;
 
 use teravm::api::routing::{route, RouteError};
 use teravm::api::{ReclaimMode, VmmAction};

@@ -31,10 +31,10 @@ use std::time::Instant;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::devices::mmio::MmioBusError;
-use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions, BalloonWorker};
-use crate::devices::virtio::block::{Block, BlockError, BlockOptions, BlockWorker};
-use crate::devices::virtio::net::{Net, NetError, NetOptions, NetWorker, Tap};
-use crate::devices::virtio::vsock::{Vsock, VsockError, VsockOptions, VsockWorker};
+use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions};
+use crate::devices::virtio::block::{Block, BlockError, BlockOptions};
+use crate::devices::virtio::net::{Net, NetError, NetOptions, Tap};
+use crate::devices::virtio::vsock::{Vsock, VsockError, VsockOptions};
 use crate::devices::virtio::{mmio::regs, MmioError, MmioTransport, VirtioDevice};
 use crate::devices::{Buses, MmioSlot, PioBus};
 use crate::memory::{GuestMemory, GuestView};
@@ -339,8 +339,8 @@ impl Devices {
             )?));
             running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
-            let worker = BalloonWorker::new(
-                device.clone(),
+            let worker = Balloon::worker(
+                &device,
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
@@ -372,8 +372,8 @@ impl Devices {
             let device = Arc::new(Mutex::new(Block::new(d.opts.clone(), file)?));
             running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
-            let mut worker = BlockWorker::new(
-                device.clone(),
+            let worker = Block::worker(
+                &device,
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
@@ -421,8 +421,8 @@ impl Devices {
             let device = Arc::new(Mutex::new(Net::new(n.opts.clone(), tap)?));
             running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
-            let worker = NetWorker::new(
-                device.clone(),
+            let worker = Net::worker(
+                &device,
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
@@ -458,8 +458,8 @@ impl Devices {
             let device = Arc::new(Mutex::new(Vsock::new(v.opts.clone(), listener)?));
             running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
-            let worker = VsockWorker::new(
-                device.clone(),
+            let worker = Vsock::worker(
+                &device,
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;

@@ -28,6 +28,7 @@ use super::{
     status, ActivateError, DeviceMemory, IrqTrigger, VirtioDevice, VirtioInterrupt,
     VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
+use crate::devices::virtio::ActiveState;
 
 /// Bytes of MMIO address space each device takes.
 pub const MMIO_WINDOW_BYTES: u64 = 0x1000;
@@ -567,7 +568,12 @@ impl<M: DeviceMemory> MmioTransport<M> {
         }
         let interrupt: Arc<dyn VirtioInterrupt> = self.interrupt.clone();
         lock(&self.device)
-            .activate(self.mem.clone(), self.driver_features, queues, interrupt)
+            .activate(ActiveState::new(
+                self.mem.clone(),
+                self.driver_features,
+                queues,
+                interrupt,
+            ))
             .map_err(MmioError::Activate)
     }
 

@@ -3,14 +3,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::mmio::{regs, MmioError, MmioTransport, MMIO_MAGIC};
 use super::{
-    status, ActivateError, VirtioDevice, VirtioInterrupt, VirtioInterruptType, INT_CONFIG,
-    INT_VRING, VIRTIO_F_VERSION_1,
+    status, ActivateError, ActiveState, VirtioDevice, VirtioInterrupt, VirtioInterruptType,
+    INT_CONFIG, INT_VRING, VIRTIO_F_VERSION_1,
 };
 
 type Mem = Arc<GuestMemoryMmap<()>>;
@@ -52,19 +52,17 @@ impl VirtioDevice<Mem> for TestDevice {
     fn config_generation(&self) -> u32 {
         self.generation
     }
-    fn activate(
-        &mut self,
-        _mem: Mem,
-        acked: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError> {
+    fn activate(&mut self, active: ActiveState<Mem>) -> Result<(), ActivateError> {
         if self.refuse {
             return Err(ActivateError::QueueNotReady(0));
         }
-        let q = queues.iter().map(|q| (q.ready(), q.size())).collect();
-        self.activated.push((acked, q));
-        self.interrupt = Some(interrupt);
+        let q = active
+            .queues
+            .iter()
+            .map(|q| (q.ready(), q.size()))
+            .collect();
+        self.activated.push((active.acked_features, q));
+        self.interrupt = Some(active.interrupt);
         Ok(())
     }
     fn reset(&mut self) {
@@ -409,13 +407,7 @@ fn bad_max_queue_size_refused_at_construction() {
         }
         fn read_config(&self, _: u64, _: &mut [u8]) {}
         fn write_config(&mut self, _: u64, _: &[u8]) {}
-        fn activate(
-            &mut self,
-            _: Mem,
-            _: u64,
-            _: Vec<Queue>,
-            _: Arc<dyn VirtioInterrupt>,
-        ) -> Result<(), ActivateError> {
+        fn activate(&mut self, _: ActiveState<Mem>) -> Result<(), ActivateError> {
             Ok(())
         }
         fn reset(&mut self) {}

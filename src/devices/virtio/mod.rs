@@ -14,31 +14,43 @@
 //! - Interrupts: the transport's [`IrqTrigger`] sets `InterruptStatus` bits
 //!   and writes an [`EventFd`] (registered as an irqfd); devices see it as a
 //!   [`VirtioInterrupt`].
-//! - Devices ([`balloon`]) reach guest memory only through the memory handle
-//!   given at activation (`GuestView` in production) and drop it on reset.
+//! - The devices: [`balloon`], [`block`], [`net`], [`vsock`], one folder
+//!   each. What they share is written once here: the [`VirtioDevice`] trait
+//!   with its default configuration-space access and the [`ActiveState`]
+//!   (guest memory view, queues, interrupt) a device holds while it runs
+//!   ([`device`]); the device thread's loop, an `event-manager` loop with
+//!   the device as its subscriber, and the wake eventfd with pending flags
+//!   and bounded passes ([`worker`]); counters that serialize themselves
+//!   ([`metrics`]). Each device thread has its own seccomp role.
+//! - Devices reach guest memory only through the memory handle given at
+//!   activation (`GuestView` in production) and drop it on reset.
+//! - Fuzzing: the harnesses live in the fuzz crate (fuzz/src/), outside
+//!   the library; nothing here exists for them.
 
 pub mod balloon;
 pub mod block;
-pub mod fuzz_block;
-pub mod fuzz_driver;
-pub mod fuzz_net;
-pub mod fuzz_vsock;
-pub mod fuzzing;
+pub mod device;
+pub mod metrics;
 pub mod mmio;
 #[cfg(test)]
 mod mmio_tests;
 pub mod net;
 pub mod vsock;
+pub mod worker;
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use virtio_queue::Queue;
 use vm_memory::GuestMemoryBackend;
 use vmm_sys_util::eventfd::EventFd;
 
+pub use device::{
+    read_config_space, ActivateError, ActiveState, ConfigAccess, ConfigSpace, VirtioDevice,
+};
+pub use metrics::Counter;
 pub use mmio::{MmioError, MmioTransport};
+pub use worker::{Pending, QueueHandler, Wake, Worker, WorkerError};
 
 /// `VIRTIO_F_VERSION_1`: the device is a virtio 1.x device (bit 32).
 pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -143,81 +155,5 @@ impl VirtioInterrupt for IrqTrigger {
         };
         self.status.fetch_or(bit, Ordering::SeqCst);
         self.irq_evt.write(1)
-    }
-}
-
-/// Why a device refused to start.
-#[derive(Debug, thiserror::Error)]
-pub enum ActivateError {
-    /// A queue the negotiated features need is not ready.
-    #[error("queue {0} is needed but the driver did not make it ready")]
-    QueueNotReady(usize),
-    /// The device cannot start twice without a reset.
-    #[error("the device is already active")]
-    AlreadyActive,
-    /// The reset before has not completed (work of the device may still
-    /// touch guest memory).
-    #[error("the device's reset has not completed yet")]
-    ResetInProgress,
-    /// An eventfd write failed.
-    #[error("cannot signal the device thread: {0}")]
-    Signal(std::io::Error),
-}
-
-/// Copies the config space `config` from `offset` into `data`, as a guest
-/// read of it sees it: bytes past the end read 0. Returns whether any byte
-/// was past the end.
-pub fn read_config_space(config: &[u8], offset: u64, data: &mut [u8]) -> bool {
-    let mut past_end = false;
-    for (i, d) in data.iter_mut().enumerate() {
-        let byte = usize::try_from(offset)
-            .ok()
-            .and_then(|o| o.checked_add(i))
-            .and_then(|o| config.get(o));
-        past_end |= byte.is_none();
-        *d = byte.copied().unwrap_or(0);
-    }
-    past_end
-}
-
-/// A virtio device behind a transport (Firecracker's and Cloud Hypervisor's
-/// shape). The transport calls these from a vCPU thread, with the device's
-/// lock held: each returns promptly and does no queue work.
-pub trait VirtioDevice<M: DeviceMemory>: Send {
-    /// The virtio device ID (`VIRTIO_ID_*`).
-    fn device_type(&self) -> u32;
-    /// The features the device offers.
-    fn avail_features(&self) -> u64;
-    /// The maximum size of each of the device's queues (all it may use).
-    fn queue_max_sizes(&self) -> &[u16];
-    /// Reads the configuration space at `offset`; bytes past its end read 0.
-    fn read_config(&self, offset: u64, data: &mut [u8]);
-    /// Writes the configuration space at `offset`; read-only fields and
-    /// bytes past its end are ignored.
-    fn write_config(&mut self, offset: u64, data: &[u8]);
-    /// The configuration generation: changes whenever the device changes its
-    /// configuration space.
-    fn config_generation(&self) -> u32 {
-        0
-    }
-    /// Starts the device with the negotiated features and the queues (one
-    /// per [`VirtioDevice::queue_max_sizes`] entry, checked against guest
-    /// memory when ready; a queue the driver did not make ready has
-    /// `ready() == false`).
-    fn activate(
-        &mut self,
-        mem: M,
-        acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError>;
-    /// Stops the device and forgets the queues and the guest memory.
-    fn reset(&mut self);
-    /// After [`VirtioDevice::reset`]: whether work the device started may
-    /// still touch guest memory (a discard in flight). The transport reports
-    /// the reset complete (Status reads 0, virtio 1.2, 2.4) and lets the
-    /// driver start again only once this is false; it must return promptly.
-    fn reset_in_progress(&mut self) -> bool {
-        false
     }
 }

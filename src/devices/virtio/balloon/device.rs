@@ -6,8 +6,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use virtio_queue::{Queue, QueueT};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use virtio_queue::Queue;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::features::{DEFLATE_ON_OOM, MUST_TELL_HOST, REPORTING, STATS_VQ};
 use super::metrics::BalloonMetrics;
@@ -16,8 +16,8 @@ use super::sink::{Completion, DiscardAck, DiscardKind, DiscardSink, SinkWork};
 use super::stats::BalloonStats;
 use super::{BalloonError, CONFIG_SPACE_BYTES, PAGES_PER_MIB, QUEUE_SIZE, VIRTIO_ID_BALLOON};
 use crate::devices::virtio::{
-    ActivateError, DeviceMemory, VirtioDevice, VirtioInterrupt, VirtioInterruptType,
-    VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigSpace, DeviceMemory, VirtioDevice, VirtioInterrupt,
+    VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
 };
 
 /// What the balloon is made with (the API's `PUT /balloon`, checked).
@@ -122,7 +122,7 @@ pub struct Balloon<M: DeviceMemory> {
     pub(super) epoch: u64,
     pub(super) completion_tx: Sender<Completion>,
     pub(super) completion_rx: Receiver<Completion>,
-    pub(super) wake: Arc<EventFd>,
+    pub(super) wake: Arc<Wake>,
     /// Batches at the sink, across resets (at most
     /// [`super::MAX_INFLIGHT_BATCHES`]: a reset is not complete until they
     /// end, so a new activation starts with none).
@@ -190,7 +190,7 @@ impl<M: DeviceMemory> Balloon<M> {
             epoch: 0,
             completion_tx,
             completion_rx,
-            wake: Arc::new(EventFd::new(EFD_NONBLOCK).map_err(BalloonError::EventFd)?),
+            wake: Arc::new(Wake::new().map_err(BalloonError::EventFd)?),
             in_flight: Vec::new(),
             next_batch: 0,
             parked: Vec::new(),
@@ -219,7 +219,7 @@ impl<M: DeviceMemory> Balloon<M> {
         self.config_generation = self.config_generation.wrapping_add(1);
         if let Some(a) = &self.active {
             if a.interrupt.trigger(VirtioInterruptType::Config).is_err() {
-                BalloonMetrics::add(&self.metrics.event_fails, 1);
+                self.metrics.event_fails.inc();
             }
         }
         Ok(())
@@ -283,7 +283,7 @@ impl<M: DeviceMemory> Balloon<M> {
     /// The eventfd the balloon's thread polls besides the queue eventfds:
     /// sink completions and left-over work.
     pub fn wake_evt(&self) -> &EventFd {
-        &self.wake
+        self.wake.evt()
     }
 
     /// The batches the last pass made, to hand to the sink with the lock let
@@ -315,13 +315,6 @@ impl<M: DeviceMemory> Balloon<M> {
     pub fn layout(&self) -> Option<QueueLayout> {
         self.active.as_ref().map(|a| a.layout)
     }
-
-    fn config_bytes(&self) -> [u8; CONFIG_SPACE_BYTES] {
-        let mut b = [0u8; CONFIG_SPACE_BYTES];
-        b[0..4].copy_from_slice(&self.num_pages.to_le_bytes());
-        b[4..8].copy_from_slice(&self.actual_pages.to_le_bytes());
-        b
-    }
 }
 
 impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
@@ -337,21 +330,20 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
         &self.queue_sizes
     }
 
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let b = self.config_bytes();
-        super::super::read_config_space(&b, offset, data);
+    fn config_space(&self) -> ConfigSpace {
+        // `num_pages`, then `actual` (u32 LE each).
+        let mut b = [0u8; CONFIG_SPACE_BYTES];
+        b[0..4].copy_from_slice(&self.num_pages.to_le_bytes());
+        b[4..8].copy_from_slice(&self.actual_pages.to_le_bytes());
+        ConfigSpace::new(&b)
     }
 
-    fn write_config(&mut self, offset: u64, data: &[u8]) {
-        // Only `actual` (bytes 4..8) is the driver's to write.
-        let mut b = self.config_bytes();
-        for (i, &d) in data.iter().enumerate() {
-            if let Some(o) = usize::try_from(offset).ok().and_then(|o| o.checked_add(i)) {
-                if (4..8).contains(&o) {
-                    b[o] = d;
-                }
-            }
-        }
+    fn config_writable(&self) -> std::ops::Range<usize> {
+        // Only `actual` is the driver's to write.
+        4..8
+    }
+
+    fn config_written(&mut self, b: &[u8]) {
         self.actual_pages = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
     }
 
@@ -359,34 +351,27 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
         self.config_generation
     }
 
-    fn activate(
-        &mut self,
-        mem: M,
-        acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError> {
-        if self.active.is_some() {
-            BalloonMetrics::add(&self.metrics.activate_fails, 1);
-            return Err(ActivateError::AlreadyActive);
-        }
-        let layout = QueueLayout::of(acked_features);
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
+        let layout = QueueLayout::of(active.acked_features);
         let needed = [
             Some(layout.inflate),
             Some(layout.deflate),
             layout.stats,
             layout.reporting,
         ];
-        for i in needed.into_iter().flatten() {
-            if !queues.get(i).is_some_and(|q| q.ready()) {
-                BalloonMetrics::add(&self.metrics.activate_fails, 1);
-                return Err(ActivateError::QueueNotReady(i));
-            }
-        }
+        active
+            .check(self.active.is_some(), needed.into_iter().flatten())
+            .inspect_err(|_| self.metrics.activate_fails.inc())?;
+        let ActiveState {
+            mem,
+            queues,
+            interrupt,
+            ..
+        } = active;
         self.drain_completions();
         if !self.in_flight.is_empty() {
             // The transport refuses DRIVER_OK until the reset completed.
-            BalloonMetrics::add(&self.metrics.activate_fails, 1);
+            self.metrics.activate_fails.inc();
             return Err(ActivateError::ResetInProgress);
         }
         let ram = RamMap::of(&*mem, self.discard_page_bytes);
@@ -404,7 +389,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
             // buffer then): look at every queue once.
             pending: vec![true; n],
         });
-        self.wake.write(1).map_err(ActivateError::Signal)
+        self.wake.again(&[]).map_err(ActivateError::Signal)
     }
 
     fn reset(&mut self) {

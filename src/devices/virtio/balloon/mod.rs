@@ -8,7 +8,7 @@
 //!   transport calls it from vCPU threads (config reads and writes,
 //!   activation, reset), the VMM from its event loop ([`Balloon::set_target`]).
 //! - The queue work ([`queues`]) runs only on the balloon's own thread
-//!   ([`event_handler::BalloonWorker`]): it polls the queue eventfds, the
+//!   ([`worker::BalloonWorker`], in the shared loop [`crate::devices::virtio::Worker`]): it polls the queue eventfds, the
 //!   balloon's wake eventfd (sink completions, more work) and the statistics
 //!   deadline, and locks the balloon for one bounded pass per event.
 //! - Inflated and reported ranges are clipped to guest RAM and aligned
@@ -22,7 +22,6 @@
 //! - Counters: [`metrics::BalloonMetrics`].
 
 pub mod device;
-pub mod event_handler;
 pub mod metrics;
 pub mod queues;
 pub mod ranges;
@@ -30,13 +29,14 @@ pub mod sink;
 pub mod stats;
 #[cfg(test)]
 mod tests;
+pub mod worker;
 
 pub use device::{Balloon, BalloonOptions, QueueLayout};
-pub use event_handler::BalloonWorker;
-pub use metrics::{BalloonMetrics, BalloonMetricsSnapshot};
+pub use metrics::BalloonMetrics;
 pub use ranges::{GuestRange, RamMap, BALLOON_PAGE_BYTES};
 pub use sink::{DiscardAck, DiscardKind, DiscardSink, SinkWork};
 pub use stats::BalloonStats;
+pub use worker::BalloonWorker;
 
 /// The virtio device ID of a balloon.
 pub const VIRTIO_ID_BALLOON: u32 = 5;
@@ -110,7 +110,7 @@ pub enum BalloonError {
     /// An eventfd could not be made.
     #[error("cannot create the balloon's eventfd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's poll failed.
-    #[error("balloon thread poll: {0}")]
-    Poll(std::io::Error),
+    /// The device thread's loop could not be set up.
+    #[error("balloon thread: {0}")]
+    Worker(#[from] crate::devices::virtio::WorkerError),
 }

@@ -161,15 +161,15 @@ impl<M: DeviceMemory> Balloon<M> {
         self.parked = kept;
         // Deflate chains that waited for room get a pass.
         if let Some(a) = self.active.as_ref() {
-            if deflate_freed && a.pending[a.layout.deflate] && self.wake.write(1).is_err() {
-                BalloonMetrics::add(&self.metrics.event_fails, 1);
+            if deflate_freed && a.pending[a.layout.deflate] && self.wake.again(&[]).is_err() {
+                self.metrics.event_fails.inc();
             }
         }
     }
 
     fn count_fail(metrics: &BalloonMetrics, ok: bool) {
         if !ok {
-            BalloonMetrics::add(&metrics.event_fails, 1);
+            metrics.event_fails.inc();
         }
     }
 
@@ -205,8 +205,8 @@ impl<M: DeviceMemory> Balloon<M> {
             taken += 1;
         }
         a.pending[q] = true;
-        if self.wake.write(1).is_err() {
-            BalloonMetrics::add(&self.metrics.event_fails, 1);
+        if self.wake.again(&[]).is_err() {
+            self.metrics.event_fails.inc();
         }
     }
 
@@ -227,7 +227,7 @@ impl<M: DeviceMemory> Balloon<M> {
             pfns.extend(got);
             pages += (pfns.len() - before) as u64;
         });
-        BalloonMetrics::add(&self.metrics.event_fails, fails);
+        self.metrics.event_fails.add(fails);
         (heads, pfns_to_ranges(&mut pfns), pages)
     }
 
@@ -237,8 +237,8 @@ impl<M: DeviceMemory> Balloon<M> {
             return Vec::new();
         };
         let c = a.ram.clip(ranges);
-        BalloonMetrics::add(&self.metrics.refused_ranges, c.refused_ranges);
-        BalloonMetrics::add(&self.metrics.refused_bytes, c.refused_bytes);
+        self.metrics.refused_ranges.add(c.refused_ranges);
+        self.metrics.refused_bytes.add(c.refused_bytes);
         c.ranges
     }
 
@@ -297,12 +297,12 @@ impl<M: DeviceMemory> Balloon<M> {
             return;
         };
         if c.freed {
-            BalloonMetrics::add(&self.metrics.discarded_bytes, c.bytes);
-            BalloonMetrics::add(&self.metrics.discarded_ranges, c.ranges);
+            self.metrics.discarded_bytes.add(c.bytes);
+            self.metrics.discarded_ranges.add(c.ranges);
         } else {
-            BalloonMetrics::add(&self.metrics.discard_fails, 1);
+            self.metrics.discard_fails.inc();
             if c.kind == DiscardKind::Report {
-                BalloonMetrics::add(&self.metrics.free_page_report_fails, 1);
+                self.metrics.free_page_report_fails.inc();
             }
         }
         if !c.heads.is_empty() {
@@ -318,8 +318,8 @@ impl<M: DeviceMemory> Balloon<M> {
             .into_iter()
             .flatten()
         {
-            if a.pending[q] && self.wake.write(1).is_err() {
-                BalloonMetrics::add(&self.metrics.event_fails, 1);
+            if a.pending[q] && self.wake.again(&[]).is_err() {
+                self.metrics.event_fails.inc();
             }
         }
     }
@@ -332,8 +332,8 @@ impl<M: DeviceMemory> Balloon<M> {
             return;
         }
         let (heads, ranges, pages) = self.take_pfn_chains(q);
-        BalloonMetrics::add(&self.metrics.inflate_count, heads.len() as u64);
-        BalloonMetrics::add(&self.metrics.inflated_pages, pages);
+        self.metrics.inflate_count.add(heads.len() as u64);
+        self.metrics.inflated_pages.add(pages);
         // Inflated pages are the device's once the guest listed them: the
         // chains go back at once, the pages are freed behind.
         if let Some(a) = self.active.as_mut() {
@@ -359,8 +359,8 @@ impl<M: DeviceMemory> Balloon<M> {
             return;
         }
         let (heads, ranges, pages) = self.take_pfn_chains(q);
-        BalloonMetrics::add(&self.metrics.deflate_count, heads.len() as u64);
-        BalloonMetrics::add(&self.metrics.deflated_pages, pages);
+        self.metrics.deflate_count.add(heads.len() as u64);
+        self.metrics.deflated_pages.add(pages);
         // The guest gets the pages back only once no discard that covers
         // them is in flight, however long that takes. The PFNs as given (not
         // clipped to whole discard pages): a 4 KiB page inside a huge page
@@ -403,7 +403,7 @@ impl<M: DeviceMemory> Balloon<M> {
             }));
         });
         ranges.retain(|r| r.len > 0);
-        BalloonMetrics::add(&self.metrics.free_page_report_count, heads.len() as u64);
+        self.metrics.free_page_report_count.add(heads.len() as u64);
         let kept = self.clip(&ranges);
         if kept.is_empty() {
             if let Some(a) = self.active.as_mut() {
@@ -437,9 +437,9 @@ impl<M: DeviceMemory> Balloon<M> {
         };
         for (head, ok) in got {
             if ok.is_some() {
-                BalloonMetrics::add(&self.metrics.stats_updates_count, 1);
+                self.metrics.stats_updates_count.inc();
             } else {
-                BalloonMetrics::add(&self.metrics.stats_update_fails, 1);
+                self.metrics.stats_update_fails.inc();
             }
             // The device keeps one buffer until the next update; one it
             // already held goes back now.

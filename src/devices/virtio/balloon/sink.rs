@@ -20,7 +20,7 @@
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::EventFd;
+use crate::devices::virtio::Wake;
 
 use super::ranges::GuestRange;
 
@@ -90,11 +90,11 @@ pub(crate) struct Completion {
 /// [`Self::failed`]; a drop without either is a failure.
 #[derive(Debug)]
 pub struct DiscardAck {
-    done: Option<(Completion, Sender<Completion>, Arc<EventFd>)>,
+    done: Option<(Completion, Sender<Completion>, Arc<Wake>)>,
 }
 
 impl DiscardAck {
-    pub(crate) fn new(c: Completion, tx: Sender<Completion>, wake: Arc<EventFd>) -> DiscardAck {
+    pub(crate) fn new(c: Completion, tx: Sender<Completion>, wake: Arc<Wake>) -> DiscardAck {
         DiscardAck {
             done: Some((c, tx, wake)),
         }
@@ -120,7 +120,7 @@ impl DiscardAck {
             c.freed = freed;
             // The balloon may be gone (shutdown): nothing to tell then.
             if tx.send(c).is_ok() {
-                let _ = wake.write(1);
+                let _ = wake.again(&[]);
             }
         }
     }

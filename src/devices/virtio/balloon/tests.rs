@@ -13,6 +13,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::features::{REPORTING, STATS_VQ};
 use super::*;
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
@@ -110,7 +111,8 @@ fn start<'a>(r: &mut Rig, mem: &'a GuestMemoryMmap<()>, acked: u64, size: u16) -
         .map(|q| q.create_queue::<Queue>().unwrap())
         .collect();
     let irq: Arc<dyn VirtioInterrupt> = r.irq.clone();
-    r.b.activate(r.mem.clone(), acked, queues, irq).unwrap();
+    r.b.activate(ActiveState::new(r.mem.clone(), acked, queues, irq))
+        .unwrap();
     wake(&mut r.b);
     let _ = r.b.wake_evt().read(); // as the balloon's thread would
     qs
@@ -161,7 +163,7 @@ fn range(gpa: u64, len: u64) -> GuestRange {
 /// Buffers the driver's data lives in.
 const BUF: u64 = 8 * MIB;
 
-fn m(b: &Balloon<Mem>) -> BalloonMetricsSnapshot {
+fn m(b: &Balloon<Mem>) -> BalloonMetrics {
     b.metrics().snapshot()
 }
 
@@ -271,13 +273,19 @@ fn inflate_then_deflate() {
         .contains(&VirtioInterruptType::Queue(0)));
     wake(&mut r.b); // the sink's completion
     let s = m(&r.b);
-    assert_eq!((s.inflate_count, s.inflated_pages), (1, 5));
-    assert_eq!((s.discarded_bytes, s.discarded_ranges), (4 * PAGE, 2));
+    assert_eq!((s.inflate_count.get(), s.inflated_pages.get()), (1, 5));
+    assert_eq!(
+        (s.discarded_bytes.get(), s.discarded_ranges.get()),
+        (4 * PAGE, 2)
+    );
     add_pfns(&mem, &qs[1], 0, BUF, &[0x100, 0x101]);
     queue(&mut r.b, 1);
     assert_eq!(used(&qs[1]), 1, "no discard of them in flight: at once");
     assert_eq!(r.b.chains_parked(), 0);
-    assert_eq!((m(&r.b).deflate_count, m(&r.b).deflated_pages), (1, 2));
+    assert_eq!(
+        (m(&r.b).deflate_count.get(), m(&r.b).deflated_pages.get()),
+        (1, 2)
+    );
 }
 
 #[test]
@@ -314,7 +322,10 @@ fn reported_ranges_acknowledged_only_once_freed() {
     wake(&mut r.b);
     assert_eq!(used(&qs[3]), 1);
     let s = m(&r.b);
-    assert_eq!((s.free_page_report_count, s.discarded_bytes), (1, 6 * MIB));
+    assert_eq!(
+        (s.free_page_report_count.get(), s.discarded_bytes.get()),
+        (1, 6 * MIB)
+    );
     // A sink that drops the ack (a failure, a panic) still returns the chain.
     qs[3]
         .add_desc_chains(&[desc(32 * MIB, PAGE as u32, VRING_DESC_F_WRITE, 0)], 2)
@@ -323,7 +334,7 @@ fn reported_ranges_acknowledged_only_once_freed() {
     drop(r.sink.held.lock().unwrap().pop());
     wake(&mut r.b);
     assert_eq!(used(&qs[3]), 2);
-    assert_eq!(m(&r.b).discard_fails, 1);
+    assert_eq!(m(&r.b).discard_fails.get(), 1);
 }
 
 #[test]
@@ -353,7 +364,7 @@ fn statistics_buffer_held_until_the_next_update() {
     assert_eq!(used(&qs[2]), 1, "given back: the guest refills it");
     r.b.process_stats_timer(now + Duration::from_secs(4));
     assert_eq!(used(&qs[2]), 1, "nothing held, nothing given");
-    assert_eq!(m(&r.b).stats_updates_count, 1);
+    assert_eq!(m(&r.b).stats_updates_count.get(), 1);
     // Switching statistics on or off after creation is refused.
     assert!(r.b.set_stats_polling_interval(0).is_err());
     r.b.set_stats_polling_interval(5).unwrap();
@@ -384,7 +395,7 @@ fn hostile_pfns_and_ranges_never_leave_ram() {
             range(u64::from(top - 1) * PAGE, PAGE)
         ]
     );
-    assert_eq!(m(&r.b).refused_ranges, 4);
+    assert_eq!(m(&r.b).refused_ranges.get(), 4);
     // Reports: in the gap, across the end of low RAM, past the end, huge
     // and unaligned, a zero length.
     let wo = VRING_DESC_F_WRITE;
@@ -462,17 +473,17 @@ fn hostile_descriptors_loops_write_only_outside_ram() {
         assert!(g.end() <= 3 * GIB, "{g:?}");
     }
     assert_eq!(used(&qs[0]), 4, "the four chains with a head in the table");
-    assert!(m(&r.b).event_fails >= 2);
+    assert!(m(&r.b).event_fails.get() >= 2);
     // An available index far ahead of the ring (1000 entries in a ring of
     // 16): nothing is taken, returned or discarded, and nothing panics.
     let (used_before, batches_before) = (used(&qs[0]), r.sink.got.lock().unwrap().len());
-    let pfns_before = m(&r.b).inflated_pages;
+    let pfns_before = m(&r.b).inflated_pages.get();
     tbl.avail().idx().store(1000);
     queue(&mut r.b, 0);
     wake(&mut r.b);
     assert_eq!(used(&qs[0]), used_before);
     assert_eq!(r.sink.got.lock().unwrap().len(), batches_before);
-    assert_eq!(m(&r.b).inflated_pages, pfns_before);
+    assert_eq!(m(&r.b).inflated_pages.get(), pfns_before);
 }
 
 #[test]
@@ -559,7 +570,7 @@ fn huge_pages_discarded_whole_only() {
     add_pfns(&mem, &qs[0], 1, BUF + 4 * PAGE * 256, &part);
     queue(&mut r.b, 0);
     assert_eq!(got(&r, DiscardKind::Inflate), vec![range(huge, huge)]);
-    assert_eq!(m(&r.b).refused_bytes, 511 * PAGE);
+    assert_eq!(m(&r.b).refused_bytes.get(), 511 * PAGE);
 }
 
 struct Rig2 {
@@ -580,7 +591,7 @@ fn worker_thread_serves_queues_until_exit() {
         .collect();
     let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let worker = BalloonWorker::new(b.clone(), clones, exit.try_clone().unwrap()).unwrap();
+    let worker = Balloon::worker(&b, clones, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::Builder::new()
         .name("balloon".into())
         .spawn(move || worker.run())
@@ -745,7 +756,10 @@ fn a_reset_completes_only_once_the_discards_in_flight_end() {
         .map(|q| q.create_queue::<Queue>().unwrap())
         .collect();
     let irq: Arc<dyn VirtioInterrupt> = r.irq.clone();
-    assert!(r.b.activate(mem.clone(), V1, queues, irq).is_err());
+    assert!(r
+        .b
+        .activate(ActiveState::new(mem.clone(), V1, queues, irq))
+        .is_err());
     r.sink.held.lock().unwrap().pop().unwrap().freed();
     assert!(!r.b.reset_in_progress());
 }
@@ -790,7 +804,7 @@ fn a_slow_discard_never_holds_the_balloons_lock() {
         .collect();
     let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let worker = BalloonWorker::new(b.clone(), clones, exit.try_clone().unwrap()).unwrap();
+    let worker = Balloon::worker(&b, clones, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::spawn(move || worker.run());
     add_pfns(&mem, &qs[0], 0, BUF, &[42]);
     evts[0].write(1).unwrap();

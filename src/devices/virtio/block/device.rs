@@ -7,16 +7,14 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use virtio_queue::{Queue, QueueT};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
-use super::io::{disk_size, Disk};
+use super::disk::{disk_size, Disk};
 use super::metrics::BlockMetrics;
-use super::{
-    features, BlockError, CONFIG_SPACE_BYTES, ID_BYTES, QUEUE_SIZE, SECTOR_BYTES, VIRTIO_ID_BLOCK,
-};
+use super::{features, BlockError, ID_BYTES, QUEUE_SIZE, SECTOR_BYTES, VIRTIO_ID_BLOCK};
 use crate::devices::virtio::{
-    ActivateError, DeviceMemory, VirtioDevice, VirtioInterrupt, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, VirtioDevice, Wake,
+    VIRTIO_F_VERSION_1,
 };
 
 /// Firecracker's `cache_type`.
@@ -55,21 +53,16 @@ impl BlockOptions {
     }
 }
 
-/// What exists while the device runs (between `DRIVER_OK` and a reset).
-pub(super) struct Active<M: DeviceMemory> {
-    pub mem: M,
-    pub queue: Queue,
-    pub interrupt: Arc<dyn VirtioInterrupt>,
-    /// Which activation this is: a request begun under another is stale.
-    pub epoch: u64,
-}
+/// The running activation and its number: a request begun under another
+/// is stale.
+pub(super) type Ring<M> = Option<(u64, ActiveState<M>)>;
 
 /// What the device and its thread share.
-pub(super) struct Shared<M: DeviceMemory> {
+pub(super) struct BlockShared<M: DeviceMemory> {
     /// The running queue, memory and interrupt. The device thread locks it
     /// only for guest-memory work (bounded copies, the used ring), never
     /// across host I/O; activation and reset lock it from a vCPU.
-    pub ring: Mutex<Option<Active<M>>>,
+    pub ring: Mutex<Ring<M>>,
     /// The drive's size in sectors, as the thread's current file has it.
     pub capacity_sectors: AtomicU64,
     /// Bumped whenever the capacity changes.
@@ -78,12 +71,12 @@ pub(super) struct Shared<M: DeviceMemory> {
     /// thread between requests.
     pub pending_disk: Mutex<Option<Box<dyn Disk>>>,
     /// Wakes the thread: activation, a pending file, left-over work.
-    pub wake: EventFd,
+    pub wake: Arc<Wake>,
     pub metrics: Arc<BlockMetrics>,
 }
 
-impl<M: DeviceMemory> Shared<M> {
-    pub fn ring(&self) -> MutexGuard<'_, Option<Active<M>>> {
+impl<M: DeviceMemory> BlockShared<M> {
+    pub fn ring(&self) -> MutexGuard<'_, Ring<M>> {
         self.ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -94,7 +87,7 @@ pub struct Block<M: DeviceMemory> {
     avail_features: u64,
     queue_sizes: [u16; 1],
     epoch: u64,
-    pub(super) shared: Arc<Shared<M>>,
+    pub(super) shared: Arc<BlockShared<M>>,
     /// The file until the worker takes it.
     pub(super) disk: Option<Box<dyn Disk>>,
 }
@@ -137,12 +130,12 @@ impl<M: DeviceMemory> Block<M> {
         if opts.cache_type == CacheType::Writeback {
             avail_features |= features::FLUSH;
         }
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(BlockShared {
             ring: Mutex::new(None),
             capacity_sectors: AtomicU64::new(size / SECTOR_BYTES),
             config_generation: AtomicU32::new(0),
             pending_disk: Mutex::new(None),
-            wake: EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?,
+            wake: Arc::new(Wake::new().map_err(BlockError::EventFd)?),
             metrics: Arc::new(BlockMetrics::default()),
         });
         Ok(Block {
@@ -160,7 +153,7 @@ impl<M: DeviceMemory> Block<M> {
     /// swaps it in between two requests (never in the middle of one), reads
     /// its size, closes the old file, bumps the configuration generation
     /// and raises a configuration interrupt so that the guest reads the new
-    /// capacity. Done when [`super::BlockMetricsSnapshot::update_count`]
+    /// capacity. Done when [`super::BlockMetrics::update_count`]
     /// grows (or `update_fails`, if its size cannot be read: the old file
     /// stays). A file handed over before the last one was swapped replaces
     /// it.
@@ -179,7 +172,7 @@ impl<M: DeviceMemory> Block<M> {
         // A file never swapped in is closed here: it was never used, so its
         // close cannot wait on outstanding writes.
         drop(old);
-        self.shared.wake.write(1).map_err(BlockError::EventFd)
+        self.shared.wake.again(&[]).map_err(BlockError::EventFd)
     }
 
     /// The options it was made with.
@@ -200,16 +193,12 @@ impl<M: DeviceMemory> Block<M> {
     /// The eventfd the device thread polls besides the queue's: activation,
     /// a new file, left-over work.
     pub fn wake_evt(&self) -> &EventFd {
-        &self.shared.wake
+        self.shared.wake.evt()
     }
 
     /// Whether the device runs (between `DRIVER_OK` and a reset).
     pub fn is_active(&self) -> bool {
         self.shared.ring().is_some()
-    }
-
-    fn config_bytes(&self) -> [u8; CONFIG_SPACE_BYTES] {
-        self.capacity_sectors().to_le_bytes()
     }
 }
 
@@ -226,50 +215,30 @@ impl<M: DeviceMemory> VirtioDevice<M> for Block<M> {
         &self.queue_sizes
     }
 
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let b = self.config_bytes();
-        if super::super::read_config_space(&b, offset, data) {
-            BlockMetrics::add(&self.shared.metrics.cfg_fails, 1);
-        }
+    fn config_space(&self) -> ConfigSpace {
+        // `capacity` (u64 LE, sectors), read-only.
+        ConfigSpace::new(&self.capacity_sectors().to_le_bytes())
     }
 
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {
-        // `capacity` is the device's; Firecracker refuses and counts these.
-        BlockMetrics::add(&self.shared.metrics.cfg_fails, 1);
+    fn config_refused(&self, _access: ConfigAccess) {
+        // Writes (Firecracker refuses and counts them) and reads past the end.
+        self.shared.metrics.cfg_fails.inc();
     }
 
     fn config_generation(&self) -> u32 {
         self.shared.config_generation.load(Ordering::SeqCst)
     }
 
-    fn activate(
-        &mut self,
-        mem: M,
-        _acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError> {
-        let fail = |e| {
-            BlockMetrics::add(&self.shared.metrics.activate_fails, 1);
-            Err(e)
-        };
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
         let mut ring = self.shared.ring();
-        if ring.is_some() {
-            return fail(ActivateError::AlreadyActive);
-        }
-        let Some(queue) = queues.into_iter().next().filter(|q| q.ready()) else {
-            return fail(ActivateError::QueueNotReady(0));
-        };
+        active
+            .check(ring.is_some(), [0])
+            .inspect_err(|_| self.shared.metrics.activate_fails.inc())?;
         self.epoch += 1;
-        *ring = Some(Active {
-            mem,
-            queue,
-            interrupt,
-            epoch: self.epoch,
-        });
+        *ring = Some((self.epoch, active));
         drop(ring);
         // Chains added before DRIVER_OK get a pass.
-        self.shared.wake.write(1).map_err(ActivateError::Signal)
+        self.shared.wake.again(&[]).map_err(ActivateError::Signal)
     }
 
     fn reset(&mut self) {

@@ -10,7 +10,8 @@
 //!   event loop ([`Block::update_file`]). None of these calls does host I/O
 //!   or waits for the device thread.
 //! - All host I/O runs on the device's own thread
-//!   ([`event_handler::BlockWorker`]), which owns the backing file. It takes
+//!   ([`worker::BlockWorker`], in the shared loop
+//!   [`crate::devices::virtio::Worker`]), which owns the backing file. It takes
 //!   the running queue and guest memory (the *ring slot*, a mutex it shares
 //!   with [`Block`]) only for guest-memory work: popping a chain, copying
 //!   between guest memory and its bounce buffer, the status byte and the
@@ -25,25 +26,28 @@
 //!   memory view once the device is reset or dropped (both empty the ring
 //!   slot), so reclaim is not held up by it.
 //! - Request parsing ([`request`]) is a pure function over a descriptor
-//!   chain; execution ([`io`]) goes through the [`Disk`] trait, which the
-//!   fuzz harness implements with a recording backend.
+//!   chain; execution ([`worker`]) goes through the [`Disk`] trait
+//!   ([`disk`]), which tests and the fuzz target implement with a recording
+//!   backend.
 //! - Counters: [`metrics::BlockMetrics`].
 
 pub mod device;
-pub mod event_handler;
-pub mod io;
+pub mod disk;
 pub mod metrics;
 pub mod request;
+#[cfg(test)]
+mod test_disk;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_hostile;
+pub mod worker;
 
 pub use device::{Block, BlockOptions, CacheType};
-pub use event_handler::BlockWorker;
-pub use io::Disk;
-pub use metrics::{BlockMetrics, BlockMetricsSnapshot};
+pub use disk::Disk;
+pub use metrics::BlockMetrics;
 pub use request::{RequestError, RequestType};
+pub use worker::BlockWorker;
 
 /// The virtio device ID of a block device.
 pub const VIRTIO_ID_BLOCK: u32 = virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
@@ -63,8 +67,6 @@ pub const SECTOR_BYTES: u64 = 512;
 pub const ID_BYTES: usize = virtio_bindings::virtio_blk::VIRTIO_BLK_ID_BYTES as usize;
 /// The one queue's size (Firecracker's).
 pub const QUEUE_SIZE: u16 = 256;
-/// Bytes of the configuration space: `capacity` (u64 LE, sectors).
-pub const CONFIG_SPACE_BYTES: usize = 8;
 
 /// Most descriptors of one request, indirect tables included (header and
 /// status plus 254 data segments: what Linux sends at most on a 256-entry
@@ -110,9 +112,9 @@ pub enum BlockError {
     /// An eventfd could not be made or signalled.
     #[error("block device eventfd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's poll failed.
-    #[error("block thread poll: {0}")]
-    Poll(std::io::Error),
+    /// The device thread's loop could not be set up.
+    #[error("block thread: {0}")]
+    Worker(#[from] crate::devices::virtio::WorkerError),
     /// A second worker for the same device.
     #[error("the block device already has its worker (the backing file was handed over)")]
     WorkerExists,

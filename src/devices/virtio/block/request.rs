@@ -316,3 +316,56 @@ pub fn parse<G: GuestMemoryBackend>(
         status,
     })
 }
+
+/// Calls `f` with each piece of the segments' bytes from `start` on,
+/// `len` bytes in all: its guest address and its range in the buffer.
+fn pieces<E>(
+    segments: &[Segment],
+    start: u64,
+    len: usize,
+    mut f: impl FnMut(GuestAddress, std::ops::Range<usize>) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut skip = start;
+    let mut done = 0usize;
+    for s in segments {
+        if done == len {
+            break;
+        }
+        let seg = u64::from(s.len);
+        if skip >= seg {
+            skip -= seg;
+            continue;
+        }
+        let n = ((seg - skip) as usize).min(len - done);
+        f(GuestAddress(s.addr.0 + skip), done..done + n)?;
+        done += n;
+        skip = 0;
+    }
+    Ok(())
+}
+
+/// Copies `buf` into the segments' bytes from `start` on (a linear offset
+/// into the request's data).
+pub(super) fn scatter<G: GuestMemoryBackend>(
+    mem: &G,
+    segments: &[Segment],
+    start: u64,
+    buf: &[u8],
+) -> Result<(), vm_memory::GuestMemoryError> {
+    pieces(segments, start, buf.len(), |at, r| {
+        mem.write_slice(&buf[r], at)
+    })
+}
+
+/// Copies the segments' bytes from `start` on into `buf`.
+pub(super) fn gather<G: GuestMemoryBackend>(
+    mem: &G,
+    segments: &[Segment],
+    start: u64,
+    buf: &mut [u8],
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let len = buf.len();
+    pieces(segments, start, len, |at, r| {
+        mem.read_slice(&mut buf[r], at)
+    })
+}

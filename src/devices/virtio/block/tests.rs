@@ -14,9 +14,9 @@ use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::*;
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
@@ -100,8 +100,7 @@ pub(super) struct Rig {
 impl Rig {
     pub fn new(opts: BlockOptions, disk: Box<dyn Disk>) -> Rig {
         let block = Arc::new(Mutex::new(Block::with_disk(opts, disk).unwrap()));
-        let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-        let worker = BlockWorker::new(block.clone(), Vec::new(), exit).unwrap();
+        let worker = BlockWorker::new(&block).unwrap();
         Rig {
             mem: mem(),
             block,
@@ -124,13 +123,13 @@ impl Rig {
         self.block
             .lock()
             .unwrap()
-            .activate(self.mem.clone(), acked, vec![queue], irq)
+            .activate(ActiveState::new(self.mem.clone(), acked, vec![queue], irq))
             .unwrap();
         let _ = self.block.lock().unwrap().wake_evt().read();
         q
     }
 
-    pub fn metrics(&self) -> BlockMetricsSnapshot {
+    pub fn metrics(&self) -> BlockMetrics {
         self.block.lock().unwrap().metrics().snapshot()
     }
 
@@ -222,7 +221,7 @@ fn features_and_config_follow_options() {
     assert_eq!(c, [0, 0, 0, 0]);
     r.block.lock().unwrap().write_config(0, &[1, 2, 3, 4]);
     assert_eq!(r.capacity(), 8);
-    assert_eq!(r.metrics().cfg_fails, 2);
+    assert_eq!(r.metrics().cfg_fails.get(), 2);
 }
 
 #[test]
@@ -262,7 +261,11 @@ fn read_returns_the_sectors() {
     );
     let s = r.metrics();
     assert_eq!(
-        (s.read_count, s.read_bytes, s.invalid_reqs_count),
+        (
+            s.read_count.get(),
+            s.read_bytes.get(),
+            s.invalid_reqs_count.get()
+        ),
         (1, 1024, 0)
     );
 }
@@ -319,14 +322,14 @@ fn write_changes_exactly_its_sectors() {
     want[1536..2560].fill(0xa5);
     assert_eq!(f.bytes(), want);
     let s = r.metrics();
-    assert_eq!((s.write_count, s.write_bytes), (1, 1024));
+    assert_eq!((s.write_count.get(), s.write_bytes.get()), (1, 1024));
 }
 
 #[test]
 fn flush_syncs_with_writeback_and_answers_ok_without() {
-    for cache in [CacheType::Writeback, CacheType::Unsafe] {
-        let f = TempFile::new("flush", &pattern(8));
-        let mut r = Rig::file(opts(false, cache), &f);
+    for (cache, syncs) in [(CacheType::Writeback, 1), (CacheType::Unsafe, 0)] {
+        let (disk, log) = test_disk::RecordingDisk::new(pattern(8));
+        let mut r = Rig::new(opts(false, cache), Box::new(disk));
         let m = r.mem.clone();
         let q = r.start(&m, 16);
         // Without a data descriptor, as Linux sends it.
@@ -336,7 +339,9 @@ fn flush_syncs_with_writeback_and_answers_ok_without() {
         r.worker.process_queue(true);
         assert_eq!(status_byte(&m), status::OK, "{cache:?}");
         assert_eq!(used(&q, 0), (0, 1));
-        assert_eq!(r.metrics().flush_count, 1);
+        assert_eq!(r.metrics().flush_count.get(), 1);
+        // Writeback: one fdatasync; Unsafe: none.
+        assert_eq!(log.syncs(), syncs, "{cache:?}");
     }
 }
 
@@ -384,7 +389,7 @@ fn read_only_drive_refuses_writes_and_keeps_its_file() {
     assert_eq!(used(&q, 0), (0, 1));
     assert_eq!(f.bytes(), pattern(8));
     let s = r.metrics();
-    assert_eq!((s.write_count, s.invalid_reqs_count), (0, 1));
+    assert_eq!((s.write_count.get(), s.invalid_reqs_count.get()), (0, 1));
     // Reads still work.
     request(&m, &q, 3, b::VIRTIO_BLK_T_IN, 1, 512, W);
     r.worker.process_queue(true);
@@ -415,7 +420,7 @@ fn sectors_beyond_the_end_are_refused() {
     request(&m, &q, 30, b::VIRTIO_BLK_T_OUT, 7, 512, R);
     r.worker.process_queue(true);
     assert_eq!(status_byte(&m), status::OK);
-    assert_eq!(r.metrics().invalid_reqs_count, cases.len() as u64);
+    assert_eq!(r.metrics().invalid_reqs_count.get(), cases.len() as u64);
 }
 
 #[test]
@@ -438,7 +443,10 @@ fn lengths_not_a_sector_multiple_are_refused() {
         assert_eq!(status_byte(&m), status::IOERR, "case {i}");
     }
     assert_eq!(f.bytes(), pattern(8));
-    assert_eq!(r.metrics().read_count + r.metrics().write_count, 0);
+    assert_eq!(
+        r.metrics().read_count.get() + r.metrics().write_count.get(),
+        0
+    );
 }
 
 #[test]

@@ -2,7 +2,6 @@
 //! overlong chains), a reset while the file stalls, the backing-file swap,
 //! and the worker on its own thread.
 
-use std::path::Path;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,9 +11,10 @@ use virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::test_disk::{DiskLog, RecordingDisk};
 use super::tests::*;
 use super::*;
-use crate::devices::virtio::fuzz_block::{block_queues, DiskLog, RecordingDisk};
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{VirtioDevice, VirtioInterruptType};
 
 fn recording(sectors: u64) -> (Rig, Arc<DiskLog>) {
@@ -58,7 +58,10 @@ fn a_bad_status_descriptor_drops_the_chain_and_writes_nothing() {
         assert_eq!(status_byte(&m), 0xff, "case {i}: status written");
     }
     assert!(log.accesses().is_empty(), "host I/O for a dropped chain");
-    assert_eq!(r.metrics().dropped_reqs_count, bad_status.len() as u64);
+    assert_eq!(
+        r.metrics().dropped_reqs_count.get(),
+        bad_status.len() as u64
+    );
 }
 
 #[test]
@@ -92,7 +95,7 @@ fn descriptor_loops_and_overlong_chains_are_dropped() {
     assert_eq!(used(&q, 1), (2, 0));
     assert_eq!(used(&q, 2), (3, 513));
     assert_eq!(log.accesses(), vec![(false, 512, 512)]);
-    assert_eq!(r.metrics().dropped_reqs_count, 2);
+    assert_eq!(r.metrics().dropped_reqs_count.get(), 2);
 }
 
 /// The 16 bytes of a descriptor as it lies in guest memory.
@@ -217,7 +220,7 @@ fn a_reset_during_a_stalled_read_returns_at_once_and_nothing_lands() {
     assert_eq!(status_byte(&m), 0xff);
     assert_eq!(used_idx(&q), 0);
     let s = block.lock().unwrap().metrics().snapshot();
-    assert_eq!((s.abandoned_reqs_count, s.read_count), (1, 0));
+    assert_eq!((s.abandoned_reqs_count.get(), s.read_count.get()), (1, 0));
 }
 
 #[test]
@@ -251,7 +254,7 @@ fn update_file_swaps_between_requests_and_tells_the_guest() {
     m.read_slice(&mut d, GuestAddress(DATA)).unwrap();
     assert_eq!(d, [0x77; 512]);
     assert_eq!(f.bytes(), pattern(8));
-    assert_eq!(r.metrics().update_count, 1);
+    assert_eq!(r.metrics().update_count.get(), 1);
 }
 
 #[test]
@@ -293,14 +296,14 @@ fn the_worker_thread_serves_notifications_and_stops_on_exit() {
     ));
     let qevt = EventFd::new(EFD_NONBLOCK).unwrap();
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let mut worker = BlockWorker::new(
-        block.clone(),
+    let worker = Block::worker(
+        &block,
         vec![qevt.try_clone().unwrap()],
         exit.try_clone().unwrap(),
     )
     .unwrap();
     assert!(matches!(
-        BlockWorker::new(block.clone(), Vec::new(), exit.try_clone().unwrap()),
+        Block::worker(&block, Vec::new(), exit.try_clone().unwrap()),
         Err(BlockError::WorkerExists)
     ));
     let h = std::thread::Builder::new()
@@ -312,7 +315,12 @@ fn the_worker_thread_serves_notifications_and_stops_on_exit() {
     block
         .lock()
         .unwrap()
-        .activate(mem.clone(), 0, vec![q.create_queue().unwrap()], irq)
+        .activate(ActiveState::new(
+            mem.clone(),
+            0,
+            vec![q.create_queue().unwrap()],
+            irq,
+        ))
         .unwrap();
     request(&mem, &q, 0, b::VIRTIO_BLK_T_IN, 0, 512, W);
     qevt.write(1).unwrap();
@@ -324,54 +332,8 @@ fn the_worker_thread_serves_notifications_and_stops_on_exit() {
     exit.write(1).unwrap();
     h.join().unwrap().unwrap();
     let s = block.lock().unwrap().metrics().snapshot();
-    assert_eq!((s.read_count, s.queue_event_count), (1, 1));
+    assert_eq!((s.read_count.get(), s.queue_event_count.get()), (1, 1));
     // Dropping the device lets go of the guest memory.
     drop(block);
     assert_eq!(Arc::strong_count(&mem), 1);
-}
-
-// The fuzz target's seeds (fuzz/corpus/block_queues/) replay here.
-fn replay(target: &str) -> Vec<(String, BlockMetricsSnapshot)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
-        .join(target);
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if name.starts_with('.') {
-            continue;
-        }
-        out.push((name, block_queues(&std::fs::read(&p).unwrap())));
-    }
-    assert!(!out.is_empty(), "no seeds in {}", dir.display());
-    out
-}
-
-#[test]
-fn block_queues_corpus_replays() {
-    let got = replay("block_queues");
-    let get = |n: &str| {
-        got.iter()
-            .find(|(f, _)| f == n)
-            .map(|(_, r)| r.clone())
-            .unwrap_or_else(|| panic!("no seed {n}"))
-    };
-    let rw = get("read_write");
-    assert!(rw.read_count >= 1 && rw.write_count >= 1, "{rw:?}");
-    let ro = get("read_only_write");
-    assert!(ro.invalid_reqs_count >= 1 && ro.write_count == 0, "{ro:?}");
-    let bad = get("bad_status");
-    assert!(bad.dropped_reqs_count >= 1, "{bad:?}");
-    let lp = get("loop");
-    assert!(lp.dropped_reqs_count >= 1, "{lp:?}");
-    let sw = get("swap_file");
-    assert!(sw.update_count >= 1, "{sw:?}");
-}
-
-#[test]
-fn empty_and_short_inputs() {
-    let _ = block_queues(&[]);
-    let _ = block_queues(&[1, 2]);
-    let _ = block_queues(&[0xff; 200]);
 }

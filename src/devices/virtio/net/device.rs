@@ -5,8 +5,11 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use virtio_queue::{Queue, QueueT};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use std::os::fd::RawFd;
+use std::sync::Mutex;
+
+use event_manager::EventSet;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::features::{MAC, OFFERED};
 use super::metrics::NetMetrics;
@@ -15,7 +18,8 @@ use super::{
     NetError, CONFIG_SPACE_BYTES, MAX_BUFFER_BYTES, QUEUE_SIZE, RX_INDEX, TX_INDEX, VIRTIO_ID_NET,
 };
 use crate::devices::virtio::{
-    ActivateError, DeviceMemory, VirtioDevice, VirtioInterrupt, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, Pending, QueueHandler,
+    VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
 
 /// What the device is made with (the API's `PUT /network-interfaces`,
@@ -39,26 +43,6 @@ pub(super) struct RxChain {
     pub capacity: usize,
 }
 
-/// What exists while the device runs (between `DRIVER_OK` and a reset).
-pub(super) struct Active<M: DeviceMemory> {
-    pub mem: M,
-    pub queues: Vec<Queue>,
-    pub interrupt: Arc<dyn VirtioInterrupt>,
-    pub acked: u64,
-    /// The tap offloads still to set (the device's thread does, before it
-    /// reads a frame).
-    pub offload: Option<u32>,
-    /// Bytes of a frame (with header) in the receive bounce buffer that
-    /// wait for buffers.
-    pub rx_frame: Option<usize>,
-    /// Receive chains taken from the ring for the waiting frame (more than
-    /// one only with mergeable buffers).
-    pub rx_held: VecDeque<RxChain>,
-    /// Queues with work left over from a bounded pass.
-    pub pending_tx: bool,
-    pub pending_rx: bool,
-}
-
 /// A virtio-net device.
 pub struct Net<M: DeviceMemory> {
     pub(super) opts: NetOptions,
@@ -66,11 +50,20 @@ pub struct Net<M: DeviceMemory> {
     queue_sizes: [u16; 2],
     pub(super) backend: Box<dyn NetBackend>,
     pub(super) metrics: Arc<NetMetrics>,
-    pub(super) wake: Arc<EventFd>,
+    pub(super) wake: Arc<Wake>,
     /// Bounce buffers, [`MAX_BUFFER_BYTES`] each.
     pub(super) tx_buf: Vec<u8>,
     pub(super) rx_buf: Vec<u8>,
-    pub(super) active: Option<Active<M>>,
+    pub(super) active: Option<ActiveState<M>>,
+    /// The tap offloads of the activation, still to set (the device's
+    /// thread does, before it reads a frame).
+    pub(super) offload: Option<u32>,
+    /// Bytes of a frame (with header) in the receive bounce buffer that
+    /// wait for buffers.
+    pub(super) rx_frame: Option<usize>,
+    /// Receive chains taken from the ring for the waiting frame (more than
+    /// one only with mergeable buffers).
+    pub(super) rx_held: VecDeque<RxChain>,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for Net<M> {
@@ -103,11 +96,26 @@ impl<M: DeviceMemory> Net<M> {
             queue_sizes: [QUEUE_SIZE, QUEUE_SIZE],
             backend,
             metrics: Arc::new(NetMetrics::default()),
-            wake: Arc::new(EventFd::new(EFD_NONBLOCK).map_err(NetError::EventFd)?),
+            wake: Arc::new(Wake::new().map_err(NetError::EventFd)?),
             tx_buf: vec![0; MAX_BUFFER_BYTES],
             rx_buf: vec![0; MAX_BUFFER_BYTES],
             active: None,
+            offload: None,
+            rx_frame: None,
+            rx_held: VecDeque::new(),
         })
+    }
+
+    /// The device's thread loop: the device (locked for each event) woken
+    /// by the tap (edge triggered), `queue_evts` (clones of the transport's
+    /// [`crate::devices::virtio::MmioTransport::queue_evts`]) and its wake
+    /// eventfd, stopped by a write to `exit_evt`.
+    pub fn worker(
+        net: &Arc<Mutex<Net<M>>>,
+        queue_evts: Vec<EventFd>,
+        exit_evt: EventFd,
+    ) -> Result<Worker<Arc<Mutex<Net<M>>>>, NetError> {
+        Ok(Worker::start(net.clone(), queue_evts, exit_evt)?)
     }
 
     /// The options it was made with.
@@ -128,7 +136,7 @@ impl<M: DeviceMemory> Net<M> {
     /// The eventfd the device's thread polls besides the tap and the queue
     /// eventfds: activation and left-over work.
     pub fn wake_evt(&self) -> &EventFd {
-        &self.wake
+        self.wake.evt()
     }
 
     /// The backend's fd (the tap), for the device's thread to poll.
@@ -143,15 +151,37 @@ impl<M: DeviceMemory> Net<M> {
 
     /// The features the driver acked, while the device runs.
     pub fn acked_features(&self) -> Option<u64> {
-        self.active.as_ref().map(|a| a.acked)
+        self.active.as_ref().map(|a| a.acked_features)
+    }
+}
+
+/// The device's thread: which event runs which pass ([`super::queues`]).
+///
+/// Syscalls it makes, for its seccomp role: the loop's
+/// ([`crate::devices::virtio::worker`]), `read` on the tap, `write` on the
+/// tap and the irqfd, `ioctl TUNSETOFFLOAD` on the tap (once per
+/// activation), `futex` (the device's lock).
+impl<M: DeviceMemory> QueueHandler for Net<M> {
+    fn wake(&self) -> Arc<Wake> {
+        self.wake.clone()
     }
 
-    fn config_bytes(&self) -> [u8; CONFIG_SPACE_BYTES] {
-        let mut b = [0u8; CONFIG_SPACE_BYTES];
-        if let Some(mac) = self.opts.guest_mac {
-            b[..6].copy_from_slice(&mac);
-        }
-        b
+    fn sources(&self) -> Vec<(RawFd, EventSet)> {
+        // Edge triggered: a tap with frames waiting for receive buffers
+        // must not wake the thread again and again.
+        vec![(self.backend_fd(), EventSet::IN | EventSet::EDGE_TRIGGERED)]
+    }
+
+    fn queue_event(&mut self, index: usize) {
+        self.process_queue(index);
+    }
+
+    fn wake_event(&mut self, pending: Pending) {
+        self.process_wake(pending);
+    }
+
+    fn source_event(&mut self, _index: usize, _events: EventSet) {
+        self.process_tap();
     }
 }
 
@@ -168,57 +198,48 @@ impl<M: DeviceMemory> VirtioDevice<M> for Net<M> {
         &self.queue_sizes
     }
 
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let b = self.config_bytes();
-        super::super::read_config_space(&b, offset, data);
+    fn config_space(&self) -> ConfigSpace {
+        // `mac`, then `status`, `max_virtqueue_pairs` and `mtu` (not
+        // offered: 0).
+        let mut b = [0u8; CONFIG_SPACE_BYTES];
+        if let Some(mac) = self.opts.guest_mac {
+            b[..6].copy_from_slice(&mac);
+        }
+        ConfigSpace::new(&b)
     }
 
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {
+    fn config_refused(&self, access: ConfigAccess) {
         // The MAC is the host's to set (Firecracker refuses driver writes).
-        NetMetrics::add(&self.metrics.cfg_fails, 1);
+        if access == ConfigAccess::Write {
+            self.metrics.cfg_fails.inc();
+        }
     }
 
-    fn activate(
-        &mut self,
-        mem: M,
-        acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError> {
-        if self.active.is_some() {
-            NetMetrics::add(&self.metrics.activate_fails, 1);
-            return Err(ActivateError::AlreadyActive);
-        }
-        for i in [RX_INDEX, TX_INDEX] {
-            if !queues.get(i).is_some_and(|q| q.ready()) {
-                NetMetrics::add(&self.metrics.activate_fails, 1);
-                return Err(ActivateError::QueueNotReady(i));
-            }
-        }
-        self.active = Some(Active {
-            mem,
-            queues,
-            interrupt,
-            acked: acked_features,
-            offload: Some(tap_offload_for(acked_features)),
-            rx_frame: None,
-            rx_held: VecDeque::new(),
-            // Buffers posted before DRIVER_OK, frames already in the tap
-            // (whose edge came while the device slept): one pass of each.
-            pending_tx: true,
-            pending_rx: true,
-        });
-        self.wake.write(1).map_err(ActivateError::Signal)
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
+        active
+            .check(self.active.is_some(), [RX_INDEX, TX_INDEX])
+            .inspect_err(|_| self.metrics.activate_fails.inc())?;
+        self.offload = Some(tap_offload_for(active.acked_features));
+        self.active = Some(active);
+        self.rx_frame = None;
+        self.rx_held.clear();
+        // Buffers posted before DRIVER_OK, frames already in the tap
+        // (whose edge came while the device slept): one pass of each.
+        self.wake
+            .again(&[TX_INDEX, RX_INDEX])
+            .map_err(ActivateError::Signal)
     }
 
     fn reset(&mut self) {
         // Drops the queues, the guest memory and the held chains; a frame
         // that waited for buffers is dropped (counted). Frames still in the
         // tap stay there (bounded by the tap's queue) for the next driver.
-        if let Some(a) = self.active.take() {
-            if a.rx_frame.is_some() {
-                NetMetrics::add(&self.metrics.rx_dropped_frames, 1);
-            }
+        self.active = None;
+        self.offload = None;
+        self.rx_held.clear();
+        self.wake.clear();
+        if self.rx_frame.take().is_some() {
+            self.metrics.rx_dropped_frames.inc();
         }
     }
 }

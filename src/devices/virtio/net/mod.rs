@@ -13,9 +13,10 @@
 //!   activation and reset; the transport calls it from vCPU threads.
 //!   Activation only records the queues and wakes the device's thread.
 //! - All tap I/O and queue work ([`queues`]) runs on the device's own
-//!   thread ([`event_handler::NetWorker`]): it polls the tap (edge
-//!   triggered), the queue eventfds and the device's wake eventfd, and
-//!   locks the device for one bounded pass per event. It applies the tap's
+//!   thread ([`Net::worker`], the shared loop of
+//!   [`crate::devices::virtio::worker`] with the device as its handler):
+//!   it polls the tap (edge triggered), the queue eventfds and the device's
+//!   wake eventfd, and locks the device for one bounded pass per event. It applies the tap's
 //!   offloads (`TUNSETOFFLOAD`) from the acked features before it reads a
 //!   frame for a new activation.
 //! - The tap side is a [`NetBackend`], so tests and the fuzz target drive
@@ -23,18 +24,18 @@
 //! - Counters: [`metrics::NetMetrics`] (Firecracker's `net` group names).
 
 pub mod device;
-pub mod event_handler;
 pub mod metrics;
 pub mod queues;
 pub mod tap;
 #[cfg(test)]
 mod tap_tests;
 #[cfg(test)]
+mod test_backend;
+#[cfg(test)]
 mod tests;
 
 pub use device::{Net, NetOptions};
-pub use event_handler::NetWorker;
-pub use metrics::{NetMetrics, NetMetricsSnapshot};
+pub use metrics::NetMetrics;
 pub use tap::{open_tap, NetBackend, Tap};
 
 /// The virtio device ID of a network card.
@@ -143,7 +144,7 @@ pub enum NetError {
     /// An eventfd could not be made.
     #[error("cannot create the network device's eventfd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's poll failed.
-    #[error("network device thread poll: {0}")]
-    Poll(std::io::Error),
+    /// The device thread's loop could not be set up.
+    #[error("network device thread: {0}")]
+    Worker(#[from] crate::devices::virtio::WorkerError),
 }

@@ -24,11 +24,13 @@ use std::sync::atomic::Ordering;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
-use super::device::{Active, RxChain};
+use std::collections::VecDeque;
+
+use super::device::RxChain;
 use super::features::{GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF};
 use super::metrics::NetMetrics;
 use super::{Net, MAX_BUFFER_BYTES, MAX_FRAMES_PER_PASS, RX_INDEX, TX_INDEX, VNET_HDR_BYTES};
-use crate::devices::virtio::{DeviceMemory, VirtioInterruptType};
+use crate::devices::virtio::{ActiveState, DeviceMemory, Pending};
 
 /// Offset of `num_buffers` in the virtio-net header.
 const NUM_BUFFERS_AT: usize = 10;
@@ -145,11 +147,11 @@ impl<M: DeviceMemory> Net<M> {
     pub fn process_queue(&mut self, index: usize) {
         match index {
             RX_INDEX => {
-                NetMetrics::add(&self.metrics.rx_queue_event_count, 1);
+                self.metrics.rx_queue_event_count.inc();
                 self.process_rx();
             }
             TX_INDEX => {
-                NetMetrics::add(&self.metrics.tx_queue_event_count, 1);
+                self.metrics.tx_queue_event_count.inc();
                 self.process_tx();
             }
             _ => {}
@@ -158,25 +160,18 @@ impl<M: DeviceMemory> Net<M> {
 
     /// The tap became readable.
     pub fn process_tap(&mut self) {
-        NetMetrics::add(&self.metrics.rx_tap_event_count, 1);
+        self.metrics.rx_tap_event_count.inc();
         self.process_rx();
     }
 
     /// The wake eventfd fired: a new activation (sets the tap's offloads),
     /// or passes left over.
-    pub fn process_wake(&mut self) {
+    pub fn process_wake(&mut self, pending: Pending) {
         self.apply_offload();
-        let Some(a) = self.active.as_mut() else {
-            return;
-        };
-        let (tx, rx) = (
-            std::mem::take(&mut a.pending_tx),
-            std::mem::take(&mut a.pending_rx),
-        );
-        if tx {
+        if pending.has(TX_INDEX) {
             self.process_tx();
         }
-        if rx {
+        if pending.has(RX_INDEX) {
             self.process_rx();
         }
     }
@@ -186,20 +181,11 @@ impl<M: DeviceMemory> Net<M> {
     /// (none, from `open_tap`, or a former activation's: frames that ask
     /// for offloads the guest did not ack are dropped in `process_rx`).
     fn apply_offload(&mut self) {
-        let Some(flags) = self.active.as_mut().and_then(|a| a.offload.take()) else {
+        let Some(flags) = self.offload.take() else {
             return;
         };
         if self.backend.set_offload(flags).is_err() {
-            NetMetrics::add(&self.metrics.activate_fails, 1);
-        }
-    }
-
-    fn signal(a: &Active<M>, q: usize, m: &NetMetrics) {
-        if a.interrupt
-            .trigger(VirtioInterruptType::Queue(q as u16))
-            .is_err()
-        {
-            NetMetrics::add(&m.event_fails, 1);
+            self.metrics.activate_fails.inc();
         }
     }
 
@@ -209,77 +195,81 @@ impl<M: DeviceMemory> Net<M> {
             return;
         };
         let m = &*self.metrics;
+        let (backend, buf) = (&mut self.backend, &mut self.tx_buf);
         let (mut taken, mut used) = (0usize, false);
-        loop {
-            if taken == MAX_FRAMES_PER_PASS {
-                a.pending_tx = true;
-                if self.wake.write(1).is_err() {
-                    NetMetrics::add(&m.event_fails, 1);
-                }
-                break;
-            }
+        let end = self.wake.pass(TX_INDEX, MAX_FRAMES_PER_PASS, || {
             let Some(chain) = a.queues[TX_INDEX].pop_descriptor_chain(&*a.mem) else {
-                break;
+                return false;
             };
             taken += 1;
             let head = chain.head_index();
-            match gather(&*a.mem, chain, &mut self.tx_buf) {
-                Some(n) => match self.backend.write_frame(&self.tx_buf[..n]) {
+            match gather(&*a.mem, chain, buf) {
+                Some(n) => match backend.write_frame(&buf[..n]) {
                     Ok(_) => {
-                        NetMetrics::add(&m.tx_packets_count, 1);
-                        NetMetrics::add(&m.tx_bytes_count, (n - VNET_HDR_BYTES) as u64);
+                        m.tx_packets_count.inc();
+                        m.tx_bytes_count.add((n - VNET_HDR_BYTES) as u64);
                     }
                     Err(_) => {
-                        NetMetrics::add(&m.tap_write_fails, 1);
-                        NetMetrics::add(&m.tx_fails, 1);
+                        m.tap_write_fails.inc();
+                        m.tx_fails.inc();
                     }
                 },
                 None => {
-                    NetMetrics::add(&m.tx_malformed_frames, 1);
-                    NetMetrics::add(&m.tx_fails, 1);
+                    m.tx_malformed_frames.inc();
+                    m.tx_fails.inc();
                 }
             }
             if a.queues[TX_INDEX].add_used(&*a.mem, head, 0).is_ok() {
                 used = true;
             } else {
-                NetMetrics::add(&m.event_fails, 1);
+                m.event_fails.inc();
             }
+            true
+        });
+        if end.wake_failed {
+            m.event_fails.inc();
         }
         if taken == 0 {
-            NetMetrics::add(&m.no_tx_avail_buffer, 1);
+            m.no_tx_avail_buffer.inc();
         }
-        if used {
-            Self::signal(a, TX_INDEX, m);
+        if used && !a.signal_used(TX_INDEX) {
+            m.event_fails.inc();
         }
     }
 
     /// Takes receive chains until the held ones can take `n` bytes;
     /// refused chains go back unused (`returned` is set).
-    fn room_for(a: &mut Active<M>, n: usize, m: &NetMetrics, returned: &mut bool) -> Room {
-        let mrg = a.acked & MRG_RXBUF != 0;
+    fn room_for(
+        a: &mut ActiveState<M>,
+        held: &mut VecDeque<RxChain>,
+        n: usize,
+        m: &NetMetrics,
+        returned: &mut bool,
+    ) -> Room {
+        let mrg = a.acked_features & MRG_RXBUF != 0;
         loop {
             let mut have = 0usize;
-            for (k, c) in a.rx_held.iter().enumerate() {
+            for (k, c) in held.iter().enumerate() {
                 have += c.capacity;
                 if have >= n {
                     return Room::Ready(k + 1);
                 }
             }
             let full = usize::from(a.queues[RX_INDEX].size());
-            if (!mrg && !a.rx_held.is_empty()) || a.rx_held.len() >= full {
+            if (!mrg && !held.is_empty()) || held.len() >= full {
                 return Room::TooBig;
             }
             let Some(chain) = a.queues[RX_INDEX].pop_descriptor_chain(&*a.mem) else {
                 return Room::Wait;
             };
             match check_rx_chain(&*a.mem, chain) {
-                Ok(c) => a.rx_held.push_back(c),
+                Ok(c) => held.push_back(c),
                 Err(head) => {
-                    NetMetrics::add(&m.rx_fails, 1);
+                    m.rx_fails.inc();
                     if a.queues[RX_INDEX].add_used(&*a.mem, head, 0).is_ok() {
                         *returned = true;
                     } else {
-                        NetMetrics::add(&m.event_fails, 1);
+                        m.event_fails.inc();
                     }
                 }
             }
@@ -288,11 +278,18 @@ impl<M: DeviceMemory> Net<M> {
 
     /// Writes the frame of `n` bytes in `buf` into the first `k` held
     /// chains and publishes them.
-    fn deliver(a: &mut Active<M>, buf: &mut [u8], n: usize, k: usize, m: &NetMetrics) {
+    fn deliver(
+        a: &mut ActiveState<M>,
+        held: &mut VecDeque<RxChain>,
+        buf: &mut [u8],
+        n: usize,
+        k: usize,
+        m: &NetMetrics,
+    ) {
         buf[NUM_BUFFERS_AT..VNET_HDR_BYTES].copy_from_slice(&(k as u16).to_le_bytes());
         let mut off = 0usize;
         let mut used = Vec::with_capacity(k);
-        for c in a.rx_held.drain(..k) {
+        for c in held.drain(..k) {
             let mut wrote = 0usize;
             for &(gpa, len) in &c.bufs {
                 if off == n {
@@ -303,7 +300,7 @@ impl<M: DeviceMemory> Net<M> {
                     .write_slice(&buf[off..off + w], GuestAddress(gpa))
                     .is_err()
                 {
-                    NetMetrics::add(&m.rx_fails, 1);
+                    m.rx_fails.inc();
                 }
                 off += w;
                 wrote += w;
@@ -311,10 +308,10 @@ impl<M: DeviceMemory> Net<M> {
             used.push((c.head, wrote as u32));
         }
         if !publish_used(&mut a.queues[RX_INDEX], &*a.mem, &used) {
-            NetMetrics::add(&m.event_fails, 1);
+            m.event_fails.inc();
         }
-        NetMetrics::add(&m.rx_packets_count, 1);
-        NetMetrics::add(&m.rx_bytes_count, (n - VNET_HDR_BYTES) as u64);
+        m.rx_packets_count.inc();
+        m.rx_bytes_count.add((n - VNET_HDR_BYTES) as u64);
     }
 
     /// One bounded receive pass: frames from the tap into the guest's
@@ -325,55 +322,52 @@ impl<M: DeviceMemory> Net<M> {
             return;
         };
         let m = &*self.metrics;
+        let (backend, buf) = (&mut self.backend, &mut self.rx_buf);
+        let (frame, held) = (&mut self.rx_frame, &mut self.rx_held);
         let mut used = false;
-        let mut frames = 0usize;
-        loop {
-            if frames == MAX_FRAMES_PER_PASS {
-                a.pending_rx = true;
-                if self.wake.write(1).is_err() {
-                    NetMetrics::add(&m.event_fails, 1);
-                }
-                break;
-            }
-            let n = match a.rx_frame {
+        let end = self.wake.pass(RX_INDEX, MAX_FRAMES_PER_PASS, || {
+            let n = match *frame {
                 Some(n) => n,
-                None => match self.backend.read_frame(&mut self.rx_buf) {
+                None => match backend.read_frame(buf) {
                     Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return true,
                     Err(_) => {
                         // Not retried until the next event: no spinning on
                         // an error that repeats.
-                        NetMetrics::add(&m.tap_read_fails, 1);
-                        NetMetrics::add(&m.rx_fails, 1);
-                        break;
+                        m.tap_read_fails.inc();
+                        m.rx_fails.inc();
+                        return false;
                     }
                 },
             };
-            frames += 1;
-            let n = n.min(self.rx_buf.len());
-            if n < VNET_HDR_BYTES || !offloads_acked(&self.rx_buf[..VNET_HDR_BYTES], a.acked) {
-                a.rx_frame = None;
-                NetMetrics::add(&m.rx_dropped_frames, 1);
-                continue;
+            let n = n.min(buf.len());
+            if n < VNET_HDR_BYTES || !offloads_acked(&buf[..VNET_HDR_BYTES], a.acked_features) {
+                *frame = None;
+                m.rx_dropped_frames.inc();
+                return true;
             }
-            a.rx_frame = Some(n);
-            match Self::room_for(a, n, m, &mut used) {
+            *frame = Some(n);
+            match Self::room_for(a, held, n, m, &mut used) {
                 Room::Ready(k) => {
-                    Self::deliver(a, &mut self.rx_buf, n, k, m);
+                    Self::deliver(a, held, buf, n, k, m);
                     used = true;
                 }
-                Room::TooBig => NetMetrics::add(&m.rx_dropped_frames, 1),
+                Room::TooBig => m.rx_dropped_frames.inc(),
                 Room::Wait => {
                     // The next receive notification resumes.
-                    NetMetrics::add(&m.no_rx_avail_buffer, 1);
-                    break;
+                    m.no_rx_avail_buffer.inc();
+                    return false;
                 }
             }
-            a.rx_frame = None;
+            *frame = None;
+            true
+        });
+        if end.wake_failed {
+            m.event_fails.inc();
         }
-        if used {
-            Self::signal(a, RX_INDEX, m);
+        if used && !a.signal_used(RX_INDEX) {
+            m.event_fails.inc();
         }
     }
 }

@@ -11,8 +11,9 @@ use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::features::*;
+use super::test_backend::RecordingBackend;
 use super::*;
-use crate::devices::virtio::fuzz_net::{net_queues, RecordingBackend};
+use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
@@ -78,9 +79,11 @@ fn start<'a>(r: &mut Rig, mem: &'a GuestMemoryMmap<()>, acked: u64, size: u16) -
         .collect();
     let queues: Vec<Queue> = qs.iter().map(|q| q.create_queue().unwrap()).collect();
     let irq: Arc<dyn VirtioInterrupt> = r.irq.clone();
-    r.net.activate(r.mem.clone(), acked, queues, irq).unwrap();
+    r.net
+        .activate(ActiveState::new(r.mem.clone(), acked, queues, irq))
+        .unwrap();
     assert_eq!(r.net.wake_evt().read().unwrap(), 1);
-    r.net.process_wake();
+    wake(&mut r.net);
     qs
 }
 
@@ -112,7 +115,7 @@ fn all(dropped: u64) -> u64 {
     (VIRTIO_F_VERSION_1 | OFFERED) & !dropped
 }
 
-fn m(r: &Rig) -> NetMetricsSnapshot {
+fn m(r: &Rig) -> NetMetrics {
     r.net.metrics().snapshot()
 }
 
@@ -147,7 +150,7 @@ fn features_and_config_space() {
     let mut b = [0u8; 6];
     r.net.read_config(0, &mut b);
     assert_eq!(b, [2, 0xfc, 0, 0, 0, 7]);
-    assert_eq!(m(&r).cfg_fails, 1);
+    assert_eq!(m(&r).cfg_fails.get(), 1);
 }
 
 #[test]
@@ -161,7 +164,7 @@ fn activation_sets_the_offloads_the_guest_acked() {
         vec![libc::TUN_F_CSUM | libc::TUN_F_TSO4]
     );
     // Once per activation.
-    r.net.process_wake();
+    wake(&mut r.net);
     r.net.process_tap();
     assert_eq!(r.tap.lock().offloads.len(), 1);
     r.net.reset();
@@ -177,15 +180,15 @@ fn a_queue_not_ready_refuses_activation() {
     let mut not_ready: Queue = q.create_queue().unwrap();
     virtio_queue::QueueT::set_ready(&mut not_ready, false);
     let ready: Queue = q.create_queue().unwrap();
-    let e = r.net.activate(
+    let e = r.net.activate(ActiveState::new(
         mem.clone(),
         VIRTIO_F_VERSION_1,
         vec![ready, not_ready],
         r.irq.clone(),
-    );
+    ));
     assert!(e.is_err());
     assert!(!r.net.is_active());
-    assert_eq!(m(&r).activate_fails, 1);
+    assert_eq!(m(&r).activate_fails.get(), 1);
 }
 
 #[test]
@@ -211,7 +214,11 @@ fn tx_sends_the_chain_as_one_frame() {
     );
     let s = m(&r);
     assert_eq!(
-        (s.tx_packets_count, s.tx_bytes_count, s.tx_queue_event_count),
+        (
+            s.tx_packets_count.get(),
+            s.tx_bytes_count.get(),
+            s.tx_queue_event_count.get()
+        ),
         (1, 60, 1)
     );
 }
@@ -244,7 +251,10 @@ fn rx_puts_a_frame_in_one_chain_with_num_buffers_1() {
         vec![VirtioInterruptType::Queue(0)]
     );
     let s = m(&r);
-    assert_eq!((s.rx_packets_count, s.rx_bytes_count), (1, 1000));
+    assert_eq!(
+        (s.rx_packets_count.get(), s.rx_bytes_count.get()),
+        (1, 1000)
+    );
 }
 
 #[test]
@@ -290,7 +300,7 @@ fn rx_without_buffers_waits_and_reads_no_more() {
     }
     assert_eq!(r.tap.lock().reads, 1);
     assert_eq!(r.tap.lock().to_guest.len(), 999);
-    assert_eq!(m(&r).no_rx_avail_buffer, 50);
+    assert_eq!(m(&r).no_rx_avail_buffer.get(), 50);
     assert!(r.irq.0.lock().unwrap().is_empty());
     // The guest posts two buffers: the waiting frame and the next go in.
     qs[RX_INDEX]
@@ -305,7 +315,7 @@ fn rx_without_buffers_waits_and_reads_no_more() {
     mem.read_slice(&mut b, GuestAddress(BUF + 12)).unwrap();
     assert_eq!(b[0], 0, "the first frame first");
     assert_eq!(r.tap.lock().reads, 3);
-    assert_eq!(m(&r).rx_packets_count, 2);
+    assert_eq!(m(&r).rx_packets_count.get(), 2);
 }
 
 #[test]
@@ -322,7 +332,7 @@ fn a_pass_is_bounded_and_resumes_by_the_wake_eventfd() {
     r.net.process_queue(TX_INDEX);
     assert_eq!(r.tap.lock().sent.len(), MAX_FRAMES_PER_PASS);
     assert_eq!(r.net.wake_evt().read().unwrap(), 1);
-    r.net.process_wake();
+    wake(&mut r.net);
     assert_eq!(r.tap.lock().sent.len(), usize::from(n));
     assert_eq!(used_idx(&qs[TX_INDEX]), n);
 }
@@ -350,7 +360,7 @@ fn hostile_tx_chains_are_refused_and_returned() {
     r.net.process_queue(TX_INDEX);
     assert_eq!(used_idx(tx), 7);
     let s = m(&r);
-    assert_eq!(s.tx_malformed_frames, 6, "{s:?}");
+    assert_eq!(s.tx_malformed_frames.get(), 6, "{s:?}");
     // The loop sends whatever its TTL allowed (at most 16 descriptors).
     let sent = r.tap.lock().sent.clone();
     assert!(sent.len() <= 1 && sent.iter().all(|f| f.len() <= 1600));
@@ -372,7 +382,11 @@ fn tap_write_failures_are_counted_and_the_chain_returned() {
     assert_eq!(used_idx(&qs[TX_INDEX]), 1);
     let s = m(&r);
     assert_eq!(
-        (s.tap_write_fails, s.tx_fails, s.tx_packets_count),
+        (
+            s.tap_write_fails.get(),
+            s.tx_fails.get(),
+            s.tx_packets_count.get()
+        ),
         (1, 1, 0)
     );
 }
@@ -397,15 +411,15 @@ fn hostile_rx_chains_are_returned_unused_and_the_frame_waits() {
     for i in 0..4 {
         assert_eq!(used_elem(&mem, rx, i).1, 0);
     }
-    assert_eq!(m(&r).rx_fails, 4);
-    assert_eq!(m(&r).rx_packets_count, 0);
+    assert_eq!(m(&r).rx_fails.get(), 4);
+    assert_eq!(m(&r).rx_packets_count.get(), 0);
     // A good chain takes the frame that waited.
     rx.add_desc_chains(&[desc(BUF + 0x1000, 2000, W, 0)], 5)
         .unwrap();
     r.net.process_queue(RX_INDEX);
     assert_eq!(used_idx(rx), 5);
     assert_eq!(used_elem(&mem, rx, 4), (5, f.len() as u32));
-    assert_eq!(m(&r).rx_packets_count, 1);
+    assert_eq!(m(&r).rx_packets_count.get(), 1);
 }
 
 #[test]
@@ -419,7 +433,7 @@ fn without_merged_buffers_a_frame_too_big_is_dropped_and_the_chain_kept() {
     r.tap.push(frame(4000, 0));
     r.tap.push(frame(100, 0));
     r.net.process_tap();
-    assert_eq!(m(&r).rx_dropped_frames, 1);
+    assert_eq!(m(&r).rx_dropped_frames.get(), 1);
     assert_eq!(used_idx(&qs[RX_INDEX]), 1);
     assert_eq!(used_elem(&mem, &qs[RX_INDEX], 0), (0, 112));
 }
@@ -442,8 +456,8 @@ fn frames_with_offloads_the_guest_did_not_ack_are_dropped() {
     r.tap.push(vec![0; 5]); // a runt
     r.tap.push(frame(100, 0));
     r.net.process_tap();
-    assert_eq!(m(&r).rx_dropped_frames, 3);
-    assert_eq!(m(&r).rx_packets_count, 1);
+    assert_eq!(m(&r).rx_dropped_frames.get(), 3);
+    assert_eq!(m(&r).rx_packets_count.get(), 1);
     assert_eq!(used_idx(&qs[RX_INDEX]), 1);
 }
 
@@ -457,7 +471,7 @@ fn reset_during_io_drops_the_waiting_frame_and_stops_all_work() {
     r.net.process_tap();
     assert_eq!(r.tap.lock().reads, 1);
     r.net.reset();
-    assert_eq!(m(&r).rx_dropped_frames, 1);
+    assert_eq!(m(&r).rx_dropped_frames.get(), 1);
     // Nothing runs without a driver, whatever fires.
     qs[RX_INDEX]
         .add_desc_chains(&[desc(BUF, 2000, W, 0)], 0)
@@ -468,7 +482,7 @@ fn reset_during_io_drops_the_waiting_frame_and_stops_all_work() {
     r.net.process_tap();
     r.net.process_queue(RX_INDEX);
     r.net.process_queue(TX_INDEX);
-    r.net.process_wake();
+    wake(&mut r.net);
     assert_eq!(used_idx(&qs[RX_INDEX]), 0);
     assert_eq!(used_idx(&qs[TX_INDEX]), 0);
     assert_eq!(r.tap.lock().reads, 1);
@@ -486,7 +500,7 @@ fn reset_during_io_drops_the_waiting_frame_and_stops_all_work() {
 
 #[test]
 fn the_worker_serves_events_and_exits() {
-    use vmm_sys_util::epoll::EpollEvent;
+    use std::time::{Duration, Instant};
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
     let mut r = rig(None);
     let mem = r.mem.clone();
@@ -500,57 +514,31 @@ fn the_worker_serves_events_and_exits() {
         .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
         .collect();
     let clones = qevts.iter().map(|e| e.try_clone().unwrap()).collect();
-    let w = NetWorker::new(net.clone(), clones, EventFd::new(EFD_NONBLOCK).unwrap()).unwrap();
-    let mut evs = vec![EpollEvent::default(); 8];
+    let exit = EventFd::new(EFD_NONBLOCK).unwrap();
+    let mut w = Net::worker(&net, clones, exit.try_clone().unwrap()).unwrap();
+    let second = Duration::from_secs(1);
     tap.push(frame(64, 0));
-    assert!(w.run_once(&mut evs, 1000).unwrap());
-    assert_eq!(net.lock().unwrap().metrics().snapshot().rx_packets_count, 1);
+    assert!(w.run_once(Some(second)).unwrap());
+    assert_eq!(net.lock().unwrap().metrics().rx_packets_count, 1);
     qs[TX_INDEX]
         .add_desc_chains(&[desc(BUF, 100, 0, 0)], 0)
         .unwrap();
     qevts[TX_INDEX].write(1).unwrap();
-    assert!(w.run_once(&mut evs, 1000).unwrap());
+    assert!(w.run_once(Some(second)).unwrap());
     assert_eq!(tap.lock().sent.len(), 1);
-    // Nothing pending: a wait times out without waking.
-    assert!(w.run_once(&mut evs, 10).unwrap());
-    w.exit_evt().write(1).unwrap();
-    assert!(!w.run_once(&mut evs, 1000).unwrap());
+    // Nothing pending: the wait lasts its whole limit and runs nothing.
+    let before = net.lock().unwrap().metrics().snapshot();
+    let t = Instant::now();
+    assert!(w.run_once(Some(Duration::from_millis(20))).unwrap());
+    assert!(t.elapsed() >= Duration::from_millis(20), "woke early");
+    assert_eq!(net.lock().unwrap().metrics().snapshot(), before);
+    exit.write(1).unwrap();
+    assert!(!w.run_once(Some(second)).unwrap());
 }
 
-// The fuzz target's seeds (fuzz/corpus/net_queues/), replayed here so
-// that `cargo test devices::virtio::net` runs them.
-#[test]
-fn net_queues_corpus_replays() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/net_queues");
-    let mut got = Vec::new();
-    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if name.starts_with('.') {
-            continue;
-        }
-        got.push((name, net_queues(&std::fs::read(&p).unwrap())));
-    }
-    let get = |n: &str| got.iter().find(|(f, _)| f == n).map(|(_, r)| *r);
-    // The seeds reach as far as they mean to: (frames sent, received).
-    assert_eq!(get("tx_frame"), Some((1, 0)), "{got:?}");
-    assert_eq!(get("rx_frame"), Some((0, 1)), "{got:?}");
-    assert_eq!(get("rx_merged"), Some((0, 1)), "{got:?}");
-    assert_eq!(get("rx_too_big_unmerged"), Some((0, 1)), "{got:?}");
-    assert_eq!(get("hostile_tx"), Some((0, 0)), "{got:?}");
-    assert_eq!(get("hostile_rx"), Some((0, 1)), "{got:?}");
-    assert_eq!(get("flood_no_buffers"), Some((0, 1)), "{got:?}");
-    assert_eq!(get("reset_mid_rx"), Some((0, 1)), "{got:?}");
-    assert_eq!(get("indirect_rx"), Some((0, 1)), "{got:?}");
-    assert_eq!(get("offload_not_acked"), Some((0, 1)), "{got:?}");
-    assert_eq!(get("tx_write_fails"), Some((1, 0)), "{got:?}");
-    assert!(get("loop").is_some() && get("ring_index_garbage").is_some());
-}
-
-#[test]
-fn fuzz_harness_takes_empty_and_short_inputs() {
-    assert_eq!(net_queues(&[]), (0, 0));
-    assert_eq!(net_queues(&[1]), (0, 0));
-    net_queues(&[0xff; 200]);
-    net_queues(&[4; 300]);
+/// Takes the device's pending passes and runs them, as its thread does on
+/// a wake.
+fn wake(net: &mut Net<Mem>) {
+    let pending = net.wake.take();
+    net.process_wake(pending);
 }

@@ -173,7 +173,7 @@ impl Conn {
         if self.finished {
             return;
         }
-        VsockMetrics::add(&metrics.conns_killed, 1);
+        metrics.conns_killed.inc();
         let never_told = self.state == ConnState::LocalInit && self.owed.request;
         self.stream = None;
         self.tx_buf = VecDeque::new();
@@ -297,7 +297,7 @@ impl Conn {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.host_readable = false,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => {
-                        VsockMetrics::add(&metrics.rx_read_fails, 1);
+                        metrics.rx_read_fails.inc();
                         self.kill(metrics);
                         return self.next_rx(guest_cid, room, buf, now, metrics);
                     }
@@ -337,7 +337,7 @@ impl Conn {
                 let ok = format!("OK {}\n", self.local_port);
                 let wrote = self.stream.as_mut().map(|s| s.write(ok.as_bytes()));
                 if !matches!(wrote, Some(Ok(n)) if n == ok.len()) {
-                    VsockMetrics::add(&metrics.tx_write_fails, 1);
+                    metrics.tx_write_fails.inc();
                     self.kill(metrics);
                 }
             }
@@ -367,7 +367,7 @@ impl Conn {
     fn forward_to_host(&mut self, data: &[u8], metrics: &VsockMetrics) {
         let room = CONN_TX_BUF_BYTES as usize - self.tx_buf.len();
         if data.len() > room {
-            VsockMetrics::add(&metrics.credit_violations, 1);
+            metrics.credit_violations.inc();
             return self.kill(metrics);
         }
         self.tx_cnt += Wrapping(data.len() as u32);
@@ -396,7 +396,7 @@ impl Conn {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(_) => {
-                    VsockMetrics::add(&metrics.tx_write_fails, 1);
+                    metrics.tx_write_fails.inc();
                     self.kill(metrics);
                     return None;
                 }
@@ -430,7 +430,7 @@ impl Conn {
         }
         self.fwd_cnt += Wrapping(done as u32);
         if broke {
-            VsockMetrics::add(&metrics.tx_flush_fails, 1);
+            metrics.tx_flush_fails.inc();
             return self.kill(metrics);
         }
         self.after_drain();

@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use event_manager::EventSet;
+use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::metrics::VsockMetrics;
 use super::muxer::Muxer;
@@ -23,8 +24,8 @@ use super::{
     QUEUE_SIZE, RXQ, TXQ, VIRTIO_ID_VSOCK,
 };
 use crate::devices::virtio::{
-    ActivateError, DeviceMemory, VirtioDevice, VirtioInterrupt, VirtioInterruptType,
-    VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, Pending, QueueHandler,
+    VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
 
 /// What the vsock is made with (the API's `PUT /vsock`, checked by
@@ -38,27 +39,17 @@ pub struct VsockOptions {
     pub uds_path: PathBuf,
 }
 
-/// Guest memory accesses, for the fuzz target: (address, bytes).
-pub type AccessLog = Arc<Mutex<Vec<(u64, usize)>>>;
-
-/// What exists while the device runs.
-struct Active<M: DeviceMemory> {
-    mem: M,
-    queues: Vec<Queue>,
-    interrupt: Arc<dyn VirtioInterrupt>,
-}
-
 /// A virtio-vsock.
 pub struct Vsock<M: DeviceMemory> {
     opts: VsockOptions,
     pub(super) muxer: Muxer,
-    active: Option<Active<M>>,
+    active: Option<ActiveState<M>>,
     metrics: Arc<VsockMetrics>,
-    wake: EventFd,
-    /// Queues with a pass left over (bounded passes, a stalled TX queue).
-    pending: [bool; 2],
+    /// Passes left over (bounded passes, a stalled TX queue).
+    pub(super) wake: Arc<Wake>,
+    /// The TX queue waits for RX to drain the resets owed.
+    stalled_tx: bool,
     bounce: Vec<u8>,
-    log: Option<AccessLog>,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for Vsock<M> {
@@ -121,11 +112,22 @@ impl<M: DeviceMemory> Vsock<M> {
             muxer,
             active: None,
             metrics,
-            wake: EventFd::new(EFD_NONBLOCK).map_err(VsockError::EventFd)?,
-            pending: [false; 2],
+            wake: Arc::new(Wake::new().map_err(VsockError::EventFd)?),
+            stalled_tx: false,
             bounce: vec![0; HEADER_BYTES + MAX_PKT_PAYLOAD as usize],
-            log: None,
         })
+    }
+
+    /// The device's thread loop: the device (locked for each event) woken
+    /// by the muxer's epoll fd, `queue_evts` (clones of the transport's
+    /// queue eventfds), its wake eventfd and its deadlines, stopped by a
+    /// write to `exit_evt`.
+    pub fn worker(
+        vsock: &Arc<Mutex<Vsock<M>>>,
+        queue_evts: Vec<EventFd>,
+        exit_evt: EventFd,
+    ) -> Result<Worker<Arc<Mutex<Vsock<M>>>>, VsockError> {
+        Ok(Worker::start(vsock.clone(), queue_evts, exit_evt)?)
     }
 
     /// The options.
@@ -140,7 +142,7 @@ impl<M: DeviceMemory> Vsock<M> {
 
     /// The eventfd the thread polls for left-over passes.
     pub fn wake_evt(&self) -> &EventFd {
-        &self.wake
+        self.wake.evt()
     }
 
     /// The muxer's epoll fd (readable when a host fd is ready).
@@ -163,23 +165,9 @@ impl<M: DeviceMemory> Vsock<M> {
         self.muxer.buffered()
     }
 
-    /// Records every guest memory access (the fuzz target's check).
-    #[doc(hidden)]
-    pub fn log_accesses(&mut self, log: AccessLog) {
-        self.log = Some(log);
-    }
-
-    fn note(&self, segs: &[(GuestAddress, usize)]) {
-        if let Some(l) = &self.log {
-            let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
-            l.extend(segs.iter().map(|(a, n)| (a.0, *n)));
-        }
-    }
-
-    fn again(&mut self, q: usize) {
-        self.pending[q] = true;
-        if self.wake.write(1).is_err() {
-            VsockMetrics::add(&self.metrics.rx_queue_event_fails, 1);
+    fn again(&self, q: usize) {
+        if self.wake.again(&[q]).is_err() {
+            self.metrics.rx_queue_event_fails.inc();
         }
     }
 
@@ -192,11 +180,11 @@ impl<M: DeviceMemory> Vsock<M> {
     pub fn process_queue(&mut self, index: usize) {
         match index {
             RXQ => {
-                VsockMetrics::add(&self.metrics.rx_queue_event_count, 1);
+                self.metrics.rx_queue_event_count.inc();
                 self.process_rx();
             }
             TXQ => {
-                VsockMetrics::add(&self.metrics.tx_queue_event_count, 1);
+                self.metrics.tx_queue_event_count.inc();
                 self.process_tx();
             }
             // teravm sends no events; the guest's buffers stay with it.
@@ -218,28 +206,24 @@ impl<M: DeviceMemory> Vsock<M> {
     }
 
     /// The wake eventfd fired: the passes left over.
-    pub fn process_wake(&mut self) {
-        let [rx, tx] = std::mem::take(&mut self.pending);
-        if tx {
+    pub fn process_wake(&mut self, pending: Pending) {
+        if pending.has(TXQ) {
             self.process_tx();
         }
-        if rx {
+        if pending.has(RXQ) {
             self.process_rx();
         }
     }
 
     fn interrupt(&self, q: usize) {
         if let Some(a) = &self.active {
-            if a.interrupt
-                .trigger(VirtioInterruptType::Queue(q as u16))
-                .is_err()
-            {
+            if !a.signal_used(q) {
                 let c = if q == RXQ {
                     &self.metrics.rx_queue_event_fails
                 } else {
                     &self.metrics.tx_queue_event_fails
                 };
-                VsockMetrics::add(c, 1);
+                c.inc();
             }
         }
     }
@@ -248,56 +232,50 @@ impl<M: DeviceMemory> Vsock<M> {
     /// the muxer, its chain returned.
     fn process_tx(&mut self) {
         let now = Instant::now();
-        let (mut used, mut taken) = (false, 0);
-        loop {
-            if taken == MAX_CHAINS_PER_PASS {
-                self.again(TXQ);
-                break;
-            }
-            if self.muxer.tx_stalled() {
+        let Some(a) = self.active.as_mut() else {
+            return;
+        };
+        let (muxer, bounce, m) = (&mut self.muxer, &mut self.bounce, &*self.metrics);
+        let cid = self.opts.guest_cid;
+        let (mut used, mut stalled) = (false, false);
+        let end = self.wake.pass(TXQ, MAX_CHAINS_PER_PASS, || {
+            if muxer.tx_stalled() {
                 // Resumed once RX drains the resets.
-                self.pending[TXQ] = true;
-                break;
+                stalled = true;
+                return false;
             }
-            let Some(a) = self.active.as_mut() else {
-                return;
-            };
             let Some(chain) = a.queues[TXQ].pop_descriptor_chain(&*a.mem) else {
-                break;
+                return false;
             };
-            taken += 1;
             let head = chain.head_index();
-            let got = buffers(&*a.mem, chain, false, self.bounce.len());
+            let got = buffers(&*a.mem, chain, false, bounce.len());
             let mut n = 0;
             let mut ok = got.is_some();
             if let Some((segs, _)) = &got {
                 for (addr, len) in segs {
-                    ok &= a
-                        .mem
-                        .read_slice(&mut self.bounce[n..n + len], *addr)
-                        .is_ok();
+                    ok &= a.mem.read_slice(&mut bounce[n..n + len], *addr).is_ok();
                     n += len;
                 }
             }
             if a.queues[TXQ].add_used(&*a.mem, head, 0).is_err() {
-                VsockMetrics::add(&self.metrics.tx_queue_event_fails, 1);
+                m.tx_queue_event_fails.inc();
             }
             used = true;
-            if let Some((segs, _)) = &got {
-                self.note(segs);
-            }
             let all = got.map_or(0, |(_, all)| all);
-            let hdr = VsockHeader::parse(&self.bounce[..n]).filter(|_| ok);
-            let Some(hdr) = hdr.filter(|h| h.check_from_guest(self.opts.guest_cid, all).is_ok())
-            else {
-                VsockMetrics::add(&self.metrics.tx_packets_dropped, 1);
-                continue;
+            let hdr = VsockHeader::parse(&bounce[..n]).filter(|_| ok);
+            let Some(hdr) = hdr.filter(|h| h.check_from_guest(cid, all).is_ok()) else {
+                m.tx_packets_dropped.inc();
+                return true;
             };
             let len = hdr.len as usize;
-            VsockMetrics::add(&self.metrics.tx_packets_count, 1);
-            VsockMetrics::add(&self.metrics.tx_bytes_count, len as u64);
-            let payload = &self.bounce[HEADER_BYTES..HEADER_BYTES + len];
-            self.muxer.from_guest(&hdr, payload, now);
+            m.tx_packets_count.inc();
+            m.tx_bytes_count.add(len as u64);
+            muxer.from_guest(&hdr, &bounce[HEADER_BYTES..HEADER_BYTES + len], now);
+            true
+        });
+        self.stalled_tx |= stalled;
+        if end.wake_failed {
+            m.rx_queue_event_fails.inc();
         }
         if used {
             self.interrupt(TXQ);
@@ -309,65 +287,63 @@ impl<M: DeviceMemory> Vsock<M> {
     /// muxer owes any.
     fn process_rx(&mut self) {
         let now = Instant::now();
-        let (mut used, mut taken) = (false, 0);
-        while self.muxer.has_rx() {
-            if taken == MAX_CHAINS_PER_PASS {
-                self.again(RXQ);
-                break;
+        let Some(a) = self.active.as_mut() else {
+            return;
+        };
+        let (muxer, bounce, m) = (&mut self.muxer, &mut self.bounce, &*self.metrics);
+        let mut used = false;
+        let end = self.wake.pass(RXQ, MAX_CHAINS_PER_PASS, || {
+            if !muxer.has_rx() {
+                return false;
             }
-            let Some(a) = self.active.as_mut() else {
-                return;
-            };
             let Some(chain) = a.queues[RXQ].pop_descriptor_chain(&*a.mem) else {
-                break;
+                return false;
             };
-            taken += 1;
             let head = chain.head_index();
-            let segs = buffers(&*a.mem, chain, true, self.bounce.len())
+            let segs = buffers(&*a.mem, chain, true, bounce.len())
                 .map(|(s, _)| s)
                 .filter(|s| s.iter().map(|(_, n)| n).sum::<usize>() >= HEADER_BYTES);
             let Some(segs) = segs else {
-                VsockMetrics::add(&self.metrics.rx_chains_dropped, 1);
+                m.rx_chains_dropped.inc();
                 if a.queues[RXQ].add_used(&*a.mem, head, 0).is_err() {
-                    VsockMetrics::add(&self.metrics.rx_queue_event_fails, 1);
+                    m.rx_queue_event_fails.inc();
                 }
                 used = true;
-                continue;
+                return true;
             };
             let room: usize = segs.iter().map(|(_, n)| n).sum::<usize>() - HEADER_BYTES;
-            let Some((hdr, n)) = self
-                .muxer
-                .next_rx(room, &mut self.bounce[HEADER_BYTES..], now)
-            else {
+            let Some((hdr, n)) = muxer.next_rx(room, &mut bounce[HEADER_BYTES..], now) else {
                 a.queues[RXQ].go_to_previous_position();
-                break;
+                return false;
             };
-            self.bounce[..HEADER_BYTES].copy_from_slice(&hdr.to_bytes());
+            bounce[..HEADER_BYTES].copy_from_slice(&hdr.to_bytes());
             let (mut off, end) = (0, HEADER_BYTES + n);
-            let mut wrote = Vec::new();
             for (addr, len) in segs {
                 let k = len.min(end - off);
                 if k == 0 {
                     break;
                 }
-                if a.mem.write_slice(&self.bounce[off..off + k], addr).is_err() {
-                    VsockMetrics::add(&self.metrics.rx_queue_event_fails, 1);
+                if a.mem.write_slice(&bounce[off..off + k], addr).is_err() {
+                    m.rx_queue_event_fails.inc();
                 }
-                wrote.push((addr, k));
                 off += k;
             }
             if a.queues[RXQ].add_used(&*a.mem, head, end as u32).is_err() {
-                VsockMetrics::add(&self.metrics.rx_queue_event_fails, 1);
+                m.rx_queue_event_fails.inc();
             }
             used = true;
-            self.note(&wrote);
-            VsockMetrics::add(&self.metrics.rx_packets_count, 1);
-            VsockMetrics::add(&self.metrics.rx_bytes_count, n as u64);
+            m.rx_packets_count.inc();
+            m.rx_bytes_count.add(n as u64);
+            true
+        });
+        if end.wake_failed {
+            m.rx_queue_event_fails.inc();
         }
         if used {
             self.interrupt(RXQ);
         }
-        if self.pending[TXQ] && !self.muxer.tx_stalled() {
+        if self.stalled_tx && !self.muxer.tx_stalled() {
+            self.stalled_tx = false;
             self.again(TXQ);
         }
     }
@@ -386,48 +362,77 @@ impl<M: DeviceMemory> VirtioDevice<M> for Vsock<M> {
         &[QUEUE_SIZE; 3]
     }
 
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
+    fn config_space(&self) -> ConfigSpace {
+        // `guest_cid`, le64.
         let b: [u8; CONFIG_SPACE_BYTES] = self.opts.guest_cid.to_le_bytes();
-        super::super::read_config_space(&b, offset, data);
+        ConfigSpace::new(&b)
     }
 
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {
-        VsockMetrics::add(&self.metrics.cfg_fails, 1);
+    fn config_refused(&self, access: ConfigAccess) {
+        if access == ConfigAccess::Write {
+            self.metrics.cfg_fails.inc();
+        }
     }
 
-    fn activate(
-        &mut self,
-        mem: M,
-        _acked_features: u64,
-        queues: Vec<Queue>,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> Result<(), ActivateError> {
-        if self.active.is_some() {
-            VsockMetrics::add(&self.metrics.activate_fails, 1);
-            return Err(ActivateError::AlreadyActive);
-        }
-        for i in [RXQ, TXQ, EVQ] {
-            if !queues.get(i).is_some_and(|q| q.ready()) {
-                VsockMetrics::add(&self.metrics.activate_fails, 1);
-                return Err(ActivateError::QueueNotReady(i));
-            }
-        }
-        self.active = Some(Active {
-            mem,
-            queues,
-            interrupt,
-        });
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
+        active
+            .check(self.active.is_some(), [RXQ, TXQ, EVQ])
+            .inspect_err(|_| self.metrics.activate_fails.inc())?;
+        self.active = Some(active);
         // Requests of host connections made before the driver was up, and
         // buffers the driver added before DRIVER_OK.
-        self.pending = [true; 2];
-        self.wake.write(1).map_err(ActivateError::Signal)
+        self.stalled_tx = false;
+        self.wake.again(&[RXQ, TXQ]).map_err(ActivateError::Signal)
     }
 
     fn reset(&mut self) {
         // Drops the queues, the guest memory and every connection (their
         // host streams close); the listener stays.
         self.active = None;
-        self.pending = [false; 2];
+        self.stalled_tx = false;
+        self.wake.clear();
         self.muxer.reset();
+    }
+}
+
+/// The device's thread: which event runs which pass.
+///
+/// Syscalls it makes, for its seccomp role: the loop's
+/// ([`crate::devices::virtio::worker`]), `epoll_wait` on the muxer's epoll
+/// fd (nested in the loop's); `accept4` on the listener; `ioctl(FIONBIO)`
+/// on accepted streams (`set_nonblocking`); `socket(AF_UNIX, SOCK_STREAM |
+/// SOCK_NONBLOCK | SOCK_CLOEXEC, 0)` and `connect` for guest-initiated
+/// connections; `read`/`recvfrom` and `write`/`sendto` on Unix streams;
+/// `shutdown(SHUT_WR)`; `close`; `futex` (the device's lock);
+/// `clock_gettime` (vDSO, usually no syscall).
+impl<M: DeviceMemory> QueueHandler for Vsock<M> {
+    const TIMED: bool = true;
+
+    fn wake(&self) -> Arc<Wake> {
+        self.wake.clone()
+    }
+
+    fn sources(&self) -> Vec<(RawFd, EventSet)> {
+        vec![(self.host_fd(), EventSet::IN)]
+    }
+
+    fn queue_event(&mut self, index: usize) {
+        self.process_queue(index);
+    }
+
+    fn wake_event(&mut self, pending: Pending) {
+        self.process_wake(pending);
+    }
+
+    fn source_event(&mut self, _index: usize, _events: EventSet) {
+        self.process_host();
+    }
+
+    fn next_timeout(&self, now: Instant) -> Option<Duration> {
+        Vsock::next_timeout(self, now)
+    }
+
+    fn timers(&mut self, now: Instant) {
+        self.process_timers(now);
     }
 }

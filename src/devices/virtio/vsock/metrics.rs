@@ -1,92 +1,69 @@
-//! The vsock's counters (the metrics' `vsock` group): atomics bumped by the
+//! The vsock's counters (the metrics' `vsock` group): counters bumped by the
 //! device's thread and read by anyone, as running totals. Firecracker's
 //! names where it has the counter (its `killq_resync` has no counterpart:
 //! teravm has no kill queue), teravm's own after them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use serde::Serialize;
 
-macro_rules! vsock_metrics {
-    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
-        /// Counters of one vsock device.
-        #[derive(Debug, Default)]
-        pub struct VsockMetrics {
-            $($(#[doc = $doc])* pub $name: AtomicU64,)*
-        }
+use crate::devices::virtio::Counter;
 
-        /// A copy of the counters, for the metrics line and the API.
-        #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
-        pub struct VsockMetricsSnapshot {
-            $($(#[doc = $doc])* pub $name: u64,)*
-        }
-
-        impl VsockMetrics {
-            /// The counters now.
-            pub fn snapshot(&self) -> VsockMetricsSnapshot {
-                VsockMetricsSnapshot {
-                    $($name: self.$name.load(Ordering::Relaxed),)*
-                }
-            }
-        }
-    };
-}
-
-vsock_metrics! {
+/// Counters of one vsock device.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct VsockMetrics {
     /// Activations refused.
-    activate_fails,
+    pub activate_fails: Counter,
     /// Configuration space writes refused (all of it is read-only).
-    cfg_fails,
+    pub cfg_fails: Counter,
     /// RX passes that failed (a used ring write, the interrupt).
-    rx_queue_event_fails,
+    pub rx_queue_event_fails: Counter,
     /// TX passes that failed.
-    tx_queue_event_fails,
+    pub tx_queue_event_fails: Counter,
     /// Event queue notifications that failed.
-    ev_queue_event_fails,
+    pub ev_queue_event_fails: Counter,
     /// Muxer epoll waits that failed, or events for unknown tokens.
-    muxer_event_fails,
+    pub muxer_event_fails: Counter,
     /// Host stream events that failed (accept, the `CONNECT` line).
-    conn_event_fails,
+    pub conn_event_fails: Counter,
     /// RX queue notifications.
-    rx_queue_event_count,
+    pub rx_queue_event_count: Counter,
     /// TX queue notifications.
-    tx_queue_event_count,
+    pub tx_queue_event_count: Counter,
     /// Payload bytes given to the guest.
-    rx_bytes_count,
+    pub rx_bytes_count: Counter,
     /// Payload bytes taken from the guest.
-    tx_bytes_count,
+    pub tx_bytes_count: Counter,
     /// Packets given to the guest.
-    rx_packets_count,
+    pub rx_packets_count: Counter,
     /// Packets taken from the guest.
-    tx_packets_count,
+    pub tx_packets_count: Counter,
     /// Connections made (either side).
-    conns_added,
+    pub conns_added: Counter,
     /// Connections torn down with a reset.
-    conns_killed,
+    pub conns_killed: Counter,
     /// Connections forgotten.
-    conns_removed,
+    pub conns_removed: Counter,
     /// Flushes of buffered guest data to the host that failed.
-    tx_flush_fails,
+    pub tx_flush_fails: Counter,
     /// Writes to the host that failed.
-    tx_write_fails,
+    pub tx_write_fails: Counter,
     /// Reads from the host that failed.
-    rx_read_fails,
+    pub rx_read_fails: Counter,
     /// Guest packets dropped: a bad header (CIDs, length), a chain outside
     /// guest memory or too short.
-    tx_packets_dropped,
+    pub tx_packets_dropped: Counter,
     /// RX chains returned unused: no writable room for a header, or outside
     /// guest memory.
-    rx_chains_dropped,
+    pub rx_chains_dropped: Counter,
     /// Guest packets past the credit given (the connection is reset).
-    credit_violations,
+    pub credit_violations: Counter,
     /// Connections refused: the limit, a port nobody listens on, a bad
     /// `CONNECT` line or its deadline.
-    conns_refused,
+    pub conns_refused: Counter,
 }
 
 impl VsockMetrics {
-    /// Adds `n` to a counter.
-    pub(crate) fn add(c: &AtomicU64, n: u64) {
-        c.fetch_add(n, Ordering::Relaxed);
+    /// The counters now (a copy).
+    pub fn snapshot(&self) -> VsockMetrics {
+        self.clone()
     }
 }

@@ -13,9 +13,10 @@
 //!   the host listener, the connections and their Unix streams, all under
 //!   one nested epoll fd. The transport calls it from vCPU threads (config
 //!   reads, activation, reset: none does I/O); everything else runs on the
-//!   device's own thread ([`event_handler::VsockWorker`]), which polls the
-//!   queue eventfds, the wake eventfd and the muxer's epoll fd and locks the
-//!   device for one bounded pass per event.
+//!   device's own thread ([`Vsock::worker`], the shared loop of
+//!   [`crate::devices::virtio::worker`] with the device as its handler),
+//!   which polls the queue eventfds, the wake eventfd and the muxer's epoll
+//!   fd and locks the device for one bounded pass per event.
 //! - Bounds: at most [`MAX_CONNECTIONS`] connections and
 //!   [`MAX_HANDSHAKES`] host streams still sending their `CONNECT` line;
 //!   each connection buffers at most [`CONN_TX_BUF_BYTES`] of guest data the
@@ -27,7 +28,6 @@
 
 pub mod connection;
 pub mod device;
-pub mod event_handler;
 pub mod metrics;
 pub mod muxer;
 pub mod packet;
@@ -36,8 +36,7 @@ mod tests;
 pub mod uds;
 
 pub use device::{Vsock, VsockOptions};
-pub use event_handler::VsockWorker;
-pub use metrics::{VsockMetrics, VsockMetricsSnapshot};
+pub use metrics::VsockMetrics;
 pub use packet::{VsockHeader, HEADER_BYTES};
 pub use uds::bind_uds;
 
@@ -119,7 +118,7 @@ pub enum VsockError {
     /// An eventfd or the epoll fd could not be made.
     #[error("cannot create the vsock's eventfd or epoll fd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's poll failed.
-    #[error("vsock thread poll: {0}")]
-    Poll(std::io::Error),
+    /// The device thread's loop could not be set up.
+    #[error("vsock thread: {0}")]
+    Worker(#[from] crate::devices::virtio::WorkerError),
 }

@@ -135,7 +135,7 @@ impl Muxer {
     /// stays.
     pub fn reset(&mut self) {
         let n = self.conns.len() as u64;
-        VsockMetrics::add(&self.metrics.conns_removed, n);
+        self.metrics.conns_removed.add(n);
         self.conns.clear();
         self.handshakes.clear();
         self.tokens.clear();
@@ -163,7 +163,7 @@ impl Muxer {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
             Err(_) => {
-                VsockMetrics::add(&self.metrics.muxer_event_fails, 1);
+                self.metrics.muxer_event_fails.inc();
                 0
             }
         };
@@ -179,7 +179,7 @@ impl Muxer {
                         }
                         self.sync(key);
                     }
-                    None => VsockMetrics::add(&self.metrics.muxer_event_fails, 1),
+                    None => self.metrics.muxer_event_fails.inc(),
                 },
             }
         }
@@ -192,13 +192,13 @@ impl Muxer {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => {
-                    VsockMetrics::add(&self.metrics.conn_event_fails, 1);
+                    self.metrics.conn_event_fails.inc();
                     return;
                 }
             };
             if self.full() || self.handshakes.len() >= MAX_HANDSHAKES {
                 // Closed at once: the host sees EOF instead of `OK`.
-                VsockMetrics::add(&self.metrics.conns_refused, 1);
+                self.metrics.conns_refused.inc();
                 continue;
             }
             let t = self.token();
@@ -210,7 +210,7 @@ impl Muxer {
                 )
             });
             if added.is_err() {
-                VsockMetrics::add(&self.metrics.conn_event_fails, 1);
+                self.metrics.conn_event_fails.inc();
                 continue;
             }
             self.tokens.insert(t, Token::Handshake);
@@ -262,7 +262,7 @@ impl Muxer {
             return;
         };
         let Some(peer_port) = port else {
-            VsockMetrics::add(&self.metrics.conns_refused, 1);
+            self.metrics.conns_refused.inc();
             return;
         };
         let local = self.allocate_local_port();
@@ -286,7 +286,7 @@ impl Muxer {
     fn add(&mut self, key: ConnKey, c: Conn) {
         self.tokens.insert(c.token, Token::Conn(key));
         self.conns.insert(key, c);
-        VsockMetrics::add(&self.metrics.conns_added, 1);
+        self.metrics.conns_added.inc();
         self.sync(key);
     }
 
@@ -303,7 +303,7 @@ impl Muxer {
                     EpollEvent::default(),
                 );
             }
-            VsockMetrics::add(&self.metrics.conns_removed, 1);
+            self.metrics.conns_removed.inc();
         }
     }
 
@@ -327,7 +327,7 @@ impl Muxer {
                     _ => self.epoll.ctl(ControlOperation::Delete, fd, ev),
                 };
                 if r.is_err() {
-                    VsockMetrics::add(&self.metrics.muxer_event_fails, 1);
+                    self.metrics.muxer_event_fails.inc();
                 }
             }
             // A closed stream left the epoll set with its fd.
@@ -372,7 +372,7 @@ impl Muxer {
     /// A guest request for host port P: connects to `<uds_path>_<P>`.
     fn guest_connect(&mut self, hdr: &VsockHeader) {
         if self.full() {
-            VsockMetrics::add(&self.metrics.conns_refused, 1);
+            self.metrics.conns_refused.inc();
             return self.reset_unknown(hdr);
         }
         let mut path = OsString::from(self.uds_path.as_os_str());
@@ -386,7 +386,7 @@ impl Muxer {
                 );
             }
             Err(_) => {
-                VsockMetrics::add(&self.metrics.conns_refused, 1);
+                self.metrics.conns_refused.inc();
                 self.reset_unknown(hdr);
             }
         }
@@ -442,7 +442,7 @@ impl Muxer {
             .map(|(t, _)| *t)
             .collect();
         for t in late {
-            VsockMetrics::add(&self.metrics.conns_refused, 1);
+            self.metrics.conns_refused.inc();
             self.drop_handshake(t);
         }
         let late: Vec<ConnKey> = self

@@ -66,7 +66,12 @@ fn a_host_that_does_not_read_bounds_the_buffer_and_a_guest_past_credit_is_reset(
     let mut got = 0;
     h.set_nonblocking(true).unwrap();
     let mut b = vec![0u8; 1 << 20];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while got < sent {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the host read {got} of the {sent} bytes sent"
+        );
         match h.read(&mut b) {
             Ok(n) => got += n,
             Err(_) => r.pump(),
@@ -83,7 +88,7 @@ fn a_host_that_does_not_read_bounds_the_buffer_and_a_guest_past_credit_is_reset(
     for _ in 0..(64 * MIB as usize / chunk.len()) {
         r.send(80, 7000, op::RW, &chunk);
         assert!(r.dev.buffered_bytes() <= CONN_TX_BUF_BYTES as usize);
-        if r.m().credit_violations > 0 {
+        if r.m().credit_violations.get() > 0 {
             over = true;
             break;
         }
@@ -149,7 +154,7 @@ fn hostile_packets_are_dropped_and_every_chain_returned() {
     r.add(TXQ, 64 * MIB - 10, 44, 0);
     r.dev.process_queue(TXQ);
     assert_eq!(r.used(TXQ).len(), 7);
-    assert_eq!(r.m().tx_packets_dropped, 7);
+    assert_eq!(r.m().tx_packets_dropped.get(), 7);
     assert!(r.recv().is_empty(), "dropped packets get no answer");
     // A type the device does not speak: reset.
     let mut dgram = good;
@@ -166,7 +171,7 @@ fn hostile_rx_chains_are_returned_unused() {
     r.add(RXQ, RX_BASE, 10, VRING_DESC_F_WRITE as u16); // no room for a header
     r.add(RXQ, RX_BASE, 4096, 0); // not writable
     r.dev.process_queue(RXQ);
-    assert_eq!(r.m().rx_chains_dropped, 3);
+    assert_eq!(r.m().rx_chains_dropped.get(), 3);
     assert_eq!(
         r.used(RXQ).iter().map(|u| u.1).collect::<Vec<_>>(),
         [0, 0, 0]
@@ -191,14 +196,20 @@ fn a_reset_stream_of_stray_packets_cannot_grow_the_reset_queue() {
     }
     r.dev.process_queue(TXQ);
     let _ = r.used(TXQ);
-    assert_eq!(r.m().tx_packets_count as usize, MAX_PENDING_RESETS);
+    assert_eq!(r.m().tx_packets_count.get() as usize, MAX_PENDING_RESETS);
     // Buffers arrive: the resets go out and the TX queue resumes.
     r.give_rx(255, 256);
     assert!(r.dev.wake_evt().read().unwrap() > 0);
-    r.dev.process_wake();
+    {
+        let p = r.dev.wake.take();
+        r.dev.process_wake(p);
+    }
     r.give_rx(0, 0);
     assert_eq!(r.recv().len(), 255);
-    assert_eq!(r.m().tx_packets_count as usize, MAX_PENDING_RESETS + 50);
+    assert_eq!(
+        r.m().tx_packets_count.get() as usize,
+        MAX_PENDING_RESETS + 50
+    );
 }
 
 #[test]
@@ -231,30 +242,4 @@ fn socket_file_is_0600_and_symlinks_and_files_are_refused() {
     assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     let long = d.0.join("x".repeat(120));
     assert!(matches!(bind_uds(&long), Err(VsockError::BadPath(..))));
-}
-
-#[test]
-fn fuzz_corpus_replays() {
-    use crate::devices::virtio::fuzz_vsock::vsock_queues;
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/vsock_queues");
-    let mut got = std::collections::HashMap::new();
-    for e in std::fs::read_dir(&dir).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        got.insert(name, vsock_queues(&std::fs::read(&p).unwrap()));
-    }
-    // The seeds reach as far as they mean to (packets the guest received).
-    let at_least = [
-        ("host_connect", 3),
-        ("guest_connect", 3),
-        ("refused", 3),
-        ("credit_flood", 2),
-        ("reset_mid_io", 1),
-        ("hostile", 0),
-    ];
-    for (seed, n) in at_least {
-        assert!(got.get(seed).is_some_and(|&g| g >= n), "{seed}: {got:?}");
-    }
-    assert_eq!(vsock_queues(&[]), 0);
-    vsock_queues(&[0xff; 300]);
 }

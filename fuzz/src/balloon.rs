@@ -1,7 +1,5 @@
 //! What the fuzz targets `virtio_mmio` and `balloon_queues` run (they are
-//! thin wrappers over these functions), kept in the library so that their
-//! committed seed corpora (`fuzz/corpus/<target>/`) replay in `cargo test`.
-//! Not part of teravm's API: no stability, no use outside fuzzing and tests.
+//! thin wrappers over these functions); their seeds replay in `seeds`.
 //!
 //! Guest memory is two small regions with a hole between them (standing in
 //! for the MMIO gap); the discard sink asserts that every range lies inside
@@ -15,14 +13,15 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::balloon::{
+use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
+use teravm::devices::virtio::balloon::{
     features, Balloon, BalloonOptions, DiscardAck, DiscardKind, DiscardSink, GuestRange, RamMap,
 };
-use super::fuzz_driver::{push_avail, take, Layout, NoIrq, Rings};
-use super::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
-use super::{status, VirtioDevice, VIRTIO_F_VERSION_1};
+use teravm::devices::virtio::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
+use teravm::devices::virtio::ActiveState;
+use teravm::devices::virtio::{status, VirtioDevice, VIRTIO_F_VERSION_1};
 
-type Mem = Arc<GuestMemoryMmap<()>>;
+use crate::driver::Mem;
 
 const MIB: u64 = 1 << 20;
 /// Low RAM: [0, 4 MiB); the hole: [4 MiB, 8 MiB); high RAM: [8 MiB, 12 MiB).
@@ -228,7 +227,12 @@ fn fresh_queues(mem: &Mem, n: usize, size: u16) -> (Vec<Rings>, Vec<Queue>) {
 
 fn activate(b: &mut Balloon<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings> {
     let (rings, queues) = fresh_queues(mem, b.queue_max_sizes().len(), size);
-    let _ = b.activate(mem.clone(), acked, queues, Arc::new(NoIrq));
+    let _ = b.activate(ActiveState::new(
+        mem.clone(),
+        acked,
+        queues,
+        Arc::new(NoIrq),
+    ));
     b.process_wake();
     b.take_sink_work().send();
     rings
@@ -323,64 +327,4 @@ pub fn balloon_queues(data: &[u8]) -> usize {
     bl.process_wake();
     bl.take_sink_work().send();
     sink.checked.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    /// Runs every committed seed of `target` through `f`; returns what
-    /// each gave, by file name.
-    fn replay<T>(target: &str, f: fn(&[u8]) -> T) -> Vec<(String, T)> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fuzz/corpus")
-            .join(target);
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let p = e.unwrap().path();
-            if p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-            {
-                continue;
-            }
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            out.push((name, f(&std::fs::read(&p).unwrap())));
-        }
-        assert!(!out.is_empty(), "no seeds in {}", dir.display());
-        out
-    }
-
-    #[test]
-    fn virtio_mmio_corpus_replays() {
-        let ran = replay("virtio_mmio", super::virtio_mmio);
-        let get = |n: &str| ran.iter().find(|(f, _)| f == n).map(|(_, r)| *r);
-        // The seeds reach as far as they mean to.
-        assert_eq!(get("init_full"), Some(true));
-        assert_eq!(get("init_plain"), Some(true));
-        assert_eq!(get("reset_and_again"), Some(true));
-        assert_eq!(get("feature_not_offered"), Some(false));
-        assert_eq!(get("no_version_1"), Some(false));
-        assert_eq!(get("bad_queue_size"), Some(false));
-        assert_eq!(get("rings_in_hole"), Some(false));
-    }
-
-    #[test]
-    fn balloon_queues_corpus_replays() {
-        let got = replay("balloon_queues", super::balloon_queues);
-        let get = |n: &str| got.iter().find(|(f, _)| f == n).map(|(_, r)| *r);
-        // The inflate's ranges (a deflate no longer calls the sink).
-        assert!(get("inflate_deflate") >= Some(1), "{got:?}");
-        assert!(get("report") >= Some(2), "{got:?}");
-        assert!(get("hostile_pfns") >= Some(1), "{got:?}");
-        assert!(get("hostile_reports") >= Some(1), "{got:?}");
-        assert!(get("huge_pages") >= Some(1), "{got:?}");
-    }
-
-    #[test]
-    fn empty_and_short_inputs() {
-        assert!(!super::virtio_mmio(&[]));
-        assert_eq!(super::balloon_queues(&[1, 2]), 0);
-        super::virtio_mmio(&[0xff; 100]);
-        super::balloon_queues(&[0xff; 100]);
-    }
 }

@@ -1,14 +1,11 @@
 //! What the fuzz target `net_queues` runs (a thin wrapper over
-//! [`net_queues`]), kept in the library so that its committed seeds
-//! (`fuzz/corpus/net_queues/`) replay in `cargo test`; and the
-//! [`RecordingBackend`] the network device's tests use. Not part of
-//! teravm's API: no stability, no use outside fuzzing and tests.
+//! [`net_queues`]), over a [`RecordingBackend`] tap.
 //!
 //! Guest memory is two small regions with a hole between them (standing in
-//! for the MMIO gap). Around every call into the device the harness
-//! compares guest memory before and after: the device may only have written
-//! the used rings and buffers that some receive descriptor (direct or in an
-//! indirect table) marks device-writable. Frames the device sends are
+//! for the MMIO gap). Around every call into the device a
+//! [`WriteCheck`] looks at the pages it wrote: the device may only have
+//! written the used rings and buffers that some receive descriptor (direct
+//! or in an indirect table) marks device-writable. Frames the device sends are
 //! between the header and [`MAX_BUFFER_BYTES`] long; used lengths never
 //! exceed it.
 
@@ -17,13 +14,18 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::fuzz_driver::{push_avail, take, Layout, NoIrq, Rings};
-use super::net::features::{GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF};
-use super::net::{Net, NetBackend, NetOptions, MAX_BUFFER_BYTES, RX_INDEX, VNET_HDR_BYTES};
-use super::VirtioDevice;
+use crate::driver::{memory, push_avail, take, Layout, Mem, NoIrq, Rings, WriteCheck};
+use teravm::devices::virtio::net::features::{
+    GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF,
+};
+use teravm::devices::virtio::net::{
+    Net, NetBackend, NetOptions, MAX_BUFFER_BYTES, RX_INDEX, VNET_HDR_BYTES,
+};
+use teravm::devices::virtio::ActiveState;
+use teravm::devices::virtio::{QueueHandler, VirtioDevice};
 
 /// What a [`RecordingBackend`] saw and holds.
 #[derive(Debug, Default)]
@@ -116,8 +118,6 @@ impl NetBackend for RecordingBackend {
     }
 }
 
-type Mem = Arc<GuestMemoryMmap<()>>;
-
 const KIB: u64 = 1 << 10;
 /// Low RAM: [0, 256 KiB); the hole: [256, 512 KiB); high RAM: [512, 768 KiB).
 const LOW_LEN: u64 = 256 * KIB;
@@ -149,7 +149,12 @@ fn activate(net: &mut Net<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings> 
         rings.push(r);
         queues.push(q);
     }
-    let _ = net.activate(mem.clone(), acked, queues, Arc::new(NoIrq));
+    let _ = net.activate(ActiveState::new(
+        mem.clone(),
+        acked,
+        queues,
+        Arc::new(NoIrq),
+    ));
     rings
 }
 
@@ -160,103 +165,35 @@ const LAYOUT: Layout = Layout {
     high_len: HIGH_LEN,
 };
 
-fn snapshot(mem: &Mem) -> Vec<u8> {
-    let mut v = vec![0u8; (LOW_LEN + HIGH_LEN) as usize];
-    let (lo, hi) = v.split_at_mut(LOW_LEN as usize);
-    mem.read_slice(lo, GuestAddress(0)).expect("low RAM");
-    mem.read_slice(hi, GuestAddress(HIGH)).expect("high RAM");
-    v
-}
-
-/// Marks `[gpa, gpa + len)`, clipped to RAM, in a difference array over
-/// the snapshot's index space.
-fn mark(diff: &mut [i32], gpa: u64, len: u64) {
-    let end = gpa.saturating_add(len);
-    for (base, rlen, at) in [(0, LOW_LEN, 0), (HIGH, HIGH_LEN, LOW_LEN)] {
-        let (s, e) = (gpa.max(base), end.min(base + rlen));
-        if s < e {
-            diff[(at + s - base) as usize] += 1;
-            diff[(at + e - base) as usize] -= 1;
-        }
-    }
-}
-
-/// Adds to `allowed` where the device may write: the used rings, and every
-/// range a receive descriptor (or an entry of an indirect table it names)
-/// marks writable now. Kept until a reset: the device may hold chains
-/// whose descriptors the driver has since rewritten.
-fn allow_writable(mem: &Mem, rings: &[Rings], allowed: &mut [bool]) {
-    let mut diff = vec![0i32; allowed.len() + 1];
-    for r in rings {
-        mark(&mut diff, r.used().0, r.used_bytes());
-    }
-    let rx = &rings[RX_INDEX];
-    let read = |at: u64| -> Option<(u64, u32, u16)> {
-        let mut d = [0u8; 16];
-        mem.read_slice(&mut d, GuestAddress(at)).ok()?;
-        let a = u64::from_le_bytes(d[0..8].try_into().ok()?);
-        let l = u32::from_le_bytes(d[8..12].try_into().ok()?);
-        let f = u16::from_le_bytes(d[12..14].try_into().ok()?);
-        Some((a, l, f))
-    };
-    for i in 0..rx.size {
-        let Some((a, l, f)) = read(rx.desc(i).0) else {
-            continue;
-        };
-        if f & 2 != 0 {
-            mark(&mut diff, a, u64::from(l));
-        }
-        if f & 4 != 0 {
-            for j in 0..u64::from(l / 16) {
-                if let Some((ia, il, iflags)) = read(a.wrapping_add(j * 16)) {
-                    if iflags & 2 != 0 {
-                        mark(&mut diff, ia, u64::from(il));
-                    }
-                } else {
-                    break;
-                }
-            }
-        }
-    }
-    let mut depth = 0i32;
-    for (a, d) in allowed.iter_mut().zip(&diff) {
-        depth += d;
-        *a |= depth > 0;
-    }
-}
-
 /// Runs `f` on the device and checks what it wrote.
 fn checked(
     mem: &Mem,
     rings: &[Rings],
-    allowed: &mut [bool],
+    check: &mut WriteCheck,
     net: &mut Net<Mem>,
     f: impl FnOnce(&mut Net<Mem>),
 ) {
-    let before = snapshot(mem);
-    allow_writable(mem, rings, allowed);
+    check.before(mem, rings, &rings[RX_INDEX]);
     f(net);
-    let after = snapshot(mem);
-    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
-        let gpa = if (i as u64) < LOW_LEN {
-            i as u64
-        } else {
-            HIGH + i as u64 - LOW_LEN
-        };
-        assert!(
-            b == a || allowed[i],
-            "the device wrote {gpa:#x}, outside every writable buffer and used ring"
-        );
-    }
+    check.after(mem);
     for r in rings {
         let idx: u16 = mem.read_obj(r.used().unchecked_add(2)).unwrap_or(0);
         for k in 0..r.size.min(idx) {
-            let len: u32 = mem
-                .read_obj(r.used().unchecked_add(8 + u64::from(k) * 8))
-                .unwrap_or(0);
-            assert!(len as usize <= MAX_BUFFER_BYTES, "used length {len}");
+            let at = r.used().unchecked_add(8 + u64::from(k) * 8);
+            let len: u32 = mem.read_obj(at).unwrap_or(0);
+            // A guest may point a receive buffer at its own used ring.
+            assert!(
+                len as usize <= MAX_BUFFER_BYTES || check.buffer_overlaps(at.0, 4),
+                "used length {len}"
+            );
         }
     }
+}
+
+/// What the device's thread does on a wake: the passes marked pending.
+fn wake(net: &mut Net<Mem>) {
+    let pending = QueueHandler::wake(net).take();
+    net.process_wake(pending);
 }
 
 /// `net_queues`: a running network device over a [`RecordingBackend`],
@@ -276,13 +213,7 @@ pub fn net_queues(data: &[u8]) -> (u64, u64) {
     }
     let (flags, size) = (data[0], 1u16 << (data[1] % 9));
     let mut rest = &data[2..];
-    let mem: Mem = Arc::new(
-        GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), LOW_LEN as usize),
-            (GuestAddress(HIGH), HIGH_LEN as usize),
-        ])
-        .expect("fuzz guest memory"),
-    );
+    let mem = memory(&LAYOUT);
     let backend = RecordingBackend::new();
     let opts = NetOptions {
         iface_id: "eth0".into(),
@@ -297,8 +228,8 @@ pub fn net_queues(data: &[u8]) -> (u64, u64) {
         acked &= !(GUEST_CSUM | GUEST_TSO4 | GUEST_TSO6 | GUEST_UFO);
     }
     let mut rings = activate(&mut net, &mem, acked, size);
-    let mut allowed = vec![false; (LOW_LEN + HIGH_LEN) as usize];
-    checked(&mem, &rings, &mut allowed, &mut net, |n| n.process_wake());
+    let mut check = WriteCheck::default();
+    checked(&mem, &rings, &mut check, &mut net, wake);
     while let Some(op) = take(1, &mut rest) {
         let q_of = |b: u8| usize::from(b) % 2;
         match op[0] % 10 {
@@ -312,7 +243,7 @@ pub fn net_queues(data: &[u8]) -> (u64, u64) {
             }
             2 => {
                 let Some(d) = take(1, &mut rest) else { break };
-                checked(&mem, &rings, &mut allowed, &mut net, |n| {
+                checked(&mem, &rings, &mut check, &mut net, |n| {
                     n.process_queue(q_of(d[0]))
                 });
             }
@@ -331,13 +262,13 @@ pub fn net_queues(data: &[u8]) -> (u64, u64) {
                 }
                 backend.push(f);
             }
-            5 => checked(&mem, &rings, &mut allowed, &mut net, |n| n.process_tap()),
+            5 => checked(&mem, &rings, &mut check, &mut net, |n| n.process_tap()),
             6 => {
                 net.reset();
-                allowed.fill(false);
+                check.reset();
                 rings = activate(&mut net, &mem, acked, size);
             }
-            7 => checked(&mem, &rings, &mut allowed, &mut net, |n| n.process_wake()),
+            7 => checked(&mem, &rings, &mut check, &mut net, wake),
             8 => {
                 let Some(d) = take(3, &mut rest) else { break };
                 let r = &rings[q_of(d[0])];
@@ -356,6 +287,6 @@ pub fn net_queues(data: &[u8]) -> (u64, u64) {
     // However many frames waited in the tap, the device read at most one
     // more than it delivered, dropped or refused per pass.
     let s = backend.lock();
-    assert!(s.reads as u64 <= m.rx_packets_count + m.rx_dropped_frames + 1);
-    (m.tx_packets_count, m.rx_packets_count)
+    assert!(s.reads as u64 <= m.rx_packets_count.get() + m.rx_dropped_frames.get() + 1);
+    (m.tx_packets_count.get(), m.rx_packets_count.get())
 }

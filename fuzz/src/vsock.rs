@@ -1,12 +1,9 @@
 //! What the fuzz target `vsock_queues` runs (a thin wrapper over
-//! [`vsock_queues`]), kept in the library so that its committed seeds
-//! (`fuzz/corpus/vsock_queues/`) replay in `cargo test`
-//! (`devices::virtio::vsock::tests::fuzz_corpus_replays`). Not part of
-//! teravm's API.
+//! [`vsock_queues`]).
 //!
-//! Guest memory is two small regions with a hole between them; the device
-//! records every guest memory access it makes and each must lie inside one
-//! region. The host side is real: a listener in a temporary directory, a
+//! Guest memory is two small regions with a hole between them; around every
+//! call into the device a [`WriteCheck`] looks at the pages it wrote: only
+//! the used rings and buffers an RX descriptor marks device-writable. The host side is real: a listener in a temporary directory, a
 //! `<uds>_1` listener for guest connections, host streams the input opens,
 //! writes, drains and closes.
 
@@ -14,19 +11,18 @@ use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
-use super::fuzz_driver::{push_avail, take, Layout, NoIrq, Rings};
-use super::vsock::device::AccessLog;
-use super::vsock::packet::{VsockHeader, TYPE_STREAM};
-use super::vsock::{bind_uds, Vsock, VsockOptions, HOST_CID, LOCAL_PORT_FIRST};
-use super::{VirtioDevice, VIRTIO_F_VERSION_1};
-
-type Mem = Arc<GuestMemoryMmap<()>>;
+use crate::driver::{memory, push_avail, take, Layout, Mem, NoIrq, Rings, WriteCheck};
+use teravm::devices::virtio::vsock::packet::{VsockHeader, TYPE_STREAM};
+use teravm::devices::virtio::vsock::RXQ;
+use teravm::devices::virtio::vsock::{bind_uds, Vsock, VsockOptions, HOST_CID, LOCAL_PORT_FIRST};
+use teravm::devices::virtio::ActiveState;
+use teravm::devices::virtio::{QueueHandler, VirtioDevice, VIRTIO_F_VERSION_1};
 
 const MIB: u64 = 1 << 20;
 /// Low RAM: [0, 4 MiB); the hole: [4 MiB, 8 MiB); high RAM: [8 MiB, 12 MiB).
@@ -65,9 +61,32 @@ fn activate(v: &mut Vsock<Mem>, mem: &Mem, size: u16) -> Vec<Rings> {
         rings.push(r);
         queues.push(q);
     }
-    let _ = v.activate(mem.clone(), VIRTIO_F_VERSION_1, queues, Arc::new(NoIrq));
-    v.process_wake();
+    let _ = v.activate(ActiveState::new(
+        mem.clone(),
+        VIRTIO_F_VERSION_1,
+        queues,
+        Arc::new(NoIrq),
+    ));
     rings
+}
+
+/// What the device's thread does on a wake: the passes marked pending.
+fn wake(v: &mut Vsock<Mem>) {
+    let pending = QueueHandler::wake(v).take();
+    v.process_wake(pending);
+}
+
+/// Runs `f` on the device and checks what it wrote.
+fn checked(
+    mem: &Mem,
+    rings: &[Rings],
+    check: &mut WriteCheck,
+    v: &mut Vsock<Mem>,
+    f: impl FnOnce(&mut Vsock<Mem>),
+) {
+    check.before(mem, rings, &rings[RXQ]);
+    f(v);
+    check.after(mem);
 }
 
 /// Test memory's RAM regions, for the shared driver.
@@ -110,13 +129,7 @@ pub fn vsock_queues(data: &[u8]) -> usize {
     if let Some(l) = &port1 {
         let _ = l.set_nonblocking(true);
     }
-    let mem: Mem = Arc::new(
-        GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), LOW_LEN as usize),
-            (GuestAddress(HIGH), HIGH_LEN as usize),
-        ])
-        .expect("fuzz guest memory"),
-    );
+    let mem = memory(&LAYOUT);
     let opts = VsockOptions {
         guest_cid: CID,
         uds_path: uds.clone(),
@@ -124,9 +137,9 @@ pub fn vsock_queues(data: &[u8]) -> usize {
     let Ok(mut v) = Vsock::<Mem>::new(opts, listener) else {
         return 0;
     };
-    let log: AccessLog = Arc::new(Mutex::new(Vec::new()));
-    v.log_accesses(log.clone());
+    let mut check = WriteCheck::default();
     let mut rings = activate(&mut v, &mem, size);
+    checked(&mem, &rings, &mut check, &mut v, wake);
     let mut hosts: Vec<UnixStream> = Vec::new();
     let mut pkt_n: u16 = 0;
     while let Some(op) = take(1, &mut rest) {
@@ -142,7 +155,9 @@ pub fn vsock_queues(data: &[u8]) -> usize {
             }
             2 => {
                 let Some(d) = take(1, &mut rest) else { break };
-                v.process_queue(q_of(d[0]));
+                checked(&mem, &rings, &mut check, &mut v, |v| {
+                    v.process_queue(q_of(d[0]))
+                });
             }
             3 => {
                 let Some(d) = take(10, &mut rest) else { break };
@@ -174,7 +189,7 @@ pub fn vsock_queues(data: &[u8]) -> usize {
                 raw[8..12].copy_from_slice(&(44 + len).to_le_bytes());
                 let _ = mem.write_slice(&raw, r.desc(i));
                 push_avail(&mem, r, i);
-                v.process_queue(1);
+                checked(&mem, &rings, &mut check, &mut v, |v| v.process_queue(1));
             }
             5 => {
                 let Some(d) = take(2, &mut rest) else { break };
@@ -210,29 +225,25 @@ pub fn vsock_queues(data: &[u8]) -> usize {
             }
             6 => {
                 v.reset();
+                check.reset();
                 rings = activate(&mut v, &mem, size);
+                checked(&mem, &rings, &mut check, &mut v, wake);
             }
             _ => {
                 let Some(d) = take(1, &mut rest) else { break };
-                v.process_host();
                 let late = Duration::from_millis(u64::from(d[0] & 1) * 5000);
-                v.process_timers(Instant::now() + late);
-                let _ = v.wake_evt().read();
-                v.process_wake();
+                checked(&mem, &rings, &mut check, &mut v, |v| {
+                    v.process_host();
+                    v.process_timers(Instant::now() + late);
+                    wake(v);
+                });
             }
         }
-        assert!(v.connections() <= super::vsock::MAX_CONNECTIONS);
-        assert!(v.buffered_bytes() <= 8 * super::vsock::CONN_TX_BUF_BYTES as usize);
-        for (a, n) in log.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            let end = a.checked_add(n as u64).expect("access wraps");
-            let low = end <= LOW_LEN;
-            let high = a >= HIGH && end <= HIGH + HIGH_LEN;
-            assert!(
-                n > 0 && (low || high),
-                "access {a:#x}+{n:#x} outside guest RAM"
-            );
-        }
+        assert!(v.connections() <= teravm::devices::virtio::vsock::MAX_CONNECTIONS);
+        assert!(
+            v.buffered_bytes() <= 8 * teravm::devices::virtio::vsock::CONN_TX_BUF_BYTES as usize
+        );
     }
     v.reset();
-    v.metrics().snapshot().rx_packets_count as usize
+    v.metrics().rx_packets_count.get() as usize
 }

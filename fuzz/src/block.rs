@@ -1,7 +1,5 @@
 //! What the fuzz target `block_queues` runs (a thin wrapper over
-//! [`block_queues`]), kept in the library so that its committed seeds
-//! (`fuzz/corpus/block_queues/`) replay in `cargo test`, and the recording
-//! disk the block device's tests share. Not part of teravm's API.
+//! [`block_queues`]), over a recording disk.
 //!
 //! Guest memory is two small regions with a hole between them; the disk is
 //! in memory and asserts that every access lies inside the drive's
@@ -17,12 +15,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::block::{
-    Block, BlockMetricsSnapshot, BlockOptions, BlockWorker, CacheType, Disk, SECTOR_BYTES,
+use teravm::devices::virtio::block::{
+    Block, BlockMetrics, BlockOptions, BlockWorker, CacheType, Disk, SECTOR_BYTES,
 };
-use super::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
+use teravm::devices::virtio::ActiveState;
+use teravm::devices::virtio::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
 
 type Mem = Arc<GuestMemoryMmap<()>>;
 
@@ -173,9 +171,9 @@ fn fresh_queue(mem: &Mem, size: u16) -> Queue {
 /// bytes]`; 4 header `[sel, addr u16, type, sector u16]`; 5 reset and start
 /// again; 6 swap the file `[sectors]`; 7 available index `[u16]`. Returns
 /// the device's counters.
-pub fn block_queues(data: &[u8]) -> BlockMetricsSnapshot {
+pub fn block_queues(data: &[u8]) -> BlockMetrics {
     if data.len() < 3 {
-        return BlockMetricsSnapshot::default();
+        return BlockMetrics::default();
     }
     let (flags, sectors, size) = (data[0], u64::from(data[1] % 64), 1u16 << (data[2] % 9));
     let read_only = flags & 1 != 0;
@@ -205,17 +203,16 @@ pub fn block_queues(data: &[u8]) -> BlockMetricsSnapshot {
     let block = Arc::new(Mutex::new(
         Block::with_disk(opts, Box::new(disk)).expect("in-memory disk"),
     ));
-    let exit = EventFd::new(EFD_NONBLOCK).expect("eventfd");
-    let mut worker = BlockWorker::new(block.clone(), Vec::new(), exit).expect("worker");
+    let mut worker = BlockWorker::new(&block).expect("worker");
     let lock = || block.lock().unwrap_or_else(PoisonError::into_inner);
     let start = || {
         let acked = lock().avail_features();
-        let _ = lock().activate(
+        let _ = lock().activate(ActiveState::new(
             mem.clone(),
             acked,
             vec![fresh_queue(&mem, size)],
             Arc::new(NoIrq),
-        );
+        ));
     };
     start();
     let mut logs = vec![log];

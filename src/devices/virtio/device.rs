@@ -1,0 +1,230 @@
+//! What every virtio device is to the transport ([`VirtioDevice`]) and what
+//! it holds while it runs ([`ActiveState`]): written once here, so a device
+//! file holds only what is particular to the device.
+//!
+//! The configuration space: a device says what its bytes are
+//! ([`VirtioDevice::config_space`]) and which of them the driver may write
+//! ([`VirtioDevice::config_writable`]); the default
+//! [`VirtioDevice::read_config`] and [`VirtioDevice::write_config`] do the
+//! rest (bytes past the end read 0; writes to other bytes are refused and
+//! reported to [`VirtioDevice::config_refused`], Firecracker's
+//! `cfg_fails`).
+
+use std::ops::{Deref, DerefMut, Range};
+use std::sync::Arc;
+
+use virtio_queue::{Queue, QueueT};
+
+use super::{DeviceMemory, VirtioInterrupt, VirtioInterruptType};
+
+/// Why a device refused to start.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    /// A queue the negotiated features need is not ready.
+    #[error("queue {0} is needed but the driver did not make it ready")]
+    QueueNotReady(usize),
+    /// The device cannot start twice without a reset.
+    #[error("the device is already active")]
+    AlreadyActive,
+    /// The reset before has not completed (work of the device may still
+    /// touch guest memory).
+    #[error("the device's reset has not completed yet")]
+    ResetInProgress,
+    /// An eventfd write failed.
+    #[error("cannot signal the device thread: {0}")]
+    Signal(std::io::Error),
+}
+
+/// What exists while a device runs (between `DRIVER_OK` and a reset): the
+/// guest memory view, the queues and the interrupt (Firecracker's
+/// `ActiveState`). Dropping it drops the device's hold on guest memory.
+pub struct ActiveState<M: DeviceMemory> {
+    /// The guest memory, as the transport handed it over.
+    pub mem: M,
+    /// One per [`VirtioDevice::queue_max_sizes`] entry.
+    pub queues: Vec<Queue>,
+    /// How the device interrupts the guest.
+    pub interrupt: Arc<dyn VirtioInterrupt>,
+    /// The features the driver acked.
+    pub acked_features: u64,
+}
+
+impl<M: DeviceMemory> ActiveState<M> {
+    /// What the transport hands a device at `DRIVER_OK`.
+    pub fn new(
+        mem: M,
+        acked_features: u64,
+        queues: Vec<Queue>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> ActiveState<M> {
+        ActiveState {
+            mem,
+            queues,
+            interrupt,
+            acked_features,
+        }
+    }
+
+    /// Whether the device may start with it: not while `running` (an
+    /// activation without a reset), and only with the queues `needed`
+    /// ready.
+    pub fn check(
+        &self,
+        running: bool,
+        needed: impl IntoIterator<Item = usize>,
+    ) -> Result<(), ActivateError> {
+        if running {
+            return Err(ActivateError::AlreadyActive);
+        }
+        match needed
+            .into_iter()
+            .find(|&i| !self.queues.get(i).is_some_and(|q| q.ready()))
+        {
+            Some(i) => Err(ActivateError::QueueNotReady(i)),
+            None => Ok(()),
+        }
+    }
+
+    /// Interrupts the guest for queue `q`'s used ring; false if that failed.
+    pub fn signal_used(&self, q: usize) -> bool {
+        let q = u16::try_from(q).unwrap_or(u16::MAX);
+        self.interrupt
+            .trigger(VirtioInterruptType::Queue(q))
+            .is_ok()
+    }
+}
+
+/// Most bytes of a configuration space ([`ConfigSpace`]).
+pub const MAX_CONFIG_SPACE_BYTES: usize = 32;
+
+/// A device's configuration space as the guest sees it now: a few bytes on
+/// the stack (the transport reads it on a vCPU thread, without
+/// allocating).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConfigSpace {
+    bytes: [u8; MAX_CONFIG_SPACE_BYTES],
+    len: usize,
+}
+
+impl ConfigSpace {
+    /// The space holding `bytes` (at most [`MAX_CONFIG_SPACE_BYTES`]; more
+    /// is cut off).
+    pub fn new(bytes: &[u8]) -> ConfigSpace {
+        debug_assert!(bytes.len() <= MAX_CONFIG_SPACE_BYTES);
+        let len = bytes.len().min(MAX_CONFIG_SPACE_BYTES);
+        let mut c = ConfigSpace {
+            bytes: [0; MAX_CONFIG_SPACE_BYTES],
+            len,
+        };
+        c.bytes[..len].copy_from_slice(&bytes[..len]);
+        c
+    }
+}
+
+impl Deref for ConfigSpace {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl DerefMut for ConfigSpace {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[..self.len]
+    }
+}
+
+/// A guest access to the configuration space that the device refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigAccess {
+    /// A read with bytes past the end (they read 0).
+    ReadPastEnd,
+    /// A write with bytes the driver may not write (they are ignored).
+    Write,
+}
+
+/// Copies the config space `config` from `offset` into `data`, as a guest
+/// read of it sees it: bytes past the end read 0. Returns whether any byte
+/// was past the end.
+pub fn read_config_space(config: &[u8], offset: u64, data: &mut [u8]) -> bool {
+    let mut past_end = false;
+    for (i, d) in data.iter_mut().enumerate() {
+        let byte = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| config.get(o));
+        past_end |= byte.is_none();
+        *d = byte.copied().unwrap_or(0);
+    }
+    past_end
+}
+
+/// A virtio device behind a transport (Firecracker's and Cloud Hypervisor's
+/// shape). The transport calls these from a vCPU thread, with the device's
+/// lock held: each returns promptly and does no queue work.
+pub trait VirtioDevice<M: DeviceMemory>: Send {
+    /// The virtio device ID (`VIRTIO_ID_*`).
+    fn device_type(&self) -> u32;
+    /// The features the device offers.
+    fn avail_features(&self) -> u64;
+    /// The maximum size of each of the device's queues (all it may use).
+    fn queue_max_sizes(&self) -> &[u16];
+    /// The configuration space's bytes now.
+    fn config_space(&self) -> ConfigSpace {
+        ConfigSpace::default()
+    }
+    /// The bytes of the configuration space the driver may write (none by
+    /// default).
+    fn config_writable(&self) -> Range<usize> {
+        0..0
+    }
+    /// The driver wrote some of [`Self::config_writable`]: `config` is the
+    /// whole space with the write applied.
+    fn config_written(&mut self, _config: &[u8]) {}
+    /// Counts an access the configuration space refused.
+    fn config_refused(&self, _access: ConfigAccess) {}
+    /// Reads the configuration space at `offset`; bytes past its end read 0.
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        if read_config_space(&self.config_space(), offset, data) {
+            self.config_refused(ConfigAccess::ReadPastEnd);
+        }
+    }
+    /// Writes the configuration space at `offset`; bytes the driver may not
+    /// write, and bytes past its end, are ignored.
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        let writable = self.config_writable();
+        let mut config = self.config_space();
+        let mut refused = false;
+        for (i, &d) in data.iter().enumerate() {
+            match usize::try_from(offset).ok().and_then(|o| o.checked_add(i)) {
+                Some(o) if writable.contains(&o) && o < config.len() => config[o] = d,
+                _ => refused = true,
+            }
+        }
+        if refused {
+            self.config_refused(ConfigAccess::Write);
+        }
+        if !writable.is_empty() {
+            self.config_written(&config);
+        }
+    }
+    /// The configuration generation: changes whenever the device changes its
+    /// configuration space.
+    fn config_generation(&self) -> u32 {
+        0
+    }
+    /// Starts the device with the negotiated features and the queues (one
+    /// per [`VirtioDevice::queue_max_sizes`] entry, checked against guest
+    /// memory when ready; a queue the driver did not make ready has
+    /// `ready() == false`): see [`ActiveState::check`].
+    fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError>;
+    /// Stops the device and forgets the queues and the guest memory.
+    fn reset(&mut self);
+    /// After [`VirtioDevice::reset`]: whether work the device started may
+    /// still touch guest memory (a discard in flight). The transport reports
+    /// the reset complete (Status reads 0, virtio 1.2, 2.4) and lets the
+    /// driver start again only once this is false; it must return promptly.
+    fn reset_in_progress(&mut self) -> bool {
+        false
+    }
+}
