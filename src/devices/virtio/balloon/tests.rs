@@ -13,12 +13,12 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::features::{REPORTING, STATS_VQ};
 use super::*;
+use crate::devices::virtio::test_utils::{guest_memory, Irq, Mem};
 use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
 
-type Mem = Arc<GuestMemoryMmap<()>>;
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 /// 0..3 GiB, the MMIO gap, then 4 GiB .. 4 GiB + 16 MiB.
@@ -26,13 +26,7 @@ const HIGH: u64 = 4 * GIB;
 const HIGH_LEN: u64 = 16 * MIB;
 
 fn mem() -> Mem {
-    Arc::new(
-        GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), 3 * GIB as usize),
-            (GuestAddress(HIGH), HIGH_LEN as usize),
-        ])
-        .unwrap(),
-    )
+    guest_memory(&[(0, 3 * GIB), (HIGH, HIGH_LEN)])
 }
 
 #[derive(Default)]
@@ -58,16 +52,6 @@ impl DiscardSink for Sink {
         } else {
             ack.freed();
         }
-    }
-}
-
-#[derive(Default)]
-struct Irq(Mutex<Vec<VirtioInterruptType>>);
-
-impl VirtioInterrupt for Irq {
-    fn trigger(&self, t: VirtioInterruptType) -> std::io::Result<()> {
-        self.0.lock().unwrap().push(t);
-        Ok(())
     }
 }
 
