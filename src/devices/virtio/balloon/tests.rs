@@ -127,6 +127,13 @@ fn add_pfns(mem: &GuestMemoryMmap<()>, q: &Mock<'_>, at: u16, buf: u64, pfns: &[
         .unwrap();
 }
 
+/// The driver inflates `pfns` (one chain at slot 0 of the inflate queue,
+/// buffer at [`BUF`]) and the device processes it.
+fn inflate(r: &mut Rig, mem: &GuestMemoryMmap<()>, qs: &[Mock<'_>], pfns: &[u32]) {
+    add_pfns(mem, &qs[0], 0, BUF, pfns);
+    queue(&mut r.b, 0);
+}
+
 fn used(q: &Mock<'_>) -> u16 {
     q.used().idx().load()
 }
@@ -242,8 +249,7 @@ fn inflate_then_deflate() {
     let mut r = balloon(opts(), PAGE, false);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x102, 0x100, 0x101, 0x200, 0x100]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x102, 0x100, 0x101, 0x200, 0x100]);
     assert_eq!(used(&qs[0]), 1, "inflate acknowledged at once");
     assert_eq!(
         got(&r, DiscardKind::Inflate),
@@ -598,8 +604,7 @@ fn a_deflate_waits_for_the_discard_of_its_pages_however_long() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x100, 0x101, 0x102]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x100, 0x101, 0x102]);
     assert_eq!(used(&qs[0]), 1, "inflate acknowledged at once");
     assert_eq!(r.b.batches_in_flight(), 1);
     // The guest deflates one of them while its discard still runs.
@@ -653,8 +658,7 @@ fn parked_deflates_are_bounded_and_the_rest_waits_in_the_ring() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x100]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x100]);
     let n = MAX_PARKED_DEFLATES as u16 + 3;
     for i in 0..n {
         add_pfns(&mem, &qs[1], i, BUF + 64 + u64::from(i) * 8, &[0x100]);
@@ -679,8 +683,7 @@ fn a_report_goes_back_only_once_no_other_discard_covers_it() {
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
     // A (hostile) guest inflates a page, then reports the MiB around it.
-    add_pfns(&mem, &qs[0], 0, BUF, &[(16 * MIB / PAGE) as u32 + 3]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[(16 * MIB / PAGE) as u32 + 3]);
     qs[3]
         .add_desc_chains(&[desc(16 * MIB, MIB as u32, VRING_DESC_F_WRITE, 0)], 0)
         .unwrap();
@@ -702,8 +705,7 @@ fn a_reset_completes_only_once_the_discards_in_flight_end() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x100]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x100]);
     let Rig { b, sink, .. } = r;
     let b = Arc::new(Mutex::new(b));
     let irq = EventFd::new(EFD_NONBLOCK).unwrap();
@@ -731,8 +733,7 @@ fn a_reset_completes_only_once_the_discards_in_flight_end() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x100]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x100]);
     r.b.reset();
     assert!(r.b.reset_in_progress());
     let queues: Vec<Queue> = qs
