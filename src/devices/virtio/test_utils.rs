@@ -1,9 +1,10 @@
 //! What the devices' unit tests share: guest memory built from ranges and an
-//! interrupt that records what it was asked to signal.
+//! interrupt that records what it was asked to signal, and queue eventfds.
 
 use std::sync::{Arc, Mutex};
 
 use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{VirtioInterrupt, VirtioInterruptType};
 
@@ -28,4 +29,14 @@ impl VirtioInterrupt for Irq {
         self.0.lock().unwrap().push(t);
         Ok(())
     }
+}
+
+/// `n` queue eventfds (non-blocking) and clones of them, for a device's
+/// worker.
+pub fn queue_evts(n: usize) -> (Vec<EventFd>, Vec<EventFd>) {
+    let evts: Vec<EventFd> = (0..n)
+        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+        .collect();
+    let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
+    (evts, clones)
 }

@@ -13,7 +13,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::features::{REPORTING, STATS_VQ};
 use super::*;
-use crate::devices::virtio::test_utils::{guest_memory, Irq, Mem};
+use crate::devices::virtio::test_utils::{guest_memory, queue_evts, Irq, Mem};
 use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
@@ -576,10 +576,7 @@ fn worker_thread_serves_queues_until_exit() {
     let Rig { b, sink, .. } = r;
     let r = Rig2 { sink };
     let b = Arc::new(Mutex::new(b));
-    let evts: Vec<EventFd> = (0..4)
-        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-        .collect();
-    let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
+    let (evts, clones) = queue_evts(4);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
     let worker = Balloon::worker(&b, clones, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::Builder::new()
@@ -784,10 +781,7 @@ fn a_slow_discard_never_holds_the_balloons_lock() {
     };
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
     let b = Arc::new(Mutex::new(r.b));
-    let evts: Vec<EventFd> = (0..4)
-        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-        .collect();
-    let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
+    let (evts, clones) = queue_evts(4);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
     let worker = Balloon::worker(&b, clones, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::spawn(move || worker.run());

@@ -13,7 +13,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::features::*;
 use super::test_backend::RecordingBackend;
 use super::*;
-use crate::devices::virtio::test_utils::{guest_memory, Irq, Mem};
+use crate::devices::virtio::test_utils::{guest_memory, queue_evts, Irq, Mem};
 use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
@@ -494,10 +494,7 @@ fn the_worker_serves_events_and_exits() {
         .unwrap();
     let tap = r.tap.clone();
     let net = Arc::new(Mutex::new(r.net));
-    let qevts: Vec<EventFd> = (0..2)
-        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-        .collect();
-    let clones = qevts.iter().map(|e| e.try_clone().unwrap()).collect();
+    let (qevts, clones) = queue_evts(2);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
     let mut w = Net::worker(&net, clones, exit.try_clone().unwrap()).unwrap();
     let second = Duration::from_secs(1);
