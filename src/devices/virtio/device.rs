@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 
-use super::{DeviceMemory, VirtioInterrupt, VirtioInterruptType};
+use super::{Counter, DeviceMemory, VirtioInterrupt, VirtioInterruptType};
 
 /// Why a device refused to start.
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +141,17 @@ pub enum ConfigAccess {
     ReadPastEnd,
     /// A write with bytes the driver may not write (they are ignored).
     Write,
+}
+
+impl ConfigAccess {
+    /// Counts the access on `cfg_fails` if it is a refused write (reads past
+    /// the end are not counted): the policy of net and vsock, whose
+    /// configuration space is the host's to set.
+    pub fn count_write(self, cfg_fails: &Counter) {
+        if self == ConfigAccess::Write {
+            cfg_fails.inc();
+        }
+    }
 }
 
 /// Copies the config space `config` from `offset` into `data`, as a guest

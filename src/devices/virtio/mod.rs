@@ -35,6 +35,8 @@ pub mod mmio;
 #[cfg(test)]
 mod mmio_tests;
 pub mod net;
+#[cfg(test)]
+mod test_utils;
 pub mod vsock;
 pub mod worker;
 

@@ -13,12 +13,12 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::features::{REPORTING, STATS_VQ};
 use super::*;
+use crate::devices::virtio::test_utils::{guest_memory, queue_evts, Irq, Mem};
 use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
 
-type Mem = Arc<GuestMemoryMmap<()>>;
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 /// 0..3 GiB, the MMIO gap, then 4 GiB .. 4 GiB + 16 MiB.
@@ -26,13 +26,7 @@ const HIGH: u64 = 4 * GIB;
 const HIGH_LEN: u64 = 16 * MIB;
 
 fn mem() -> Mem {
-    Arc::new(
-        GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), 3 * GIB as usize),
-            (GuestAddress(HIGH), HIGH_LEN as usize),
-        ])
-        .unwrap(),
-    )
+    guest_memory(&[(0, 3 * GIB), (HIGH, HIGH_LEN)])
 }
 
 #[derive(Default)]
@@ -58,16 +52,6 @@ impl DiscardSink for Sink {
         } else {
             ack.freed();
         }
-    }
-}
-
-#[derive(Default)]
-struct Irq(Mutex<Vec<VirtioInterruptType>>);
-
-impl VirtioInterrupt for Irq {
-    fn trigger(&self, t: VirtioInterruptType) -> std::io::Result<()> {
-        self.0.lock().unwrap().push(t);
-        Ok(())
     }
 }
 
@@ -141,6 +125,13 @@ fn add_pfns(mem: &GuestMemoryMmap<()>, q: &Mock<'_>, at: u16, buf: u64, pfns: &[
     mem.write_slice(&bytes, GuestAddress(buf)).unwrap();
     q.add_desc_chains(&[desc(buf, bytes.len() as u32, 0, 0)], at)
         .unwrap();
+}
+
+/// The driver inflates `pfns` (one chain at slot 0 of the inflate queue,
+/// buffer at [`BUF`]) and the device processes it.
+fn inflate(r: &mut Rig, mem: &GuestMemoryMmap<()>, qs: &[Mock<'_>], pfns: &[u32]) {
+    add_pfns(mem, &qs[0], 0, BUF, pfns);
+    queue(&mut r.b, 0);
 }
 
 fn used(q: &Mock<'_>) -> u16 {
@@ -258,8 +249,7 @@ fn inflate_then_deflate() {
     let mut r = balloon(opts(), PAGE, false);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x102, 0x100, 0x101, 0x200, 0x100]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x102, 0x100, 0x101, 0x200, 0x100]);
     assert_eq!(used(&qs[0]), 1, "inflate acknowledged at once");
     assert_eq!(
         got(&r, DiscardKind::Inflate),
@@ -586,10 +576,7 @@ fn worker_thread_serves_queues_until_exit() {
     let Rig { b, sink, .. } = r;
     let r = Rig2 { sink };
     let b = Arc::new(Mutex::new(b));
-    let evts: Vec<EventFd> = (0..4)
-        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-        .collect();
-    let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
+    let (evts, clones) = queue_evts(4);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
     let worker = Balloon::worker(&b, clones, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::Builder::new()
@@ -614,8 +601,7 @@ fn a_deflate_waits_for_the_discard_of_its_pages_however_long() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x100, 0x101, 0x102]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x100, 0x101, 0x102]);
     assert_eq!(used(&qs[0]), 1, "inflate acknowledged at once");
     assert_eq!(r.b.batches_in_flight(), 1);
     // The guest deflates one of them while its discard still runs.
@@ -669,8 +655,7 @@ fn parked_deflates_are_bounded_and_the_rest_waits_in_the_ring() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x100]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x100]);
     let n = MAX_PARKED_DEFLATES as u16 + 3;
     for i in 0..n {
         add_pfns(&mem, &qs[1], i, BUF + 64 + u64::from(i) * 8, &[0x100]);
@@ -695,8 +680,7 @@ fn a_report_goes_back_only_once_no_other_discard_covers_it() {
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
     // A (hostile) guest inflates a page, then reports the MiB around it.
-    add_pfns(&mem, &qs[0], 0, BUF, &[(16 * MIB / PAGE) as u32 + 3]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[(16 * MIB / PAGE) as u32 + 3]);
     qs[3]
         .add_desc_chains(&[desc(16 * MIB, MIB as u32, VRING_DESC_F_WRITE, 0)], 0)
         .unwrap();
@@ -718,8 +702,7 @@ fn a_reset_completes_only_once_the_discards_in_flight_end() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x100]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x100]);
     let Rig { b, sink, .. } = r;
     let b = Arc::new(Mutex::new(b));
     let irq = EventFd::new(EFD_NONBLOCK).unwrap();
@@ -747,8 +730,7 @@ fn a_reset_completes_only_once_the_discards_in_flight_end() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
-    add_pfns(&mem, &qs[0], 0, BUF, &[0x100]);
-    queue(&mut r.b, 0);
+    inflate(&mut r, &mem, &qs, &[0x100]);
     r.b.reset();
     assert!(r.b.reset_in_progress());
     let queues: Vec<Queue> = qs
@@ -799,10 +781,7 @@ fn a_slow_discard_never_holds_the_balloons_lock() {
     };
     let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
     let b = Arc::new(Mutex::new(r.b));
-    let evts: Vec<EventFd> = (0..4)
-        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-        .collect();
-    let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
+    let (evts, clones) = queue_evts(4);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
     let worker = Balloon::worker(&b, clones, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::spawn(move || worker.run());

@@ -16,12 +16,13 @@ use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
+use crate::devices::virtio::test_utils::guest_memory;
 use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
 
-pub(super) type Mem = Arc<GuestMemoryMmap<()>>;
+pub(super) use crate::devices::virtio::test_utils::Mem;
 pub(super) const MIB: u64 = 1 << 20;
 /// RAM: [0, 8 MiB) and [HIGH, HIGH + 1 MiB); the hole between is not RAM.
 pub(super) const HIGH: u64 = 64 * MIB;
@@ -35,13 +36,7 @@ pub(super) const W: u32 = VRING_DESC_F_WRITE;
 pub(super) const N: u32 = VRING_DESC_F_NEXT;
 
 pub(super) fn mem() -> Mem {
-    Arc::new(
-        GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), 8 * MIB as usize),
-            (GuestAddress(HIGH), MIB as usize),
-        ])
-        .unwrap(),
-    )
+    guest_memory(&[(0, 8 * MIB), (HIGH, MIB)])
 }
 
 /// A file in the temporary directory with `bytes` (removed when dropped).
@@ -78,15 +73,7 @@ pub(super) fn pattern(sectors: u64) -> Vec<u8> {
         .collect()
 }
 
-#[derive(Default)]
-pub(super) struct Irq(pub Mutex<Vec<VirtioInterruptType>>);
-
-impl VirtioInterrupt for Irq {
-    fn trigger(&self, t: VirtioInterruptType) -> std::io::Result<()> {
-        self.0.lock().unwrap().push(t);
-        Ok(())
-    }
-}
+pub(super) use crate::devices::virtio::test_utils::Irq;
 
 pub(super) type Mock<'a> = MockSplitQueue<'a, GuestMemoryMmap<()>>;
 

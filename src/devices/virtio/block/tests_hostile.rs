@@ -4,6 +4,7 @@
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_blk as b;
@@ -189,13 +190,10 @@ fn gated(sectors: u64) -> (Rig, Receiver<()>, Sender<()>) {
     )
 }
 
-#[test]
-fn a_reset_during_a_stalled_read_returns_at_once_and_nothing_lands() {
-    let (mut r, started, release) = gated(8);
-    let m = r.mem.clone();
-    let q = r.start(&m, 16);
-    m.write_slice(&[0x11; 512], GuestAddress(DATA)).unwrap();
-    request(&m, &q, 0, b::VIRTIO_BLK_T_IN, 1, 512, W);
+/// Takes the rig apart: its worker processes the queue on a thread of its
+/// own; returns once the gated disk (see [`gated`]) holds the request, with
+/// the device and the worker's thread (it ends after `release`).
+fn stall(r: Rig, started: &Receiver<()>) -> (Arc<Mutex<Block<Mem>>>, JoinHandle<BlockWorker<Mem>>) {
     let Rig {
         block, mut worker, ..
     } = r;
@@ -204,6 +202,17 @@ fn a_reset_during_a_stalled_read_returns_at_once_and_nothing_lands() {
         worker
     });
     started.recv_timeout(Duration::from_secs(10)).unwrap();
+    (block, h)
+}
+
+#[test]
+fn a_reset_during_a_stalled_read_returns_at_once_and_nothing_lands() {
+    let (mut r, started, release) = gated(8);
+    let m = r.mem.clone();
+    let q = r.start(&m, 16);
+    m.write_slice(&[0x11; 512], GuestAddress(DATA)).unwrap();
+    request(&m, &q, 0, b::VIRTIO_BLK_T_IN, 1, 512, W);
+    let (block, h) = stall(r, &started);
     // The file stalls: a vCPU's config read and reset still return at once.
     let t0 = Instant::now();
     let mut c = [0u8; 8];
@@ -264,14 +273,7 @@ fn update_file_during_a_stalled_request_waits_for_its_end() {
     let m = r.mem.clone();
     let q = r.start(&m, 16);
     request(&m, &q, 0, b::VIRTIO_BLK_T_IN, 6, 512, W);
-    let Rig {
-        block, mut worker, ..
-    } = r;
-    let h = std::thread::spawn(move || {
-        worker.process_queue(true);
-        worker
-    });
-    started.recv_timeout(Duration::from_secs(10)).unwrap();
+    let (block, h) = stall(r, &started);
     let t0 = Instant::now();
     block.lock().unwrap().update_file(g.open(false)).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(2));

@@ -210,9 +210,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Net<M> {
 
     fn config_refused(&self, access: ConfigAccess) {
         // The MAC is the host's to set (Firecracker refuses driver writes).
-        if access == ConfigAccess::Write {
-            self.metrics.cfg_fails.inc();
-        }
+        access.count_write(&self.metrics.cfg_fails);
     }
 
     fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {

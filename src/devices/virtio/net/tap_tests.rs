@@ -28,6 +28,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::*;
+use crate::devices::virtio::test_utils::queue_evts;
 use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
 
@@ -176,10 +177,7 @@ fn run_in_netns() -> Result<(), String> {
             .unwrap();
     }
     let net = Arc::new(Mutex::new(net));
-    let qevts: Vec<EventFd> = (0..2)
-        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-        .collect();
-    let clones = qevts.iter().map(|e| e.try_clone().unwrap()).collect();
+    let (qevts, clones) = queue_evts(2);
     let mut w = Net::worker(&net, clones, EventFd::new(EFD_NONBLOCK).unwrap()).unwrap();
     w.run_once(Some(std::time::Duration::from_millis(100)))
         .unwrap(); // the activation: offloads set

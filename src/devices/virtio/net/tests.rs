@@ -13,12 +13,12 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::features::*;
 use super::test_backend::RecordingBackend;
 use super::*;
+use crate::devices::virtio::test_utils::{guest_memory, queue_evts, Irq, Mem};
 use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
 
-type Mem = Arc<GuestMemoryMmap<()>>;
 const MIB: u64 = 1 << 20;
 /// [0, 16 MiB), a hole, [32 MiB, 48 MiB).
 const HOLE: u64 = 16 * MIB;
@@ -29,23 +29,7 @@ const W: u32 = VRING_DESC_F_WRITE;
 const N: u32 = VRING_DESC_F_NEXT;
 
 fn mem() -> Mem {
-    Arc::new(
-        GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), HOLE as usize),
-            (GuestAddress(HIGH), 16 * MIB as usize),
-        ])
-        .unwrap(),
-    )
-}
-
-#[derive(Default)]
-struct Irq(Mutex<Vec<VirtioInterruptType>>);
-
-impl VirtioInterrupt for Irq {
-    fn trigger(&self, t: VirtioInterruptType) -> std::io::Result<()> {
-        self.0.lock().unwrap().push(t);
-        Ok(())
-    }
+    guest_memory(&[(0, HOLE), (HIGH, 16 * MIB)])
 }
 
 struct Rig {
@@ -510,10 +494,7 @@ fn the_worker_serves_events_and_exits() {
         .unwrap();
     let tap = r.tap.clone();
     let net = Arc::new(Mutex::new(r.net));
-    let qevts: Vec<EventFd> = (0..2)
-        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-        .collect();
-    let clones = qevts.iter().map(|e| e.try_clone().unwrap()).collect();
+    let (qevts, clones) = queue_evts(2);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
     let mut w = Net::worker(&net, clones, exit.try_clone().unwrap()).unwrap();
     let second = Duration::from_secs(1);

@@ -369,9 +369,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Vsock<M> {
     }
 
     fn config_refused(&self, access: ConfigAccess) {
-        if access == ConfigAccess::Write {
-            self.metrics.cfg_fails.inc();
-        }
+        access.count_write(&self.metrics.cfg_fails);
     }
 
     fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {

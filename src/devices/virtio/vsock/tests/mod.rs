@@ -19,10 +19,11 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use super::muxer::parse_connect;
 use super::packet::{op, shutdown, HeaderFault, TYPE_STREAM};
 use super::*;
+use crate::devices::virtio::test_utils::{guest_memory, Irq};
 use crate::devices::virtio::ActiveState;
-use crate::devices::virtio::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
+use crate::devices::virtio::{VirtioDevice, VirtioInterrupt};
 
-pub(super) type Mem = Arc<GuestMemoryMmap<()>>;
+pub(super) use crate::devices::virtio::test_utils::Mem;
 const MIB: u64 = 1 << 20;
 const CID: u64 = 42;
 const RING_BASE: u64 = MIB;
@@ -48,16 +49,6 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-#[derive(Default)]
-struct Irq(Mutex<Vec<VirtioInterruptType>>);
-
-impl VirtioInterrupt for Irq {
-    fn trigger(&self, t: VirtioInterruptType) -> std::io::Result<()> {
-        self.0.lock().unwrap().push(t);
-        Ok(())
     }
 }
 
@@ -91,7 +82,7 @@ struct Rig {
 }
 
 fn memory() -> Mem {
-    Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 * MIB as usize)]).unwrap())
+    guest_memory(&[(0, 64 * MIB)])
 }
 
 fn rig() -> Rig {
