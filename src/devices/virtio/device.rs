@@ -170,16 +170,36 @@ pub fn read_config_space(config: &[u8], offset: u64, data: &mut [u8]) -> bool {
     past_end
 }
 
+/// What a device offers its driver, fixed when the device is made: its
+/// type, its features and its queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceOffer {
+    /// The virtio device ID (`VIRTIO_ID_*`).
+    pub device_type: u32,
+    /// The features the device offers.
+    pub avail_features: u64,
+    /// The maximum size of each of the device's queues (all it may use).
+    pub queue_sizes: &'static [u16],
+}
+
 /// A virtio device behind a transport (Firecracker's and Cloud Hypervisor's
 /// shape). The transport calls these from a vCPU thread, with the device's
 /// lock held: each returns promptly and does no queue work.
 pub trait VirtioDevice<M: DeviceMemory>: Send {
+    /// What the device offers (type, features, queues).
+    fn offer(&self) -> DeviceOffer;
     /// The virtio device ID (`VIRTIO_ID_*`).
-    fn device_type(&self) -> u32;
+    fn device_type(&self) -> u32 {
+        self.offer().device_type
+    }
     /// The features the device offers.
-    fn avail_features(&self) -> u64;
+    fn avail_features(&self) -> u64 {
+        self.offer().avail_features
+    }
     /// The maximum size of each of the device's queues (all it may use).
-    fn queue_max_sizes(&self) -> &[u16];
+    fn queue_max_sizes(&self) -> &[u16] {
+        self.offer().queue_sizes
+    }
     /// The configuration space's bytes now.
     fn config_space(&self) -> ConfigSpace {
         ConfigSpace::default()

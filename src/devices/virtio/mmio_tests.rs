@@ -9,8 +9,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::mmio::{regs, MmioError, MmioTransport, MMIO_MAGIC};
 use super::{
-    status, ActivateError, ActiveState, VirtioDevice, VirtioInterrupt, VirtioInterruptType,
-    INT_CONFIG, INT_VRING, VIRTIO_F_VERSION_1,
+    status, ActivateError, ActiveState, DeviceOffer, VirtioDevice, VirtioInterrupt,
+    VirtioInterruptType, INT_CONFIG, INT_VRING, VIRTIO_F_VERSION_1,
 };
 
 type Mem = Arc<GuestMemoryMmap<()>>;
@@ -28,14 +28,12 @@ struct TestDevice {
 }
 
 impl VirtioDevice<Mem> for TestDevice {
-    fn device_type(&self) -> u32 {
-        42
-    }
-    fn avail_features(&self) -> u64 {
-        OFFERED
-    }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[16, 8]
+    fn offer(&self) -> DeviceOffer {
+        DeviceOffer {
+            device_type: 42,
+            avail_features: OFFERED,
+            queue_sizes: &[16, 8],
+        }
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         for (i, d) in data.iter_mut().enumerate() {
@@ -396,14 +394,12 @@ fn reset_clears_everything_and_tells_the_device() {
 fn bad_max_queue_size_refused_at_construction() {
     struct Bad;
     impl VirtioDevice<Mem> for Bad {
-        fn device_type(&self) -> u32 {
-            1
-        }
-        fn avail_features(&self) -> u64 {
-            0
-        }
-        fn queue_max_sizes(&self) -> &[u16] {
-            &[12]
+        fn offer(&self) -> DeviceOffer {
+            DeviceOffer {
+                device_type: 1,
+                avail_features: 0,
+                queue_sizes: &[12],
+            }
         }
         fn read_config(&self, _: u64, _: &mut [u8]) {}
         fn write_config(&mut self, _: u64, _: &[u8]) {}

@@ -48,7 +48,8 @@ use vm_memory::GuestMemoryBackend;
 use vmm_sys_util::eventfd::EventFd;
 
 pub use device::{
-    read_config_space, ActivateError, ActiveState, ConfigAccess, ConfigSpace, VirtioDevice,
+    read_config_space, ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceOffer,
+    VirtioDevice,
 };
 pub use metrics::Counter;
 pub use mmio::{MmioError, MmioTransport};

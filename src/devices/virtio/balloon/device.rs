@@ -16,8 +16,8 @@ use super::sink::{Completion, DiscardAck, DiscardKind, DiscardSink, SinkWork};
 use super::stats::BalloonStats;
 use super::{BalloonError, CONFIG_SPACE_BYTES, PAGES_PER_MIB, QUEUE_SIZE, VIRTIO_ID_BALLOON};
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigSpace, DeviceMemory, VirtioDevice, VirtioInterrupt,
-    VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigSpace, DeviceMemory, DeviceOffer, VirtioDevice,
+    VirtioInterrupt, VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
 };
 
 /// What the balloon is made with (the API's `PUT /balloon`, checked).
@@ -106,8 +106,7 @@ pub(super) struct Parked {
 /// A virtio-balloon.
 pub struct Balloon<M: DeviceMemory> {
     pub(super) opts: BalloonOptions,
-    avail_features: u64,
-    queue_sizes: Vec<u16>,
+    offer: DeviceOffer,
     ram_mib: u64,
     num_pages: u32,
     actual_pages: u32,
@@ -159,24 +158,31 @@ impl<M: DeviceMemory> Balloon<M> {
             return Err(BalloonError::HintingNotSupported);
         }
         let num_pages = Self::pages_for(opts.amount_mib, ram_mib)?;
+        // Inflate and deflate, then the statistics and reporting queues
+        // when offered (all of one size).
+        const QUEUE_SIZES: [u16; 4] = [QUEUE_SIZE; 4];
         let mut avail_features = VIRTIO_F_VERSION_1 | MUST_TELL_HOST;
-        let mut queue_sizes = vec![QUEUE_SIZE, QUEUE_SIZE];
+        let mut queues = 2;
         if opts.stats_polling_interval_s > 0 {
             avail_features |= STATS_VQ;
-            queue_sizes.push(QUEUE_SIZE);
+            queues += 1;
         }
         if opts.deflate_on_oom {
             avail_features |= DEFLATE_ON_OOM;
         }
         if opts.free_page_reporting {
             avail_features |= REPORTING;
-            queue_sizes.push(QUEUE_SIZE);
+            queues += 1;
         }
+        let offer = DeviceOffer {
+            device_type: VIRTIO_ID_BALLOON,
+            avail_features,
+            queue_sizes: &QUEUE_SIZES[..queues],
+        };
         let (completion_tx, completion_rx) = channel();
         Ok(Balloon {
             opts,
-            avail_features,
-            queue_sizes,
+            offer,
             ram_mib,
             num_pages,
             actual_pages: 0,
@@ -318,16 +324,8 @@ impl<M: DeviceMemory> Balloon<M> {
 }
 
 impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_BALLOON
-    }
-
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn offer(&self) -> DeviceOffer {
+        self.offer
     }
 
     fn config_space(&self) -> ConfigSpace {

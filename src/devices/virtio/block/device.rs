@@ -13,8 +13,8 @@ use super::disk::{disk_size, Disk};
 use super::metrics::BlockMetrics;
 use super::{features, BlockError, ID_BYTES, QUEUE_SIZE, SECTOR_BYTES, VIRTIO_ID_BLOCK};
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, VirtioDevice, Wake,
-    VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer, VirtioDevice,
+    Wake, VIRTIO_F_VERSION_1,
 };
 
 /// Firecracker's `cache_type`.
@@ -84,8 +84,7 @@ impl<M: DeviceMemory> BlockShared<M> {
 /// A virtio-blk device over a host file.
 pub struct Block<M: DeviceMemory> {
     opts: BlockOptions,
-    avail_features: u64,
-    queue_sizes: [u16; 1],
+    offer: DeviceOffer,
     epoch: u64,
     pub(super) shared: Arc<BlockShared<M>>,
     /// The file until the worker takes it.
@@ -140,8 +139,11 @@ impl<M: DeviceMemory> Block<M> {
         });
         Ok(Block {
             opts,
-            avail_features,
-            queue_sizes: [QUEUE_SIZE],
+            offer: DeviceOffer {
+                device_type: VIRTIO_ID_BLOCK,
+                avail_features,
+                queue_sizes: &[QUEUE_SIZE],
+            },
             epoch: 0,
             shared,
             disk: Some(disk),
@@ -203,16 +205,8 @@ impl<M: DeviceMemory> Block<M> {
 }
 
 impl<M: DeviceMemory> VirtioDevice<M> for Block<M> {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_BLOCK
-    }
-
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn offer(&self) -> DeviceOffer {
+        self.offer
     }
 
     fn config_space(&self) -> ConfigSpace {

@@ -18,8 +18,8 @@ use super::{
     NetError, CONFIG_SPACE_BYTES, MAX_BUFFER_BYTES, QUEUE_SIZE, RX_INDEX, TX_INDEX, VIRTIO_ID_NET,
 };
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, Pending, QueueHandler,
-    VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer, Pending,
+    QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
 
 /// What the device is made with (the API's `PUT /network-interfaces`,
@@ -46,8 +46,7 @@ pub(super) struct RxChain {
 /// A virtio-net device.
 pub struct Net<M: DeviceMemory> {
     pub(super) opts: NetOptions,
-    avail_features: u64,
-    queue_sizes: [u16; 2],
+    offer: DeviceOffer,
     pub(super) backend: Box<dyn NetBackend>,
     pub(super) metrics: Arc<NetMetrics>,
     pub(super) wake: Arc<Wake>,
@@ -92,8 +91,11 @@ impl<M: DeviceMemory> Net<M> {
         }
         Ok(Net {
             opts,
-            avail_features,
-            queue_sizes: [QUEUE_SIZE, QUEUE_SIZE],
+            offer: DeviceOffer {
+                device_type: VIRTIO_ID_NET,
+                avail_features,
+                queue_sizes: &[QUEUE_SIZE, QUEUE_SIZE],
+            },
             backend,
             metrics: Arc::new(NetMetrics::default()),
             wake: Arc::new(Wake::new().map_err(NetError::EventFd)?),
@@ -186,16 +188,8 @@ impl<M: DeviceMemory> QueueHandler for Net<M> {
 }
 
 impl<M: DeviceMemory> VirtioDevice<M> for Net<M> {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_NET
-    }
-
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn offer(&self) -> DeviceOffer {
+        self.offer
     }
 
     fn config_space(&self) -> ConfigSpace {

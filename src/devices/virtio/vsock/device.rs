@@ -24,8 +24,8 @@ use super::{
     QUEUE_SIZE, RXQ, TXQ, VIRTIO_ID_VSOCK,
 };
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, Pending, QueueHandler,
-    VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer, Pending,
+    QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
 
 /// What the vsock is made with (the API's `PUT /vsock`, checked by
@@ -350,16 +350,12 @@ impl<M: DeviceMemory> Vsock<M> {
 }
 
 impl<M: DeviceMemory> VirtioDevice<M> for Vsock<M> {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_VSOCK
-    }
-
-    fn avail_features(&self) -> u64 {
-        VIRTIO_F_VERSION_1
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE; 3]
+    fn offer(&self) -> DeviceOffer {
+        DeviceOffer {
+            device_type: VIRTIO_ID_VSOCK,
+            avail_features: VIRTIO_F_VERSION_1,
+            queue_sizes: &[QUEUE_SIZE; 3],
+        }
     }
 
     fn config_space(&self) -> ConfigSpace {
