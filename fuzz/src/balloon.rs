@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -203,26 +203,7 @@ pub fn virtio_mmio(data: &[u8]) -> bool {
 }
 
 fn fresh_queues(mem: &Mem, n: usize, size: u16) -> (Vec<Rings>, Vec<Queue>) {
-    let mut rings = Vec::new();
-    let mut queues = Vec::new();
-    for i in 0..n {
-        let r = Rings {
-            base: RING_BASE + i as u64 * RING_STRIDE,
-            size,
-        };
-        // Zero the avail and used headers.
-        let _ = mem.write_slice(&[0u8; 4], r.avail());
-        let _ = mem.write_slice(&[0u8; 4], r.used());
-        let mut q = Queue::new(256).expect("256 is a valid queue size");
-        let _ = q.try_set_size(size);
-        let _ = q.try_set_desc_table_address(GuestAddress(r.base));
-        let _ = q.try_set_avail_ring_address(r.avail());
-        let _ = q.try_set_used_ring_address(r.used());
-        q.set_ready(true);
-        rings.push(r);
-        queues.push(q);
-    }
-    (rings, queues)
+    crate::driver::fresh_queues(mem, n, size, RING_BASE, RING_STRIDE)
 }
 
 fn activate(b: &mut Balloon<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings> {
