@@ -1,0 +1,152 @@
+//! The command line: the firmware's words (unknown words are ignored) and
+//! the `virtio_mmio.device=` entries Linux would take its devices from.
+
+/// How much RAM `touch=` dirties.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Touch {
+    /// `touch=<MiB>`.
+    Mib(u64),
+    /// `touch=all`.
+    All,
+}
+
+/// What `vsock=` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vsock {
+    /// `vsock=echo:<port>`: listen and echo each connection.
+    Echo(u32),
+    /// `vsock=connect:<port>`: connect to the host's port, greet, shut down.
+    Connect(u32),
+}
+
+/// One `virtio_mmio.device=<size>@<addr>:<irq>` entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmioDevice {
+    /// Guest physical address of its registers.
+    pub addr: u64,
+    /// Size of its register window.
+    pub size: u64,
+    /// Its interrupt line (unused: the guest polls).
+    pub irq: u32,
+}
+
+/// Most `virtio_mmio.device=` entries kept.
+pub const MAX_DEVICES: usize = 32;
+
+/// The parsed command line.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// `touch=`.
+    pub touch: Option<Touch>,
+    /// `then=reset` (else idle).
+    pub reset: bool,
+    /// `balloon`.
+    pub balloon: bool,
+    /// `report=<MiB>`.
+    pub report_mib: u64,
+    /// `blk`.
+    pub blk: bool,
+    /// `vsock=`.
+    pub vsock: Option<Vsock>,
+    /// `net=echo`.
+    pub net_echo: bool,
+    /// The devices, in command-line order.
+    pub devices: [Option<MmioDevice>; MAX_DEVICES],
+    /// Words that were understood but had a bad value.
+    pub bad: Option<&'static str>,
+}
+
+/// Parses a number as Linux's `memparse` does: decimal, or hex after `0x`,
+/// then an optional K, M or G.
+pub fn memparse(s: &str) -> Option<u64> {
+    let (digits, shift) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 20),
+        b'G' | b'g' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let n = number(digits)?;
+    n.checked_mul(1u64 << shift)
+}
+
+fn number(s: &str) -> Option<u64> {
+    if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u64::from_str_radix(hex, 16).ok()
+    } else {
+        s.parse().ok()
+    }
+}
+
+/// Parses `<size>@<addr>:<irq>[:<id>]`.
+pub fn mmio_device(value: &str) -> Option<MmioDevice> {
+    let (size, rest) = value.split_once('@')?;
+    let mut parts = rest.split(':');
+    let addr = number(parts.next()?)?;
+    let irq = number(parts.next()?)?;
+    Some(MmioDevice {
+        addr,
+        size: memparse(size)?,
+        irq: u32::try_from(irq).ok()?,
+    })
+}
+
+impl Options {
+    /// Parses the command line.
+    pub fn parse(line: &str) -> Options {
+        let mut o = Options {
+            touch: None,
+            reset: false,
+            balloon: false,
+            report_mib: 0,
+            blk: false,
+            vsock: None,
+            net_echo: false,
+            devices: [None; MAX_DEVICES],
+            bad: None,
+        };
+        let mut n = 0;
+        for word in line.split_ascii_whitespace() {
+            let (key, value) = word.split_once('=').unwrap_or((word, ""));
+            match key {
+                "touch" if value == "all" => o.touch = Some(Touch::All),
+                "touch" => match value.parse() {
+                    Ok(mib) => o.touch = Some(Touch::Mib(mib)),
+                    Err(_) => o.bad = Some("touch="),
+                },
+                "then" => match value {
+                    "reset" => o.reset = true,
+                    "idle" => o.reset = false,
+                    _ => o.bad = Some("then="),
+                },
+                "balloon" if value.is_empty() => o.balloon = true,
+                "report" => match value.parse() {
+                    Ok(mib) => o.report_mib = mib,
+                    Err(_) => o.bad = Some("report="),
+                },
+                "blk" if value.is_empty() => o.blk = true,
+                "net" if value == "echo" => o.net_echo = true,
+                "vsock" => {
+                    let port = |p: &str| p.parse::<u32>().ok();
+                    o.vsock = match value.split_once(':') {
+                        Some(("echo", p)) => port(p).map(Vsock::Echo),
+                        Some(("connect", p)) => port(p).map(Vsock::Connect),
+                        _ => None,
+                    };
+                    if o.vsock.is_none() {
+                        o.bad = Some("vsock=");
+                    }
+                }
+                "virtio_mmio.device" => {
+                    if let Some(d) = mmio_device(value) {
+                        if n < MAX_DEVICES {
+                            o.devices[n] = Some(d);
+                            n += 1;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        o
+    }
+}

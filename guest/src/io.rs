@@ -1,0 +1,179 @@
+//! Port I/O (allowed at CPL3: IOPL is 3), the serial console and the clock.
+
+use core::arch::asm;
+use core::fmt::{self, Write};
+
+/// The first serial port (an 8250/16550 on every VMM here).
+const COM1: u16 = 0x3f8;
+/// i8042 command/status port: writing 0xfe pulses the reset line.
+pub const I8042_CMD: u16 = 0x64;
+/// teravm's park port (`out` blocks this vCPU until the VMM wakes it);
+/// nothing is there on other VMMs, so the write returns at once.
+pub const PORT_PARK: u16 = 0xf04;
+
+/// Writes a byte to `port`.
+pub fn outb(port: u16, value: u8) {
+    // SAFETY: port I/O has no memory effects the compiler must know of;
+    // IOPL 3 lets CPL3 do it.
+    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
+}
+
+/// Reads a byte from `port`.
+pub fn inb(port: u16) -> u8 {
+    let value: u8;
+    // SAFETY: as for `outb`.
+    unsafe { asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags)) }
+    value
+}
+
+/// A line being built, written to the console in one go when dropped, so
+/// lines are whole whatever the formatting does.
+pub struct Line {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl Line {
+    /// An empty line.
+    pub const fn new() -> Line {
+        Line { buf: [0; 512], len: 0 }
+    }
+
+    /// What has been written so far.
+    pub fn as_str(&self) -> &str {
+        core::str::from_utf8(&self.buf[..self.len]).unwrap_or("?")
+    }
+
+    /// Writes the line and a newline to COM1.
+    pub fn flush(&mut self) {
+        for &b in &self.buf[..self.len] {
+            outb(COM1, b);
+        }
+        outb(COM1, b'\n');
+        self.len = 0;
+    }
+}
+
+impl Default for Line {
+    fn default() -> Line {
+        Line::new()
+    }
+}
+
+impl Write for Line {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for &b in s.as_bytes() {
+            if self.len < self.buf.len() {
+                self.buf[self.len] = b;
+                self.len += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The prefix of every line the guest prints; the firmware's is
+/// `teravm firmware: `, and the words after it are the same.
+pub const PREFIX: &str = "teravm guest: ";
+
+/// Prints one result line: the prefix, then the formatted words.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let mut line = $crate::io::Line::new();
+        let _ = core::fmt::Write::write_str(&mut line, $crate::io::PREFIX);
+        let _ = core::fmt::Write::write_fmt(&mut line, format_args!($($arg)*));
+        line.flush();
+    }};
+}
+
+/// The time-stamp counter.
+pub fn rdtsc() -> u64 {
+    let lo: u32;
+    let hi: u32;
+    // SAFETY: rdtsc only reads the counter (CR4.TSD is clear, so CPL3 may).
+    unsafe { asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags)) }
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+fn cpuid(leaf: u32) -> (u32, u32, u32, u32) {
+    let r = core::arch::x86_64::__cpuid(leaf);
+    (r.eax, r.ebx, r.ecx, r.edx)
+}
+
+/// Whether the CPU has 1 GiB pages (CPUID 0x8000_0001 EDX bit 26).
+pub fn has_1g_pages() -> bool {
+    cpuid(0x8000_0000).0 >= 0x8000_0001 && cpuid(0x8000_0001).3 & (1 << 26) != 0
+}
+
+static mut TSC_KHZ: u64 = 0;
+
+/// Finds the TSC frequency: KVM's leaf 0x4000_0010 (EAX = kHz) where the
+/// VMM gives it, then CPUID 0x15 (crystal ratio), then 0x16 (base MHz),
+/// else 2 GHz is assumed. Clock readings only bound waits and label
+/// timings, so an estimate does.
+pub fn init_clock() {
+    let khz = (|| {
+        let (max_hv, ..) = cpuid(0x4000_0000);
+        if max_hv >= 0x4000_0010 {
+            let (k, ..) = cpuid(0x4000_0010);
+            if k != 0 {
+                return u64::from(k);
+            }
+        }
+        let (max, ..) = cpuid(0);
+        if max >= 0x15 {
+            let (den, num, crystal, _) = cpuid(0x15);
+            if den != 0 && num != 0 && crystal != 0 {
+                return u64::from(crystal) * u64::from(num) / u64::from(den) / 1000;
+            }
+        }
+        if max >= 0x16 {
+            let (mhz, ..) = cpuid(0x16);
+            if mhz != 0 {
+                return u64::from(mhz) * 1000;
+            }
+        }
+        2_000_000
+    })();
+    // SAFETY: written once, before anything reads it; the guest runs on
+    // one vCPU.
+    unsafe { TSC_KHZ = khz }
+}
+
+/// Milliseconds since an arbitrary point (the TSC's zero).
+pub fn now_ms() -> u64 {
+    // SAFETY: read after `init_clock` on the one vCPU that runs.
+    let khz = unsafe { TSC_KHZ }.max(1);
+    rdtsc() / khz
+}
+
+/// A deadline `ms` from now.
+pub struct Deadline(u64);
+
+impl Deadline {
+    /// `ms` milliseconds from now.
+    pub fn after_ms(ms: u64) -> Deadline {
+        Deadline(now_ms() + ms)
+    }
+
+    /// Whether it has passed.
+    pub fn passed(&self) -> bool {
+        now_ms() >= self.0
+    }
+}
+
+/// Whether the i8042 holds a byte (a Ctrl-Alt-Del from the VMM).
+pub fn ctrl_alt_del() -> bool {
+    inb(I8042_CMD) & 1 != 0
+}
+
+/// Asks for a reset the way Linux's `reboot=k` does (the i8042 reset line),
+/// then, where the VMM has no i8042 (QEMU microvm), triple-faults: there is
+/// no IDT.
+pub fn reset() -> ! {
+    outb(I8042_CMD, 0xfe);
+    // SAFETY: ud2 raises #UD; with no IDT that is a triple fault, which is
+    // what is wanted: the VM stops.
+    unsafe { asm!("ud2", options(noreturn)) }
+}

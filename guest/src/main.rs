@@ -1,0 +1,117 @@
+//! teravm's test guest: one ELF that teravm, QEMU (`-M microvm`) and
+//! Firecracker boot through the PVH entry, which drives their virtio-mmio
+//! devices with drivers nobody here wrote (the `virtio-drivers` crate; the
+//! balloon, which the crate lacks, with a driver of its own written from
+//! the virtio spec) and prints the same result words as teravm's built-in
+//! firmware, with the prefix `teravm guest: `.
+//!
+//! It leaves CPL0 at once ([`boot`]) and works at CPL3 on vCPU 0, polling
+//! (no interrupts), as the firmware does. Command line words (unknown words
+//! are ignored, as the firmware ignores them):
+//!   touch=<MiB>|all      dirty that much RAM, one write per 4 KiB page
+//!   then=idle|reset      afterwards: serve/park, or reset (i8042, else a
+//!                        triple fault)
+//!   balloon, report=<MiB> the virtio-balloon (see `balloon.rs`)
+//!   blk                  drive the first virtio-blk once (see `blk.rs`)
+//!   vsock=echo:<port> | vsock=connect:<port>   the first virtio-vsock
+//!   net=echo             send a frame on the first virtio-net, echo frames
+//!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
+//! Devices are driven in the order balloon, blk, vsock, net, as the
+//! firmware drives them.
+
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+mod alloc_heap;
+mod blk;
+mod boot;
+mod cmdline;
+mod devices;
+mod hal;
+mod io;
+mod libc;
+mod mem;
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+
+use cmdline::{Options, Touch};
+use devices::Serve;
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    say!("panic: {}", info);
+    io::reset()
+}
+
+/// core is built with unwinding tables that name this symbol; with
+/// `panic = "abort"` nothing ever calls it.
+#[no_mangle]
+pub extern "C" fn rust_eh_personality() {}
+
+/// Entered at CPL3 from [`boot`] with the `hvm_start_info` address.
+#[no_mangle]
+pub extern "C" fn guest_main(start_info: u32) -> ! {
+    io::init_clock();
+    let Some(info) = mem::boot_info(u64::from(start_info)) else {
+        say!("error no hvm_start_info at {:#x}", start_info);
+        io::reset()
+    };
+    let options = Options::parse(info.cmdline);
+    say!("mem_mib={} pvh", info.ram_mib());
+    say!("cmdline {}", info.cmdline);
+    if let Some(word) = options.bad {
+        say!("bad command line ({})", word);
+    }
+    let mapped = mem::map_high(&info);
+    if let Some(touch) = options.touch {
+        let want = match touch {
+            Touch::All => u64::MAX,
+            Touch::Mib(m) => m << 20,
+        };
+        let t0 = io::now_ms();
+        let bytes = mem::touch(&info, mapped, want);
+        say!("touched {} MiB in {} ms", bytes >> 20, io::now_ms() - t0);
+    }
+    let mut serving: Vec<Box<dyn Serve>> = Vec::new();
+    if options.blk {
+        blk::run(&options);
+    }
+    if options.reset {
+        say!("reset");
+        io::reset();
+    }
+    say!("idle");
+    serve(serving.as_mut_slice())
+}
+
+/// Serves what is left (echoes, the balloon) until each is given up, and
+/// watches for a Ctrl-Alt-Del; then parks.
+fn serve(devices: &mut [Box<dyn Serve>]) -> ! {
+    let mut live: Vec<bool> = devices.iter().map(|_| true).collect();
+    let mut rounds = 0u32;
+    loop {
+        for (d, alive) in devices.iter_mut().zip(live.iter_mut()) {
+            if *alive {
+                *alive = d.poll();
+            }
+        }
+        rounds = rounds.wrapping_add(1);
+        if rounds % 4096 == 0 && io::ctrl_alt_del() {
+            say!("reset");
+            io::reset();
+        }
+        if !live.iter().any(|&a| a) {
+            // teravm blocks the vCPU here until it has something for it
+            // (a Ctrl-Alt-Del); elsewhere the write returns at once.
+            io::outb(io::PORT_PARK, 0);
+            if io::ctrl_alt_del() {
+                say!("reset");
+                io::reset();
+            }
+            core::hint::spin_loop();
+        }
+    }
+}
