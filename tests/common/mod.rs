@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod netns;
+pub mod peers;
 // Not every test binary uses every part.
 #[allow(unused_imports)]
 pub use teravm_client::{host, http as client};
@@ -31,13 +32,50 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The teravm binary under test.
 pub fn teravm() -> &'static str {
     env!("CARGO_BIN_EXE_teravm")
+}
+
+/// The test guest (issue 25), which the build leaves beside teravm's
+/// binaries: `target/<profile>/teravm-guest` (build.rs).
+pub fn guest() -> PathBuf {
+    Path::new(teravm())
+        .parent()
+        .expect("teravm's directory")
+        .join("teravm-guest")
+}
+
+/// The Firecracker binary: `$TERAVM_FIRECRACKER` (as `.ci/run` exports
+/// it), else where `../shared/peers/build-firecracker.sh` caches its build
+/// (`${XDG_CACHE_HOME:-$HOME/.cache}/teravm-peers/firecracker-81b38b9da/
+/// bin/firecracker`). None, having said why, where there is none (a
+/// failure in CI: [`skip`]).
+pub fn firecracker(test: &str) -> Option<PathBuf> {
+    let path = match std::env::var_os("TERAVM_FIRECRACKER") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+            .unwrap_or_default()
+            .join("teravm-peers/firecracker-81b38b9da/bin/firecracker"),
+    };
+    if path.is_file() {
+        return Some(path);
+    }
+    skip(
+        test,
+        format!(
+            "no Firecracker at {} (build it with ../shared/peers/build-firecracker.sh, \
+             or name one in TERAVM_FIRECRACKER)",
+            path.display()
+        ),
+    );
+    None
 }
 
 /// Whether this run is CI's (`CI=true`, as `.ci/run` and CI services set
@@ -193,6 +231,19 @@ impl Vmm {
         }
     }
 
+    /// Takes every line the process has written so far, waiting at most
+    /// `timeout` for more (for a message about a process that is gone):
+    /// (stdout, stderr).
+    pub fn drain(&mut self, timeout: Duration) -> (Vec<String>, Vec<String>) {
+        while let Ok(line) = self.lines.recv_timeout(timeout) {
+            self.stdout.push(line);
+        }
+        while let Ok(line) = self.err_lines.recv_timeout(timeout) {
+            self.stderr.push(line);
+        }
+        (self.stdout.clone(), self.stderr.clone())
+    }
+
     /// Waits for a stdout line containing `needle` and returns it.
     pub fn wait_line(&mut self, needle: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
@@ -205,10 +256,14 @@ impl Vmm {
                         return line;
                     }
                 }
-                Err(_) => {
+                Err(e) => {
                     let _ = self.child.kill();
+                    let why = match e {
+                        RecvTimeoutError::Timeout => format!("within {timeout:?}"),
+                        RecvTimeoutError::Disconnected => "before stdout closed (it exited)".into(),
+                    };
                     panic!(
-                        "no line with {needle:?} within {timeout:?}; stdout so far: {:?}",
+                        "no line with {needle:?} {why}; stdout so far: {:?}",
                         self.stdout
                     );
                 }
