@@ -100,7 +100,10 @@ fn blk(kind: Kind, test: &str) {
     assert!(line.ends_with("blk readback match"), "{line}");
     let line = peer.wait_line(&format!("{G}blk id"));
     let id = expected_id(kind, &path, "gpeers-d0");
-    assert!(line.ends_with(&format!("blk id {id}")), "{kind:?} id {id:?}: {line}");
+    assert!(
+        line.ends_with(&format!("blk id {id}")),
+        "{kind:?} id {id:?}: {line}"
+    );
     exited_ok(peer);
     let after = std::fs::read(&path).unwrap();
     assert_eq!(&after[512..1024], &[0xa5u8; 512][..], "sector 1 written");
@@ -117,7 +120,10 @@ fn blk_read_only(kind: Kind, test: &str) {
         .drive(&path, true, "gpeers-ro")
         .start();
     let found = peer.wait_line(&format!("{G}blk device at"));
-    assert!(found.ends_with("read-only"), "VIRTIO_BLK_F_RO offered: {found}");
+    assert!(
+        found.ends_with("read-only"),
+        "VIRTIO_BLK_F_RO offered: {found}"
+    );
     let line = peer.wait_line(&format!("{G}blk sector0"));
     assert!(line.ends_with(&hex(&bytes[..16])), "{line}");
     let line = peer.wait_line(&format!("{G}blk write"));
@@ -134,7 +140,10 @@ const MAC_BYTES: [u8; 6] = [6, 0, 0xac, 0x10, 0, 2];
 fn net_echo(kind: Kind, test: &str) {
     let Some(bin) = bin(kind, test) else { return };
     let Some(ns) = Netns::new(test) else {
-        skip(test, "cannot make a network namespace with a tap (ip, root)");
+        skip(
+            test,
+            "cannot make a network namespace with a tap (ip, root)",
+        );
         return;
     };
     let _one = big_memory();
@@ -209,7 +218,10 @@ fn vsock_echo(kind: Kind, test: &str) {
         assert_eq!(back, msg.as_bytes());
         drop(s);
         let line = peer.wait_line(&format!("{G}vsock echo"));
-        assert!(line.ends_with(&format!("echo {} bytes", msg.len())), "{line}");
+        assert!(
+            line.ends_with(&format!("echo {} bytes", msg.len())),
+            "{line}"
+        );
     }
     if kind == Kind::Firecracker {
         // Nobody listens on 5001 in the guest: the host connection is
@@ -240,11 +252,7 @@ fn vsock_connect_case(kind: Kind, test: &str) {
         .vsock(3, &uds)
         .start();
     let mut conn = match (&fc_listener, &qemu_listener) {
-        (Some(l), _) => {
-            let (c, _) = l.accept().unwrap();
-            c.set_read_timeout(Some(T)).unwrap();
-            c
-        }
+        (Some(l), _) => uds_accept(l),
         (_, Some(l)) => vsock_accept(l),
         _ => unreachable!(),
     };

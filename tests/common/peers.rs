@@ -30,7 +30,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -79,7 +79,9 @@ pub fn vhost_vsock() -> Result<(), String> {
         .open("/dev/vhost-vsock")
     {
         Ok(_) => Ok(()),
-        Err(e) => Err(format!("/dev/vhost-vsock: {e} (QEMU's vsock is vhost only)")),
+        Err(e) => Err(format!(
+            "/dev/vhost-vsock: {e} (QEMU's vsock is vhost only)"
+        )),
     }
 }
 
@@ -280,7 +282,11 @@ impl Launch {
     /// Starts the VMM; returns once its control channel answers.
     pub fn start(self) -> Peer {
         let (program, args, control) = match self.kind {
-            Kind::Qemu => (self.bin.clone(), self.qemu_args(), self.dir.join("qmp.sock")),
+            Kind::Qemu => (
+                self.bin.clone(),
+                self.qemu_args(),
+                self.dir.join("qmp.sock"),
+            ),
             Kind::Firecracker => {
                 let config = self.dir.join("fc.json");
                 std::fs::write(&config, self.firecracker_config().to_string()).unwrap();
@@ -338,7 +344,11 @@ fn wait_for_socket(sock: &Path, vmm: &mut Vmm, command: &str) -> UnixStream {
                         sock.display()
                     );
                 }
-                assert!(Instant::now() < deadline, "{command}: no {} within {T:?}: {e}", sock.display());
+                assert!(
+                    Instant::now() < deadline,
+                    "{command}: no {} within {T:?}: {e}",
+                    sock.display()
+                );
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
@@ -370,7 +380,9 @@ impl Qmp {
         let mut line = String::new();
         match self.reader.read_line(&mut line) {
             Ok(0) | Err(_) => None,
-            Ok(_) => Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("QMP {line:?}: {e}"))),
+            Ok(_) => {
+                Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("QMP {line:?}: {e}")))
+            }
         }
     }
 
@@ -450,7 +462,8 @@ impl Peer {
             Control::Api(sock) => {
                 assert_eq!(pages % 256, 0, "Firecracker's target is in MiB");
                 let body = json!({"amount_mib": pages / 256}).to_string();
-                let (status, reply) = client::request(sock, "PATCH", "/balloon", Some(&body)).unwrap();
+                let (status, reply) =
+                    client::request(sock, "PATCH", "/balloon", Some(&body)).unwrap();
                 assert_eq!(status, 204, "PATCH /balloon {body}: {reply}");
             }
         }
@@ -506,14 +519,22 @@ impl Peer {
     }
 
     /// Polls [`Peer::balloon`] until `done` holds; panics after [`T`].
-    pub fn balloon_until(&mut self, what: &str, done: impl Fn(&BalloonView) -> bool) -> BalloonView {
+    pub fn balloon_until(
+        &mut self,
+        what: &str,
+        done: impl Fn(&BalloonView) -> bool,
+    ) -> BalloonView {
         let deadline = Instant::now() + T;
         loop {
             let v = self.balloon();
             if done(&v) {
                 return v;
             }
-            assert!(Instant::now() < deadline, "{:?}: never {what}; last {v:?}", self.kind);
+            assert!(
+                Instant::now() < deadline,
+                "{:?}: never {what}; last {v:?}",
+                self.kind
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -635,7 +656,12 @@ pub fn vsock_listen(port: u32) -> OwnedFd {
             std::mem::size_of::<libc::sockaddr_vm>() as u32,
         )
     };
-    assert_eq!(rc, 0, "vsock bind {port}: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "vsock bind {port}: {}",
+        std::io::Error::last_os_error()
+    );
     // SAFETY: listen on our bound socket.
     assert_eq!(unsafe { libc::listen(fd.as_raw_fd(), 4) }, 0);
     fd
@@ -644,18 +670,30 @@ pub fn vsock_listen(port: u32) -> OwnedFd {
 /// One connection on a [`vsock_listen`] socket, within [`T`].
 pub fn vsock_accept(listener: &OwnedFd) -> UnixStream {
     use std::os::fd::AsRawFd;
+    accept_within(listener.as_raw_fd())
+}
+
+/// One connection on `listener` (Firecracker's `<uds>_<port>`), within
+/// [`T`]: a guest that never connects fails the test instead of hanging it.
+pub fn uds_accept(listener: &UnixListener) -> UnixStream {
+    use std::os::fd::AsRawFd;
+    accept_within(listener.as_raw_fd())
+}
+
+fn accept_within(listener: std::os::fd::RawFd) -> UnixStream {
     let mut pfd = libc::pollfd {
-        fd: listener.as_raw_fd(),
+        fd: listener,
         events: libc::POLLIN,
         revents: 0,
     };
     // SAFETY: one pollfd on our stack.
     let n = unsafe { libc::poll(&mut pfd, 1, T.as_millis() as i32) };
-    assert_eq!(n, 1, "no vsock connection within {T:?}");
-    // SAFETY: accepts on our listening socket; the address is not wanted.
+    assert_eq!(n, 1, "no connection within {T:?}");
+    // SAFETY: accepts on the caller's listening socket; the address is not
+    // wanted.
     let fd = unsafe {
         libc::accept4(
-            listener.as_raw_fd(),
+            listener,
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             libc::SOCK_CLOEXEC,
@@ -673,5 +711,10 @@ pub fn send_frame(fd: &OwnedFd, frame: &[u8]) {
     use std::os::fd::AsRawFd;
     // SAFETY: sends our buffer on our bound socket.
     let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-    assert_eq!(n, frame.len() as isize, "{}", std::io::Error::last_os_error());
+    assert_eq!(
+        n,
+        frame.len() as isize,
+        "{}",
+        std::io::Error::last_os_error()
+    );
 }
