@@ -34,6 +34,13 @@ core::arch::global_asm!(
 pvh_start:
     movl %ebx, pvh_info
     lgdtl gdt_ptr
+    movl $tss, %eax           /* TR: our TSS, whose I/O bitmap allows */
+    movw %ax, gdt_tss + 2     /* every port (see `tss` below) */
+    shrl $16, %eax
+    movb %al, gdt_tss + 4
+    movb %ah, gdt_tss + 7
+    movw $0x28, %ax
+    ltrw %ax
     lidtl idt_ptr
     movl $0x620, %eax         /* CR4: PAE | OSFXSR | OSXMMEXCPT */
     movl %eax, %cr4
@@ -56,6 +63,8 @@ pvh_start:
     movw %ax, %gs
     movl pvh_info(%rip), %edi
     leaq stack_top(%rip), %rax
+    movq %rax, %rsp           /* the iretq frame needs a stack: the PVH */
+                              /* ABI leaves RSP undefined (Firecracker: 0) */
     subq $8, %rax             /* as if called: rsp + 8 is 16-aligned */
     pushq $0x23               /* SS: user data, RPL 3 */
     pushq %rax                /* RSP */
@@ -97,6 +106,9 @@ gdt:
     .quad 0x00cf92000000ffff  /* 0x10 data, DPL 0 */
     .quad 0x00affa000000ffff  /* 0x18 code, 64-bit, DPL 3 */
     .quad 0x00cff2000000ffff  /* 0x20 data, DPL 3 */
+gdt_tss:                      /* 0x28 64-bit TSS, base filled in at entry */
+    .quad 0x0000890000002068  /* limit 104 + 8192: header and bitmap */
+    .quad 0
 gdt_end:
     .balign 8
 gdt_ptr:
@@ -105,6 +117,17 @@ gdt_ptr:
 idt_ptr:
     .word 0
     .long 0
+    .balign 16
+    /* A 64-bit TSS: no stacks (nothing enters CPL0: there is no IDT) and
+       an I/O bitmap of zeros, so every port is allowed at CPL3 even where
+       the hypervisor checks the bitmap despite IOPL 3: kvm-pvm does, and
+       Firecracker's PVH TR (limit 0x67, no bitmap) made the first `out`
+       a #GP (QEMU's TR, limit 0xffff at 0, happened to read zeros). */
+tss:
+    .fill 102, 1, 0
+    .word 104                 /* I/O map base */
+    .fill 8192, 1, 0
+    .byte 0xff
     .balign 8
     .globl pvh_info
 pvh_info:
