@@ -18,19 +18,22 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 
 use virtio_drivers::device::net::VirtIONetRaw;
-use virtio_drivers::transport::mmio::MmioTransport;
 use virtio_drivers::transport::{DeviceType, Transport};
 
 use crate::cmdline::Options;
-use crate::devices::{find, status, Serve};
+use crate::devices::{find, status, Mmio, Serve, Stepwise};
 use crate::hal::GuestHal;
 use crate::io::Deadline;
 use crate::say;
 
 /// Descriptors per queue (QEMU's and Firecracker's queues hold 256).
-const QUEUE: usize = 16;
-/// Receive buffers posted (each one descriptor: header and frame).
-const NRX: usize = 8;
+const QUEUE: usize = 64;
+/// Receive buffers posted (each one descriptor: header and frame). The
+/// spec asks for buffers of at least 1526 bytes only (5.1.6.3.1, no
+/// MRG_RXBUF, no GUEST_TSO/UFO), but Firecracker reads no frame from its
+/// tap until the posted buffers add up to 65562 bytes (its
+/// `MAX_BUFFER_SIZE`, whatever was negotiated): 33 or more of 2 KiB.
+const NRX: usize = 40;
 /// Bytes per buffer: at least the spec's 1526 (the crate's minimum).
 const BUF: usize = 2048;
 /// VIRTIO_NET_F_MAC.
@@ -44,7 +47,7 @@ const TX_TIMEOUT_MS: u64 = 20_000;
 /// Most frames echoed in one serve round, so other devices get a turn.
 const FRAMES_PER_POLL: usize = 16;
 
-type Dev = VirtIONetRaw<GuestHal, MmioTransport<'static>, QUEUE>;
+type Dev = VirtIONetRaw<GuestHal, Mmio, QUEUE>;
 
 /// The net device left serving.
 pub struct Net {
@@ -85,7 +88,7 @@ pub fn start(options: &Options) -> Option<Box<dyn Serve>> {
     };
     let base = found.base;
     let offered = found.transport.read_device_features();
-    let dev = match Dev::new(found.transport) {
+    let dev = match Dev::new(Stepwise(found.transport)) {
         Ok(d) => d,
         Err(e) => {
             say!("net error {}", status(e));

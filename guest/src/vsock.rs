@@ -29,12 +29,11 @@ use virtio_drivers::device::socket::{
     SocketError, VirtIOSocket, VsockAddr, VsockConnectionManager, VsockEvent, VsockEventType,
     VMADDR_CID_HOST,
 };
-use virtio_drivers::transport::mmio::MmioTransport;
 use virtio_drivers::transport::DeviceType;
 use virtio_drivers::Error;
 
 use crate::cmdline::{Options, Vsock};
-use crate::devices::{find, status, Serve};
+use crate::devices::{find, status, Mmio, Serve, Stepwise};
 use crate::hal::GuestHal;
 use crate::io::Deadline;
 use crate::say;
@@ -60,7 +59,7 @@ const EVENTS_PER_POLL: usize = 16;
 /// Driver errors in serving before the device is given up.
 const MAX_ERRORS: u32 = 64;
 
-type Manager = VsockConnectionManager<GuestHal, MmioTransport<'static>, RX_BUF>;
+type Manager = VsockConnectionManager<GuestHal, Mmio, RX_BUF>;
 
 /// Prints a driver error in the firmware's words where it has them.
 fn say_error(what: &str, e: Error) {
@@ -96,7 +95,7 @@ pub fn start(options: &Options) -> Option<Box<dyn Serve>> {
         return None;
     };
     let base = found.base;
-    let driver = match VirtIOSocket::<GuestHal, _, RX_BUF>::new(found.transport) {
+    let driver = match VirtIOSocket::<GuestHal, _, RX_BUF>::new(Stepwise(found.transport)) {
         Ok(d) => d,
         Err(e) => {
             say_error("", e);
@@ -144,7 +143,9 @@ pub struct Echo {
 
 impl Echo {
     fn conn(&self, peer: VsockAddr, port: u32) -> Option<usize> {
-        self.conns.iter().position(|c| c.peer == peer && c.port == port)
+        self.conns
+            .iter()
+            .position(|c| c.peer == peer && c.port == port)
     }
 
     fn handle(&mut self, ev: VsockEvent) {
@@ -343,7 +344,9 @@ fn connect(mgr: &mut Manager, port: u32) {
     if let Err(e) = mgr.shutdown(host, LOCAL_PORT) {
         return say_error("connect ", e);
     }
-    match wait(mgr, host, |t| matches!(t, VsockEventType::Disconnected { .. })) {
+    match wait(mgr, host, |t| {
+        matches!(t, VsockEventType::Disconnected { .. })
+    }) {
         Wait::Done | Wait::Closed => {}
         Wait::TimedOut => {
             say!("vsock connect error no RST from the host");
