@@ -33,6 +33,8 @@ mod hal;
 mod io;
 mod libc;
 mod mem;
+mod net;
+mod vsock;
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -88,7 +90,13 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
         blk::run(&options);
     }
     // HOOK vsock: `vsock=echo:<port>` / `vsock=connect:<port>` (vsock.rs).
+    if options.vsock.is_some() {
+        serving.extend(vsock::start(&options));
+    }
     // HOOK net: `net=echo` (net.rs).
+    if options.net_echo {
+        serving.extend(net::start(&options));
+    }
     if options.reset {
         say!("reset");
         io::reset();
@@ -109,7 +117,7 @@ fn serve(devices: &mut [Box<dyn Serve>]) -> ! {
             }
         }
         rounds = rounds.wrapping_add(1);
-        if rounds % 4096 == 0 && io::ctrl_alt_del() {
+        if rounds.is_multiple_of(4096) && io::ctrl_alt_del() {
             say!("reset");
             io::reset();
         }
