@@ -25,6 +25,7 @@
 extern crate alloc;
 
 mod alloc_heap;
+mod balloon;
 mod blk;
 mod boot;
 mod cmdline;
@@ -73,13 +74,17 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
         };
         let t0 = io::now_ms();
         touched_bytes = mem::touch(&info, mapped, want);
-        say!("touched {} MiB in {} ms", touched_bytes >> 20, io::now_ms() - t0);
+        say!(
+            "touched {} MiB in {} ms",
+            touched_bytes >> 20,
+            io::now_ms() - t0
+        );
     }
     let touched = touched_bytes;
     let mut serving: Vec<Box<dyn Serve>> = Vec::new();
     // HOOK balloon: `balloon` / `report=` (balloon.rs); with then=reset it
     // follows num_pages once; else it is pushed onto `serving`.
-    let _ = (&info, mapped, touched);
+    balloon::hook(&options, &info, mapped, touched, &mut serving);
     if options.blk {
         blk::run(&options);
     }
