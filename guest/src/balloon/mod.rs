@@ -27,6 +27,7 @@
 //! used rings are read in memory; a wait is bounded (20 s), after which the
 //! device is given up (Status FAILED).
 
+mod pages;
 mod report;
 
 use alloc::boxed::Box;
@@ -40,8 +41,9 @@ use crate::cmdline::Options;
 use crate::devices::{find, Serve};
 use crate::hal::GuestHal;
 use crate::io::{self, Deadline};
-use crate::mem::{self, BootInfo, Range, MAX_RANGES};
+use crate::mem::{self, BootInfo};
 use crate::say;
+use pages::Touched;
 
 /// VIRTIO_BALLOON_F_MUST_TELL_HOST.
 const F_MUST_TELL_HOST: u64 = 1 << 0;
@@ -86,65 +88,6 @@ fn pfn_bytes(pfns: &[u32; BATCH], count: u32) -> &[u8] {
     // SAFETY: `n` u32s of the array, viewed as bytes (u8 has no alignment);
     // the borrow keeps the array alive.
     unsafe { core::slice::from_raw_parts(pfns.as_ptr() as *const u8, n * 4) }
-}
-
-/// The touched RAM, as `mem::touch` dirtied it: its ranges in order, each
-/// a whole number of pages.
-pub struct Touched {
-    ranges: [Range; MAX_RANGES],
-    n: usize,
-    /// Pages touched (`T`).
-    pages: u64,
-}
-
-impl Touched {
-    /// The ranges `mem::touch` wrote `bytes` into (the same walk).
-    fn new(info: &BootInfo, mapped: u64, bytes: u64) -> Touched {
-        let mut t = Touched {
-            ranges: [Range::default(); MAX_RANGES],
-            n: 0,
-            pages: 0,
-        };
-        let mut left = bytes;
-        for r in mem::touchable(info, mapped) {
-            if left == 0 || t.n == MAX_RANGES {
-                break;
-            }
-            let n = (r.end - r.start).min(left) & !(PAGE - 1);
-            if n != 0 {
-                t.ranges[t.n] = Range {
-                    start: r.start,
-                    end: r.start + n,
-                };
-                t.n += 1;
-                t.pages += n / PAGE;
-            }
-            left -= n;
-        }
-        t
-    }
-
-    /// The address of touched page `k` (0 = the first touched).
-    fn page(&self, mut k: u64) -> u64 {
-        for r in &self.ranges[..self.n] {
-            let n = (r.end - r.start) / PAGE;
-            if k < n {
-                return r.start + k * PAGE;
-            }
-            k -= n;
-        }
-        unreachable!("touched page out of range")
-    }
-
-    /// The PFN of balloon page `j`: touched page `T-1-j`.
-    fn balloon_pfn(&self, j: u64) -> u32 {
-        (self.page(self.pages - 1 - j) >> 12) as u32
-    }
-
-    /// The touched ranges, top first.
-    fn ranges_down(&self) -> impl Iterator<Item = Range> + '_ {
-        self.ranges[..self.n].iter().rev().copied()
-    }
 }
 
 /// An inflate or deflate batch the device has not used yet.
