@@ -54,8 +54,16 @@ pvh_start:
     movw %ax, %ss
     movw %ax, %fs
     movw %ax, %gs
+    leaq tss(%rip), %rax      /* the TSS descriptor's base (0x28) */
+    movw %ax, gdt+0x2a(%rip)
+    shrq $16, %rax
+    movb %al, gdt+0x2c(%rip)
+    movb %ah, gdt+0x2f(%rip)
+    movw $0x28, %ax
+    ltr %ax
     movl pvh_info(%rip), %edi
     leaq stack_top(%rip), %rax
+    movq %rax, %rsp           /* PVH leaves ESP undefined (Firecracker: 0) */
     subq $8, %rax             /* as if called: rsp + 8 is 16-aligned */
     pushq $0x23               /* SS: user data, RPL 3 */
     pushq %rax                /* RSP */
@@ -97,7 +105,26 @@ gdt:
     .quad 0x00cf92000000ffff  /* 0x10 data, DPL 0 */
     .quad 0x00affa000000ffff  /* 0x18 code, 64-bit, DPL 3 */
     .quad 0x00cff2000000ffff  /* 0x20 data, DPL 3 */
+    .word tss_end - tss - 1   /* 0x28 64-bit TSS, available; base set */
+    .word 0                   /* at the entry (a 16-bit piece of a */
+    .byte 0                   /* symbol is no ELF relocation) */
+    .byte 0x89
+    .byte 0
+    .byte 0
+    .quad 0
 gdt_end:
+    /* The TSS, with an I/O permission bitmap that allows every port: on
+     * this PVM host port I/O at CPL3 is checked against the bitmap even
+     * with IOPL 3, and Firecracker's PVH TSS (limit 0x67) has none, so
+     * the first `out` faulted (a triple fault); QEMU's TR (base 0, limit
+     * 0xffff) happened to read zeroes from low RAM. */
+    .balign 16
+tss:
+    .fill 102, 1, 0
+    .word 104                 /* I/O map base: right after the TSS */
+    .fill 8192, 1, 0          /* ports 0-0xffff: allowed */
+    .byte 0xff                /* the bitmap's terminator */
+tss_end:
     .balign 8
 gdt_ptr:
     .word gdt_end - gdt - 1
