@@ -273,6 +273,11 @@ impl Balloon {
         } else {
             None
         };
+        // Never true (hinting is not accepted), kept to show the numbering.
+        // QEMU and Firecracker number by the *offered* features instead: with
+        // hinting offered, QEMU's reporting_vq is one further on (this
+        // index is its free_page_vq), and Firecracker will not activate
+        // without a queue for hinting (notes/i25/gballoon.md).
         if features & F_FREE_PAGE_HINT != 0 {
             next += 1;
         }
