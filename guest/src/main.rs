@@ -25,6 +25,7 @@
 extern crate alloc;
 
 mod alloc_heap;
+mod balloon;
 mod blk;
 mod boot;
 mod cmdline;
@@ -85,7 +86,7 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     let mut serving: Vec<Box<dyn Serve>> = Vec::new();
     // HOOK balloon: `balloon` / `report=` (balloon.rs); with then=reset it
     // follows num_pages once; else it is pushed onto `serving`.
-    let _ = (&info, mapped, touched);
+    balloon::hook(&options, &info, mapped, touched, &mut serving);
     if options.blk {
         blk::run(&options);
     }
