@@ -370,10 +370,16 @@ mod tests {
         assert_eq!((s.cr0, s.cr3, s.cr4, s.efer), (0x11, 0, 0, 0));
         // Flat 32-bit CPL0 code: base 0, 4 GiB, execute/read accessed.
         let cs = s.cs;
-        assert_eq!((cs.base, cs.limit, cs.type_, cs.s), (0, 0xffff_ffff, 0xb, 1));
+        assert_eq!(
+            (cs.base, cs.limit, cs.type_, cs.s),
+            (0, 0xffff_ffff, 0xb, 1)
+        );
         assert_eq!((cs.db, cs.l, cs.g, cs.dpl, cs.present), (1, 0, 1, 0, 1));
         for d in [s.ds, s.es, s.fs, s.gs, s.ss] {
-            assert_eq!((d.base, d.limit, d.type_, d.db, d.dpl), (0, 0xffff_ffff, 3, 1, 0));
+            assert_eq!(
+                (d.base, d.limit, d.type_, d.db, d.dpl),
+                (0, 0xffff_ffff, 3, 1, 0)
+            );
             assert_eq!(d.selector, DATA_SELECTOR);
         }
         assert_eq!((s.tr.type_, s.tr.s, s.tr.present), (0xb, 0, 1), "busy TSS");
@@ -388,7 +394,13 @@ mod tests {
         }
         let t = tables(BootProtocol::Pvh);
         assert_eq!(t.len(), 2, "no page tables without paging");
-        assert_eq!(t[0], (GDT_ADDR, PVH_GDT.iter().flat_map(|e| e.to_le_bytes()).collect()));
+        assert_eq!(
+            t[0],
+            (
+                GDT_ADDR,
+                PVH_GDT.iter().flat_map(|e| e.to_le_bytes()).collect()
+            )
+        );
         let r = entry_regs(0x100_0040, BootProtocol::Pvh);
         assert_eq!(
             r,

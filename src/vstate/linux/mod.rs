@@ -220,59 +220,53 @@ pub fn load<M: GuestMemoryBackend>(
         path: kernel.path.clone(),
         source,
     };
-    let (entry, protocol, kernel_end, header, initrd_max, cmdline_max) =
-        match format {
-            KernelFormat::Elf => {
-                let r = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
-                    .map_err(load_err)?;
-                let (entry, protocol) = match r.pvh_boot_cap {
-                    PvhBootCapability::PvhEntryPresent(pvh) => {
-                        log::info!(
+    let (entry, protocol, kernel_end, header, initrd_max, cmdline_max) = match format {
+        KernelFormat::Elf => {
+            let r = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                .map_err(load_err)?;
+            let (entry, protocol) = match r.pvh_boot_cap {
+                PvhBootCapability::PvhEntryPresent(pvh) => {
+                    log::info!(
                             "kernel has a PVH entry at {:#x}: entering there (its 64-bit entry is {:#x})",
                             pvh.0,
                             r.kernel_load.0
                         );
-                        (pvh.0, BootProtocol::Pvh)
-                    }
-                    _ => {
-                        log::info!(
-                            "kernel has no PVH note: entering at its 64-bit entry {:#x}",
-                            r.kernel_load.0
-                        );
-                        (r.kernel_load.0, BootProtocol::Linux64)
-                    }
-                };
-                (
-                    entry,
-                    protocol,
-                    r.kernel_end,
-                    None,
-                    ELF_INITRD_ADDR_MAX,
-                    0,
-                )
-            }
-            KernelFormat::BzImage => {
-                let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
-                    .map_err(load_err)?;
-                let h = BzImageHeader::parse(&head).ok().flatten().ok_or(
-                    ImageError::UnknownFormat {
+                    (pvh.0, BootProtocol::Pvh)
+                }
+                _ => {
+                    log::info!(
+                        "kernel has no PVH note: entering at its 64-bit entry {:#x}",
+                        r.kernel_load.0
+                    );
+                    (r.kernel_load.0, BootProtocol::Linux64)
+                }
+            };
+            (entry, protocol, r.kernel_end, None, ELF_INITRD_ADDR_MAX, 0)
+        }
+        KernelFormat::BzImage => {
+            let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                .map_err(load_err)?;
+            let h =
+                BzImageHeader::parse(&head)
+                    .ok()
+                    .flatten()
+                    .ok_or(ImageError::UnknownFormat {
                         path: kernel.path.display().to_string(),
-                    },
-                )?;
-                // The decompressor needs init_size bytes from where it puts the kernel.
-                let end = r
-                    .kernel_end
-                    .max(BZIMAGE_KERNEL_ADDR + u64::from(h.init_size));
-                (
-                    r.kernel_load.0 + BZIMAGE_ENTRY_64,
-                    BootProtocol::Linux64,
-                    end,
-                    r.setup_header,
-                    h.initrd_addr_max,
-                    h.cmdline_size,
-                )
-            }
-        };
+                    })?;
+            // The decompressor needs init_size bytes from where it puts the kernel.
+            let end = r
+                .kernel_end
+                .max(BZIMAGE_KERNEL_ADDR + u64::from(h.init_size));
+            (
+                r.kernel_load.0 + BZIMAGE_ENTRY_64,
+                BootProtocol::Linux64,
+                end,
+                r.setup_header,
+                h.initrd_addr_max,
+                h.cmdline_size,
+            )
+        }
+    };
     check_cmdline(&spec.cmdline, cmdline_max)?;
     let write = |what: &'static str, addr: u64, bytes: &[u8]| {
         mem.write_slice(bytes, GuestAddress(addr))

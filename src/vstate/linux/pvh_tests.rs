@@ -224,7 +224,9 @@ fn start_info_fields() {
         assert_eq!(u32_at(&memmap, at + 16), e.kind);
     }
     // RAM is type 1 and the BIOS area and MMIO gap are type 2, as in e820.
-    let kinds: Vec<u32> = (0..map.len()).map(|n| u32_at(&memmap, 24 * n + 16)).collect();
+    let kinds: Vec<u32> = (0..map.len())
+        .map(|n| u32_at(&memmap, 24 * n + 16))
+        .collect();
     assert_eq!(kinds, [1, 2, 1, 1, 2]);
     let module = find(pvh::MODLIST_ADDR);
     assert_eq!(module.len(), 32);
@@ -285,10 +287,7 @@ fn low_memory_areas_do_not_overlap() {
             assert!(a.1 + a.2 <= EBDA_START, "{a:?} crosses the EBDA");
         }
         for b in &areas[i + 1..] {
-            assert!(
-                a.1 + a.2 <= b.1 || b.1 + b.2 <= a.1,
-                "{a:?} overlaps {b:?}"
-            );
+            assert!(a.1 + a.2 <= b.1 || b.1 + b.2 <= a.1, "{a:?} overlaps {b:?}");
         }
     }
     // The PVH tables are inside the first (RAM) e820 entry.
