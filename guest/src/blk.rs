@@ -26,10 +26,10 @@ pub fn run(options: &Options) {
         }
     };
     say!(
-        "blk device at {:#x} capacity {} sectors{}",
+        "blk device at {:#x} features {:#x} capacity {} sectors",
         base,
-        blk.capacity(),
-        if blk.readonly() { " read-only" } else { "" }
+        crate::devices::accepted_features(),
+        blk.capacity()
     );
     let mut sector = [0u8; SECTOR_SIZE];
     match blk.read_blocks(0, &mut sector) {

@@ -71,6 +71,16 @@ pub trait Serve {
     fn poll(&mut self) -> bool;
 }
 
+static mut ACCEPTED: u64 = 0;
+
+/// The features the last driver set up accepted (what it wrote to
+/// DriverFeatures), for the `<name> device at 0x<base> features 0x<accepted>`
+/// line the firmware prints too: the crate's drivers keep theirs private.
+pub fn accepted_features() -> u64 {
+    // SAFETY: the guest runs on one vCPU; written only by the transport.
+    unsafe { ACCEPTED }
+}
+
 /// A transport that sets the device status one bit at a time, in the
 /// spec's order (virtio 1.2, 3.1.1: ACKNOWLEDGE, then DRIVER, then
 /// FEATURES_OK, then DRIVER_OK), as Linux does.
@@ -92,6 +102,8 @@ impl<T: Transport> Transport for Stepwise<T> {
         self.0.read_device_features()
     }
     fn write_driver_features(&mut self, driver_features: u64) {
+        // SAFETY: one vCPU; see `accepted_features`.
+        unsafe { ACCEPTED = driver_features };
         self.0.write_driver_features(driver_features)
     }
     fn max_queue_size(&mut self, queue: u16) -> u32 {

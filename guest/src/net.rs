@@ -102,7 +102,11 @@ pub fn start(options: &Options) -> Option<Box<dyn Serve>> {
     } else {
         DEFAULT_MAC
     };
-    say!("net device at {:#x} mac {}", base, Mac(mac));
+    say!(
+        "net device at {:#x} features {:#x}",
+        base,
+        crate::devices::accepted_features()
+    );
     let mut net = Box::new(Net {
         dev,
         rx: alloc::vec![[0u8; BUF]; NRX],

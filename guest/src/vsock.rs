@@ -103,7 +103,12 @@ pub fn start(options: &Options) -> Option<Box<dyn Serve>> {
         }
     };
     let mut mgr = Manager::new_with_capacity(driver, CONN_BUF);
-    say!("vsock device at {:#x} cid {}", base, mgr.guest_cid());
+    say!(
+        "vsock device at {:#x} features {:#x} cid {}",
+        base,
+        crate::devices::accepted_features(),
+        mgr.guest_cid()
+    );
     match mode {
         Vsock::Echo(port) => {
             mgr.listen(port);
