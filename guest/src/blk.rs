@@ -26,10 +26,10 @@ pub fn run(options: &Options) {
         }
     };
     say!(
-        "blk device at {:#x} capacity {} sectors{}",
+        "blk device at {:#x} features {:#x} capacity {} sectors",
         base,
-        blk.capacity(),
-        if blk.readonly() { " read-only" } else { "" }
+        crate::devices::accepted_features(),
+        blk.capacity()
     );
     let mut sector = [0u8; SECTOR_SIZE];
     match blk.read_blocks(0, &mut sector) {
@@ -64,7 +64,11 @@ pub fn run(options: &Options) {
         Ok(n) => {
             let mut text = crate::io::Line::new();
             for &b in &id[..n] {
-                let c = if (b' '..=b'~').contains(&b) { b as char } else { '?' };
+                let c = if (b' '..=b'~').contains(&b) {
+                    b as char
+                } else {
+                    '?'
+                };
                 let _ = core::fmt::Write::write_fmt(&mut text, format_args!("{c}"));
             }
             say!("blk id {}", text.as_str());

@@ -15,14 +15,18 @@ pub const PORT_PARK: u16 = 0xf04;
 pub fn outb(port: u16, value: u8) {
     // SAFETY: port I/O has no memory effects the compiler must know of;
     // IOPL 3 lets CPL3 do it.
-    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
+    unsafe {
+        asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags))
+    }
 }
 
 /// Reads a byte from `port`.
 pub fn inb(port: u16) -> u8 {
     let value: u8;
     // SAFETY: as for `outb`.
-    unsafe { asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags)) }
+    unsafe {
+        asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags))
+    }
     value
 }
 
@@ -36,7 +40,10 @@ pub struct Line {
 impl Line {
     /// An empty line.
     pub const fn new() -> Line {
-        Line { buf: [0; 512], len: 0 }
+        Line {
+            buf: [0; 512],
+            len: 0,
+        }
     }
 
     /// What has been written so far.
@@ -163,9 +170,13 @@ impl Deadline {
     }
 }
 
-/// Whether the i8042 holds a byte (a Ctrl-Alt-Del from the VMM).
+/// Whether the i8042 holds a byte (a Ctrl-Alt-Del from the VMM). Where
+/// there is no i8042 (QEMU microvm) the port reads 0xff, which is not a
+/// byte waiting: without this check the serve loop reset the guest within
+/// its first 4096 rounds there.
 pub fn ctrl_alt_del() -> bool {
-    inb(I8042_CMD) & 1 != 0
+    let s = inb(I8042_CMD);
+    s != 0xff && s & 1 != 0
 }
 
 /// Asks for a reset the way Linux's `reboot=k` does (the i8042 reset line),
