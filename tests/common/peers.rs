@@ -15,6 +15,7 @@
 //! qemu-system-x86_64 -M microvm,x-option-roms=off,rtc=off,acpi=off
 //!   -enable-kvm -cpu host -m <MiB> -smp 1 -nodefaults -no-user-config
 //!   -nographic -serial stdio -no-reboot -device i8042
+//!   -global virtio-mmio.force-legacy=false
 //!   -kernel <guest> -append <args>
 //!   -qmp unix:<dir>/qmp.sock,server=on,wait=off
 //!   [-drive id=d<i>,file=<path>,format=raw,if=none[,readonly=on]
@@ -198,6 +199,10 @@ impl Launch {
             // 0x64 reads 0xff, which the guest takes for a pending key.
             "-device",
             "i8042",
+            // QEMU 7.2's virtio-mmio is legacy (Version 1, no VERSION_1)
+            // unless told: modern, as Firecracker's and teravm's are.
+            "-global",
+            "virtio-mmio.force-legacy=false",
         ]
         .map(String::from)
         .into();
