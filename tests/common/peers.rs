@@ -25,6 +25,7 @@
 //!   [-device vhost-vsock-device,guest-cid=<cid>]
 //!   [-device virtio-balloon-device,id=bal0[,free-page-reporting=on]]
 //! firecracker --api-sock <dir>/fc.sock --config-file <dir>/fc.json
+//!   --log-path <dir>/fc.log
 //! ```
 //!
 //! A network device runs the VMM under `ip netns exec <ns>`.
@@ -296,11 +297,18 @@ impl Launch {
                 let config = self.dir.join("fc.json");
                 std::fs::write(&config, self.firecracker_config().to_string()).unwrap();
                 let sock = self.dir.join("fc.sock");
+                // Firecracker's log goes to stdout unless told: whole lines
+                // written between the bytes of a console line, which then
+                // matches nothing. The file must exist.
+                let log = self.dir.join("fc.log");
+                std::fs::write(&log, "").unwrap();
                 let args = vec![
                     "--api-sock".to_string(),
                     sock.display().to_string(),
                     "--config-file".to_string(),
                     config.display().to_string(),
+                    "--log-path".to_string(),
+                    log.display().to_string(),
                 ];
                 (self.bin.clone(), args, sock)
             }
