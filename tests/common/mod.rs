@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod guests;
 pub mod netns;
 // Not every test binary uses every part.
 #[allow(unused_imports)]
@@ -38,6 +39,15 @@ use std::time::{Duration, Instant};
 /// The teravm binary under test.
 pub fn teravm() -> &'static str {
     env!("CARGO_BIN_EXE_teravm")
+}
+
+/// The test guest (issue 25), which the build leaves beside teravm's
+/// binaries: `target/<profile>/teravm-guest` (build.rs).
+pub fn guest() -> PathBuf {
+    Path::new(teravm())
+        .parent()
+        .expect("teravm's directory")
+        .join("teravm-guest")
 }
 
 /// Whether this run is CI's (`CI=true`, as `.ci/run` and CI services set
