@@ -6,20 +6,21 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixListener;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::api::*;
+use common::guests::Guest;
 use common::netns::{next_frame, packet_socket, Netns};
-use common::peers::vsock_connect;
 use common::*;
 
 /// teravm with an API socket in `dir`, configured by `sections` (path,
 /// body) and the firmware's `args`, started.
 fn start_with(
+    g: Guest,
     dir: &Path,
     sections: &[(&str, String)],
     args: &str,
@@ -50,11 +51,7 @@ fn start_with(
     for (path, body) in sections {
         put_ok(&sock, path, body);
     }
-    put_ok(
-        &sock,
-        "/boot-source",
-        &format!(r#"{{"boot_args": "{args}"}}"#),
-    );
+    put_ok(&sock, "/boot-source", &g.boot_source(args));
     let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(status, 204, "{body}");
     let _ = &mut vmm;
@@ -114,8 +111,7 @@ fn dirty_pages(file: &std::fs::File) -> u64 {
     stat.nr_dirty
 }
 
-#[test]
-fn a_drive_is_read_written_flushed_and_named() {
+fn a_drive_is_read_written_flushed_and_named(g: Guest) {
     if !kvm_or_skip("blk_rw") {
         return;
     }
@@ -123,8 +119,11 @@ fn a_drive_is_read_written_flushed_and_named() {
     let dir = temp_dir("blk-rw");
     // The drive on a disk-backed filesystem (cargo's target dir), where an
     // fdatasync cleans the page cache's dirty pages (on tmpfs none ever is).
-    let disk_dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("blk-rw-{}", std::process::id()));
+    let disk_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "blk-rw-{}-{}",
+        g.name(),
+        std::process::id()
+    ));
     std::fs::create_dir_all(&disk_dir).unwrap();
     let disk = disk_dir.join("disk.img");
     let mut bytes = vec![0u8; 1 << 20];
@@ -156,28 +155,26 @@ fn a_drive_is_read_written_flushed_and_named() {
             disk.display()
         ),
     );
-    put_ok(&sock, "/boot-source", r#"{"boot_args": "blk then=idle"}"#);
+    put_ok(&sock, "/boot-source", &g.boot_source("blk then=idle"));
     let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(status, 204, "{body}");
     // FLUSH (feature bit 9) offered and accepted by the driver.
-    let found = vmm.wait_line("teravm firmware: blk device at", T);
+    let found = vmm.wait_line(&g.line("blk device at"), T);
     let features = found
         .split(" features 0x")
         .nth(1)
         .and_then(|f| u64::from_str_radix(f.split(' ').next()?, 16).ok())
         .unwrap_or_else(|| panic!("{found}"));
     assert_ne!(features & (1 << 9), 0, "FLUSH negotiated: {found}");
-    let line = vmm.wait_line("teravm firmware: blk sector0", T);
+    let line = vmm.wait_line(&g.line("blk sector0"), T);
     assert!(line.ends_with(&hex(b"teravm-disk-0123")), "{line}");
-    assert!(vmm
-        .wait_line("teravm firmware: blk write", T)
-        .ends_with("write ok"));
+    assert!(vmm.wait_line(&g.line("blk write"), T).ends_with("write ok"));
     // The firmware flushes after its write and before the read back.
     assert!(vmm
-        .wait_line("teravm firmware: blk readback", T)
+        .wait_line(&g.line("blk readback"), T)
         .ends_with("readback match"));
     assert!(vmm
-        .wait_line("teravm firmware: blk id", T)
+        .wait_line(&g.line("blk id"), T)
         .ends_with("blk id data1"));
     // The write reached the disk: fdatasync left no dirty page (without it,
     // sector 1's page stays dirty until the kernel's writeback, 30 s on).
@@ -196,8 +193,7 @@ fn a_drive_is_read_written_flushed_and_named() {
     std::fs::remove_dir_all(&disk_dir).unwrap();
 }
 
-#[test]
-fn a_read_only_drive_refuses_writes_and_its_file_is_unchanged() {
+fn a_read_only_drive_refuses_writes_and_its_file_is_unchanged(g: Guest) {
     if !kvm_or_skip("blk_ro") {
         return;
     }
@@ -208,14 +204,14 @@ fn a_read_only_drive_refuses_writes_and_its_file_is_unchanged() {
     let bytes: Vec<u8> = (0..(64 << 10) + 100).map(|i| (i % 251) as u8).collect();
     std::fs::write(&disk, &bytes).unwrap();
     let (path, body) = drive("ro", &disk, true);
-    let (mut vmm, sock) = start_with(&dir, &[(&path, body)], "blk then=idle", None);
-    let found = vmm.wait_line("teravm firmware: blk device at", T);
+    let (mut vmm, sock) = start_with(g, &dir, &[(&path, body)], "blk then=idle", None);
+    let found = vmm.wait_line(&g.line("blk device at"), T);
     assert!(found.ends_with("capacity 128 sectors"), "{found}");
     assert!(vmm
-        .wait_line("teravm firmware: blk write", T)
+        .wait_line(&g.line("blk write"), T)
         .ends_with("write ioerr"));
     assert!(vmm
-        .wait_line("teravm firmware: blk readback", T)
+        .wait_line(&g.line("blk readback"), T)
         .ends_with("readback mismatch"));
     shutdown_ok(vmm, &sock);
     assert_eq!(std::fs::read(&disk).unwrap(), bytes, "the file changed");
@@ -247,12 +243,11 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-#[test]
-fn a_tap_in_a_namespace_sees_the_guests_frame_and_gets_its_own_echoed() {
+fn a_tap_in_a_namespace_sees_the_guests_frame_and_gets_its_own_echoed(g: Guest) {
     if !kvm_or_skip("net_echo") {
         return;
     }
-    let Some(ns) = Netns::new("net") else {
+    let Some(ns) = Netns::new(&format!("net-{}", g.name())) else {
         skip(
             "net_echo",
             "cannot make a network namespace with a tap (ip, root)",
@@ -264,17 +259,21 @@ fn a_tap_in_a_namespace_sees_the_guests_frame_and_gets_its_own_echoed() {
     let fd = packet_socket(&ns);
     let body = r#"{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:ac:10:00:02"}"#;
     let (mut vmm, sock) = start_with(
+        g,
         &dir,
         &[("/network-interfaces/eth0", body.to_string())],
         "net=echo then=idle",
         Some(&ns.name),
     );
-    let sent = vmm.wait_line("teravm firmware: net sent hello", T);
+    let sent = vmm.wait_line(&g.line("net sent hello"), T);
     assert!(sent.ends_with("from 06:00:ac:10:00:02"), "{sent}");
     let hello = next_frame(&fd, T).expect("the guest's hello frame on the tap");
     assert_eq!(&hello[..6], &[0xff; 6]);
     assert_eq!(&hello[6..12], &[6, 0, 0xac, 0x10, 0, 2]);
-    assert!(hello.windows(19).any(|w| w == b"teravm firmware net"));
+    let payload = g.net_hello();
+    assert!(hello
+        .windows(payload.len())
+        .any(|w| w == payload.as_bytes()));
     // A frame from the host side comes back with its MACs swapped.
     let mut frame = vec![6, 0, 0xac, 0x10, 0, 2, 2, 0, 0, 0, 0, 9, 0x88, 0xB5];
     frame.extend_from_slice(b"from the host side");
@@ -296,7 +295,7 @@ fn a_tap_in_a_namespace_sees_the_guests_frame_and_gets_its_own_echoed() {
     };
     assert_eq!(&echo[6..12], &[6, 0, 0xac, 0x10, 0, 2]);
     assert!(echo.windows(18).any(|w| w == b"from the host side"));
-    vmm.wait_line("teravm firmware: net echoed", T);
+    vmm.wait_line(&g.line("net echoed"), T);
     shutdown_ok(vmm, &sock);
 }
 
@@ -313,8 +312,29 @@ fn a_missing_tap_is_a_400_naming_it() {
     drop(vmm);
 }
 
-#[test]
-fn vsock_echoes_host_connections_and_refuses_other_ports() {
+/// Firecracker's host side of vsock: connect to `uds`, `CONNECT <port>`,
+/// read `OK <n>`.
+fn vsock_connect(uds: &Path, port: u32) -> (UnixStream, String) {
+    let deadline = Instant::now() + T;
+    let mut s = loop {
+        match UnixStream::connect(uds) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    };
+    s.set_read_timeout(Some(T)).unwrap();
+    s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(s.try_clone().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (s, line)
+}
+
+fn vsock_echoes_host_connections_and_refuses_other_ports(g: Guest) {
     if !kvm_or_skip("vsock_echo") {
         return;
     }
@@ -322,8 +342,14 @@ fn vsock_echoes_host_connections_and_refuses_other_ports() {
     let dir = temp_dir("vsock-echo");
     let uds = dir.join("v.sock");
     let body = format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, uds.display());
-    let (mut vmm, sock) = start_with(&dir, &[("/vsock", body)], "vsock=echo:5000 then=idle", None);
-    vmm.wait_line("teravm firmware: vsock listening on 5000", T);
+    let (mut vmm, sock) = start_with(
+        g,
+        &dir,
+        &[("/vsock", body)],
+        "vsock=echo:5000 then=idle",
+        None,
+    );
+    vmm.wait_line(&g.line("vsock listening on 5000"), T);
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&uds).unwrap().permissions().mode() & 0o777;
@@ -338,7 +364,7 @@ fn vsock_echoes_host_connections_and_refuses_other_ports() {
         s.read_exact(&mut back).unwrap();
         assert_eq!(back, msg.as_bytes());
         drop(s);
-        vmm.wait_line("teravm firmware: vsock echo", T);
+        vmm.wait_line(&g.line("vsock echo"), T);
     }
     // Nobody listens on 5001 in the guest: the host connection is closed.
     let (_s, line) = vsock_connect(&uds, 5001);
@@ -346,8 +372,7 @@ fn vsock_echoes_host_connections_and_refuses_other_ports() {
     shutdown_ok(vmm, &sock);
 }
 
-#[test]
-fn a_guest_connection_reaches_the_hosts_listener_on_uds_port() {
+fn a_guest_connection_reaches_the_hosts_listener_on_uds_port(g: Guest) {
     if !kvm_or_skip("vsock_connect") {
         return;
     }
@@ -357,6 +382,7 @@ fn a_guest_connection_reaches_the_hosts_listener_on_uds_port() {
     let listener = UnixListener::bind(format!("{}_6000", uds.display())).unwrap();
     let body = format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, uds.display());
     let (mut vmm, sock) = start_with(
+        g,
         &dir,
         &[("/vsock", body)],
         "vsock=connect:6000 then=idle",
@@ -366,18 +392,20 @@ fn a_guest_connection_reaches_the_hosts_listener_on_uds_port() {
     conn.set_read_timeout(Some(T)).unwrap();
     let mut got = String::new();
     conn.read_to_string(&mut got).unwrap();
-    assert_eq!(got, "hello from teravm firmware\n");
-    let sent = vmm.wait_line("teravm firmware: vsock connect sent", T);
-    assert!(sent.ends_with("sent 27 bytes"), "{sent}");
+    assert_eq!(got, g.greeting());
+    let sent = vmm.wait_line(&g.line("vsock connect sent"), T);
+    assert!(
+        sent.ends_with(&format!("sent {} bytes", g.greeting().len())),
+        "{sent}"
+    );
     shutdown_ok(vmm, &sock);
 }
 
-#[test]
-fn each_device_has_its_metrics_group() {
+fn each_device_has_its_metrics_group(g: Guest) {
     if !kvm_or_skip("device_metrics") {
         return;
     }
-    let Some(ns) = Netns::new("metrics") else {
+    let Some(ns) = Netns::new(&format!("metrics-{}", g.name())) else {
         skip(
             "device_metrics",
             "cannot make a network namespace with a tap (ip, root)",
@@ -425,14 +453,14 @@ fn each_device_has_its_metrics_group() {
     put_ok(
         &sock,
         "/boot-source",
-        r#"{"boot_args": "blk vsock=echo:5000 net=echo then=idle"}"#,
+        &g.boot_source("blk vsock=echo:5000 net=echo then=idle"),
     );
     let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(status, 204, "{body}");
     // Drive each device: the drive once (the firmware's blk), one echoed
     // vsock line, the net's hello frame seen on the tap.
-    vmm.wait_line("teravm firmware: blk id", T);
-    vmm.wait_line("teravm firmware: vsock listening on 5000", T);
+    vmm.wait_line(&g.line("blk id"), T);
+    vmm.wait_line(&g.line("vsock listening on 5000"), T);
     let (mut s, ok) = vsock_connect(&uds, 5000);
     assert!(ok.starts_with("OK "), "{ok:?}");
     s.write_all(b"ping\n").unwrap();
@@ -453,7 +481,9 @@ fn each_device_has_its_metrics_group() {
     assert!(n("block_d0", "read_count") >= 2, "{last}");
     assert!(n("block_d0", "write_count") >= 1, "{last}");
     assert!(n("net_eth0", "tx_packets_count") >= 1, "{last}");
-    assert!(n("net_eth0", "tx_bytes_count") >= 33, "{last}");
+    // The hello frame: 14 bytes of Ethernet header and the payload.
+    let hello_bytes = 14 + g.net_hello().len() as u64;
+    assert!(n("net_eth0", "tx_bytes_count") >= hello_bytes, "{last}");
     assert!(
         n("vsock", "rx_bytes_count") >= 5,
         "the guest got ping: {last}"
@@ -466,8 +496,7 @@ fn each_device_has_its_metrics_group() {
     shutdown_ok(vmm, &sock);
 }
 
-#[test]
-fn a_host_that_floods_and_never_reads_cannot_stop_the_shutdown() {
+fn a_host_that_floods_and_never_reads_cannot_stop_the_shutdown(g: Guest) {
     if !kvm_or_skip("vsock_flood") {
         return;
     }
@@ -475,8 +504,14 @@ fn a_host_that_floods_and_never_reads_cannot_stop_the_shutdown() {
     let dir = temp_dir("vsock-flood");
     let uds = dir.join("v.sock");
     let body = format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, uds.display());
-    let (mut vmm, sock) = start_with(&dir, &[("/vsock", body)], "vsock=echo:5000 then=idle", None);
-    vmm.wait_line("teravm firmware: vsock listening on 5000", T);
+    let (mut vmm, sock) = start_with(
+        g,
+        &dir,
+        &[("/vsock", body)],
+        "vsock=echo:5000 then=idle",
+        None,
+    );
+    vmm.wait_line(&g.line("vsock listening on 5000"), T);
     let (s, ok) = vsock_connect(&uds, 5000);
     assert!(ok.starts_with("OK "), "{ok:?}");
     // Write until the socket is full (the guest echoes into our never-read
@@ -531,3 +566,13 @@ fn a_host_that_floods_and_never_reads_cannot_stop_the_shutdown() {
     shutdown_ok(vmm, &sock);
     drop(s);
 }
+
+both_guests!(
+    a_drive_is_read_written_flushed_and_named,
+    a_read_only_drive_refuses_writes_and_its_file_is_unchanged,
+    a_tap_in_a_namespace_sees_the_guests_frame_and_gets_its_own_echoed,
+    vsock_echoes_host_connections_and_refuses_other_ports,
+    a_guest_connection_reaches_the_hosts_listener_on_uds_port,
+    each_device_has_its_metrics_group,
+    a_host_that_floods_and_never_reads_cannot_stop_the_shutdown,
+);

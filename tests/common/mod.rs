@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod guests;
 pub mod netns;
 pub mod peers;
 // Not every test binary uses every part.
