@@ -42,6 +42,8 @@ use super::netns::Netns;
 use super::{client, guest, Vmm};
 
 mod sockets;
+// Not every test binary uses every part.
+#[allow(unused_imports)]
 pub use sockets::*;
 
 /// How long any one wait here lasts.
