@@ -6,8 +6,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use common::api::*;
 use common::guests::Guest;
 use common::netns::{next_frame, packet_socket, Netns};
+use common::peers::vsock_connect;
 use common::*;
 
 /// teravm with an API socket in `dir`, configured by `sections` (path,
@@ -310,28 +311,6 @@ fn a_missing_tap_is_a_400_naming_it() {
     assert_fault(status, &reply, 400, "no-such-tap0");
     assert_eq!(state(&sock), "Not started");
     drop(vmm);
-}
-
-/// Firecracker's host side of vsock: connect to `uds`, `CONNECT <port>`,
-/// read `OK <n>`.
-fn vsock_connect(uds: &Path, port: u32) -> (UnixStream, String) {
-    let deadline = Instant::now() + T;
-    let mut s = loop {
-        match UnixStream::connect(uds) {
-            Ok(s) => break s,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "{e}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    };
-    s.set_read_timeout(Some(T)).unwrap();
-    s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(s.try_clone().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (s, line)
 }
 
 fn vsock_echoes_host_connections_and_refuses_other_ports(g: Guest) {
