@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::api::*;
 use common::guests::Guest;
 use common::netns::{next_frame, packet_socket, Netns};
-use common::peers::vsock_connect;
+use common::peers::{echoed, vsock_connect};
 use common::*;
 
 /// teravm with an API socket in `dir`, configured by `sections` (path,
@@ -313,12 +313,11 @@ fn a_missing_tap_is_a_400_naming_it() {
     drop(vmm);
 }
 
-fn vsock_echoes_host_connections_and_refuses_other_ports(g: Guest) {
-    if !kvm_or_skip("vsock_echo") {
-        return;
-    }
-    let _big = big_memory();
-    let dir = temp_dir("vsock-echo");
+/// teravm with a vsock (CID 3, its socket in a temp dir) and `g` serving
+/// `vsock=echo:5000`, started and listening: (teravm, API socket, the vsock
+/// socket).
+fn vsock_echo_started(g: Guest, name: &str) -> (Vmm, PathBuf, PathBuf) {
+    let dir = temp_dir(name);
     let uds = dir.join("v.sock");
     let body = format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, uds.display());
     let (mut vmm, sock) = start_with(
@@ -329,6 +328,15 @@ fn vsock_echoes_host_connections_and_refuses_other_ports(g: Guest) {
         None,
     );
     vmm.wait_line(&g.line("vsock listening on 5000"), T);
+    (vmm, sock, uds)
+}
+
+fn vsock_echoes_host_connections_and_refuses_other_ports(g: Guest) {
+    if !kvm_or_skip("vsock_echo") {
+        return;
+    }
+    let _big = big_memory();
+    let (mut vmm, sock, uds) = vsock_echo_started(g, "vsock-echo");
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&uds).unwrap().permissions().mode() & 0o777;
@@ -337,11 +345,7 @@ fn vsock_echoes_host_connections_and_refuses_other_ports(g: Guest) {
     for i in 0..4 {
         let (mut s, ok) = vsock_connect(&uds, 5000);
         assert!(ok.starts_with("OK "), "{ok:?}");
-        let msg = format!("echo me {i}\n");
-        s.write_all(msg.as_bytes()).unwrap();
-        let mut back = vec![0u8; msg.len()];
-        s.read_exact(&mut back).unwrap();
-        assert_eq!(back, msg.as_bytes());
+        echoed(&mut s, format!("echo me {i}\n").as_bytes());
         drop(s);
         vmm.wait_line(&g.line("vsock echo"), T);
     }
@@ -480,17 +484,7 @@ fn a_host_that_floods_and_never_reads_cannot_stop_the_shutdown(g: Guest) {
         return;
     }
     let _big = big_memory();
-    let dir = temp_dir("vsock-flood");
-    let uds = dir.join("v.sock");
-    let body = format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, uds.display());
-    let (mut vmm, sock) = start_with(
-        g,
-        &dir,
-        &[("/vsock", body)],
-        "vsock=echo:5000 then=idle",
-        None,
-    );
-    vmm.wait_line(&g.line("vsock listening on 5000"), T);
+    let (vmm, sock, uds) = vsock_echo_started(g, "vsock-flood");
     let (s, ok) = vsock_connect(&uds, 5000);
     assert!(ok.starts_with("OK "), "{ok:?}");
     // Write until the socket is full (the guest echoes into our never-read

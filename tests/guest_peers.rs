@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
@@ -241,10 +241,7 @@ fn vsock_echo(kind: Kind, test: &str) {
             Kind::Qemu => vsock_connect_cid(cid, 5000),
         };
         let msg = format!("echo me {i}\n");
-        s.write_all(msg.as_bytes()).unwrap();
-        let mut back = vec![0u8; msg.len()];
-        s.read_exact(&mut back).unwrap();
-        assert_eq!(back, msg.as_bytes());
+        echoed(&mut s, msg.as_bytes());
         drop(s);
         let line = peer.wait_line(&format!("{G}vsock echo"));
         assert!(

@@ -284,25 +284,39 @@ pub(crate) fn flat_segment(
     }
 }
 
-/// Sets long mode, paging and CPL3 segments in `sregs` (read from the vCPU,
-/// so the fields this does not own keep KVM's values).
-pub fn setup_sregs(sregs: &mut kvm_sregs, layout: &BootLayout) {
-    sregs.cs = flat_segment(USER_CS, 0xb, 3, true, 0xffff_ffff);
-    let data = flat_segment(USER_DS, 0x3, 3, false, 0xffff_ffff);
+/// Sets CS, the five data segments (DS, ES, FS, GS, SS: all `data`) and
+/// a busy TSS in TR (`selector`, `limit`, granularity `g`) in `sregs`.
+pub(crate) fn set_segments(
+    sregs: &mut kvm_sregs,
+    cs: kvm_segment,
+    data: kvm_segment,
+    (selector, limit, g): (u16, u32, u8),
+) {
+    sregs.cs = cs;
     sregs.ds = data;
     sregs.es = data;
     sregs.fs = data;
     sregs.gs = data;
     sregs.ss = data;
     sregs.tr = kvm_segment {
-        base: 0,
-        limit: 0xffff,
-        selector: TSS_SELECTOR,
+        selector,
         type_: 0xb,
         present: 1,
-        s: 0,
+        limit,
+        g,
         ..Default::default()
     };
+}
+
+/// Sets long mode, paging and CPL3 segments in `sregs` (read from the vCPU,
+/// so the fields this does not own keep KVM's values).
+pub fn setup_sregs(sregs: &mut kvm_sregs, layout: &BootLayout) {
+    set_segments(
+        sregs,
+        flat_segment(USER_CS, 0xb, 3, true, 0xffff_ffff),
+        flat_segment(USER_DS, 0x3, 3, false, 0xffff_ffff),
+        (TSS_SELECTOR, 0xffff, 0),
+    );
     sregs.ldt = kvm_segment {
         unusable: 1,
         ..Default::default()

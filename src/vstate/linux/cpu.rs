@@ -22,7 +22,9 @@ use kvm_ioctls::VcpuFd;
 use super::params::ZERO_PAGE_ADDR;
 use super::pvh::START_INFO_ADDR;
 use super::{BootProtocol, LinuxEntry};
-use crate::vstate::boot::{flat_segment, CR0_ET, CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME};
+use crate::vstate::boot::{
+    flat_segment, set_segments, CR0_ET, CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME,
+};
 
 /// Guest address of the GDT.
 pub const GDT_ADDR: u64 = 0x500;
@@ -147,20 +149,12 @@ pub fn setup_sregs(sregs: &mut kvm_sregs, protocol: BootProtocol) {
 /// Protected mode, paging off, flat 32-bit CPL0 segments that match
 /// [`PVH_GDT`] (limits in bytes, as KVM wants them: 4 GiB - 1).
 fn setup_sregs_pvh(sregs: &mut kvm_sregs) {
-    sregs.cs = flat_segment(CODE_SELECTOR, 0xb, 0, false, 0xffff_ffff);
-    let data = flat_segment(DATA_SELECTOR, 0x3, 0, false, 0xffff_ffff);
-    sregs.ds = data;
-    sregs.es = data;
-    sregs.fs = data;
-    sregs.gs = data;
-    sregs.ss = data;
-    sregs.tr = kvm_segment {
-        selector: TSS_SELECTOR,
-        type_: 0xb,
-        present: 1,
-        limit: PVH_TSS_LIMIT,
-        ..Default::default()
-    };
+    set_segments(
+        sregs,
+        flat_segment(CODE_SELECTOR, 0xb, 0, false, 0xffff_ffff),
+        flat_segment(DATA_SELECTOR, 0x3, 0, false, 0xffff_ffff),
+        (TSS_SELECTOR, PVH_TSS_LIMIT, 0),
+    );
     sregs.gdt.base = GDT_ADDR;
     sregs.gdt.limit = (PVH_GDT.len() * 8 - 1) as u16;
     sregs.idt.base = IDT_ADDR;
@@ -173,21 +167,12 @@ fn setup_sregs_pvh(sregs: &mut kvm_sregs) {
 
 /// Long mode, paging and CPL0 flat segments.
 fn setup_sregs_64(sregs: &mut kvm_sregs) {
-    sregs.cs = segment(CODE_SELECTOR, 0xb, true);
-    let data = segment(DATA_SELECTOR, 0x3, false);
-    sregs.ds = data;
-    sregs.es = data;
-    sregs.fs = data;
-    sregs.gs = data;
-    sregs.ss = data;
-    sregs.tr = kvm_segment {
-        selector: TSS_SELECTOR,
-        type_: 0xb,
-        present: 1,
-        limit: 0xf_ffff,
-        g: 1,
-        ..Default::default()
-    };
+    set_segments(
+        sregs,
+        segment(CODE_SELECTOR, 0xb, true),
+        segment(DATA_SELECTOR, 0x3, false),
+        (TSS_SELECTOR, 0xf_ffff, 1),
+    );
     sregs.gdt.base = GDT_ADDR;
     sregs.gdt.limit = (GDT.len() * 8 - 1) as u16;
     sregs.idt.base = IDT_ADDR;

@@ -10,6 +10,15 @@ use std::time::{Duration, Instant};
 
 use super::T;
 
+/// Writes `msg` on `s` and asserts the same bytes come back (an echoing
+/// guest at the other end).
+pub fn echoed(s: &mut (impl std::io::Read + Write), msg: &[u8]) {
+    s.write_all(msg).unwrap();
+    let mut back = vec![0u8; msg.len()];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(back, msg, "the echo");
+}
+
 /// Firecracker's host side of vsock: connect to `uds`, `CONNECT <port>`,
 /// read the answer line (`OK <host port>` when the guest took it).
 pub fn vsock_connect(uds: &Path, port: u32) -> (UnixStream, String) {
