@@ -64,7 +64,11 @@ pub fn run(options: &Options) {
         Ok(n) => {
             let mut text = crate::io::Line::new();
             for &b in &id[..n] {
-                let c = if (b' '..=b'~').contains(&b) { b as char } else { '?' };
+                let c = if (b' '..=b'~').contains(&b) {
+                    b as char
+                } else {
+                    '?'
+                };
                 let _ = core::fmt::Write::write_fmt(&mut text, format_args!("{c}"));
             }
             say!("blk id {}", text.as_str());

@@ -54,13 +54,37 @@ pvh_start:
     movw %ax, %ss
     movw %ax, %fs
     movw %ax, %gs
+    leaq stack_top(%rip), %rsp /* the PVH ABI leaves ESP undefined */
+    /* The TSS descriptor (0x28), built here: its base is a link-time
+     * address the assembler cannot slice. */
+    leaq tss(%rip), %rax
+    movq %rax, %rcx
+    andl $0xffff, %ecx
+    shlq $16, %rcx            /* base 15:0 */
+    movq %rax, %rdx
+    shrq $16, %rdx
+    andl $0xff, %edx
+    shlq $32, %rdx            /* base 23:16 */
+    orq %rdx, %rcx
+    movq %rax, %rdx
+    shrq $24, %rdx
+    andl $0xff, %edx
+    shlq $56, %rdx            /* base 31:24 */
+    orq %rdx, %rcx
+    movabsq $0x0000890000000000 + TSS_LIMIT, %rdx /* present, 64-bit TSS */
+    orq %rdx, %rcx
+    leaq gdt_tss(%rip), %rdi
+    movq %rcx, (%rdi)
+    shrq $32, %rax
+    movq %rax, 8(%rdi)        /* base 63:32 */
+    movw $0x28, %ax
+    ltrw %ax
     movl pvh_info(%rip), %edi
-    leaq stack_top(%rip), %rax
-    subq $8, %rax             /* as if called: rsp + 8 is 16-aligned */
-    pushq $0x23               /* SS: user data, RPL 3 */
+    leaq -8(%rsp), %rax       /* CPL3's RSP: as if called, rsp + 8 16-aligned */
+    pushq $0x1b               /* SS: user data, RPL 3 */
     pushq %rax                /* RSP */
     pushq $0x3002             /* RFLAGS: IOPL 3, IF 0 */
-    pushq $0x1b               /* CS: user code, RPL 3 */
+    pushq $0x23               /* CS: user code, RPL 3 */
     leaq guest_main(%rip), %rax
     pushq %rax
     iretq
@@ -95,8 +119,10 @@ gdt:
     .quad 0
     .quad 0x00af9a000000ffff  /* 0x08 code, 64-bit, DPL 0 */
     .quad 0x00cf92000000ffff  /* 0x10 data, DPL 0 */
-    .quad 0x00affa000000ffff  /* 0x18 code, 64-bit, DPL 3 */
-    .quad 0x00cff2000000ffff  /* 0x20 data, DPL 3 */
+    .quad 0x00cff2000000ffff  /* 0x18 data, DPL 3 */
+    .quad 0x00affa000000ffff  /* 0x20 code, 64-bit, DPL 3 */
+gdt_tss:
+    .quad 0, 0                /* 0x28 the TSS, filled in at boot */
 gdt_end:
     .balign 8
 gdt_ptr:
@@ -109,6 +135,21 @@ idt_ptr:
     .globl pvh_info
 pvh_info:
     .long 0
+
+    /* The TSS, with an I/O permission bitmap that allows every port: CPL3
+     * port I/O then works whether or not the VMM's CPU honours IOPL 3 after
+     * the iretq (PVM hosts lose it; the bitmap is what the CPU checks
+     * next). */
+    .set TSS_LIMIT, 104 + 8192
+    .balign 16
+tss:
+    .long 0
+    .quad stack_top           /* RSP0 (unused: no interrupts, no IDT) */
+    .fill 92 - 12, 1, 0
+    .word 0                   /* 0x64: trap */
+    .word 104                 /* 0x66: I/O map base */
+    .fill 8192, 1, 0          /* every port allowed */
+    .byte 0xff                /* the bitmap's end */
     .popsection
 
     .pushsection .bss.stack, "aw", @nobits

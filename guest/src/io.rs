@@ -15,14 +15,18 @@ pub const PORT_PARK: u16 = 0xf04;
 pub fn outb(port: u16, value: u8) {
     // SAFETY: port I/O has no memory effects the compiler must know of;
     // IOPL 3 lets CPL3 do it.
-    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
+    unsafe {
+        asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags))
+    }
 }
 
 /// Reads a byte from `port`.
 pub fn inb(port: u16) -> u8 {
     let value: u8;
     // SAFETY: as for `outb`.
-    unsafe { asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags)) }
+    unsafe {
+        asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags))
+    }
     value
 }
 
@@ -36,7 +40,10 @@ pub struct Line {
 impl Line {
     /// An empty line.
     pub const fn new() -> Line {
-        Line { buf: [0; 512], len: 0 }
+        Line {
+            buf: [0; 512],
+            len: 0,
+        }
     }
 
     /// What has been written so far.

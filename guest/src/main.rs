@@ -73,7 +73,11 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
         };
         let t0 = io::now_ms();
         touched_bytes = mem::touch(&info, mapped, want);
-        say!("touched {} MiB in {} ms", touched_bytes >> 20, io::now_ms() - t0);
+        say!(
+            "touched {} MiB in {} ms",
+            touched_bytes >> 20,
+            io::now_ms() - t0
+        );
     }
     let touched = touched_bytes;
     let mut serving: Vec<Box<dyn Serve>> = Vec::new();

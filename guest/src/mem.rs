@@ -34,7 +34,11 @@ pub struct BootInfo {
 impl BootInfo {
     /// All RAM, in MiB.
     pub fn ram_mib(&self) -> u64 {
-        self.ram[..self.nram].iter().map(|r| r.end - r.start).sum::<u64>() >> 20
+        self.ram[..self.nram]
+            .iter()
+            .map(|r| r.end - r.start)
+            .sum::<u64>()
+            >> 20
     }
 }
 
@@ -65,7 +69,8 @@ pub fn boot_info(addr: u64) -> Option<BootInfo> {
         }
         // SAFETY: len bytes at cmdline_paddr were just read; the VMM does
         // not write them again.
-        let bytes = unsafe { core::slice::from_raw_parts(cmdline_paddr as *const u8, len as usize) };
+        let bytes =
+            unsafe { core::slice::from_raw_parts(cmdline_paddr as *const u8, len as usize) };
         core::str::from_utf8(bytes).unwrap_or("")
     };
     let version = rd32(addr + 4);
@@ -147,7 +152,9 @@ fn map_gib(at: u64, huge_1g: bool) -> bool {
         let pml4 = addr_of_mut!(boot::pml4) as *mut u64;
         let mut e4 = read_volatile(pml4.add(l4));
         if e4 & 1 == 0 {
-            let Some(page) = pool_page() else { return false };
+            let Some(page) = pool_page() else {
+                return false;
+            };
             e4 = page as u64 | PRESENT_RW_USER;
             write_volatile(pml4.add(l4), e4);
         }
@@ -160,7 +167,10 @@ fn map_gib(at: u64, huge_1g: bool) -> bool {
         } else {
             let Some(pd) = pool_page() else { return false };
             for i in 0..512u64 {
-                write_volatile(pd.add(i as usize), (at + i * TWO_MIB) | PRESENT_RW_USER | HUGE);
+                write_volatile(
+                    pd.add(i as usize),
+                    (at + i * TWO_MIB) | PRESENT_RW_USER | HUGE,
+                );
             }
             write_volatile(pdpt.add(l3), pd as u64 | PRESENT_RW_USER);
         }
