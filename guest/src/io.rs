@@ -180,6 +180,13 @@ pub fn ctrl_alt_del() -> bool {
 /// no IDT.
 pub fn reset() -> ! {
     outb(I8042_CMD, 0xfe);
+    // Firecracker acts on the reset line on its main thread: give it a
+    // second before the fallback, or the triple fault (a vCPU error to it)
+    // wins and it exits with status 1 instead of 0.
+    let d = Deadline::after_ms(1000);
+    while !d.passed() {
+        core::hint::spin_loop();
+    }
     // SAFETY: ud2 raises #UD; with no IDT that is a triple fault, which is
     // what is wanted: the VM stops.
     unsafe { asm!("ud2", options(noreturn)) }
