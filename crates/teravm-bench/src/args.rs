@@ -68,9 +68,12 @@ pub struct Args {
     pub live: bool,
     /// Also run the VMMs users run today beside teravm, comma-separated:
     /// qemu, firecracker, cloud-hypervisor (each found on PATH or named by
-    /// its flag): `<peer>-quit`/`-stop` and `<peer>-kill` rows with all
-    /// guest RAM resident, beside teravm's `vm-prealloc-teravm-<w>` (same
-    /// RAM populated, SIGTERM until exit) and `vm-teravm-<w>` rows.
+    /// its flag; Firecracker also in the shared build script's cache):
+    /// `<peer>-prealloc-<stop>` rows (all guest RAM preallocated, the guest
+    /// never run) beside teravm's `vm-prealloc-teravm-<w>`, and
+    /// `<peer>-guest-<stop>` rows (the test guest `teravm-guest` booted
+    /// with touch=all wrote its RAM) beside `vm-guest-teravm-<w>`
+    /// (Shutdown) and `vm-guest-sigterm-<w>`; each timed until waitpid.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<Peer>,
     /// With --peers: only the peer rows and teravm's rows beside them, not
@@ -80,7 +83,8 @@ pub struct Args {
     /// The QEMU binary for --peers [default: qemu-system-x86_64 on PATH].
     #[arg(long, value_name = "PATH", requires = "peers")]
     pub qemu: Option<PathBuf>,
-    /// The Firecracker binary for --peers [default: firecracker on PATH].
+    /// The Firecracker binary for --peers [default: firecracker on PATH,
+    /// else ~/.cache/teravm-peers/firecracker-*/bin/firecracker].
     #[arg(long, value_name = "PATH", requires = "peers")]
     pub firecracker: Option<PathBuf>,
     /// The Cloud Hypervisor binary for --peers [default: cloud-hypervisor
