@@ -164,8 +164,6 @@ stack_top:
 extern "C" {
     /// The top-level page table (PML4), in the image.
     pub static mut pml4: [u64; 512];
-    /// The page-directory-pointer table of the first 512 GiB, in the image.
-    pub static mut pdpt: [u64; 512];
     /// The first byte after the image and its .bss (2 MiB aligned).
     pub static _guest_end: u8;
 }

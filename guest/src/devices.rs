@@ -19,8 +19,6 @@ pub struct Found {
     pub transport: GuestTransport,
     /// Its register window's guest address.
     pub base: u64,
-    /// Its interrupt line, as the command line gave it.
-    pub irq: u32,
 }
 
 /// The `n`-th (from 0) device of type `kind` on the command line.
@@ -44,7 +42,6 @@ pub fn find(options: &Options, kind: DeviceType, n: usize) -> Option<Found> {
             return Some(Found {
                 transport: Stepwise(transport),
                 base: d.addr,
-                irq: d.irq,
             });
         }
         seen += 1;

@@ -25,6 +25,7 @@
 extern crate alloc;
 
 mod alloc_heap;
+mod balloon;
 mod blk;
 mod boot;
 mod cmdline;
@@ -33,6 +34,8 @@ mod hal;
 mod io;
 mod libc;
 mod mem;
+mod net;
+mod vsock;
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -83,12 +86,18 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     let mut serving: Vec<Box<dyn Serve>> = Vec::new();
     // HOOK balloon: `balloon` / `report=` (balloon.rs); with then=reset it
     // follows num_pages once; else it is pushed onto `serving`.
-    let _ = (&info, mapped, touched);
+    balloon::hook(&options, &info, mapped, touched, &mut serving);
     if options.blk {
         blk::run(&options);
     }
     // HOOK vsock: `vsock=echo:<port>` / `vsock=connect:<port>` (vsock.rs).
+    if options.vsock.is_some() {
+        serving.extend(vsock::start(&options));
+    }
     // HOOK net: `net=echo` (net.rs).
+    if options.net_echo {
+        serving.extend(net::start(&options));
+    }
     if options.reset {
         say!("reset");
         io::reset();
@@ -109,7 +118,7 @@ fn serve(devices: &mut [Box<dyn Serve>]) -> ! {
             }
         }
         rounds = rounds.wrapping_add(1);
-        if rounds % 4096 == 0 && io::ctrl_alt_del() {
+        if rounds.is_multiple_of(4096) && io::ctrl_alt_del() {
             say!("reset");
             io::reset();
         }
