@@ -2,7 +2,9 @@
 //! (ELF vmlinux and bzImage) on the real binary and real /dev/kvm, and checks
 //! what it prints on teravm's console: `Linux version`, the command line it
 //! received, the e820 map (which must be teravm's guest map) and the initrd
-//! placement; then SIGTERM ends it cleanly (exit 0, memory reclaimed).
+//! placement; then SIGTERM ends it cleanly (exit 0, memory reclaimed). The
+//! vmlinux has a PVH note, so teravm enters it there (`tests/pvh_boot.rs`);
+//! the bzImage through the Linux 64-bit protocol.
 //!
 //! On this project's PVM hosts guest CPL0 is emulated, so the kernel gets no
 //! further than its early setup within a test's bound; each test waits only
@@ -108,7 +110,13 @@ fn elf_vmlinux_prints_its_version_cmdline_e820_and_initrd() {
     std::fs::write(&initrd, vec![0u8; 1 << 20]).unwrap();
     let args = "console=ttyS0 earlyprintk=serial reboot=k panic=1 pci=off nomodule";
     let cfg = config_file(&dir, &config(&kernel, Some(initrd.as_path()), args));
-    let mut vmm = Vmm::spawn(&["--no-api", "--config-file", cfg.to_str().unwrap()]);
+    let mut vmm = Vmm::spawn(&[
+        "--no-api",
+        "--log-level",
+        "info",
+        "--config-file",
+        cfg.to_str().unwrap(),
+    ]);
 
     let version = vmm.wait_line("Linux version", FIRST_LINE);
     assert!(version.contains("Linux version 6."), "{version}");
@@ -134,7 +142,10 @@ fn elf_vmlinux_prints_its_version_cmdline_e820_and_initrd() {
         )),
         "{ramdisk}"
     );
-    sigterm_ends_cleanly(vmm);
+    let (_, stderr) = sigterm_ends_cleanly(vmm);
+    // The stock vmlinux has a PVH note: all of the above came through the
+    // PVH start info, not the zero page.
+    assert!(stderr.contains("through the PVH entry"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -148,8 +159,8 @@ fn default_cmdline_reaches_the_kernel() {
     let cfg = config_file(&dir, &config(&kernel, None, ""));
     // Without earlyprintk the kernel prints nothing until its console
     // driver starts, far past what emulated CPL0 reaches here: read what the
-    // kernel reads instead, in guest memory: the boot protocol's zero page
-    // (the `HdrS` setup header) and the string its `cmd_line_ptr` points at.
+    // kernel reads instead, in guest memory: the PVH start info and the
+    // string its `cmdline_paddr` points at.
     let vmm = Vmm::spawn(&["--no-api", "--config-file", cfg.to_str().unwrap()]);
     wait_loaded(&vmm);
     let cmdline = guest_cmdline(vmm.child.id(), MEM_MIB << 20);
@@ -184,46 +195,51 @@ fn guest_ram(pid: u32, ram_bytes: u64) -> (std::fs::File, u64) {
 
 /// The kernel command line in the guest memory of teravm `pid` (whose
 /// lowest guest RAM is the largest read-write mapping of at most
-/// `ram_bytes`): the zero page (`boot_params`) is the 4 KiB page whose e820
-/// table (0x2d0, `e820_entries` at 0x1e8) is the 256 MiB guest's map
-/// ([`E820_256_MIB`]: 0..0x9fc00 usable, 0x9fc00..1 MiB reserved, ...);
-/// its `cmd_line_ptr` (0x228) is the guest address of the string.
+/// `ram_bytes`), found as the kernel finds it: the stock vmlinux has a PVH
+/// note, so teravm enters it with an `hvm_start_info` (magic 0x336ec578,
+/// version 1) whose memory map (`memmap_paddr` at 0x28, `memmap_entries`
+/// at 0x30) is the 256 MiB guest's ([`E820_256_MIB`]: 0..0x9fc00 usable,
+/// 0x9fc00..1 MiB reserved, ...); its `cmdline_paddr` (0x18) is the guest
+/// address of the string.
 fn guest_cmdline(pid: u32, ram_bytes: u64) -> String {
     use std::os::unix::fs::FileExt;
     let (mem, base) = guest_ram(pid, ram_bytes);
     let mut low = vec![0u8; 1 << 20];
-    // The first two entries, as `struct boot_e820_entry` {u64 addr, u64
-    // size, u32 type}: 1 is usable RAM, 2 reserved.
-    let mut e820 = Vec::new();
+    // The first two entries, as `struct hvm_memmap_table_entry` {u64 addr,
+    // u64 size, u32 type, u32 reserved}: 1 is usable RAM, 2 reserved.
+    let mut memmap = Vec::new();
     for (addr, size, kind) in [(0u64, 0x9fc00u64, 1u32), (0x9fc00, 0x60400, 2)] {
-        e820.extend_from_slice(&addr.to_le_bytes());
-        e820.extend_from_slice(&size.to_le_bytes());
-        e820.extend_from_slice(&kind.to_le_bytes());
+        memmap.extend_from_slice(&addr.to_le_bytes());
+        memmap.extend_from_slice(&size.to_le_bytes());
+        memmap.extend_from_slice(&kind.to_le_bytes());
+        memmap.extend_from_slice(&0u32.to_le_bytes());
     }
-    // teravm writes the zero page after the kernel image: poll for it.
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    // teravm writes the start info after the kernel image: poll for it.
     let deadline = std::time::Instant::now() + EARLY;
-    let zero_page = loop {
+    let info = loop {
         mem.read_exact_at(&mut low, base).unwrap();
-        let found = (0..low.len() - 4096)
-            .step_by(4096)
-            .find(|&p| low[p + 0x1e8] == 4 && low[p + 0x2d0..p + 0x2d0 + e820.len()] == e820[..]);
+        let found = (0..low.len() - 56).step_by(8).find(|&p| {
+            let map_at = u64_at(&low, p + 0x28) as usize;
+            u32_at(&low, p) == 0x336e_c578
+                && u32_at(&low, p + 4) == 1
+                && u32_at(&low, p + 0x30) == 4
+                && map_at + memmap.len() <= low.len()
+                && low[map_at..map_at + memmap.len()] == memmap[..]
+        });
         if let Some(p) = found {
             break p;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no zero page with the guest's e820 map in the first MiB of guest RAM"
+            "no PVH start info with the guest's memory map in the first MiB of guest RAM"
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    let ptr = u32::from_le_bytes(
-        low[zero_page + 0x228..zero_page + 0x22c]
-            .try_into()
-            .unwrap(),
-    );
+    let ptr = u64_at(&low, info + 0x18);
     let mut cmdline = vec![0u8; 4096];
-    mem.read_exact_at(&mut cmdline, base + u64::from(ptr))
-        .unwrap();
+    mem.read_exact_at(&mut cmdline, base + ptr).unwrap();
     let end = cmdline
         .iter()
         .position(|&b| b == 0)

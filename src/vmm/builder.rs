@@ -329,10 +329,11 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             let (entry, map) =
                 linux::load(memory.view().mem(), &spec, &slices, machine.vcpu_count)?;
             log::info!(
-                "kernel {} ({:?}) entered at {:#x}; command line: {}",
+                "kernel {} ({:?}) entered at {:#x} through {}; command line: {}",
                 kernel.display(),
                 entry.format,
                 entry.entry,
+                entry.protocol,
                 spec.cmdline
             );
             for e in &map {

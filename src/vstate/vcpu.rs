@@ -237,7 +237,7 @@ fn install_kick_handler() -> Result<(), VcpuError> {
 }
 
 /// What a vCPU starts: the built-in firmware at CPL3, or a Linux kernel at
-/// its 64-bit entry.
+/// its 64-bit or PVH entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GuestEntry {
     /// The firmware, with its boot layout.
@@ -256,13 +256,7 @@ pub fn configure_vcpu(
     let layout = match entry {
         GuestEntry::Firmware(layout) => layout,
         GuestEntry::Linux(linux) => {
-            return Ok(super::linux::cpu::configure(
-                fd,
-                index,
-                linux.vcpus,
-                cpuid,
-                linux.entry,
-            )?)
+            return Ok(super::linux::cpu::configure(fd, index, cpuid, linux)?)
         }
     };
     let setup = |what: &'static str, r: Result<(), kvm_ioctls::Error>| {

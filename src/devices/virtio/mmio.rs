@@ -196,6 +196,8 @@ struct QueueRegs {
     size: u16,
     size_ok: bool,
     ready: bool,
+    /// The driver wrote QueueReady 0 while the device ran ([`MmioTransport::stop_queue`]).
+    stopped: bool,
     desc: u64,
     driver: u64,
     device: u64,
@@ -207,6 +209,7 @@ impl QueueRegs {
             size: max,
             size_ok: true,
             ready: false,
+            stopped: false,
             desc: 0,
             driver: 0,
             device: 0,
@@ -355,7 +358,11 @@ impl<M: DeviceMemory> MmioTransport<M> {
                 _ => 0,
             },
             regs::QUEUE_NUM_MAX => q.map_or(0, |i| u32::from(self.max_sizes[i])),
-            regs::QUEUE_READY => q.map_or(0, |i| u32::from(self.queues[i].ready)),
+            // A stopped queue reads 0 once the device no longer uses it.
+            regs::QUEUE_READY => q.map_or(0, |i| {
+                let q = &self.queues[i];
+                u32::from(q.ready || (q.stopped && lock(&self.device).reset_in_progress()))
+            }),
             regs::INTERRUPT_STATUS => self.interrupt.status(),
             regs::STATUS if self.status == 0 && lock(&self.device).reset_in_progress() => {
                 self.status_before_reset | status::ACKNOWLEDGE
@@ -441,6 +448,9 @@ impl<M: DeviceMemory> MmioTransport<M> {
     }
 
     fn write_queue_reg(&mut self, offset: u64, v: u32) -> Result<(), MmioError> {
+        if offset == regs::QUEUE_READY && v == 0 && self.status & status::DRIVER_OK != 0 {
+            return self.stop_queue();
+        }
         let setting_up = status::FEATURES_OK;
         let stop = status::DRIVER_OK | status::FAILED | status::DEVICE_NEEDS_RESET;
         if self.status & setting_up == 0 || self.status & stop != 0 {
@@ -537,6 +547,36 @@ impl<M: DeviceMemory> MmioTransport<M> {
                 return Err(e);
             }
             self.status |= status::DRIVER_OK;
+        }
+        Ok(())
+    }
+
+    /// QueueReady 0 while the device runs: the driver stops using the
+    /// queue, and reads the register back until it is 0 (virtio 1.2,
+    /// 4.2.2.2; the register "returns the last value written to it"). A
+    /// device here runs all its queues or none, so it stops as a reset
+    /// stops it (no ring is used after this returns; the balloon's
+    /// discards in flight are waited for by the read) and sets
+    /// DEVICE_NEEDS_RESET, with a configuration interrupt: it runs again
+    /// only after a reset. Drivers that give a device up this way
+    /// (`virtio-drivers`' `Drop`) spun forever here before, as they do on
+    /// Firecracker, which ignores the write.
+    fn stop_queue(&mut self) -> Result<(), MmioError> {
+        let i = self
+            .selected()
+            .ok_or(MmioError::NoSuchQueue(self.queue_sel))?;
+        let q = &mut self.queues[i];
+        if !q.ready {
+            return Ok(());
+        }
+        q.ready = false;
+        q.stopped = true;
+        if self.status & status::DEVICE_NEEDS_RESET == 0 {
+            lock(&self.device).reset();
+            self.status |= status::DEVICE_NEEDS_RESET;
+            self.interrupt
+                .trigger(VirtioInterruptType::Config)
+                .map_err(MmioError::Interrupt)?;
         }
         Ok(())
     }

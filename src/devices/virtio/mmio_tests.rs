@@ -245,8 +245,45 @@ fn queue_setup_only_between_features_ok_and_driver_ok() {
     // After DRIVER_OK.
     wr(&mut r.t, regs::QUEUE_SEL, 0).unwrap();
     assert!(wr(&mut r.t, regs::QUEUE_DESC_LOW, 0x8000).is_err());
-    assert!(wr(&mut r.t, regs::QUEUE_READY, 0).is_err());
+    assert!(wr(&mut r.t, regs::QUEUE_READY, 1).is_err());
     assert_eq!(rd(&r.t, regs::QUEUE_READY), 1);
+    assert_eq!(r.dev.lock().unwrap().resets, 0);
+}
+
+/// virtio 1.2, 4.2.2.2: "To stop using the queue the driver MUST write zero
+/// (0x0) to this QueueReady register and MUST read the value back to ensure
+/// synchronization." virtio-drivers does it when a driver is dropped, and
+/// spins until it reads 0.
+#[test]
+fn queue_ready_0_while_running_stops_the_device_and_reads_back_0() {
+    let mut r = rig();
+    negotiate(&mut r.t, VIRTIO_F_VERSION_1).unwrap();
+    setup_queue(&mut r.t, 0, 8, 0x1000);
+    setup_queue(&mut r.t, 1, 8, 0x2000);
+    wr(&mut r.t, regs::STATUS, UP | status::DRIVER_OK).unwrap();
+    let pending = rd(&r.t, regs::INTERRUPT_STATUS);
+    wr(&mut r.t, regs::INTERRUPT_ACK, pending).unwrap();
+    wr(&mut r.t, regs::QUEUE_SEL, 1).unwrap();
+    wr(&mut r.t, regs::QUEUE_READY, 0).unwrap();
+    assert_eq!(rd(&r.t, regs::QUEUE_READY), 0, "the last value written");
+    assert_eq!(r.dev.lock().unwrap().resets, 1, "the device stopped");
+    assert_eq!(
+        r.t.status(),
+        UP | status::DRIVER_OK | status::DEVICE_NEEDS_RESET
+    );
+    assert_eq!(rd(&r.t, regs::INTERRUPT_STATUS) & INT_CONFIG, INT_CONFIG);
+    // The other queue too, without stopping the device twice.
+    wr(&mut r.t, regs::QUEUE_SEL, 0).unwrap();
+    wr(&mut r.t, regs::QUEUE_READY, 0).unwrap();
+    assert_eq!(rd(&r.t, regs::QUEUE_READY), 0);
+    assert_eq!(r.dev.lock().unwrap().resets, 1);
+    // It runs again only after a reset and a new set-up.
+    assert!(wr(&mut r.t, regs::QUEUE_READY, 1).is_err());
+    wr(&mut r.t, regs::STATUS, 0).unwrap();
+    negotiate(&mut r.t, VIRTIO_F_VERSION_1).unwrap();
+    setup_queue(&mut r.t, 0, 8, 0x1000);
+    wr(&mut r.t, regs::STATUS, UP | status::DRIVER_OK).unwrap();
+    assert_eq!(r.t.status(), UP | status::DRIVER_OK);
 }
 
 #[test]

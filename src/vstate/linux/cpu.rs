@@ -1,12 +1,18 @@
-//! Each vCPU's state at a Linux kernel's 64-bit entry, at CPL0 as the boot
-//! protocol wants: the GDT (flat 64-bit code, data, TSS), an empty IDT,
-//! identity page tables for the first GiB (2 MiB pages), CR0/CR3/CR4/EFER,
-//! RSI = the zero page, the boot MSRs Firecracker sets, the FPU, CPUID with
-//! the topology, and the LAPIC's LINT0 (ExtINT) and LINT1 (NMI).
+//! Each vCPU's state at a Linux kernel's entry, at CPL0 as the boot
+//! protocol ([`BootProtocol`]) wants. The 64-bit entry: the GDT (flat
+//! 64-bit code, data, TSS), an empty IDT, identity page tables for the
+//! first GiB (2 MiB pages), CR0/CR3/CR4/EFER, RSI = the zero page. The PVH
+//! entry (as Firecracker sets it): a GDT of flat 32-bit code and data and a
+//! busy 32-bit TSS, an empty IDT, protected mode without paging (CR0 =
+//! PE|ET, CR4 = EFER = 0), RBX = the `hvm_start_info`. Both: the boot MSRs
+//! Firecracker sets, the FPU, CPUID with the topology, and the LAPIC's
+//! LINT0 (ExtINT) and LINT1 (NMI).
 //!
-//! Every vCPU gets the entry state; Linux starts the others itself (INIT
-//! and SIPI through the in-kernel LAPIC) once the MP table has told it
-//! they exist, so only vCPU 0 runs the kernel's entry code.
+//! Every vCPU gets the entry state, but only vCPU 0 (the BSP) runs it: with
+//! the in-kernel irqchip KVM creates the others waiting for INIT/SIPI
+//! (`KVM_MP_STATE_UNINITIALIZED`), and Linux starts them itself through the
+//! in-kernel LAPIC once the MADT has told it they exist; the SIPI gives
+//! them its own real-mode state.
 
 use kvm_bindings::{
     kvm_fpu, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, CpuId, Msrs,
@@ -14,6 +20,8 @@ use kvm_bindings::{
 use kvm_ioctls::VcpuFd;
 
 use super::params::ZERO_PAGE_ADDR;
+use super::pvh::START_INFO_ADDR;
+use super::{BootProtocol, LinuxEntry};
 use crate::vstate::boot::{flat_segment, CR0_ET, CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME};
 
 /// Guest address of the GDT.
@@ -34,6 +42,17 @@ pub const GDT: [u64; 4] = [
     0x00cf_9300_0000_ffff,
     0x008f_8b00_0000_ffff,
 ];
+/// The PVH entry's GDT (Firecracker's): null; flat 32-bit code (0x08,
+/// base 0, limit 4 GiB, DPL 0); flat 32-bit data (0x10); a busy 32-bit TSS
+/// (0x18, base 0, limit 0x67).
+pub const PVH_GDT: [u64; 4] = [
+    0,
+    0x00cf_9b00_0000_ffff,
+    0x00cf_9300_0000_ffff,
+    0x0000_8b00_0000_0067,
+];
+/// The PVH TSS's limit (a 32-bit TSS is 104 bytes).
+const PVH_TSS_LIMIT: u32 = 0x67;
 const CODE_SELECTOR: u16 = 0x08;
 const DATA_SELECTOR: u16 = 0x10;
 const TSS_SELECTOR: u16 = 0x18;
@@ -90,9 +109,14 @@ pub enum CpuError {
 }
 
 /// The low tables every vCPU shares, as `(guest address, bytes)`: GDT, IDT
-/// and the identity page tables of the first GiB.
-pub fn tables() -> Vec<(u64, Vec<u8>)> {
-    let gdt = GDT.iter().flat_map(|e| e.to_le_bytes()).collect();
+/// and, for the 64-bit entry, the identity page tables of the first GiB
+/// (the PVH entry runs without paging).
+pub fn tables(protocol: BootProtocol) -> Vec<(u64, Vec<u8>)> {
+    let gdt_of = |gdt: &[u64]| gdt.iter().flat_map(|e| e.to_le_bytes()).collect();
+    if protocol == BootProtocol::Pvh {
+        return vec![(GDT_ADDR, gdt_of(&PVH_GDT)), (IDT_ADDR, vec![0; 8])];
+    }
+    let gdt = gdt_of(&GDT);
     let pml4 = (PDPT_ADDR | PTE_TABLE).to_le_bytes().to_vec();
     let pdpt = (PD_ADDR | PTE_TABLE).to_le_bytes().to_vec();
     let pd = (0..512u64)
@@ -111,9 +135,44 @@ fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
     flat_segment(selector, type_, 0, long, 0xf_ffff)
 }
 
-/// Long mode, paging and CPL0 flat segments in `sregs` (read from the vCPU,
-/// so the fields this does not own keep KVM's values).
-pub fn setup_sregs(sregs: &mut kvm_sregs) {
+/// The entry's segments, tables and control registers in `sregs` (read
+/// from the vCPU, so the fields this does not own keep KVM's values).
+pub fn setup_sregs(sregs: &mut kvm_sregs, protocol: BootProtocol) {
+    match protocol {
+        BootProtocol::Linux64 => setup_sregs_64(sregs),
+        BootProtocol::Pvh => setup_sregs_pvh(sregs),
+    }
+}
+
+/// Protected mode, paging off, flat 32-bit CPL0 segments that match
+/// [`PVH_GDT`] (limits in bytes, as KVM wants them: 4 GiB - 1).
+fn setup_sregs_pvh(sregs: &mut kvm_sregs) {
+    sregs.cs = flat_segment(CODE_SELECTOR, 0xb, 0, false, 0xffff_ffff);
+    let data = flat_segment(DATA_SELECTOR, 0x3, 0, false, 0xffff_ffff);
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = kvm_segment {
+        selector: TSS_SELECTOR,
+        type_: 0xb,
+        present: 1,
+        limit: PVH_TSS_LIMIT,
+        ..Default::default()
+    };
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = (PVH_GDT.len() * 8 - 1) as u16;
+    sregs.idt.base = IDT_ADDR;
+    sregs.idt.limit = 7;
+    sregs.cr0 = CR0_PE | CR0_ET;
+    sregs.cr3 = 0;
+    sregs.cr4 = 0;
+    sregs.efer = 0;
+}
+
+/// Long mode, paging and CPL0 flat segments.
+fn setup_sregs_64(sregs: &mut kvm_sregs) {
     sregs.cs = segment(CODE_SELECTOR, 0xb, true);
     let data = segment(DATA_SELECTOR, 0x3, false);
     sregs.ds = data;
@@ -139,15 +198,25 @@ pub fn setup_sregs(sregs: &mut kvm_sregs) {
     sregs.efer = EFER_LME | EFER_LMA;
 }
 
-/// The general registers at the 64-bit entry `entry`.
-pub fn entry_regs(entry: u64) -> kvm_regs {
-    kvm_regs {
-        rip: entry,
-        rsp: BOOT_STACK,
-        rbp: BOOT_STACK,
-        rsi: ZERO_PAGE_ADDR,
-        rflags: 0x2,
-        ..Default::default()
+/// The general registers at `entry`: for the 64-bit entry the boot stack
+/// and RSI = the zero page; for the PVH entry RBX = the `hvm_start_info`
+/// and nothing else (no stack: the PVH ABI gives none).
+pub fn entry_regs(entry: u64, protocol: BootProtocol) -> kvm_regs {
+    match protocol {
+        BootProtocol::Linux64 => kvm_regs {
+            rip: entry,
+            rsp: BOOT_STACK,
+            rbp: BOOT_STACK,
+            rsi: ZERO_PAGE_ADDR,
+            rflags: 0x2,
+            ..Default::default()
+        },
+        BootProtocol::Pvh => kvm_regs {
+            rip: entry,
+            rbx: START_INFO_ADDR,
+            rflags: 0x2,
+            ..Default::default()
+        },
     }
 }
 
@@ -195,15 +264,15 @@ pub fn setup_lint(state: &mut kvm_lapic_state) {
     set_lapic_reg(state, APIC_LVT1, (lvt1 & !0x700) | (APIC_MODE_NMI << 8));
 }
 
-/// Sets CPUID (with the topology of vCPU `index` of `vcpus`), MSRs, FPU,
-/// LAPIC LINTs, special and general registers for the 64-bit entry.
+/// Sets CPUID (with the topology of vCPU `index` of `entry.vcpus`), MSRs,
+/// FPU, LAPIC LINTs, special and general registers for `entry`.
 pub fn configure(
     fd: &VcpuFd,
     index: u8,
-    vcpus: u8,
     supported: &CpuId,
-    entry: u64,
+    entry: &LinuxEntry,
 ) -> Result<(), CpuError> {
+    let vcpus = entry.vcpus;
     let ioctl = |what: &'static str| {
         move |source| CpuError::Ioctl {
             index,
@@ -235,9 +304,9 @@ pub fn configure(
     setup_lint(&mut lapic);
     fd.set_lapic(&lapic).map_err(ioctl("KVM_SET_LAPIC"))?;
     let mut sregs = fd.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?;
-    setup_sregs(&mut sregs);
+    setup_sregs(&mut sregs, entry.protocol);
     fd.set_sregs(&sregs).map_err(ioctl("KVM_SET_SREGS"))?;
-    fd.set_regs(&entry_regs(entry))
+    fd.set_regs(&entry_regs(entry.entry, entry.protocol))
         .map_err(ioctl("KVM_SET_REGS"))
 }
 
@@ -248,7 +317,7 @@ mod tests {
     #[test]
     fn cpl0_long_mode() {
         let mut s = kvm_sregs::default();
-        setup_sregs(&mut s);
+        setup_sregs(&mut s, BootProtocol::Linux64);
         assert_eq!(s.cs.selector, CODE_SELECTOR);
         assert_eq!((s.cs.dpl, s.cs.l, s.cs.db), (0, 1, 0));
         assert_eq!(s.ss.selector, DATA_SELECTOR);
@@ -264,13 +333,89 @@ mod tests {
             0xb,
             "busy TSS"
         );
-        let r = entry_regs(0x100_0000);
+        let r = entry_regs(0x100_0000, BootProtocol::Linux64);
         assert_eq!((r.rip, r.rsi, r.rflags), (0x100_0000, ZERO_PAGE_ADDR, 2));
+    }
+
+    /// A kvm_segment as the CPU would load it from GDT descriptor `d`
+    /// (the limit scaled by the granularity bit, as KVM wants it).
+    fn from_descriptor(d: u64, selector: u16) -> kvm_segment {
+        let g = ((d >> 55) & 1) as u8;
+        let raw = (((d >> 32) & 0xf_0000) | (d & 0xffff)) as u32;
+        kvm_segment {
+            base: ((d >> 16) & 0xff_ffff) | ((d >> 32) & 0xff00_0000),
+            limit: if g == 1 { (raw << 12) | 0xfff } else { raw },
+            selector,
+            type_: ((d >> 40) & 0xf) as u8,
+            present: ((d >> 47) & 1) as u8,
+            dpl: ((d >> 45) & 3) as u8,
+            db: ((d >> 54) & 1) as u8,
+            s: ((d >> 44) & 1) as u8,
+            l: ((d >> 53) & 1) as u8,
+            g,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pvh_is_32_bit_protected_mode_without_paging() {
+        let mut s = kvm_sregs {
+            cr0: 0x8000_0011,
+            cr3: 0x1000,
+            cr4: 0x20,
+            efer: 0x500,
+            ..Default::default()
+        };
+        setup_sregs(&mut s, BootProtocol::Pvh);
+        assert_eq!((s.cr0, s.cr3, s.cr4, s.efer), (0x11, 0, 0, 0));
+        // Flat 32-bit CPL0 code: base 0, 4 GiB, execute/read accessed.
+        let cs = s.cs;
+        assert_eq!(
+            (cs.base, cs.limit, cs.type_, cs.s),
+            (0, 0xffff_ffff, 0xb, 1)
+        );
+        assert_eq!((cs.db, cs.l, cs.g, cs.dpl, cs.present), (1, 0, 1, 0, 1));
+        for d in [s.ds, s.es, s.fs, s.gs, s.ss] {
+            assert_eq!(
+                (d.base, d.limit, d.type_, d.db, d.dpl),
+                (0, 0xffff_ffff, 3, 1, 0)
+            );
+            assert_eq!(d.selector, DATA_SELECTOR);
+        }
+        assert_eq!((s.tr.type_, s.tr.s, s.tr.present), (0xb, 0, 1), "busy TSS");
+        // The registers match the GDT written to guest memory, descriptor
+        // for descriptor, so a reload of any selector changes nothing.
+        assert_eq!(s.gdt.base, GDT_ADDR);
+        assert_eq!(usize::from(s.gdt.limit) + 1, PVH_GDT.len() * 8);
+        assert_eq!(PVH_GDT[0], 0);
+        for seg in [s.cs, s.ds, s.ss, s.tr] {
+            let d = PVH_GDT[usize::from(seg.selector >> 3)];
+            assert_eq!(from_descriptor(d, seg.selector), seg);
+        }
+        let t = tables(BootProtocol::Pvh);
+        assert_eq!(t.len(), 2, "no page tables without paging");
+        assert_eq!(
+            t[0],
+            (
+                GDT_ADDR,
+                PVH_GDT.iter().flat_map(|e| e.to_le_bytes()).collect()
+            )
+        );
+        let r = entry_regs(0x100_0040, BootProtocol::Pvh);
+        assert_eq!(
+            r,
+            kvm_regs {
+                rip: 0x100_0040,
+                rbx: START_INFO_ADDR,
+                rflags: 2,
+                ..Default::default()
+            }
+        );
     }
 
     #[test]
     fn tables_identity_map_the_first_gib() {
-        let t = tables();
+        let t = tables(BootProtocol::Linux64);
         let find = |addr| t.iter().find(|(a, _)| *a == addr).unwrap().1.clone();
         let u = |b: &[u8], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
         assert_eq!(u(&find(PML4_ADDR), 0), PDPT_ADDR | 3);

@@ -8,10 +8,15 @@
 //! rust-vmm's `linux-loader` (ELF `vmlinux` at its physical addresses, or a
 //! bzImage at 1 MiB), the command line, the initrd, the zero page, the MP
 //! table, the ACPI tables and the low tables. Linux takes the vCPUs from
-//! the MADT; the MP table stays for `acpi=off`. Both formats are entered at their 64-bit entry
-//! point with the zero page in RSI; the ELF's PVH note is reported but not
-//! used (the PVH entry is 32-bit protected mode without paging, which a
-//! paging-based PVM host cannot run).
+//! the MADT; the MP table stays for `acpi=off`.
+//!
+//! The entry ([`BootProtocol`]): an ELF that carries a PVH note
+//! (`XEN_ELFNOTE_PHYS32_ENTRY`) is entered there, as Firecracker and Cloud
+//! Hypervisor do: 32-bit protected mode without paging, RBX = an
+//! `hvm_start_info` ([`pvh`]) that gives the command line, the ACPI RSDP,
+//! the e820 map and the initrd. A bzImage, or an ELF without the note, is
+//! entered at its 64-bit entry with the zero page in RSI. Both run at CPL0,
+//! which a PVM host emulates (slowly) in either mode.
 
 pub mod acpi;
 pub mod cpu;
@@ -19,6 +24,7 @@ pub mod cpuid;
 pub mod image;
 pub mod mptable;
 pub mod params;
+pub mod pvh;
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -60,6 +66,9 @@ pub enum LinuxError {
     /// The zero page could not be made.
     #[error(transparent)]
     Params(#[from] ParamsError),
+    /// The PVH start info could not be made.
+    #[error(transparent)]
+    Pvh(#[from] pvh::PvhError),
     /// The MP table could not be made.
     #[error(transparent)]
     Mptable(#[from] mptable::MptableError),
@@ -145,11 +154,34 @@ pub struct KernelSpec {
     pub cmdline: String,
 }
 
+/// How vCPU 0 enters the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootProtocol {
+    /// Linux's 64-bit boot protocol: long mode, the first GiB
+    /// identity-mapped, RSI = the zero page.
+    Linux64,
+    /// The PVH entry: 32-bit protected mode, paging off, RBX = the
+    /// `hvm_start_info` at [`pvh::START_INFO_ADDR`].
+    Pvh,
+}
+
+impl std::fmt::Display for BootProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BootProtocol::Linux64 => "the Linux 64-bit boot protocol",
+            BootProtocol::Pvh => "the PVH entry",
+        })
+    }
+}
+
 /// Where the kernel is entered, for the vCPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinuxEntry {
-    /// The 64-bit entry point.
+    /// The entry point: the 64-bit one, or the PVH one (a 32-bit physical
+    /// address) for [`BootProtocol::Pvh`].
     pub entry: u64,
+    /// How it is entered.
+    pub protocol: BootProtocol,
     /// Number of vCPUs (for the CPUID topology).
     pub vcpus: u8,
     /// The image's format.
@@ -188,41 +220,53 @@ pub fn load<M: GuestMemoryBackend>(
         path: kernel.path.clone(),
         source,
     };
-    let (entry, kernel_end, header, initrd_max, cmdline_max) =
-        match format {
-            KernelFormat::Elf => {
-                let r = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
-                    .map_err(load_err)?;
-                if let PvhBootCapability::PvhEntryPresent(pvh) = r.pvh_boot_cap {
+    let (entry, protocol, kernel_end, header, initrd_max, cmdline_max) = match format {
+        KernelFormat::Elf => {
+            let r = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                .map_err(load_err)?;
+            let (entry, protocol) = match r.pvh_boot_cap {
+                PvhBootCapability::PvhEntryPresent(pvh) => {
                     log::info!(
-                        "kernel has a PVH entry at {:#x}; entering at its 64-bit entry {:#x}",
-                        pvh.0,
+                            "kernel has a PVH entry at {:#x}: entering there (its 64-bit entry is {:#x})",
+                            pvh.0,
+                            r.kernel_load.0
+                        );
+                    (pvh.0, BootProtocol::Pvh)
+                }
+                _ => {
+                    log::info!(
+                        "kernel has no PVH note: entering at its 64-bit entry {:#x}",
                         r.kernel_load.0
                     );
+                    (r.kernel_load.0, BootProtocol::Linux64)
                 }
-                (r.kernel_load.0, r.kernel_end, None, ELF_INITRD_ADDR_MAX, 0)
-            }
-            KernelFormat::BzImage => {
-                let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
-                    .map_err(load_err)?;
-                let h = BzImageHeader::parse(&head).ok().flatten().ok_or(
-                    ImageError::UnknownFormat {
+            };
+            (entry, protocol, r.kernel_end, None, ELF_INITRD_ADDR_MAX, 0)
+        }
+        KernelFormat::BzImage => {
+            let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                .map_err(load_err)?;
+            let h =
+                BzImageHeader::parse(&head)
+                    .ok()
+                    .flatten()
+                    .ok_or(ImageError::UnknownFormat {
                         path: kernel.path.display().to_string(),
-                    },
-                )?;
-                // The decompressor needs init_size bytes from where it puts the kernel.
-                let end = r
-                    .kernel_end
-                    .max(BZIMAGE_KERNEL_ADDR + u64::from(h.init_size));
-                (
-                    r.kernel_load.0 + BZIMAGE_ENTRY_64,
-                    end,
-                    r.setup_header,
-                    h.initrd_addr_max,
-                    h.cmdline_size,
-                )
-            }
-        };
+                    })?;
+            // The decompressor needs init_size bytes from where it puts the kernel.
+            let end = r
+                .kernel_end
+                .max(BZIMAGE_KERNEL_ADDR + u64::from(h.init_size));
+            (
+                r.kernel_load.0 + BZIMAGE_ENTRY_64,
+                BootProtocol::Linux64,
+                end,
+                r.setup_header,
+                h.initrd_addr_max,
+                h.cmdline_size,
+            )
+        }
+    };
     check_cmdline(&spec.cmdline, cmdline_max)?;
     let write = |what: &'static str, addr: u64, bytes: &[u8]| {
         mem.write_slice(bytes, GuestAddress(addr))
@@ -254,26 +298,36 @@ pub fn load<M: GuestMemoryBackend>(
             Some(InitrdPlacement { addr, size })
         }
     };
-    let mut zero_page = boot_params(header, spec.cmdline.len(), initrd, &map)?;
-    zero_page.acpi_rsdp_addr = acpi::RSDP_ADDR;
-    mem.write_obj(zero_page, GuestAddress(ZERO_PAGE_ADDR))
-        .map_err(|source| LinuxError::GuestWrite {
-            what: "the zero page",
-            addr: ZERO_PAGE_ADDR,
-            source,
-        })?;
+    match protocol {
+        BootProtocol::Linux64 => {
+            let mut zero_page = boot_params(header, spec.cmdline.len(), initrd, &map)?;
+            zero_page.acpi_rsdp_addr = acpi::RSDP_ADDR;
+            mem.write_obj(zero_page, GuestAddress(ZERO_PAGE_ADDR))
+                .map_err(|source| LinuxError::GuestWrite {
+                    what: "the zero page",
+                    addr: ZERO_PAGE_ADDR,
+                    source,
+                })?;
+        }
+        BootProtocol::Pvh => {
+            for (addr, bytes) in pvh::start_info(&map, initrd)? {
+                write("the PVH start info", addr, &bytes)?;
+            }
+        }
+    }
     write(
         "the MP table",
         mptable::MPTABLE_ADDR,
         &mptable::mptable(usize::from(vcpus))?,
     )?;
     write("the ACPI tables", acpi::RSDP_ADDR, &acpi_tables)?;
-    for (addr, bytes) in cpu::tables() {
+    for (addr, bytes) in cpu::tables(protocol) {
         write("the boot tables", addr, &bytes)?;
     }
     Ok((
         LinuxEntry {
             entry,
+            protocol,
             vcpus,
             format,
         },
@@ -284,3 +338,7 @@ pub fn load<M: GuestMemoryBackend>(
 #[cfg(test)]
 #[path = "load_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "pvh_tests.rs"]
+mod pvh_tests;
