@@ -293,6 +293,17 @@ mod tests {
     }
 
     #[test]
+    fn residency_must_cover_what_the_guest_touched() {
+        let r = |mib: u64| Resident {
+            bytes: mib << 20,
+            huge_bytes: 0,
+        };
+        assert!(covers_touched(&r(1011), 1006));
+        assert!(covers_touched(&r(1006), 1006));
+        assert!(!covers_touched(&r(1005), 1006));
+    }
+
+    #[test]
     fn the_teravm_config_boots_the_guest_unpopulated() {
         let args = Args::try_parse_from(["teravm-bench", "--size-gib", "2"]).unwrap();
         let case = Case {
