@@ -22,6 +22,7 @@
 //! (`PR_SET_THP_DISABLE`) for the 4 KiB one, as the QEMU rows. Everything
 //! runs on the bench's main thread but the console's reader.
 
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -80,7 +81,9 @@ pub fn cached_build(home: Option<&Path>) -> Option<PathBuf> {
         .filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().starts_with("firecracker-"))
         .map(|e| e.path().join("bin/firecracker"))
-        .filter(|p| crate::peers::is_executable(p))
+        .filter(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
         .collect();
     found.sort();
     found.pop()
@@ -366,7 +369,6 @@ mod tests {
         assert_eq!(cached_build(Some(&home)), None);
         let fc = bin.join("firecracker");
         std::fs::write(&fc, "#!/bin/sh\n").unwrap();
-        use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&fc, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(cached_build(Some(&home)), Some(fc));
         assert_eq!(cached_build(None), None);
@@ -377,7 +379,10 @@ mod tests {
     /// test cannot run (under `CI=true` that fails it).
     fn firecracker_or_skip(test: &str) -> Option<PathBuf> {
         let home = std::env::var_os("HOME").map(PathBuf::from);
-        let found = crate::peers::find_on_path("firecracker", std::env::var_os("PATH").as_deref())
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let found = std::env::split_paths(&path)
+            .map(|d| d.join("firecracker"))
+            .find(|p| p.is_file())
             .or_else(|| cached_build(home.as_deref()));
         let why = match found {
             None => "no firecracker on PATH nor in ~/.cache/teravm-peers \

@@ -44,7 +44,7 @@
 //! vm      → args, model, mrelease, resident
 //! peers   → firecracker, guest, model, qemu
 //! qemu    → guest, model, mrelease, qmp, resident
-//! firecracker → guest, model, mrelease, peers, resident
+//! firecracker → guest, model, mrelease, resident
 //! guest   → args, model, mrelease, resident, vm
 //! child   → args, held, model, mrelease
 //! held    → args, model          args → model, peers   mrelease → model
