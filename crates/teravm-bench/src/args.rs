@@ -7,7 +7,12 @@ use clap::Parser;
 use teravm::config::{Backing, ReclaimConfig};
 
 use crate::model::{parse_backing, BenchError, Pages, Peer};
-use crate::peers::is_executable;
+
+/// Whether `path` is a file someone may execute.
+pub fn is_executable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
 
 /// Kept free of the host's MemAvailable: this much, plus a twentieth of it.
 pub const MARGIN_BYTES: u64 = 1 << 30;

@@ -42,12 +42,12 @@
 //!           peers, peers_text, report, stats, svg, vm
 //! live    → args, model, vm
 //! vm      → args, model, mrelease, resident
-//! peers   → firecracker, guest, model, qemu
+//! peers   → args, firecracker, guest, model, qemu
 //! qemu    → guest, model, mrelease, qmp, resident
 //! firecracker → guest, model, mrelease, resident
 //! guest   → args, model, mrelease, resident, vm
 //! child   → args, held, model, mrelease
-//! held    → args, model          args → model, peers   mrelease → model
+//! held    → args, model          args → model          mrelease → model
 //! report  → model, stats         svg  → model, report
 //! peers_text → model, report, stats                    resident → model
 //! qmp, stats → nothing here

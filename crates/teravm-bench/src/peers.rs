@@ -10,10 +10,10 @@
 //! talks to over a socket, nothing here is shared between threads.
 
 use std::ffi::OsStr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::args::is_executable;
 use crate::firecracker::FirecrackerError;
 use crate::model::{Case, Method, Peer, PeerRun, Stop};
 use crate::qemu::{GuestBoot, QemuError};
@@ -83,11 +83,6 @@ pub struct Discovered {
     pub peer: Peer,
     /// Its binary, or why there is none.
     pub binary: Result<PeerBinary, String>,
-}
-
-/// Whether `path` is a file someone may execute.
-pub fn is_executable(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The first executable `name` in the directories of `path_var` (a `PATH`).
@@ -235,6 +230,7 @@ pub fn measure_peer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn fake_bin(dir: &Path, name: &str, script: &str) -> PathBuf {
         std::fs::create_dir_all(dir).unwrap();
