@@ -7,7 +7,12 @@ use clap::Parser;
 use teravm::config::{Backing, ReclaimConfig};
 
 use crate::model::{parse_backing, BenchError, Pages, Peer};
-use crate::peers::is_executable;
+
+/// Whether `path` is a file someone may execute.
+pub fn is_executable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
 
 /// Kept free of the host's MemAvailable: this much, plus a twentieth of it.
 pub const MARGIN_BYTES: u64 = 1 << 30;
@@ -68,9 +73,12 @@ pub struct Args {
     pub live: bool,
     /// Also run the VMMs users run today beside teravm, comma-separated:
     /// qemu, firecracker, cloud-hypervisor (each found on PATH or named by
-    /// its flag): `<peer>-quit`/`-stop` and `<peer>-kill` rows with all
-    /// guest RAM resident, beside teravm's `vm-prealloc-teravm-<w>` (same
-    /// RAM populated, SIGTERM until exit) and `vm-teravm-<w>` rows.
+    /// its flag; Firecracker also in the shared build script's cache):
+    /// `<peer>-prealloc-<stop>` rows (all guest RAM preallocated, the guest
+    /// never run) beside teravm's `vm-prealloc-teravm-<w>`, and
+    /// `<peer>-guest-<stop>` rows (the test guest `teravm-guest` booted
+    /// with touch=all wrote its RAM) beside `vm-guest-teravm-<w>`
+    /// (Shutdown) and `vm-guest-sigterm-<w>`; each timed until waitpid.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<Peer>,
     /// With --peers: only the peer rows and teravm's rows beside them, not
@@ -80,7 +88,8 @@ pub struct Args {
     /// The QEMU binary for --peers [default: qemu-system-x86_64 on PATH].
     #[arg(long, value_name = "PATH", requires = "peers")]
     pub qemu: Option<PathBuf>,
-    /// The Firecracker binary for --peers [default: firecracker on PATH].
+    /// The Firecracker binary for --peers [default: firecracker on PATH,
+    /// else ~/.cache/teravm-peers/firecracker-*/bin/firecracker].
     #[arg(long, value_name = "PATH", requires = "peers")]
     pub firecracker: Option<PathBuf>,
     /// The Cloud Hypervisor binary for --peers [default: cloud-hypervisor

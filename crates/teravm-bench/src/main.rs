@@ -18,13 +18,19 @@
 //!   `--size-gib` as free (free page reporting): `report-serial` (freed on
 //!   the balloon thread, one `madvise` per range, as Firecracker does) and
 //!   `report-teravm-<w>` (teravm's per-node discard pool);
-//! - with `--peers`, the VMMs users run today beside teravm, every one with
-//!   all guest RAM resident and no guest page tables: `qemu-quit` (QMP
-//!   `quit`) and `qemu-kill` (`SIGKILL`), timed until `waitpid`, against
-//!   `vm-prealloc-teravm-<w>` (teravm populated, the firmware touching
-//!   nothing, `SIGTERM` until `waitpid`) and `vm-teravm-<w>`; the table's
-//!   `vs qemu` is `qemu-quit`'s median over a row's (Firecracker and Cloud
-//!   Hypervisor are found and reported, not driven yet).
+//! - with `--peers`, the VMMs users run today beside teravm, each timed
+//!   from its stop until `waitpid`: preallocated (all guest RAM resident,
+//!   the guest never run): `qemu-prealloc-quit` (QMP `quit`) and
+//!   `qemu-prealloc-kill` (`SIGKILL`) against `vm-prealloc-teravm-<w>`
+//!   (teravm populated, the firmware touching nothing, `SIGTERM`); with the
+//!   test guest (`teravm-guest`, `touch=all`: it writes all its RAM
+//!   itself): `qemu-guest-quit`, `qemu-guest-kill`,
+//!   `firecracker-guest-ctrlaltdel` (`SendCtrlAltDel`: the guest resets,
+//!   Firecracker exits), `firecracker-guest-kill` against
+//!   `vm-guest-teravm-<w>` (API `Shutdown`) and `vm-guest-sigterm-<w>`;
+//!   and `vm-teravm-<w>`. The table's `vs <peer>` is the peer's graceful
+//!   stop of the same kind over a row's (Cloud Hypervisor is found and
+//!   reported, not driven yet).
 //!
 //! The benchmark is a tool, not part of the library it measures: this module
 //! tree is private to the binary. Who uses whom (no circle):
@@ -32,13 +38,16 @@
 //! ```text
 //! main    → cli
 //! cli     → args, child, runner
-//! runner  → args, child, held, live, model, mrelease, peers, peers_text,
-//!           report, stats, svg, vm
+//! runner  → args, child, firecracker, guest, held, live, model, mrelease,
+//!           peers, peers_text, report, stats, svg, vm
 //! live    → args, model, vm
 //! vm      → args, model, mrelease, resident
-//! peers   → model, qemu          qemu → model, mrelease, qmp, resident
+//! peers   → args, firecracker, guest, model, qemu
+//! qemu    → guest, model, mrelease, qmp, resident
+//! firecracker → guest, model, mrelease, resident
+//! guest   → args, model, mrelease, resident, vm
 //! child   → args, held, model, mrelease
-//! held    → args, model          args → model, peers   mrelease → model
+//! held    → args, model          args → model          mrelease → model
 //! report  → model, stats         svg  → model, report
 //! peers_text → model, report, stats                    resident → model
 //! qmp, stats → nothing here
@@ -53,6 +62,8 @@
 mod args;
 mod child;
 mod cli;
+mod firecracker;
+mod guest;
 mod held;
 mod live;
 mod model;

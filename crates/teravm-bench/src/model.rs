@@ -154,11 +154,13 @@ impl Peer {
     }
 
     /// The name of its graceful stop in the rows' names: QEMU's is QMP
-    /// `quit`, the others' their API's stop.
+    /// `quit`, Firecracker's `SendCtrlAltDel` (the guest takes it and
+    /// resets, and Firecracker exits), Cloud Hypervisor's its API's stop.
     pub fn graceful_name(self) -> &'static str {
         match self {
             Peer::Qemu => "quit",
-            Peer::Firecracker | Peer::CloudHypervisor => "stop",
+            Peer::Firecracker => "ctrlaltdel",
+            Peer::CloudHypervisor => "stop",
         }
     }
 
@@ -177,7 +179,8 @@ impl fmt::Display for Peer {
 /// How a peer VMM is stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stop {
-    /// Its graceful stop (QEMU: QMP `quit`), timed until `waitpid`.
+    /// Its graceful stop (QEMU: QMP `quit`; Firecracker: `SendCtrlAltDel`),
+    /// timed until `waitpid`.
     Graceful,
     /// `SIGKILL`, timed until `waitpid`.
     Kill,
@@ -198,12 +201,23 @@ pub enum Method {
     Teravm(u32),
     /// `--peers`: a peer VMM with all of its guest RAM resident (preallocated,
     /// the guest paused and never run), stopped as [`Stop`] says, timed from
-    /// the request until `waitpid` returns.
+    /// the request until `waitpid` returns (`<peer>-prealloc-<stop>`).
     Peer(Peer, Stop),
     /// `--peers`: teravm beside the peers: all RAM populated before boot, the
     /// firmware touching nothing (`touch=0`), stopped with `SIGTERM` (teravm
     /// reclaims with `w` workers per node, then exits), timed until `waitpid`.
     VmPrealloc(u32),
+    /// `--peers`: a peer VMM booting the test guest (`teravm-guest`,
+    /// `touch=all`), which wrote all of its RAM itself, stopped as [`Stop`]
+    /// says once its `touched` line came, timed from the request until
+    /// `waitpid` returns (`<peer>-guest-<stop>`).
+    PeerGuest(Peer, Stop),
+    /// `--peers`: teravm booting the same test guest, stopped with its API's
+    /// `Shutdown` (`w` workers per node), timed from the request until
+    /// `waitpid` returns.
+    VmGuestShutdown(u32),
+    /// `--peers`: the same, stopped with `SIGTERM`, until `waitpid`.
+    VmGuestSigterm(u32),
     /// `--vm`: a teravm microVM killed with `SIGKILL`, timed until `waitpid`.
     VmKill,
     /// `--vm`: the same microVM killed and reaped with `process_mrelease`.
@@ -235,7 +249,9 @@ impl Method {
             | Method::VmShutdown(w)
             | Method::VmAsync(w)
             | Method::ReportTeravm(w)
-            | Method::VmPrealloc(w) => w,
+            | Method::VmPrealloc(w)
+            | Method::VmGuestShutdown(w)
+            | Method::VmGuestSigterm(w) => w,
             Method::ReportSerial => 0,
             _ => 1,
         }
@@ -258,7 +274,12 @@ impl Method {
     pub fn uses_chunks(self) -> bool {
         matches!(
             self,
-            Method::Teravm(_) | Method::VmShutdown(_) | Method::VmAsync(_) | Method::VmPrealloc(_)
+            Method::Teravm(_)
+                | Method::VmShutdown(_)
+                | Method::VmAsync(_)
+                | Method::VmPrealloc(_)
+                | Method::VmGuestShutdown(_)
+                | Method::VmGuestSigterm(_)
         )
     }
 
@@ -268,7 +289,7 @@ impl Method {
     }
 
     /// Whether this runs a real teravm microVM (`--vm`, and the
-    /// `vm-prealloc-teravm-<w>` rows of `--peers`).
+    /// `vm-prealloc-teravm-<w>` and `vm-guest-*` rows of `--peers`).
     pub fn is_vm(self) -> bool {
         matches!(
             self,
@@ -277,6 +298,18 @@ impl Method {
                 | Method::VmShutdown(_)
                 | Method::VmAsync(_)
                 | Method::VmPrealloc(_)
+                | Method::VmGuestShutdown(_)
+                | Method::VmGuestSigterm(_)
+        )
+    }
+
+    /// Whether this boots the test guest, which touches its own RAM (the
+    /// `--peers` rows `<peer>-guest-*` and `vm-guest-*`): its `vs <peer>`
+    /// is against the peer's guest row, not its preallocated one.
+    pub fn is_guest(self) -> bool {
+        matches!(
+            self,
+            Method::PeerGuest(..) | Method::VmGuestShutdown(_) | Method::VmGuestSigterm(_)
         )
     }
 
@@ -286,9 +319,14 @@ impl Method {
     /// back, which allocates it again in a guest_memfd (`--live` skips it);
     /// and this kernel offers no huge pages for guest_memfd.
     pub fn unsupported(self, case: Case) -> Option<&'static str> {
-        if case.backing != Backing::GuestMemfd || matches!(self, Method::Peer(..)) {
+        if case.backing != Backing::GuestMemfd
+            || matches!(self, Method::Peer(..) | Method::PeerGuest(..))
+        {
             // A peer says for itself which backings it has.
             return None;
+        }
+        if matches!(self, Method::VmGuestShutdown(_) | Method::VmGuestSigterm(_)) {
+            return Some("the guest rows stand beside the peers', and no peer has guest_memfd");
         }
         if case.pages == Pages::Thp {
             return Some("this kernel offers no huge pages for guest_memfd (4k only)");
@@ -311,6 +349,7 @@ impl Method {
                 | Method::VmKill
                 | Method::VmMrelease
                 | Method::Peer(..)
+                | Method::PeerGuest(..)
         )
     }
 }
@@ -322,9 +361,17 @@ impl fmt::Display for Method {
             Method::Exit => f.write_str("exit"),
             Method::Mrelease => f.write_str("mrelease"),
             Method::Teravm(w) => write!(f, "teravm-{w}"),
-            Method::Peer(peer, Stop::Graceful) => write!(f, "{peer}-{}", peer.graceful_name()),
-            Method::Peer(peer, Stop::Kill) => write!(f, "{peer}-kill"),
+            Method::Peer(peer, Stop::Graceful) => {
+                write!(f, "{peer}-prealloc-{}", peer.graceful_name())
+            }
+            Method::Peer(peer, Stop::Kill) => write!(f, "{peer}-prealloc-kill"),
             Method::VmPrealloc(w) => write!(f, "vm-prealloc-teravm-{w}"),
+            Method::PeerGuest(peer, Stop::Graceful) => {
+                write!(f, "{peer}-guest-{}", peer.graceful_name())
+            }
+            Method::PeerGuest(peer, Stop::Kill) => write!(f, "{peer}-guest-kill"),
+            Method::VmGuestShutdown(w) => write!(f, "vm-guest-teravm-{w}"),
+            Method::VmGuestSigterm(w) => write!(f, "vm-guest-sigterm-{w}"),
             Method::VmKill => f.write_str("vm-kill"),
             Method::VmMrelease => f.write_str("vm-mrelease"),
             Method::VmShutdown(w) => write!(f, "vm-teravm-{w}"),
@@ -377,6 +424,8 @@ pub struct Sample {
     pub resident: Option<Resident>,
     /// teravm microVMs: how long teravm's populate took, milliseconds.
     pub populate_ms: Option<f64>,
+    /// Rows with the test guest: the MiB its `touched` line said it wrote.
+    pub touched_mib: Option<u64>,
 }
 
 /// One timed run of a peer row.
@@ -386,6 +435,8 @@ pub struct PeerRun {
     pub seconds: f64,
     /// What the peer held resident when the clock started.
     pub resident: Resident,
+    /// With the test guest: the MiB its `touched` line said it wrote.
+    pub touched_mib: Option<u64>,
 }
 
 /// What a VMM process held resident just before it was stopped

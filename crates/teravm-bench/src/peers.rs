@@ -1,19 +1,22 @@
 //! `--peers`: the VMMs users run today, beside teravm. Which are there
-//! (a binary named by a flag, or found on `PATH`), the line that says so,
-//! which of them teravm-bench can drive and which cases, and one timed run
-//! of a peer row (`qemu-quit`, `qemu-kill`, ...), dispatched to the peer's
-//! own module ([`crate::qemu`]).
+//! (a binary named by a flag, found on `PATH`, or for Firecracker the shared
+//! script's cached build), the line that says so, which of them
+//! teravm-bench can drive and which cases, and one timed run of a peer row
+//! (`qemu-prealloc-quit`, `qemu-guest-kill`, `firecracker-guest-ctrlaltdel`,
+//! ...), dispatched to the peer's own module ([`crate::qemu`],
+//! [`crate::firecracker`]).
 //!
 //! Runs on the bench's main thread; a peer is a child process the bench
 //! talks to over a socket, nothing here is shared between threads.
 
 use std::ffi::OsStr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::args::is_executable;
+use crate::firecracker::FirecrackerError;
 use crate::model::{Case, Method, Peer, PeerRun, Stop};
-use crate::qemu::QemuError;
+use crate::qemu::{GuestBoot, QemuError};
 
 /// Errors of a peer VMM's run.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +24,9 @@ pub enum PeerError {
     /// A QEMU row failed.
     #[error(transparent)]
     Qemu(#[from] QemuError),
+    /// A Firecracker row failed.
+    #[error(transparent)]
+    Firecracker(#[from] FirecrackerError),
     /// teravm-bench does not drive this peer.
     #[error("{peer}: {why}")]
     NotDriven {
@@ -53,11 +59,7 @@ pub fn flag_name(peer: Peer) -> &'static str {
 /// unavailable); `None` for the peers it drives.
 pub fn driver_missing(peer: Peer) -> Option<&'static str> {
     match peer {
-        Peer::Qemu => None,
-        Peer::Firecracker => Some(
-            "found, but teravm-bench does not drive Firecracker yet (no binary on the \
-             machines it was written on to test against)",
-        ),
+        Peer::Qemu | Peer::Firecracker => None,
         Peer::CloudHypervisor => Some(
             "found, but teravm-bench does not drive Cloud Hypervisor yet (no binary on \
              the machines it was written on to test against)",
@@ -81,11 +83,6 @@ pub struct Discovered {
     pub peer: Peer,
     /// Its binary, or why there is none.
     pub binary: Result<PeerBinary, String>,
-}
-
-/// Whether `path` is a file someone may execute.
-pub fn is_executable(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The first executable `name` in the directories of `path_var` (a `PATH`).
@@ -116,17 +113,25 @@ fn version_of(bin: &Path) -> Result<String, String> {
 }
 
 /// Finds `peer`'s binary: the one its flag names, or the first on
-/// `path_var`, and asks it its version.
-pub fn discover(peer: Peer, flag: Option<&Path>, path_var: Option<&OsStr>) -> Discovered {
+/// `path_var`, or `fallback` (Firecracker's cached build), and asks it its
+/// version.
+pub fn discover(
+    peer: Peer,
+    flag: Option<&Path>,
+    path_var: Option<&OsStr>,
+    fallback: Option<PathBuf>,
+) -> Discovered {
     let path = match flag {
         Some(p) => Ok(p.to_path_buf()),
-        None => find_on_path(binary_name(peer), path_var).ok_or_else(|| {
-            format!(
-                "no {} on PATH (name one with {})",
-                binary_name(peer),
-                flag_name(peer)
-            )
-        }),
+        None => find_on_path(binary_name(peer), path_var)
+            .or(fallback)
+            .ok_or_else(|| {
+                format!(
+                    "no {} on PATH (name one with {})",
+                    binary_name(peer),
+                    flag_name(peer)
+                )
+            }),
     };
     let binary = path.and_then(|path| {
         let version = version_of(&path)?;
@@ -147,12 +152,31 @@ pub fn discovery_line(found: &[Discovered]) -> String {
     format!("peers: {}", parts.join("; "))
 }
 
-/// The rows of `peer`: its graceful stop, then its kill.
-pub fn peer_methods(peer: Peer) -> [Method; 2] {
+/// The preallocated rows of `peer` (its graceful stop, then its kill):
+/// none for Firecracker, which cannot preallocate guest RAM.
+pub fn prealloc_methods(peer: Peer) -> Vec<Method> {
+    match peer {
+        Peer::Firecracker => Vec::new(),
+        Peer::Qemu | Peer::CloudHypervisor => vec![
+            Method::Peer(peer, Stop::Graceful),
+            Method::Peer(peer, Stop::Kill),
+        ],
+    }
+}
+
+/// The rows of `peer` with the test guest: its graceful stop, its kill.
+pub fn guest_methods(peer: Peer) -> [Method; 2] {
     [
-        Method::Peer(peer, Stop::Graceful),
-        Method::Peer(peer, Stop::Kill),
+        Method::PeerGuest(peer, Stop::Graceful),
+        Method::PeerGuest(peer, Stop::Kill),
     ]
+}
+
+/// Every row of `peer`: the preallocated ones, then the guest's.
+pub fn peer_methods(peer: Peer) -> Vec<Method> {
+    let mut out = prealloc_methods(peer);
+    out.extend(guest_methods(peer));
+    out
 }
 
 /// Whether `peer` can run `case`: `Err` says why not (a backing it lacks),
@@ -160,24 +184,43 @@ pub fn peer_methods(peer: Peer) -> [Method; 2] {
 pub fn supports(peer: Peer, case: Case) -> Result<(), String> {
     match peer {
         Peer::Qemu => crate::qemu::backend(case, 1).map(|_| ()),
-        Peer::Firecracker | Peer::CloudHypervisor => {
-            Err(driver_missing(peer).unwrap_or("not driven").to_string())
-        }
+        Peer::Firecracker => crate::firecracker::supports(case),
+        Peer::CloudHypervisor => Err(driver_missing(peer).unwrap_or("not driven").to_string()),
     }
 }
 
 /// One timed run of `peer` stopped as `stop`, with `size_mib` of guest
-/// RAM resident.
+/// RAM: preallocated, or written by the test guest `guest` booted.
 pub fn measure_peer(
     peer: Peer,
     stop: Stop,
     case: Case,
     size_mib: u64,
     binary: &Path,
+    guest: Option<&Path>,
 ) -> Result<PeerRun, PeerError> {
-    match peer {
-        Peer::Qemu => Ok(crate::qemu::measure(binary, stop, case, size_mib)?),
-        Peer::Firecracker | Peer::CloudHypervisor => Err(PeerError::NotDriven {
+    let boot = guest.map(|kernel| GuestBoot {
+        kernel: kernel.to_path_buf(),
+        boot_args: crate::guest::BOOT_ARGS.to_string(),
+        timeout: crate::guest::BOOT_TIMEOUT,
+    });
+    match (peer, guest) {
+        (Peer::Qemu, _) => Ok(crate::qemu::measure(
+            binary,
+            stop,
+            case,
+            size_mib,
+            boot.as_ref(),
+        )?),
+        (Peer::Firecracker, Some(kernel)) => Ok(crate::firecracker::measure(
+            binary, stop, case, size_mib, kernel,
+        )?),
+        (Peer::Firecracker, None) => Err(PeerError::NotDriven {
+            peer,
+            why:
+                "Firecracker cannot preallocate guest RAM: only its guest's writes make it resident",
+        }),
+        (Peer::CloudHypervisor, _) => Err(PeerError::NotDriven {
             peer,
             why: driver_missing(peer).unwrap_or("not driven"),
         }),
@@ -187,6 +230,7 @@ pub fn measure_peer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn fake_bin(dir: &Path, name: &str, script: &str) -> PathBuf {
         std::fs::create_dir_all(dir).unwrap();
@@ -213,7 +257,7 @@ mod tests {
             .iter()
             .map(|&p| {
                 let flag = (p == Peer::CloudHypervisor).then_some(other.as_path());
-                discover(p, flag, Some(&path))
+                discover(p, flag, Some(&path), None)
             })
             .collect();
         assert_eq!(
@@ -232,15 +276,28 @@ mod tests {
             )
         );
         // No PATH at all, and a binary whose --version fails.
-        assert!(discover(Peer::Qemu, None, None).binary.is_err());
+        assert!(discover(Peer::Qemu, None, None, None).binary.is_err());
         let bad = fake_bin(&dir.join("bad"), "qemu", "exit 3");
-        let e = discover(Peer::Qemu, Some(&bad), None).binary.unwrap_err();
+        let e = discover(Peer::Qemu, Some(&bad), None, None)
+            .binary
+            .unwrap_err();
+        assert!(e.contains("--version ended with"), "{e}");
+        // Not on PATH: the fallback (Firecracker's cached build).
+        let cached = fake_bin(
+            &dir.join("cache"),
+            "firecracker",
+            "echo 'Firecracker v1.17.0-dev'",
+        );
+        let d = discover(Peer::Firecracker, None, Some(&path), Some(cached.clone()));
+        assert_eq!(d.binary.unwrap().path, cached);
+        let d = discover(Peer::Firecracker, Some(&bad), Some(&path), Some(cached));
+        let e = d.binary.unwrap_err();
         assert!(e.contains("--version ended with"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
-    fn every_peer_has_a_graceful_and_a_kill_row() {
+    fn every_peer_has_a_graceful_and_a_kill_row_of_each_kind_it_has() {
         let names: Vec<String> = Peer::ALL
             .iter()
             .flat_map(|&p| peer_methods(p))
@@ -249,29 +306,44 @@ mod tests {
         assert_eq!(
             names,
             [
-                "qemu-quit",
-                "qemu-kill",
-                "firecracker-stop",
-                "firecracker-kill",
-                "cloud-hypervisor-stop",
-                "cloud-hypervisor-kill"
+                "qemu-prealloc-quit",
+                "qemu-prealloc-kill",
+                "qemu-guest-quit",
+                "qemu-guest-kill",
+                "firecracker-guest-ctrlaltdel",
+                "firecracker-guest-kill",
+                "cloud-hypervisor-prealloc-stop",
+                "cloud-hypervisor-prealloc-kill",
+                "cloud-hypervisor-guest-stop",
+                "cloud-hypervisor-guest-kill"
             ]
         );
         assert!(Method::Peer(Peer::Qemu, Stop::Kill).has_no_workers());
+        assert!(Method::PeerGuest(Peer::Firecracker, Stop::Kill).has_no_workers());
+        assert!(Method::PeerGuest(Peer::Qemu, Stop::Kill).is_guest());
+        assert!(!Method::Peer(Peer::Qemu, Stop::Kill).is_guest());
+        assert_eq!(Method::VmGuestShutdown(2).to_string(), "vm-guest-teravm-2");
+        assert_eq!(Method::VmGuestSigterm(1).to_string(), "vm-guest-sigterm-1");
     }
 
     #[test]
-    fn qemu_runs_every_case_and_the_others_are_not_driven_yet() {
+    fn qemu_runs_every_case_firecracker_anonymous_and_cloud_hypervisor_none() {
         use crate::model::Pages;
         use teravm::config::Backing;
         for pages in [Pages::FourK, Pages::Thp] {
             for backing in [Backing::Anonymous, Backing::Memfd] {
                 let case = Case { pages, backing };
                 assert!(supports(Peer::Qemu, case).is_ok(), "{case}");
-                assert!(supports(Peer::Firecracker, case).is_err());
+                assert_eq!(
+                    supports(Peer::Firecracker, case).is_ok(),
+                    backing == Backing::Anonymous,
+                    "{case}"
+                );
                 assert!(supports(Peer::CloudHypervisor, case).is_err());
             }
         }
         assert!(driver_missing(Peer::Qemu).is_none());
+        assert!(driver_missing(Peer::Firecracker).is_none());
+        assert!(driver_missing(Peer::CloudHypervisor).is_some());
     }
 }

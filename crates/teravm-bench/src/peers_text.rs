@@ -59,9 +59,17 @@ pub fn resident_text(samples: &[Sample]) -> String {
                      pages: AnonHugePages + ShmemPmdMapped):\n",
                 );
             }
+            let touched: Vec<f64> = samples
+                .iter()
+                .filter(|s| s.case == case && s.method == method)
+                .filter_map(|s| s.touched_mib.map(|m| m as f64))
+                .collect();
+            let guest = median(&touched)
+                .map(|m| format!(" (the guest said it touched {m:.0} MiB)"))
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {method} {case}: {:.0} MiB, {:.0} MiB in huge pages",
+                "  {method} {case}: {:.0} MiB, {:.0} MiB in huge pages{guest}",
                 bytes / MIB,
                 huge / MIB
             );
@@ -165,6 +173,7 @@ mod tests {
                 huge_bytes: huge_mib << 20,
             }),
             populate_ms: None,
+            touched_mib: None,
         }
     }
 
@@ -181,13 +190,25 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("  qemu-quit 4k anonymous: 1100 MiB, 0 MiB in huge pages\n"),
+            text.contains("  qemu-prealloc-quit 4k anonymous: 1100 MiB, 0 MiB in huge pages\n"),
             "{text}"
         );
         assert!(text.contains("  vm-prealloc-teravm-2 4k anonymous: 1100 MiB"));
         let mut none = samples[0];
         none.resident = None;
         assert_eq!(resident_text(&[none]), "");
+        // A guest row says what its guest touched.
+        let mut g = sample(
+            Method::PeerGuest(Peer::Firecracker, Stop::Graceful),
+            Pages::FourK,
+            Backing::Anonymous,
+            0,
+        );
+        g.touched_mib = Some(1006);
+        assert!(resident_text(&[g]).contains(
+            "  firecracker-guest-ctrlaltdel 4k anonymous: 1100 MiB, 0 MiB in huge pages \
+             (the guest said it touched 1006 MiB)\n"
+        ));
     }
 
     #[test]
@@ -210,7 +231,7 @@ mod tests {
             [
                 "note: thp anonymous: vm-prealloc-teravm-2 had under nine tenths of 1024 MiB \
                  in huge pages (fewest 600 MiB; transparent_hugepage/enabled [madvise])",
-                "note: thp memfd: qemu-quit had under nine tenths of 1024 MiB in huge pages \
+                "note: thp memfd: qemu-prealloc-quit had under nine tenths of 1024 MiB in huge pages \
                  (fewest 0 MiB; transparent_hugepage/enabled [madvise], shmem_enabled [never])"
             ]
         );
@@ -220,7 +241,7 @@ mod tests {
         assert_eq!(
             huge_page_notes(&four_k, None, None),
             [
-                "note: 4k anonymous: qemu-quit had over a tenth of 1024 MiB in huge pages \
+                "note: 4k anonymous: qemu-prealloc-quit had over a tenth of 1024 MiB in huge pages \
               (most 512 MiB): their THP was not off"
             ]
         );

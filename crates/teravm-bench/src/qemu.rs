@@ -1,17 +1,27 @@
-//! The QEMU rows of `--peers` (`qemu-quit`, `qemu-kill`): a real
-//! `qemu-system-x86_64` with KVM, a paused q35 guest (`-S`: no vCPU ever
-//! runs, so no guest page tables are built) whose RAM is one memory backend
-//! preallocated by QEMU itself (`prealloc=on`), stopped with QMP `quit` or
-//! `SIGKILL` and timed from the request until `waitpid` returns.
+//! The QEMU rows of `--peers`: a real `qemu-system-x86_64` with KVM whose
+//! RAM is one memory backend, stopped with QMP `quit` or `SIGKILL` and timed
+//! from the request until `waitpid` returns. Two kinds:
+//!
+//! - `qemu-prealloc-quit`, `qemu-prealloc-kill`: a paused q35 guest (`-S`:
+//!   no vCPU ever runs, so no guest page tables are built), its RAM
+//!   preallocated by QEMU itself (`prealloc=on`);
+//! - `qemu-guest-quit`, `qemu-guest-kill`: `-M microvm` booting the test
+//!   guest (`-kernel teravm-guest -append touch=all`, PVH entry), which
+//!   writes all its RAM itself; the clock starts once its `touched` line
+//!   came on the serial console (QEMU's stdout, [`crate::guest::Console`]).
+//!   microvm has no i8042 unless asked: `-device i8042` gives the guest
+//!   the controller it polls for a Ctrl-Alt-Del (without one the port
+//!   reads 0xff, which the guest takes for a key press).
 //!
 //! The bench listens on a Unix socket in a fresh temp dir and QEMU connects
 //! to it as a QMP client (`-chardev socket,...,server=off`), so that no one
 //! polls for a socket to appear: the bench waits in `poll` for QEMU's
 //! connection or its exit (a pidfd), then for QMP's greeting, which QEMU
 //! sends once its main loop runs, after the preallocation. Then
-//! `query-status` must say the guest is paused, and QEMU's resident size
-//! (`/proc/<pid>/status`, `smaps_rollup`) must cover the guest RAM before
-//! the clock starts. QEMU's stderr goes to a file in the temp dir, quoted
+//! `query-status` must say the guest is paused (running, for the guest
+//! rows), and QEMU's resident size (`/proc/<pid>/status`, `smaps_rollup`)
+//! must cover the guest RAM (what the guest touched) before the clock
+//! starts. QEMU's stderr goes to a file in the temp dir, quoted
 //! when it fails. Everything runs on the bench's main thread.
 
 use std::os::fd::AsRawFd;
@@ -24,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use teravm::config::Backing;
 
+use crate::guest::{covers_touched, Console};
 use crate::model::{Case, Pages, PeerRun, Resident, Stop};
 use crate::mrelease::PidFd;
 use crate::qmp::{Qmp, QmpError};
@@ -43,8 +54,9 @@ pub enum QemuError {
     /// Talking to QEMU over QMP failed.
     #[error(transparent)]
     Qmp(#[from] QmpError),
-    /// QEMU did not hold all of its guest RAM when the clock was to start.
-    #[error("qemu holds {resident_mib} MiB resident, less than its {size_mib} MiB of guest RAM")]
+    /// QEMU did not hold all of its guest RAM (what its guest touched) when
+    /// the clock was to start.
+    #[error("qemu holds {resident_mib} MiB resident, less than the {size_mib} MiB of guest RAM it should")]
     NotResident {
         /// What it held.
         resident_mib: u64,
@@ -88,10 +100,17 @@ pub struct QemuBackend {
 /// a backing becomes QEMU arguments. A backing QEMU lacks is `Err` with the
 /// reason, and the QEMU rows skip that case.
 pub fn backend(case: Case, size_mib: u64) -> Result<QemuBackend, String> {
+    backend_with(case, size_mib, true)
+}
+
+/// The same, preallocated by QEMU (`prealloc=on`) or not (the guest rows:
+/// the guest's writes make it resident).
+pub fn backend_with(case: Case, size_mib: u64, prealloc: bool) -> Result<QemuBackend, String> {
+    let pre = if prealloc { ",prealloc=on" } else { "" };
     let object = match case.backing {
-        Backing::Anonymous => format!("memory-backend-ram,id=ram,size={size_mib}M,prealloc=on"),
+        Backing::Anonymous => format!("memory-backend-ram,id=ram,size={size_mib}M{pre}"),
         Backing::Memfd => {
-            format!("memory-backend-memfd,id=ram,size={size_mib}M,share=on,prealloc=on")
+            format!("memory-backend-memfd,id=ram,size={size_mib}M,share=on{pre}")
         }
         Backing::GuestMemfd => {
             return Err(
@@ -132,6 +151,58 @@ pub fn qemu_args(backend: &QemuBackend, size_mib: u64, qmp_sock: &Path) -> Vec<S
     .to_vec()
 }
 
+/// QEMU's command line (after the binary) for the guest rows: `-M
+/// microvm` booting `kernel` with `boot_args`, its console on stdout.
+pub fn qemu_guest_args(
+    backend: &QemuBackend,
+    size_mib: u64,
+    qmp_sock: &Path,
+    kernel: &Path,
+    boot_args: &str,
+) -> Vec<String> {
+    [
+        "-nodefaults",
+        "-display",
+        "none",
+        "-machine",
+        "microvm,x-option-roms=off,rtc=off,acpi=off,accel=kvm,memory-backend=ram",
+        "-cpu",
+        "host",
+        "-smp",
+        &VCPUS.to_string(),
+        "-m",
+        &format!("{size_mib}M"),
+        "-object",
+        &backend.object,
+        "-device",
+        "i8042",
+        "-serial",
+        "stdio",
+        "-kernel",
+        &kernel.display().to_string(),
+        "-append",
+        boot_args,
+        "-chardev",
+        &format!("socket,id=qmp,path={},server=off", qmp_sock.display()),
+        "-mon",
+        "chardev=qmp,mode=control",
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
+/// The test guest a QEMU guest row boots, and how long it may take to say
+/// it touched its memory.
+#[derive(Debug, Clone)]
+pub struct GuestBoot {
+    /// The guest ELF (PVH entry).
+    pub kernel: PathBuf,
+    /// Its command line.
+    pub boot_args: String,
+    /// Longest wait for its `touched` line.
+    pub timeout: Duration,
+}
+
 /// A QEMU the bench started, its guest RAM resident, QMP negotiated.
 pub struct RunningQemu {
     child: Child,
@@ -139,6 +210,10 @@ pub struct RunningQemu {
     dir: PathBuf,
     /// What it held when it was ready.
     pub resident: Resident,
+    /// With the test guest: the MiB it said it touched.
+    pub touched_mib: Option<u64>,
+    // Kept so that the guest's console is read to the end.
+    _console: Option<Console>,
 }
 
 fn start_err(why: impl Into<String>, dir: &Path) -> QemuError {
@@ -204,13 +279,21 @@ fn accept_unless_exited(
 }
 
 impl RunningQemu {
-    /// Starts `bin` with `size_mib` of guest RAM for `case` and waits until
-    /// QMP answers, the guest is paused and all of its RAM is resident.
-    pub fn start(bin: &Path, case: Case, size_mib: u64) -> Result<RunningQemu, QemuError> {
-        let backend = backend(case, size_mib).map_err(|why| QemuError::Start {
-            why,
-            stderr: String::new(),
-        })?;
+    /// Starts `bin` with `size_mib` of guest RAM for `case`: paused and
+    /// preallocated, or booting `guest`; waits until QMP answers and the
+    /// RAM is resident (for a guest: until it said it touched it, and
+    /// QEMU holds that much).
+    pub fn start_with(
+        bin: &Path,
+        case: Case,
+        size_mib: u64,
+        guest: Option<&GuestBoot>,
+    ) -> Result<RunningQemu, QemuError> {
+        let backend =
+            backend_with(case, size_mib, guest.is_none()).map_err(|why| QemuError::Start {
+                why,
+                stderr: String::new(),
+            })?;
         static STARTS: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "teravm-bench-qemu-{}-{}",
@@ -226,11 +309,21 @@ impl RunningQemu {
         let stderr = std::fs::File::create(dir.join("qemu.stderr"))
             .map_err(|e| start_err(format!("qemu.stderr: {e}"), &dir))?;
         let mut command = Command::new(bin);
-        command
-            .args(qemu_args(&backend, size_mib, &sock))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr);
+        match guest {
+            None => command
+                .args(qemu_args(&backend, size_mib, &sock))
+                .stdout(Stdio::null()),
+            Some(g) => command
+                .args(qemu_guest_args(
+                    &backend,
+                    size_mib,
+                    &sock,
+                    &g.kernel,
+                    &g.boot_args,
+                ))
+                .stdout(Stdio::piped()),
+        };
+        command.stdin(Stdio::null()).stderr(stderr);
         if backend.thp_disable {
             // SAFETY: the closure runs in the child between fork and exec; it
             // makes one system call (prctl, async-signal-safe), allocates
@@ -247,6 +340,7 @@ impl RunningQemu {
         let mut child = command
             .spawn()
             .map_err(|e| start_err(format!("cannot run {}: {e}", bin.display()), &dir))?;
+        let mut console = child.stdout.take().map(Console::new);
         let ready = (|| {
             let pidfd =
                 PidFd::open(child.id()).map_err(|e| start_err(format!("pidfd_open: {e}"), &dir))?;
@@ -255,28 +349,44 @@ impl RunningQemu {
             let mut qmp = Qmp::handshake(stream, GREETING_TIMEOUT, REPLY_TIMEOUT)
                 .map_err(|e| start_err(e.to_string(), &dir))?;
             let status = qmp.execute("query-status")?;
-            if status["running"] != false {
+            if status["running"] != guest.is_some() {
                 return Err(start_err(
-                    format!("the guest is not paused: {status}"),
+                    format!(
+                        "the guest is not {}: {status}",
+                        if guest.is_some() { "running" } else { "paused" }
+                    ),
                     &dir,
                 ));
             }
+            let touched = match (guest, console.as_mut()) {
+                (Some(g), Some(c)) => Some(
+                    c.wait_touched(g.timeout)
+                        .map_err(|why| start_err(why, &dir))?,
+                ),
+                _ => None,
+            };
             let resident = resident_of(child.id())
                 .ok_or_else(|| start_err("its /proc files cannot be read", &dir))?;
-            if !covers(&resident, size_mib << 20) {
+            let (ok, want_mib) = match touched {
+                Some(mib) => (covers_touched(&resident, mib), mib),
+                None => (covers(&resident, size_mib << 20), size_mib),
+            };
+            if !ok {
                 return Err(QemuError::NotResident {
                     resident_mib: resident.bytes >> 20,
-                    size_mib,
+                    size_mib: want_mib,
                 });
             }
-            Ok((qmp, resident))
+            Ok((qmp, resident, touched))
         })();
         match ready {
-            Ok((qmp, resident)) => Ok(RunningQemu {
+            Ok((qmp, resident, touched_mib)) => Ok(RunningQemu {
                 child,
                 qmp,
                 dir,
                 resident,
+                touched_mib,
+                _console: console,
             }),
             Err(e) => {
                 let _ = child.kill();
@@ -339,14 +449,22 @@ impl Drop for RunningQemu {
     }
 }
 
-/// One timed run of a QEMU row.
-pub fn measure(bin: &Path, stop: Stop, case: Case, size_mib: u64) -> Result<PeerRun, QemuError> {
-    let qemu = RunningQemu::start(bin, case, size_mib)?;
+/// One timed run of a QEMU row: preallocated, or booting `guest`.
+pub fn measure(
+    bin: &Path,
+    stop: Stop,
+    case: Case,
+    size_mib: u64,
+    guest: Option<&GuestBoot>,
+) -> Result<PeerRun, QemuError> {
+    let qemu = RunningQemu::start_with(bin, case, size_mib, guest)?;
     let resident = qemu.resident;
+    let touched_mib = qemu.touched_mib;
     let elapsed = qemu.stop(stop)?;
     Ok(PeerRun {
         seconds: elapsed.as_secs_f64(),
         resident,
+        touched_mib,
     })
 }
 
@@ -412,7 +530,7 @@ mod tests {
             (case(Pages::FourK, Backing::Anonymous), Stop::Graceful),
             (case(Pages::FourK, Backing::Memfd), Stop::Kill),
         ] {
-            let run = measure(&bin, stop, c, 256).unwrap();
+            let run = measure(&bin, stop, c, 256, None).unwrap();
             assert!(run.seconds > 0.0);
             assert!(run.resident.bytes >= 256 << 20, "{c}: {:?}", run.resident);
             // THP off for the 4 KiB rows: none of it in huge pages.
@@ -424,13 +542,103 @@ mod tests {
         }
     }
 
+    fn guest(boot_args: &str, timeout: Duration) -> GuestBoot {
+        GuestBoot {
+            kernel: crate::guest::guest_binary().unwrap(),
+            boot_args: boot_args.into(),
+            timeout,
+        }
+    }
+
+    #[test]
+    fn a_real_qemu_boots_the_guest_which_touches_its_ram() {
+        let Some(bin) = qemu_or_skip("a_real_qemu_boots_the_guest_which_touches_its_ram") else {
+            return;
+        };
+        let g = guest(crate::guest::BOOT_ARGS, crate::guest::BOOT_TIMEOUT);
+        for (c, stop) in [
+            (case(Pages::FourK, Backing::Anonymous), Stop::Graceful),
+            (case(Pages::FourK, Backing::Memfd), Stop::Kill),
+        ] {
+            let run = measure(&bin, stop, c, 256, Some(&g)).unwrap();
+            // The guest's touched line came: all of its RAM but its image
+            // and what lies below it.
+            let touched = run.touched_mib.expect("no touched line");
+            assert!((200..=256).contains(&touched), "{c}: {touched}");
+            // Resident as the guest said, not preallocated.
+            assert!(
+                run.resident.bytes >= touched << 20,
+                "{c}: {:?}",
+                run.resident
+            );
+            assert!(run.seconds > 0.0);
+        }
+    }
+
+    #[test]
+    fn a_guest_that_never_touches_or_cannot_boot_is_an_error_in_bounded_time() {
+        let Some(bin) = qemu_or_skip("a_guest_that_never_touches") else {
+            return;
+        };
+        let c = case(Pages::FourK, Backing::Anonymous);
+        // No touch=: the guest idles without the line; the wait ends.
+        let t0 = Instant::now();
+        let e = RunningQemu::start_with(&bin, c, 128, Some(&guest("", Duration::from_secs(3))))
+            .err()
+            .expect("a guest that touched nothing was taken for ready")
+            .to_string();
+        assert!(
+            e.contains("did not say it touched its memory within 3s"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(60));
+        // A kernel that is no kernel: QEMU exits, and says why.
+        let dir =
+            std::env::temp_dir().join(format!("teravm-bench-nokernel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bogus = dir.join("kernel");
+        std::fs::write(&bogus, b"not a kernel").unwrap();
+        let g = GuestBoot {
+            kernel: bogus,
+            boot_args: "touch=all".into(),
+            timeout: Duration::from_secs(60),
+        };
+        let e = RunningQemu::start_with(&bin, c, 128, Some(&g))
+            .err()
+            .expect("QEMU booted no kernel")
+            .to_string();
+        assert!(e.starts_with("cannot start qemu: "), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_guest_rows_boot_microvm_unpreallocated() {
+        let b = backend_with(case(Pages::FourK, Backing::Memfd), 512, false).unwrap();
+        assert_eq!(b.object, "memory-backend-memfd,id=ram,size=512M,share=on");
+        let args = qemu_guest_args(
+            &b,
+            512,
+            Path::new("/s/qmp.sock"),
+            Path::new("/g/teravm-guest"),
+            "touch=all",
+        )
+        .join(" ");
+        assert!(args.contains("-machine microvm,"), "{args}");
+        assert!(args.contains("-device i8042 -serial stdio"), "{args}");
+        assert!(
+            args.contains("-kernel /g/teravm-guest -append touch=all"),
+            "{args}"
+        );
+        assert!(!args.contains("-S "), "{args}");
+    }
+
     #[test]
     fn a_qemu_that_cannot_start_says_why() {
         let Some(bin) = qemu_or_skip("a_qemu_that_cannot_start_says_why") else {
             return;
         };
         // A backend of no size: QEMU refuses it and exits at once.
-        let e = RunningQemu::start(&bin, case(Pages::FourK, Backing::Anonymous), 0)
+        let e = RunningQemu::start_with(&bin, case(Pages::FourK, Backing::Anonymous), 0, None)
             .err()
             .expect("QEMU started with no RAM")
             .to_string();

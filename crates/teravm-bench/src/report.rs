@@ -4,7 +4,7 @@
 //! latencies and the shutdown phases. Pure functions over values.
 //!
 //! With `--peers`, every row is also compared with each peer VMM's graceful
-//! stop in the same case (`vs qemu`: `qemu-quit`'s median over the row's).
+//! stop in the same case (`vs qemu`: `qemu-prealloc-quit`'s median over the row's).
 
 use std::fmt::Write as _;
 
@@ -16,7 +16,18 @@ use crate::stats::{gib_per_s, median, percentile, speedup, Summary};
 pub const CSV_HEADER: &str = "method,pages,backing,size_gib,workers,chunk_mib,run,seconds,\
 vs_munmap,vs_exit,vs_mrelease,reply_ms,reply_p50_ms,reply_p99_ms,reply_max_ms,\
 stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms,vs_serial,discard_mib_per_s,discarded_mib,rss_before_mib,rss_after_mib,\
-vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms";
+vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms,touched_mib";
+
+/// The row a method's `vs <peer>` is against: the peer's graceful stop of
+/// the same kind (with the test guest for a guest row, preallocated for the
+/// others).
+pub fn peer_baseline(method: Method, peer: Peer) -> Method {
+    if method.is_guest() {
+        Method::PeerGuest(peer, Stop::Graceful)
+    } else {
+        Method::Peer(peer, Stop::Graceful)
+    }
+}
 
 /// How many ratios a row has: munmap, exit, mrelease, serial, then one per
 /// peer ([`Peer::ALL`]).
@@ -26,7 +37,7 @@ const RATIOS: usize = 4 + Peer::ALL.len();
 /// `munmap`, and `exit` and `mrelease` (for a `--vm` method, `vm-kill` and
 /// `vm-mrelease`: the same microVM killed; none for a `--live` method,
 /// which frees a running guest's memory), for a `--live` method
-/// `report-serial`, and each peer VMM's graceful stop (`qemu-quit`).
+/// `report-serial`, and each peer VMM's graceful stop (`qemu-prealloc-quit`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Baselines {
     munmap: Option<f64>,
@@ -57,7 +68,7 @@ impl Baselines {
             exit: median_of(exit).filter(|_| !live),
             mrelease: median_of(mrelease).filter(|_| !live),
             serial: median_of(Method::ReportSerial).filter(|_| live),
-            peers: Peer::ALL.map(|p| median_of(Method::Peer(p, Stop::Graceful)).filter(|_| !live)),
+            peers: Peer::ALL.map(|p| median_of(peer_baseline(method, p)).filter(|_| !live)),
         }
     }
 
@@ -143,6 +154,8 @@ pub fn csv(samples: &[Sample]) -> String {
             let _ = write!(out, ",{}", opt(resident.map(|r| r[i]), 1));
         }
         let _ = write!(out, ",{}", opt(s.populate_ms, 1));
+        let touched = s.touched_mib.map(|m| m.to_string()).unwrap_or_default();
+        let _ = write!(out, ",{touched}");
         out.push('\n');
     }
     out
@@ -179,7 +192,7 @@ pub struct Row {
     /// `--live` rows: how many times faster than `report-serial`.
     pub vs_serial: Option<f64>,
     /// `--peers`: how many times faster than each peer's graceful stop
-    /// (`qemu-quit`, ...) in the same case, in the order of [`Peer::ALL`].
+    /// (`qemu-prealloc-quit`, ...) in the same case, in the order of [`Peer::ALL`].
     pub vs_peers: [Option<f64>; Peer::ALL.len()],
 }
 
@@ -324,7 +337,7 @@ fn shown_columns(rows: &[Row]) -> [bool; COLUMNS] {
     for peer in Peer::ALL {
         shown[12 + peer.index()] = rows
             .iter()
-            .any(|r| matches!(r.method, Method::Peer(p, _) if p == peer));
+            .any(|r| matches!(r.method, Method::Peer(p, _) | Method::PeerGuest(p, _) if p == peer));
     }
     shown
 }
@@ -410,10 +423,11 @@ pub fn table(rows: &[Row], unavailable: &[Unavailable]) -> String {
     }
     if shown[12..].iter().any(|s| *s) {
         out.push_str(
-            "vs <peer>: median time of the peer's graceful stop (qemu-quit: QMP quit until \
-             exit) over this median, same case; <peer>-* and vm-prealloc-teravm-* rows: all \
-             guest RAM resident, no guest page tables, timed from the stop request until \
-             waitpid\n",
+            "vs <peer>: median time of the peer's graceful stop of the same kind over this \
+             median, same case (guest rows: qemu-guest-quit, firecracker-guest-ctrlaltdel; \
+             the others: qemu-prealloc-quit); *-prealloc-* rows: all guest RAM resident, \
+             preallocated, the guest never run; *-guest-* rows: the test guest wrote all its \
+             RAM (touch=all, on vCPU 0); both timed from the stop request until waitpid\n",
         );
     }
     let mut said: Vec<String> = Vec::new();

@@ -21,6 +21,7 @@ fn sample(method: Method, pages: Pages, run: u32, seconds: f64) -> Sample {
         live: None,
         resident: None,
         populate_ms: None,
+        touched_mib: None,
     }
 }
 
@@ -62,19 +63,19 @@ fn csv_has_the_header_and_one_row_per_run() {
     assert_eq!(lines.len(), 1 + 10);
     assert_eq!(
         lines[1],
-        "munmap,4k,anonymous,8,1,,1,2.000000,1.0000,1.2500,0.5000,,,,,,,,,,,,,,,,,,,"
+        "munmap,4k,anonymous,8,1,,1,2.000000,1.0000,1.2500,0.5000,,,,,,,,,,,,,,,,,,,,"
     );
     assert_eq!(
         lines[4],
-        "teravm-2,4k,anonymous,8,2,1024,1,0.500000,4.0000,5.0000,2.0000,,,,,,,,,,,,,,,,,,,"
+        "teravm-2,4k,anonymous,8,2,1024,1,0.500000,4.0000,5.0000,2.0000,,,,,,,,,,,,,,,,,,,,"
     );
     // No exit or mrelease in the THP case: empty ratios, not 4k's.
     assert_eq!(
         lines[10],
-        "teravm-1,thp,anonymous,8,1,1024,1,0.100000,2.0000,,,,,,,,,,,,,,,,,,,,,"
+        "teravm-1,thp,anonymous,8,1,1024,1,0.100000,2.0000,,,,,,,,,,,,,,,,,,,,,,"
     );
     for line in &lines {
-        assert_eq!(line.split(',').count(), 30, "{line}");
+        assert_eq!(line.split(',').count(), 31, "{line}");
     }
 }
 
@@ -318,29 +319,32 @@ fn peer_rows_are_compared_with_the_peers_graceful_stop() {
             .collect::<Vec<_>>()
     };
     // vs_qemu, vs_firecracker, vs_cloud_hypervisor, resident_mib, huge_mib,
-    // populate_ms.
+    // populate_ms, touched_mib.
     assert_eq!(
         &row("vm-prealloc-teravm-2,")[24..],
-        ["1.5000", "", "", "8300.0", "0.0", ""]
+        ["1.5000", "", "", "8300.0", "0.0", "", ""]
     );
-    assert_eq!(&row("qemu-kill,")[4..6], ["1", ""]);
-    assert_eq!(&row("qemu-quit,")[24..25], ["1.0000"]);
-    assert_eq!(&row("vm-teravm-2,")[24..], ["2.0000", "", "", "", "", ""]);
+    assert_eq!(&row("qemu-prealloc-kill,")[4..6], ["1", ""]);
+    assert_eq!(&row("qemu-prealloc-quit,")[24..25], ["1.0000"]);
+    assert_eq!(
+        &row("vm-teravm-2,")[24..],
+        ["2.0000", "", "", "", "", "", ""]
+    );
 
     let rows = rows(&samples);
     let names: Vec<String> = rows.iter().map(|r| r.method.to_string()).collect();
     assert_eq!(
         names,
         [
-            "qemu-quit",
-            "qemu-kill",
+            "qemu-prealloc-quit",
+            "qemu-prealloc-kill",
             "vm-prealloc-teravm-2",
             "vm-teravm-2"
         ]
     );
     assert_eq!(rows[2].vs_peers, [Some(1.5), None, None]);
     let unavailable = [Unavailable {
-        method: Method::Peer(Peer::Firecracker, crate::model::Stop::Graceful),
+        method: Method::PeerGuest(Peer::Firecracker, crate::model::Stop::Graceful),
         case: None,
         reason: "not found: no firecracker on PATH".into(),
     }];
@@ -349,14 +353,91 @@ fn peer_rows_are_compared_with_the_peers_graceful_stop() {
     // No in-process baseline ran: no vs munmap, exit or mrelease; vs qemu.
     assert!(lines[0].ends_with("GiB/s  vs qemu"), "{table}");
     assert!(!lines[0].contains("vs munmap"), "{table}");
-    assert!(lines[1].starts_with("qemu-quit "), "{table}");
+    assert!(lines[1].starts_with("qemu-prealloc-quit "), "{table}");
     assert!(lines[1].ends_with("1.00x"), "{table}");
     // The kill shows no workers.
     assert!(lines[2].contains("  -  "), "{}", lines[2]);
-    assert!(lines[3].starts_with("firecracker-stop") && lines[3].contains("unavailable"));
-    assert!(lines[4].ends_with("1.50x"), "{table}");
+    assert!(lines[3].ends_with("1.50x"), "{table}");
+    assert!(
+        lines[4].starts_with("firecracker-guest-ctrlaltdel") && lines[4].contains("unavailable"),
+        "{table}"
+    );
     assert!(table.contains("vs <peer>: median time of the peer's graceful stop"));
-    assert!(table.contains("firecracker-stop: unavailable here: not found"));
+    assert!(table.contains("firecracker-guest-ctrlaltdel: unavailable here: not found"));
+}
+
+#[test]
+fn guest_rows_are_compared_with_the_peers_guest_rows() {
+    use crate::model::Stop;
+    let mut samples = peer_samples();
+    let base = samples[0];
+    for (method, seconds, touched) in [
+        (Method::PeerGuest(Peer::Qemu, Stop::Graceful), 0.8, 8170),
+        (Method::PeerGuest(Peer::Qemu, Stop::Kill), 0.8, 8170),
+        (
+            Method::PeerGuest(Peer::Firecracker, Stop::Graceful),
+            1.0,
+            8170,
+        ),
+        (Method::PeerGuest(Peer::Firecracker, Stop::Kill), 0.5, 8170),
+        (Method::VmGuestShutdown(2), 0.4, 8170),
+        (Method::VmGuestSigterm(2), 0.5, 8170),
+    ] {
+        samples.push(Sample {
+            method,
+            seconds,
+            touched_mib: Some(touched),
+            ..base
+        });
+    }
+    let rows = rows(&samples);
+    let of = |name: &str| {
+        rows.iter()
+            .find(|r| r.method.to_string() == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    // Against the guest rows of each peer, not the preallocated ones.
+    assert_eq!(
+        of("vm-guest-teravm-2").vs_peers,
+        [Some(2.0), Some(2.5), None]
+    );
+    assert_eq!(
+        of("firecracker-guest-kill").vs_peers,
+        [Some(1.6), Some(2.0), None]
+    );
+    // The preallocated teravm row is still against qemu-prealloc-quit only.
+    assert_eq!(of("vm-prealloc-teravm-2").vs_peers, [Some(1.5), None, None]);
+    let names: Vec<String> = rows.iter().map(|r| r.method.to_string()).collect();
+    assert_eq!(
+        names,
+        [
+            "qemu-prealloc-quit",
+            "qemu-prealloc-kill",
+            "vm-prealloc-teravm-2",
+            "qemu-guest-quit",
+            "qemu-guest-kill",
+            "firecracker-guest-ctrlaltdel",
+            "firecracker-guest-kill",
+            "vm-guest-teravm-2",
+            "vm-guest-sigterm-2",
+            "vm-teravm-2"
+        ]
+    );
+    let table = table(&rows, &[]);
+    assert!(
+        table
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("vs qemu  vs firecracker"),
+        "{table}"
+    );
+    let text = csv(&samples);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("vm-guest-sigterm-2,"))
+        .unwrap();
+    assert!(line.ends_with(",8170"), "{line}");
 }
 
 #[test]
@@ -383,5 +464,5 @@ fn a_peer_without_a_backing_skips_that_case_only() {
         .collect();
     assert_eq!(unavailable_rows.len(), 1, "{table}");
     assert!(unavailable_rows[0].contains("memfd"), "{table}");
-    assert!(table.contains("qemu-quit 4k memfd: unavailable here: no such backend"));
+    assert!(table.contains("qemu-prealloc-quit 4k memfd: unavailable here: no such backend"));
 }

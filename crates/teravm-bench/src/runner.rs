@@ -22,7 +22,7 @@ use crate::model::{
 use crate::mrelease::Reap;
 use crate::peers::{discover, discovery_line, driver_missing, peer_methods, supports};
 use crate::stats::median;
-use crate::{live, mrelease, peers, peers_text, report, svg, vm};
+use crate::{firecracker, guest, live, mrelease, peers, peers_text, report, svg, vm};
 
 /// How long one node's part of a teravm run took.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,6 +44,8 @@ struct Binaries {
     exe: PathBuf,
     teravm: Option<(PathBuf, bool)>,
     peers: Vec<(Peer, PathBuf)>,
+    /// The test guest of the `--peers` guest rows, when found.
+    guest: Option<PathBuf>,
 }
 
 /// What one timed run measured.
@@ -55,6 +57,7 @@ struct Measured {
     live: Option<Live>,
     resident: Option<Resident>,
     populate_ms: Option<f64>,
+    touched_mib: Option<u64>,
 }
 
 impl Measured {
@@ -67,6 +70,18 @@ impl Measured {
             live: None,
             resident: None,
             populate_ms: None,
+            touched_mib: None,
+        }
+    }
+
+    fn of_vm(run: vm::VmRun) -> Measured {
+        Measured {
+            reply_ms: run.reply_ms,
+            phases: run.phases,
+            resident: run.resident,
+            populate_ms: run.populate_ms,
+            touched_mib: run.touched_mib,
+            ..Measured::seconds(run.seconds)
         }
     }
 }
@@ -128,15 +143,7 @@ fn measure(
                 .as_ref()
                 .ok_or_else(|| BenchError::Vm(format!("{method} needs --vm")))?;
             let run = vm::measure_vm(method, case, args, teravm, *bind)?;
-            Ok(Measured {
-                seconds: run.seconds,
-                nodes: Vec::new(),
-                reply_ms: run.reply_ms,
-                phases: run.phases,
-                live: None,
-                resident: None,
-                populate_ms: run.populate_ms,
-            })
+            Ok(Measured::of_vm(run))
         }
         Method::VmPrealloc(workers) => {
             let (teravm, bind) = bins
@@ -144,23 +151,41 @@ fn measure(
                 .as_ref()
                 .ok_or_else(|| BenchError::Vm(format!("{method} needs --peers")))?;
             let run = vm::measure_prealloc(workers, case, args, teravm, *bind)?;
-            Ok(Measured {
-                resident: run.resident,
-                populate_ms: run.populate_ms,
-                ..Measured::seconds(run.seconds)
-            })
+            Ok(Measured::of_vm(run))
         }
-        Method::Peer(peer, stop) => {
+        Method::VmGuestShutdown(workers) | Method::VmGuestSigterm(workers) => {
+            let (teravm, bind) = bins
+                .teravm
+                .as_ref()
+                .ok_or_else(|| BenchError::Vm(format!("{method} needs --peers")))?;
+            let guest = bins
+                .guest
+                .as_ref()
+                .ok_or_else(|| BenchError::Vm(format!("{method} needs the test guest")))?;
+            let shutdown = matches!(method, Method::VmGuestShutdown(_));
+            let run = guest::measure_teravm(shutdown, workers, case, args, teravm, *bind, guest)?;
+            Ok(Measured::of_vm(run))
+        }
+        Method::Peer(peer, stop) | Method::PeerGuest(peer, stop) => {
             let binary = bins
                 .peers
                 .iter()
                 .find(|(p, _)| *p == peer)
                 .map(|(_, b)| b)
                 .ok_or_else(|| BenchError::PeersUnavailable(format!("{peer} was not found")))?;
-            let run = peers::measure_peer(peer, stop, case, args.size_gib << 10, binary)
-                .map_err(|e| BenchError::Peer(e.to_string()))?;
+            let guest =
+                if method.is_guest() {
+                    Some(bins.guest.as_deref().ok_or_else(|| {
+                        BenchError::Peer(format!("{method} needs the test guest"))
+                    })?)
+                } else {
+                    None
+                };
+            let run = peers::measure_peer(peer, stop, case, args.size_gib << 10, binary, guest)
+                .map_err(|e| BenchError::Peer(format!("{method}: {e}")))?;
             Ok(Measured {
                 resident: Some(run.resident),
+                touched_mib: run.touched_mib,
                 ..Measured::seconds(run.seconds)
             })
         }
@@ -237,9 +262,12 @@ fn flag_path(args: &Args, peer: Peer) -> Option<&Path> {
     }
 }
 
-/// The `--peers` rows: each peer found and driven gives its two rows,
-/// then teravm's beside them (`vm-prealloc-teravm-<w>` and `vm-teravm-<w>`
-/// at every worker count); a peer not found or not driven is unavailable.
+/// The `--peers` rows: each peer found and driven gives its rows (QEMU:
+/// preallocated and with the test guest; Firecracker: with the guest),
+/// then teravm's beside them (`vm-prealloc-teravm-<w>`, with the guest
+/// `vm-guest-teravm-<w>` and `vm-guest-sigterm-<w>`, and `vm-teravm-<w>`,
+/// at every worker count); a peer not found or not driven is unavailable,
+/// and so are the guest rows when the test guest is missing.
 /// `Err` when none of the peers asked for can run (the discovery line says
 /// why). Prints the discovery line on stderr and returns it.
 fn add_peers(
@@ -249,18 +277,35 @@ fn add_peers(
     unavailable: &mut Vec<Unavailable>,
 ) -> Result<String, BenchError> {
     let path_var = std::env::var_os("PATH");
+    let home = std::env::var_os("HOME").map(PathBuf::from);
     let found: Vec<_> = args
         .peers
         .iter()
-        .map(|&p| discover(p, flag_path(args, p), path_var.as_deref()))
+        .map(|&p| {
+            let fallback = (p == Peer::Firecracker)
+                .then(|| firecracker::cached_build(home.as_deref()))
+                .flatten();
+            discover(p, flag_path(args, p), path_var.as_deref(), fallback)
+        })
         .collect();
+    let guest = guest::guest_binary();
+    bins.guest = guest.as_ref().ok().cloned();
     let line = discovery_line(&found);
     eprintln!("{line}");
     for d in &found {
         let why = match (&d.binary, driver_missing(d.peer)) {
             (Ok(binary), None) => {
                 bins.peers.push((d.peer, binary.path.clone()));
-                methods.extend(peer_methods(d.peer));
+                for method in peer_methods(d.peer) {
+                    match (&guest, method.is_guest()) {
+                        (Err(why), true) => unavailable.push(Unavailable {
+                            method,
+                            case: None,
+                            reason: why.clone(),
+                        }),
+                        _ => methods.push(method),
+                    }
+                }
                 continue;
             }
             (Ok(_), Some(why)) => why.to_string(),
@@ -281,6 +326,18 @@ fn add_peers(
         )));
     }
     methods.extend(args.workers.iter().map(|&w| Method::VmPrealloc(w)));
+    let teravm_guest = args
+        .workers
+        .iter()
+        .flat_map(|&w| [Method::VmGuestShutdown(w), Method::VmGuestSigterm(w)]);
+    match &guest {
+        Ok(_) => methods.extend(teravm_guest),
+        Err(why) => unavailable.extend(teravm_guest.map(|method| Unavailable {
+            method,
+            case: None,
+            reason: why.clone(),
+        })),
+    }
     methods.extend(args.workers.iter().map(|&w| Method::VmShutdown(w)));
     Ok(line)
 }
@@ -307,6 +364,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         exe,
         teravm: None,
         peers: Vec::new(),
+        guest: None,
     };
     if args.vm {
         bins.teravm = Some((vm::teravm_binary()?, host_binds(&host)));
@@ -348,7 +406,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         // lacks it included) skips it, said in the table.
         of_case.retain(|&method| {
             let reason = match method {
-                Method::Peer(peer, _) => supports(peer, case).err(),
+                Method::Peer(peer, _) | Method::PeerGuest(peer, _) => supports(peer, case).err(),
                 other => other.unsupported(case).map(str::to_string),
             };
             let Some(reason) = reason else {
@@ -392,6 +450,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     live: m.live,
                     resident: m.resident,
                     populate_ms: m.populate_ms,
+                    touched_mib: m.touched_mib,
                 });
                 node_times.extend(m.nodes.into_iter().map(|n| (case, method, n)));
             }

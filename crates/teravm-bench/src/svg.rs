@@ -41,7 +41,7 @@ enum Baseline {
     Exit,
     Mrelease,
     Serial,
-    /// A peer VMM's graceful stop (`qemu-quit`).
+    /// A peer VMM's graceful stop (`qemu-prealloc-quit`).
     Peer(Peer),
 }
 
@@ -85,9 +85,14 @@ impl Baseline {
             Baseline::Exit => "exit (vm-kill for a microVM)",
             Baseline::Mrelease => "mrelease (vm-mrelease for a microVM)",
             Baseline::Serial => "report-serial (live: balloon thread, madvise per range)",
-            Baseline::Peer(Peer::Qemu) => "qemu-quit (QEMU, RAM preallocated, QMP quit to exit)",
-            Baseline::Peer(Peer::Firecracker) => "firecracker-stop",
-            Baseline::Peer(Peer::CloudHypervisor) => "cloud-hypervisor-stop",
+            Baseline::Peer(Peer::Qemu) => {
+                "qemu-prealloc-quit (QEMU, RAM preallocated, QMP quit to exit; \
+                 for vm-guest-teravm-w: qemu-guest-quit)"
+            }
+            Baseline::Peer(Peer::Firecracker) => {
+                "firecracker-guest-ctrlaltdel (Firecracker, test guest, SendCtrlAltDel to exit)"
+            }
+            Baseline::Peer(Peer::CloudHypervisor) => "cloud-hypervisor-prealloc-stop",
         }
     }
 
@@ -105,7 +110,7 @@ impl Baseline {
             }
             (Kind::Async, b) => matches!(b, Baseline::Exit | Baseline::Mrelease),
             (Kind::Live, b) => b == Baseline::Serial,
-            (Kind::Prealloc, b) => matches!(b, Baseline::Peer(_)),
+            (Kind::Prealloc | Kind::Guest, b) => matches!(b, Baseline::Peer(_)),
         }
     }
 }
@@ -123,6 +128,8 @@ enum Kind {
     Live,
     /// `vm-prealloc-teravm-<w>`: a polyline, dash-dotted, with crosses.
     Prealloc,
+    /// `vm-guest-teravm-<w>`: a polyline, long dashes, with crosses.
+    Guest,
 }
 
 impl Kind {
@@ -133,6 +140,7 @@ impl Kind {
             Method::VmAsync(w) => Some((Kind::Async, w)),
             Method::ReportTeravm(w) => Some((Kind::Live, w)),
             Method::VmPrealloc(w) => Some((Kind::Prealloc, w)),
+            Method::VmGuestShutdown(w) => Some((Kind::Guest, w)),
             _ => None,
         }
     }
@@ -144,6 +152,7 @@ impl Kind {
             Kind::Async => "vm-async-w: microVM, async Shutdown, until exit",
             Kind::Live => "report-teravm-w: live, guest reports, per-node pool",
             Kind::Prealloc => "vm-prealloc-teravm-w: microVM, RAM populated, SIGTERM to exit",
+            Kind::Guest => "vm-guest-teravm-w: microVM, test guest touched, Shutdown to exit",
         }
     }
 
@@ -154,6 +163,7 @@ impl Kind {
             Kind::Async => None,
             Kind::Live => Some("2,3"),
             Kind::Prealloc => Some("8,3,2,3"),
+            Kind::Guest => Some("12,4"),
         }
     }
 }
@@ -174,6 +184,7 @@ fn series(rows: &[Row], case: Case) -> Vec<Series> {
         Kind::Async,
         Kind::Live,
         Kind::Prealloc,
+        Kind::Guest,
     ] {
         for baseline in Baseline::ALL {
             // An end-to-end run against munmap says little: not drawn; a
@@ -301,6 +312,15 @@ fn marker(s: &mut String, kind: Kind, x: f64, y: f64, colour: &str) {
             x + 4.0,
             y - 4.0
         ),
+        Kind::Guest => writeln!(
+            s,
+            "<path d=\"M{x:.1},{:.1} L{x:.1},{:.1} M{:.1},{y:.1} L{:.1},{y:.1}\" \
+             stroke=\"{colour}\" stroke-width=\"2\"/>",
+            y - 5.0,
+            y + 5.0,
+            x - 5.0,
+            x + 5.0
+        ),
     };
 }
 
@@ -327,7 +347,7 @@ fn panel(s: &mut String, rows: &[Row], case: Case, workers: &[u32], px: f64, py:
     let y_of = |v: f64| y0 - (v / y_max) * (y0 - y1);
 
     // Title: the case and the absolute time of its munmap (or, without,
-    // of qemu-quit), for scale.
+    // of qemu-prealloc-quit), for scale.
     let quit = Method::Peer(Peer::Qemu, Stop::Graceful);
     let munmap = [Method::Munmap, quit]
         .iter()

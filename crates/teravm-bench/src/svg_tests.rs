@@ -44,6 +44,7 @@ fn samples(vm: bool) -> Vec<Sample> {
                 live: None,
                 resident: None,
                 populate_ms: None,
+                touched_mib: None,
             });
         }
     }
@@ -164,7 +165,7 @@ fn peer_rows_are_drawn_against_the_peer() {
     }
     let text = plot(&rows(&v), "t", &[]);
     well_formed(&text);
-    // vm-prealloc-teravm and vm-teravm against qemu-quit.
+    // vm-prealloc-teravm and vm-teravm against qemu-prealloc-quit.
     assert_eq!(text.matches("<polyline").count(), 2);
     // In qemu's colour: the two lines, the two crosses, the legend's line.
     assert_eq!(
@@ -173,10 +174,10 @@ fn peer_rows_are_drawn_against_the_peer() {
         2 + 2 + 1
     );
     assert!(
-        text.contains(">4k anonymous (qemu-quit 0.600 s)</text>"),
+        text.contains(">4k anonymous (qemu-prealloc-quit 0.600 s)</text>"),
         "{text}"
     );
-    assert!(text.contains("qemu-quit (QEMU, RAM preallocated, QMP quit to exit)"));
+    assert!(text.contains("qemu-prealloc-quit (QEMU, RAM preallocated, QMP quit to exit; "));
     assert!(text.contains("vm-prealloc-teravm-w: microVM, RAM populated, SIGTERM to exit"));
     assert!(!text.contains(">munmap<"), "{text}");
 }

@@ -44,7 +44,7 @@ use teravm_client::http::{request, Connection};
 /// Longest wait for a microVM to boot and touch its memory.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// Longest wait for a microVM shut down with `async` to exit.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
+pub const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A `--vm` (or `--live`) run's error.
 pub fn vm_err(what: impl Into<String>) -> BenchError {
@@ -180,7 +180,7 @@ impl RunningVm {
     /// Waits up to `timeout` for the process to exit (its pidfd becomes
     /// readable), then reaps it; the moment `waitpid` returned. It must
     /// exit with status 0.
-    fn wait_exit(&mut self, pidfd: &PidFd, timeout: Duration) -> Result<Instant, BenchError> {
+    pub fn wait_exit(&mut self, pidfd: &PidFd, timeout: Duration) -> Result<Instant, BenchError> {
         match pidfd.exited_within(timeout) {
             Ok(true) => {}
             Ok(false) => {
@@ -202,10 +202,15 @@ impl RunningVm {
     }
 
     /// The lines still to come, once the process is gone (its pipes close).
-    fn drain(&mut self) {
+    pub fn drain(&mut self) {
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
             self.seen.push(line);
         }
+    }
+
+    /// Every line seen so far, both streams, in order.
+    pub fn seen_lines(&self) -> impl Iterator<Item = &str> {
+        self.seen.iter().map(|(_, l)| l.as_str())
     }
 }
 
@@ -249,7 +254,7 @@ pub fn spawn(
 /// Starts teravm with `config` as its config file: with an API socket
 /// (lingering `linger_ms` after an API shutdown), waiting until it answers;
 /// or, for `None`, with `--no-api` (stopped by a signal).
-fn launch(
+pub fn launch(
     teravm: &Path,
     config: &str,
     sysfs_root: &Path,
@@ -322,6 +327,8 @@ pub struct VmRun {
     /// How long teravm's populate of guest RAM took (its per-node workers,
     /// before boot), milliseconds, from its log line.
     pub populate_ms: Option<f64>,
+    /// `vm-guest-*`: the MiB the test guest said it touched.
+    pub touched_mib: Option<u64>,
 }
 
 /// The populate time in teravm's log (`… populated <n> MiB in <ms> ms with
@@ -344,7 +351,7 @@ pub fn phases_of(reply: &serde_json::Value) -> Phases {
 
 /// Whether `freed_bytes` accounts for the `touched_mib` the firmware dirtied
 /// (at least 90% of it).
-fn accounts_for(freed_bytes: u64, touched_mib: u64) -> bool {
+pub fn accounts_for(freed_bytes: u64, touched_mib: u64) -> bool {
     freed_bytes.saturating_mul(10) >= (touched_mib << 20).saturating_mul(9)
 }
 
@@ -371,6 +378,7 @@ pub fn measure_vm(
         phases: [None; 4],
         resident: None,
         populate_ms,
+        touched_mib: None,
     };
     match method {
         Method::VmKill => Ok(plain(
@@ -413,6 +421,7 @@ pub fn measure_vm(
                 phases: phases_of(&report),
                 resident: None,
                 populate_ms,
+                touched_mib: None,
             })
         }
         Method::VmAsync(_) => {
@@ -447,6 +456,7 @@ pub fn measure_vm(
                 phases: [None; 4],
                 resident: None,
                 populate_ms,
+                touched_mib: None,
             })
         }
         other => Err(vm_err(format!("{other} is not a --vm method"))),
@@ -512,6 +522,7 @@ pub fn measure_prealloc(
         phases: [None; 4],
         resident: Some(resident),
         populate_ms: populate_ms_of(vm.seen.iter().map(|(_, l)| l.as_str())),
+        touched_mib: None,
     })
 }
 

@@ -16,7 +16,7 @@ const CSV_HEADER: &str = "method,pages,backing,size_gib,workers,chunk_mib,run,se
 vs_munmap,vs_exit,vs_mrelease,reply_ms,reply_p50_ms,reply_p99_ms,reply_max_ms,\
 stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms,\
 vs_serial,discard_mib_per_s,discarded_mib,rss_before_mib,rss_after_mib,\
-vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms";
+vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms,touched_mib";
 
 /// The CSV's rows, each checked: every column there, a positive time, the
 /// size and run asked for.
@@ -27,7 +27,7 @@ fn csv_rows(text: &str) -> Vec<Vec<String>> {
         .map(|l| l.split(',').map(str::to_string).collect())
         .collect();
     for row in &rows {
-        assert_eq!(row.len(), 30, "{row:?}");
+        assert_eq!(row.len(), 31, "{row:?}");
         let seconds: f64 = row[7].parse().unwrap();
         assert!(seconds > 0.0, "{row:?}");
         assert_eq!((row[3].as_str(), row[6].as_str()), ("1", "1"), "{row:?}");
@@ -298,12 +298,41 @@ fn qemu_or_skip(test: &str) -> bool {
     false
 }
 
-#[test]
-fn peers_run_a_real_qemu_beside_teravm() {
-    if !kvm_or_skip("peers_run_a_real_qemu_beside_teravm")
-        || !qemu_or_skip("peers_run_a_real_qemu_beside_teravm")
+/// Firecracker on `PATH` or in the shared script's cache
+/// (`~/.cache/teravm-peers/firecracker-*/bin/firecracker`), as the bench
+/// finds it.
+fn firecracker_here() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(p) = std::env::split_paths(&path)
+        .map(|d| d.join("firecracker"))
+        .find(|p| p.is_file())
     {
+        return Some(p);
+    }
+    let cache = std::path::PathBuf::from(std::env::var_os("HOME")?).join(".cache/teravm-peers");
+    let mut found: Vec<_> = std::fs::read_dir(cache)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("firecracker-"))
+        .map(|e| e.path().join("bin/firecracker"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+#[test]
+fn peers_run_qemu_and_firecracker_preallocated_and_with_the_test_guest() {
+    let test = "peers_run_qemu_and_firecracker_preallocated_and_with_the_test_guest";
+    if !kvm_or_skip(test) || !qemu_or_skip(test) {
         return;
+    }
+    let firecracker = firecracker_here();
+    if firecracker.is_none() {
+        common::skip(
+            test,
+            "no Firecracker (run ../shared/peers/build-firecracker.sh); its rows are left out",
+        );
     }
     let dir = temp_dir("peers");
     let csv = dir.join("bench.csv");
@@ -311,7 +340,7 @@ fn peers_run_a_real_qemu_beside_teravm() {
     let out = Command::new(BIN)
         .args([
             "--peers",
-            "qemu,firecracker",
+            "qemu,firecracker,cloud-hypervisor",
             "--peers-only",
             "--size-gib",
             "1",
@@ -320,7 +349,7 @@ fn peers_run_a_real_qemu_beside_teravm() {
         .args([
             "--backing",
             "anonymous",
-            "--firecracker",
+            "--cloud-hypervisor",
             "/bin/true",
             "--csv",
         ])
@@ -332,71 +361,145 @@ fn peers_run_a_real_qemu_beside_teravm() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    // The discovery line: QEMU found, and /bin/true standing in for
-    // Firecracker (it answers --version), found but not driven: its rows
-    // are unavailable, with the reason.
+    // The discovery line: QEMU found, Firecracker where it is, and
+    // /bin/true standing in for Cloud Hypervisor (it answers --version),
+    // found but not driven: its rows are unavailable, with the reason.
     let peers = stdout
         .lines()
         .find(|l| l.starts_with("peers: "))
         .unwrap_or_else(|| panic!("no peers line in\n{stdout}"));
     assert!(peers.contains("qemu found ("), "{peers}");
-    assert!(peers.contains("firecracker found (/bin/true, "), "{peers}");
-    assert!(marked_unavailable(&stdout, "firecracker-stop"), "{stdout}");
     assert!(
-        stdout.contains("does not drive Firecracker yet"),
+        peers.contains("cloud-hypervisor found (/bin/true, "),
+        "{peers}"
+    );
+    for method in [
+        "cloud-hypervisor-prealloc-stop",
+        "cloud-hypervisor-guest-kill",
+    ] {
+        assert!(marked_unavailable(&stdout, method), "{method}: {stdout}");
+    }
+    assert!(
+        stdout.contains("does not drive Cloud Hypervisor yet"),
         "{stdout}"
     );
-    assert!(
-        stdout.lines().next().unwrap().ends_with("vs qemu"),
-        "{stdout}"
-    );
+    let header = stdout.lines().next().unwrap();
+    let vs_last = if firecracker.is_some() {
+        "vs qemu  vs firecracker"
+    } else {
+        "vs qemu"
+    };
+    assert!(header.ends_with(vs_last), "{stdout}");
 
     let text = std::fs::read_to_string(&csv).unwrap();
     let rows = csv_rows(&text);
     let methods: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
-    assert_eq!(
-        methods,
-        [
-            "qemu-quit",
-            "qemu-kill",
-            "vm-prealloc-teravm-1",
-            "vm-teravm-1"
-        ]
-    );
-    for row in &rows {
-        // Compared with qemu-quit of the same run.
-        assert!(row[24].parse::<f64>().unwrap() > 0.0, "{row:?}");
+    let mut expected = vec![
+        "qemu-prealloc-quit",
+        "qemu-prealloc-kill",
+        "qemu-guest-quit",
+        "qemu-guest-kill",
+    ];
+    if firecracker.is_some() {
+        expected.extend(["firecracker-guest-ctrlaltdel", "firecracker-guest-kill"]);
     }
-    // What the VMMs held when the clock started: all of the GiB, in huge
-    // pages where the host's THP setting allows it (the notes say otherwise).
-    for row in &rows[..3] {
-        let resident: f64 = row[27].parse().unwrap();
-        assert!(resident >= 1024.0, "{row:?}");
-        let huge: f64 = row[28].parse().unwrap();
-        assert!(
-            huge >= 900.0 || stdout.contains("note: thp anonymous:"),
-            "{row:?}"
-        );
+    expected.extend([
+        "vm-prealloc-teravm-1",
+        "vm-guest-teravm-1",
+        "vm-guest-sigterm-1",
+        "vm-teravm-1",
+    ]);
+    assert_eq!(methods, expected, "{text}");
+    let row = |m: &str| rows.iter().find(|r| r[0] == m).unwrap();
+    for r in &rows {
+        // Compared with qemu of the same run and kind.
+        assert!(r[24].parse::<f64>().unwrap() > 0.0, "{r:?}");
+        let guest = r[0].contains("-guest-");
+        // The guest rows: the guest's touched line was seen (nearly all
+        // of the GiB) and the VMM held that much when the clock started.
+        if guest {
+            let touched: f64 = r[30].parse().unwrap_or_else(|_| panic!("{r:?}"));
+            assert!((900.0..=1024.0).contains(&touched), "{r:?}");
+            assert!(r[27].parse::<f64>().unwrap() >= touched, "{r:?}");
+        } else {
+            assert!(r[30].is_empty(), "{r:?}");
+        }
+        if r[0] != "vm-teravm-1" && !guest {
+            assert!(r[27].parse::<f64>().unwrap() >= 1024.0, "{r:?}");
+        }
+    }
+    // Each kind against its own kind: the guest quit is its own 1.00x.
+    assert_eq!(row("qemu-guest-quit")[24], "1.0000");
+    assert_eq!(row("qemu-prealloc-quit")[24], "1.0000");
+    if firecracker.is_some() {
+        assert_eq!(row("firecracker-guest-ctrlaltdel")[25], "1.0000");
+        assert!(row("vm-guest-teravm-1")[25].parse::<f64>().unwrap() > 0.0);
+        assert!(row("vm-prealloc-teravm-1")[25].is_empty());
     }
     assert!(
-        stdout.contains("resident when the clock started"),
+        stdout.contains("qemu-guest-quit thp anonymous: ")
+            && stdout.contains("(the guest said it touched "),
         "{stdout}"
     );
     let plot = std::fs::read_to_string(&svg).unwrap();
-    assert!(plot.contains("qemu-quit (QEMU, RAM preallocated, QMP quit to exit)"));
+    assert!(plot.contains("qemu-prealloc-quit (QEMU, RAM preallocated, QMP quit to exit"));
+    assert!(plot.contains("vm-guest-teravm-w: microVM, test guest touched"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_peer_whose_guest_cannot_boot_is_reported_not_waited_for() {
+    if !kvm_or_skip("a_peer_whose_guest_cannot_boot") {
+        return;
+    }
+    // A "Firecracker" that answers --version and exits at once otherwise:
+    // its console closes before any touched line.
+    let dir = temp_dir("fakefc");
+    let fake = dir.join("firecracker");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\n[ \"$1\" = --version ] && echo 'Firecracker v0.0' && exit 0\n\
+         echo 'no such VM' >&2; exit 1\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let t0 = std::time::Instant::now();
+    let out = Command::new(BIN)
+        .args(["--peers", "firecracker", "--peers-only", "--size-gib", "1"])
+        .args(["--runs", "1", "--workers", "1", "--pages", "4k"])
+        .args(["--backing", "anonymous", "--firecracker"])
+        .arg(&fake)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("teravm-bench: --peers: firecracker-guest-ctrlaltdel: cannot start firecracker: it exited before the guest said it touched its memory"),
+        "{stderr}"
+    );
+    assert!(last.contains("it said: no such VM"), "{stderr}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(120));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn peers_none_of_which_can_run_is_exit_2_and_bad_peer_flags_exit_1() {
-    // Firecracker is not driven, found or not: nothing to run.
+    // Cloud Hypervisor is not driven, found or not: nothing to run.
     let out = Command::new(BIN)
-        .args(["--peers", "firecracker", "--peers-only", "--size-gib", "1"])
+        .args([
+            "--peers",
+            "cloud-hypervisor",
+            "--peers-only",
+            "--size-gib",
+            "1",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("peers: firecracker "), "{stderr}");
+    assert!(stderr.contains("peers: cloud-hypervisor "), "{stderr}");
     assert!(
         stderr.contains("teravm-bench: --peers: none of the peers asked for can run here: "),
         "{stderr}"
