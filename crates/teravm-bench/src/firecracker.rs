@@ -23,7 +23,7 @@
 //! runs on the bench's main thread but the console's reader.
 
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -34,7 +34,7 @@ use teravm_client::http::Connection;
 
 use crate::guest::{covers_touched, Console};
 use crate::model::{Case, Pages, PeerRun, Resident, Stop};
-use crate::mrelease::PidFd;
+use crate::mrelease::{timed_exit, PidFd};
 use crate::resident::resident_of;
 
 /// Errors of a Firecracker row.
@@ -271,24 +271,7 @@ impl RunningFirecracker {
                 start
             }
         };
-        match pidfd.exited_within(EXIT_TIMEOUT) {
-            Ok(true) => {}
-            Ok(false) => return Err(failed(format!("it did not exit within {EXIT_TIMEOUT:?}"))),
-            Err(e) => return Err(failed(format!("poll: {e}"))),
-        }
-        let status = self
-            .child
-            .wait()
-            .map_err(|e| failed(format!("waitpid: {e}")))?;
-        let elapsed = start.elapsed();
-        let expected = match stop {
-            Stop::Graceful => status.success(),
-            Stop::Kill => status.signal() == Some(libc::SIGKILL),
-        };
-        if !expected {
-            return Err(failed(format!("it ended with {status}")));
-        }
-        Ok(elapsed)
+        timed_exit(&mut self.child, &pidfd, start, stop, EXIT_TIMEOUT).map_err(failed)
     }
 }
 

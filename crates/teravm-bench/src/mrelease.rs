@@ -13,7 +13,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use crate::model::BenchError;
+use crate::model::{BenchError, Stop};
 
 /// How a killed process is reaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +164,37 @@ fn release(pidfd: &PidFd) -> Result<(), BenchError> {
             Err(e) => return Err(BenchError::Mrelease(format!("process_mrelease: {e}"))),
         }
     }
+}
+
+/// The end of a timed peer stop, shared by the QEMU and Firecracker rows:
+/// the stop was asked for at `start` (QMP `quit`, `SendCtrlAltDel`, or
+/// SIGKILL); waits at most `limit` for the exit through `pidfd` (opened
+/// before the clock), reaps `child`, and checks it ended as `stop` wants
+/// (exit status 0, or SIGKILL). The time from `start` until `waitpid`
+/// returned, or why not, in words for the caller's error.
+pub fn timed_exit(
+    child: &mut std::process::Child,
+    pidfd: &PidFd,
+    start: Instant,
+    stop: Stop,
+    limit: Duration,
+) -> Result<Duration, String> {
+    use std::os::unix::process::ExitStatusExt;
+    match pidfd.exited_within(limit) {
+        Ok(true) => {}
+        Ok(false) => return Err(format!("it did not exit within {limit:?}")),
+        Err(e) => return Err(format!("poll: {e}")),
+    }
+    let status = child.wait().map_err(|e| format!("waitpid: {e}"))?;
+    let elapsed = start.elapsed();
+    let expected = match stop {
+        Stop::Graceful => status.success(),
+        Stop::Kill => status.signal() == Some(libc::SIGKILL),
+    };
+    if !expected {
+        return Err(format!("it ended with {status}"));
+    }
+    Ok(elapsed)
 }
 
 #[cfg(test)]
