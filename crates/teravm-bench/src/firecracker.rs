@@ -34,7 +34,7 @@ use teravm_client::http::Connection;
 
 use crate::guest::{covers_touched, Console};
 use crate::model::{Case, Pages, PeerRun, Resident, Stop};
-use crate::mrelease::{timed_exit, PidFd};
+use crate::mrelease::{timed_exit, PidFd, EXIT_TIMEOUT};
 use crate::resident::resident_of;
 
 /// Errors of a Firecracker row.
@@ -65,9 +65,6 @@ pub enum FirecrackerError {
         why: String,
     },
 }
-
-/// Longest wait for Firecracker to exit once stopped.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The guest's vCPUs, as many as the other rows' VMs have.
 const VCPUS: u32 = 2;

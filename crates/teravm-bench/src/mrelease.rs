@@ -166,6 +166,9 @@ fn release(pidfd: &PidFd) -> Result<(), BenchError> {
     }
 }
 
+/// Longest wait for a stopped VMM (teravm, QEMU, Firecracker) to exit.
+pub const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// The end of a timed peer stop, shared by the QEMU and Firecracker rows:
 /// the stop was asked for at `start` (QMP `quit`, `SendCtrlAltDel`, or
 /// SIGKILL); waits at most `limit` for the exit through `pidfd` (opened

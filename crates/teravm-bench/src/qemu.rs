@@ -36,7 +36,7 @@ use teravm::config::Backing;
 
 use crate::guest::{covers_touched, Console};
 use crate::model::{Case, Pages, PeerRun, Resident, Stop};
-use crate::mrelease::{timed_exit, PidFd};
+use crate::mrelease::{timed_exit, PidFd, EXIT_TIMEOUT};
 use crate::qmp::{Qmp, QmpError};
 use crate::resident::{covers, resident_of};
 
@@ -79,8 +79,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 const GREETING_TIMEOUT: Duration = Duration::from_secs(900);
 /// Longest wait for a reply to a command.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest wait for QEMU to exit once stopped.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The guest's vCPUs, as many as teravm's microVMs in the bench have.
 const VCPUS: u32 = 2;

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::args::Args;
 use crate::model::{backing_name, BenchError, Case, Method, Pages, Phases, Resident, PHASE_NAMES};
+pub use crate::mrelease::EXIT_TIMEOUT;
 use crate::mrelease::{kill_and_reap, PidFd, Reap};
 use crate::resident::{covers, resident_of};
 use teravm_client::host::{
@@ -43,8 +44,6 @@ use teravm_client::http::{request, Connection};
 
 /// Longest wait for a microVM to boot and touch its memory.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
-/// Longest wait for a microVM shut down with `async` to exit.
-pub const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A `--vm` (or `--live`) run's error.
 pub fn vm_err(what: impl Into<String>) -> BenchError {
