@@ -20,6 +20,7 @@ pub mod logger;
 pub mod memory;
 pub mod metrics;
 pub mod output;
+pub mod rate_limiter;
 pub mod seccomp;
 pub mod util;
 pub mod vmm;
