@@ -36,6 +36,9 @@
  *                       it back and say whether it reads as zero
  *   blk                 after touching, drive the first virtio-blk once
  *                       (read sector 0, write sector 1, read it back, GET_ID)
+ *   blk-read=<MiB>      after blk, read that many MiB (at most the whole
+ *                       drive) of the first virtio-blk in 64 KiB requests
+ *                       and say how long it took (firmware/blk_read.S)
  *   vsock=echo:<port>   after touching, listen on <port> of the first
  *                       virtio-vsock and echo each connection's bytes
  *   vsock=connect:<port> after touching, connect to the host's <port>, send a
@@ -226,6 +229,7 @@
  *     vs_rings    4 x 16 KiB, each connection's bytes not yet echoed
  *     net_rxbuf   8 x 2 KiB, the rx buffers
  *     net_txbuf   2 KiB, the frame being sent
+ *     br_buf      64 KiB, blk-read='s requests (blk_read.S)
  *   0x100000 stacks (4 KiB per vCPU), 0x200000 page tables, BI_FW_END.
  */
 
@@ -662,6 +666,9 @@ parse_cmdline:
         lea     rdi, [rip + key_net]
         call    match_key
         jc      .Lnet_val
+        lea     rdi, [rip + key_blk_read]
+        call    match_key
+        jc      .Lblk_read_val
         lea     rdi, [rip + key_blk]
         call    match_value
         jnc     1f
@@ -698,6 +705,11 @@ parse_cmdline:
 2:      call    parse_mib
         jc      .Lbad
         mov     [rip + opt_touch], rax
+        jmp     .Lword
+.Lblk_read_val:
+        call    parse_mib
+        jc      .Lbad
+        mov     [rip + opt_blk_read], rax
         jmp     .Lword
 .Lreport_val:
         call    parse_mib
@@ -1811,11 +1823,15 @@ put_hex8:
         mov     al, [rcx + rax]
         jmp     putc
 
-/* The devices the command line names, in order: blk, vsock, net. */
+/* The devices the command line names, in order: blk, blk-read=, vsock,
+ * net. */
 devices_start:
         cmp     byte ptr [rip + opt_blk], 0
         je      1f
         call    blk_run
+1:      cmp     qword ptr [rip + opt_blk_read], 0
+        je      1f
+        call    blk_read_run
 1:      cmp     byte ptr [rip + opt_vsock], 0
         je      2f
         call    vs_start
@@ -1863,35 +1879,10 @@ blk_run:
         push    rbx
         push    r12
         push    r13
-        lea     rax, [rip + tag_blk]
-        mov     [rip + dev_tag], rax
-        mov     edi, VIRTIO_ID_BLOCK
-        call    vdev_probe
+        call    blk_init
         jc      .Lblk_done
-        mov     esi, BLK_F_RO | BLK_F_FLUSH
-        call    vdev_begin
-        jc      .Lblk_done
-        mov     [rip + blk_feat], rax
-        mov     r12d, SLOT_BLK
-        xor     r13d, r13d
-        call    vq_setup
-        jc      .Lblk_fail
-        call    vdev_ok
-        jc      .Lblk_done
-        mov     rax, [rip + blk_feat]
-        call    vdev_line
-        lea     rsi, [rip + msg_capacity]
-        call    puts
-        mov     eax, dword ptr [rbx + BLK_CAPACITY + 4]
-        shl     rax, 32
-        mov     ecx, dword ptr [rbx + BLK_CAPACITY]
-        or      rax, rcx
-        call    put_u64
-        lea     rsi, [rip + msg_sectors]
-        call    puts
 
         /* Sector 0: its first 16 bytes. */
-        mov     r12d, SLOT_BLK
         mov     eax, BLK_T_IN
         xor     edx, edx
         call    blk_request
@@ -2008,18 +1999,62 @@ blk_run:
         jb      10b
 9:      mov     al, 10
         call    putc
-        jmp     .Lblk_done
-.Lblk_fail:
-        call    vdev_fail
 .Lblk_done:
         pop     r13
         pop     r12
         pop     rbx
         ret
 
+/* Find and set up the first virtio-blk once (`blk` and `blk-read=` share
+ * it) and say its line: rbx = its base, r12 = SLOT_BLK, blk_sectors = its
+ * capacity, CF clear; CF set if it cannot be used (said, and not tried
+ * again). Clobbers r13. */
+blk_init:
+        lea     rax, [rip + tag_blk]
+        mov     [rip + dev_tag], rax
+        mov     r12d, SLOT_BLK
+        mov     rbx, [rip + blk_base]
+        test    rbx, rbx
+        jz      1f                      /* 0: not tried yet */
+        cmp     rbx, 2                  /* 1: failed (CF set), else set up */
+        ret
+1:      mov     qword ptr [rip + blk_base], 1
+        mov     edi, VIRTIO_ID_BLOCK
+        call    vdev_probe
+        jc      2f
+        mov     esi, BLK_F_RO | BLK_F_FLUSH
+        call    vdev_begin
+        jc      2f
+        mov     [rip + blk_feat], rax
+        xor     r13d, r13d
+        call    vq_setup
+        jc      3f
+        call    vdev_ok
+        jc      2f
+        mov     [rip + blk_base], rbx
+        mov     rax, [rip + blk_feat]
+        call    vdev_line
+        lea     rsi, [rip + msg_capacity]
+        call    puts
+        mov     eax, dword ptr [rbx + BLK_CAPACITY + 4]
+        shl     rax, 32
+        mov     ecx, dword ptr [rbx + BLK_CAPACITY]
+        or      rax, rcx
+        mov     [rip + blk_sectors], rax
+        call    put_u64
+        lea     rsi, [rip + msg_sectors]
+        call    puts
+        mov     r12d, SLOT_BLK
+        clc
+        ret
+3:      call    vdev_fail
+2:      stc
+        ret
+
 /* One request on the block queue (r12 = SLOT_BLK, rbx = the device): eax =
  * type, rdx = sector. eax = the status byte, CF clear; CF set on a timeout
- * (said). IN and OUT move blk_data (one sector), GET_ID fills blk_id. */
+ * (said). IN and OUT move blk_len bytes at blk_buf (blk_data, one sector,
+ * but for blk-read=), GET_ID fills blk_id. */
 blk_request:
         lea     rdi, [rip + blk_hdr]
         mov     [rdi], eax
@@ -2035,8 +2070,8 @@ blk_request:
         mov     r8d, DESC_F_NEXT | (2 << 16)        /* no data */
 1:      xor     ecx, ecx
         call    vq_desc
-        lea     rax, [rip + blk_data]
-        mov     edx, BLK_SECTOR
+        mov     rax, [rip + blk_buf]
+        mov     edx, [rip + blk_len]
         mov     r8d, DESC_F_NEXT | DESC_F_WRITE | (2 << 16)
         mov     ecx, [rsp]
         cmp     ecx, BLK_T_OUT
@@ -2983,6 +3018,7 @@ msg_bck_corrupt: .asciz "corrupt\n"
 key_blk:         .asciz "blk"
 key_vsock:       .asciz "vsock="
 key_net:         .asciz "net="
+key_blk_read:    .asciz "blk-read="
 val_echo_port:   .asciz "echo:"
 val_connect_port: .asciz "connect:"
 val_echo:        .asciz "echo"
@@ -3057,6 +3093,7 @@ say_ptr:        .quad 0
 say_len:        .quad 0
 touch_bytes:    .quad 0
 opt_report:     .quad 0
+opt_blk_read:   .quad 0                 /* blk-read=: bytes */
 t0_ms:          .long 0
 opt_reset:      .byte 0
 opt_fault:      .byte 0
@@ -3087,6 +3124,11 @@ vs_got_rst:     .byte 0
         .balign 8
 dev_tag:        .quad tag_balloon       /* the device the lines name */
 blk_feat:       .quad 0
+blk_base:       .quad 0                 /* 0 not tried, 1 failed, else set up */
+blk_sectors:    .quad 0                 /* its capacity */
+blk_buf:        .quad blk_data          /* blk_request's data buffer */
+blk_len:        .long BLK_SECTOR        /* and its length */
+        .balign 8
 vs_base:        .quad 0
 vs_feat:        .quad 0
 vs_cid:         .quad 0
@@ -3129,3 +3171,5 @@ vs_txdata:      .skip VS_TXDATA
 vs_rings:       .skip VS_CONNS * VS_BUF
 net_rxbuf:      .skip NET_NRX * NET_BUF
 net_txbuf:      .skip NET_BUF
+
+        .include "firmware/blk_read.S"
