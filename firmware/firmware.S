@@ -39,6 +39,11 @@
  *   blk-read=<MiB>      after blk, read that many MiB (at most the whole
  *                       drive) of the first virtio-blk in 64 KiB requests
  *                       and say how long it took (firmware/blk_read.S)
+ *   mmds=<path>         after net, fetch <path> from the MMDS over the first
+ *                       virtio-net (ARP, TCP, HTTP/1.1 with a V2 token when
+ *                       the MMDS gives one) and print its status and body;
+ *                       mmds-addr=<a.b.c.d> (169.254.169.254) and
+ *                       mmds-ip=<a.b.c.d> (ours, 169.254.0.2) (firmware/mmds.S)
  *   vsock=echo:<port>   after touching, listen on <port> of the first
  *                       virtio-vsock and echo each connection's bytes
  *   vsock=connect:<port> after touching, connect to the host's <port>, send a
@@ -230,6 +235,7 @@
  *     net_rxbuf   8 x 2 KiB, the rx buffers
  *     net_txbuf   2 KiB, the frame being sent
  *     br_buf      64 KiB, blk-read='s requests (blk_read.S)
+ *     mm_req, mm_resp, mm_token  1 KiB, 4 KiB, 256 bytes: mmds= (mmds.S)
  *   0x100000 stacks (4 KiB per vCPU), 0x200000 page tables, BI_FW_END.
  */
 
@@ -669,6 +675,10 @@ parse_cmdline:
         lea     rdi, [rip + key_blk_read]
         call    match_key
         jc      .Lblk_read_val
+        call    mm_parse_word           /* mmds=, mmds-addr=, mmds-ip= */
+        cmp     eax, 1
+        je      .Lword
+        ja      .Lbad
         lea     rdi, [rip + key_blk]
         call    match_value
         jnc     1f
@@ -1824,7 +1834,7 @@ put_hex8:
         jmp     putc
 
 /* The devices the command line names, in order: blk, blk-read=, vsock,
- * net. */
+ * net, mmds=. */
 devices_start:
         cmp     byte ptr [rip + opt_blk], 0
         je      1f
@@ -1838,7 +1848,10 @@ devices_start:
 2:      cmp     byte ptr [rip + opt_net], 0
         je      3f
         call    net_start
-3:      ret
+3:      cmp     qword ptr [rip + mm_path_len], 0
+        je      4f
+        call    mmds_run
+4:      ret
 
 /* vCPU 0 serving vsock=echo: and/or net=echo (then=idle): poll their used
  * rings every round; every SERVE_SPIN rounds serve the balloon (if
@@ -2759,52 +2772,8 @@ net_start:
         push    rbx
         push    r12
         push    r13
-        lea     rax, [rip + tag_net]
-        mov     [rip + dev_tag], rax
-        mov     edi, VIRTIO_ID_NET
-        call    vdev_probe
+        call    net_init
         jc      .Lnet_done
-        mov     esi, NET_F_MAC
-        call    vdev_begin
-        jc      .Lnet_done
-        mov     [rip + net_feat], rax
-        lea     rdi, [rip + net_mac]
-        test    eax, NET_F_MAC
-        jz      1f
-        xor     ecx, ecx
-2:      mov     al, byte ptr [rbx + NET_CFG_MAC + rcx]
-        mov     [rdi + rcx], al
-        inc     ecx
-        cmp     ecx, 6
-        jb      2b
-1:      mov     r12d, SLOT_NET_RX
-        xor     r13d, r13d
-        call    vq_setup
-        jc      .Lnet_fail
-        mov     r12d, SLOT_NET_TX
-        mov     r13d, 1
-        call    vq_setup
-        jc      .Lnet_fail
-        call    vdev_ok
-        jc      .Lnet_done
-        mov     rax, [rip + net_feat]
-        call    vdev_line
-        mov     al, 10
-        call    putc
-        mov     r12d, SLOT_NET_RX
-        movzx   eax, word ptr [rip + vq_state + SLOT_NET_RX * 16 + VQS_SIZE]
-        mov     ecx, NET_NRX
-        cmp     eax, ecx
-        cmova   eax, ecx
-        mov     [rip + net_nrx], eax
-        xor     r13d, r13d
-3:      cmp     r13d, [rip + net_nrx]
-        jae     4f
-        call    net_rx_post
-        inc     r13d
-        jmp     3b
-4:      mov     [rip + net_base], rbx
-        mov     byte ptr [rip + net_live], 1
         /* The greeting: broadcast, from our MAC, EtherType 0x88b5. */
         lea     rdi, [rip + net_txbuf]
         xor     eax, eax
@@ -2842,14 +2811,73 @@ net_start:
 6:      mov     al, 10
         call    putc
         mov     byte ptr [rip + serve_echo], 1
-        jmp     .Lnet_done
-.Lnet_fail:
-        call    vdev_fail
 .Lnet_done:
         pop     r13
         pop     r12
         pop     rbx
         ret
+
+/* Find and set up the first virtio-net once (`net=echo` and `mmds=` share
+ * it), say its line and post the rx buffers: net_base, net_live = 1, CF
+ * clear; CF set if it cannot be used (said once). Clobbers rbx, r12, r13. */
+net_init:
+        cmp     byte ptr [rip + net_tried], 0
+        je      1f
+        cmp     byte ptr [rip + net_live], 1    /* CF set unless live */
+        ret
+1:      mov     byte ptr [rip + net_tried], 1
+        lea     rax, [rip + tag_net]
+        mov     [rip + dev_tag], rax
+        mov     edi, VIRTIO_ID_NET
+        call    vdev_probe
+        jc      9f
+        mov     esi, NET_F_MAC
+        call    vdev_begin
+        jc      9f
+        mov     [rip + net_feat], rax
+        lea     rdi, [rip + net_mac]
+        test    eax, NET_F_MAC
+        jz      1f
+        xor     ecx, ecx
+2:      mov     al, byte ptr [rbx + NET_CFG_MAC + rcx]
+        mov     [rdi + rcx], al
+        inc     ecx
+        cmp     ecx, 6
+        jb      2b
+1:      mov     r12d, SLOT_NET_RX
+        xor     r13d, r13d
+        call    vq_setup
+        jc      8f
+        mov     r12d, SLOT_NET_TX
+        mov     r13d, 1
+        call    vq_setup
+        jc      8f
+        call    vdev_ok
+        jc      9f
+        mov     rax, [rip + net_feat]
+        call    vdev_line
+        mov     al, 10
+        call    putc
+        mov     r12d, SLOT_NET_RX
+        movzx   eax, word ptr [rip + vq_state + SLOT_NET_RX * 16 + VQS_SIZE]
+        mov     ecx, NET_NRX
+        cmp     eax, ecx
+        cmova   eax, ecx
+        mov     [rip + net_nrx], eax
+        xor     r13d, r13d
+3:      cmp     r13d, [rip + net_nrx]
+        jae     4f
+        call    net_rx_post
+        inc     r13d
+        jmp     3b
+4:      mov     [rip + net_base], rbx
+        mov     byte ptr [rip + net_live], 1
+        clc
+        ret
+8:      call    vdev_fail
+9:      stc
+        ret
+
 
 /* Post rx buffer r13d (r12 = SLOT_NET_RX, rbx = the device). */
 net_rx_post:
@@ -3120,6 +3148,7 @@ opt_net:        .byte 0
 serve_echo:     .byte 0                 /* vsock or net echo set up */
 vs_live:        .byte 0                 /* vsock driven (not given up) */
 net_live:       .byte 0
+net_tried:      .byte 0                 /* net_init has run */
 vs_got_rst:     .byte 0
         .balign 8
 dev_tag:        .quad tag_balloon       /* the device the lines name */
@@ -3173,3 +3202,4 @@ net_rxbuf:      .skip NET_NRX * NET_BUF
 net_txbuf:      .skip NET_BUF
 
         .include "firmware/blk_read.S"
+        .include "firmware/mmds.S"

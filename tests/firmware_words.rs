@@ -6,8 +6,13 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::api::*;
 use common::*;
@@ -141,4 +146,298 @@ fn blk_read_of_more_than_the_drive_reads_it_whole() {
     assert_eq!(read_line(&line).0, 3, "{line}");
     assert_eq!(bytes, size, "the whole drive was read");
     assert_eq!(count, 49);
+}
+
+// ---------------------------------------------------------------------------
+// mmds=<path>
+
+/// The token the host-side MMDS hands out.
+const TOKEN: &str = "teravm-test-token-0123456789abcdef";
+
+/// A request the host-side MMDS saw: method, path, headers (names lower
+/// case).
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The MMDS the firmware talks to in these tests: a small HTTP server on
+/// Linux's own TCP/IP stack, bound to 169.254.169.254:80 on the host end of
+/// a tap (`tap0`, 169.254.169.254/16) in a network namespace of its own;
+/// teravm runs in that namespace and gets the tap as eth0. It answers
+/// `PUT /latest/api/token` (with X-metadata-token-ttl-seconds) with
+/// [`TOKEN`] when `v2`, else 405; and `GET <path>` from `files` (404 when
+/// missing), with `v2` only with the token (401 without). The token's
+/// answer closes at once (the firmware ends at our FIN); a GET's answer
+/// stays open until the firmware closes (it must end at Content-Length).
+/// To fetch from another MMDS (teravm's own), give `fetch` what this gives
+/// it: the sections that configure teravm, the namespace, the requests seen.
+struct HostMmds {
+    ns: common::netns::Netns,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HostMmds {
+    /// None where a namespace with a tap cannot be made.
+    fn start(tag: &str, v2: bool, files: Vec<(&'static str, String)>) -> Option<HostMmds> {
+        let ns = common::netns::Netns::new(tag)?;
+        let ok = Command::new("ip")
+            .args([
+                "-n",
+                &ns.name,
+                "addr",
+                "add",
+                "169.254.169.254/16",
+                "dev",
+                "tap0",
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip addr add in {}", ns.name);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let listener = in_netns(&ns, || {
+            std::net::TcpListener::bind("169.254.169.254:80").expect("bind 169.254.169.254:80")
+        });
+        let (s, st) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || serve(listener, v2, &files, &s, &st));
+        Some(HostMmds {
+            ns,
+            seen,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// What configures teravm for it: eth0 on the namespace's tap.
+    fn sections(&self) -> Vec<(String, String)> {
+        vec![(
+            "/network-interfaces/eth0".to_string(),
+            r#"{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:ac:10:00:02"}"#
+                .to_string(),
+        )]
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for HostMmds {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `f` run on a thread inside `ns` (what it makes, sockets, stays there).
+fn in_netns<R: Send + 'static>(
+    ns: &common::netns::Netns,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let path = format!("/var/run/netns/{}", ns.name);
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: setns on this thread with a namespace fd we hold.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// Accepts until `stop`, one connection at a time.
+fn serve(
+    listener: std::net::TcpListener,
+    v2: bool,
+    files: &[(&'static str, String)],
+    seen: &Mutex<Vec<Seen>>,
+    stop: &AtomicBool,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our stack.
+        if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
+            continue;
+        }
+        let Ok((mut conn, _)) = listener.accept() else {
+            continue;
+        };
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let Some(req) = read_request(&mut conn) else {
+            continue;
+        };
+        let (code, body, close_now) = if req.method == "PUT" && req.path == "/latest/api/token" {
+            match (v2, req.header("x-metadata-token-ttl-seconds")) {
+                (false, _) => (405, "not here".to_string(), true),
+                (true, Some(_)) => (200, TOKEN.to_string(), true),
+                (true, None) => (400, "no ttl".to_string(), true),
+            }
+        } else if req.method == "GET" {
+            if v2 && req.header("x-metadata-token") != Some(TOKEN) {
+                (401, "no token".to_string(), false)
+            } else {
+                match files.iter().find(|(p, _)| *p == req.path) {
+                    Some((_, b)) => (200, b.clone(), false),
+                    None => (404, "not found".to_string(), false),
+                }
+            }
+        } else {
+            (405, "no".to_string(), true)
+        };
+        seen.lock().unwrap().push(req);
+        let reason = match code {
+            200 => "OK",
+            401 => "Unauthorized",
+            404 => "Not Found",
+            _ => "Whatever",
+        };
+        let head = format!(
+            "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = conn.write_all(head.as_bytes());
+        let _ = conn.write_all(body.as_bytes());
+        if !close_now {
+            // Until the firmware's FIN (or the read timeout).
+            let mut rest = Vec::new();
+            let _ = conn.read_to_end(&mut rest);
+        }
+    }
+}
+
+/// One request: the request line and headers (a body is not expected).
+fn read_request(conn: &mut std::net::TcpStream) -> Option<Seen> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if conn.read(&mut byte).ok()? == 0 || buf.len() > 8192 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let text = String::from_utf8(buf).ok()?;
+    let mut lines = text.split("\r\n");
+    let mut first = lines.next()?.split(' ');
+    let (method, path) = (first.next()?.to_string(), first.next()?.to_string());
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Some(Seen {
+        method,
+        path,
+        headers,
+    })
+}
+
+/// Boots the firmware with `mmds=<path>` against `mmds`: its mmds line.
+fn fetch(name: &str, mmds: &HostMmds, path: &str) -> String {
+    let _big = big_memory();
+    let dir = temp_dir(name);
+    let (mut vmm, sock) = start(
+        &dir,
+        &mmds.sections(),
+        &format!("mmds={path} then=idle"),
+        Some(&mmds.ns.name),
+    );
+    let line = vmm.wait_line("teravm firmware: mmds ", T);
+    eprintln!("{line}");
+    vmm.wait_line("teravm firmware: idle", T);
+    shutdown_ok(vmm, &sock);
+    line
+}
+
+fn mmds_or_skip(test: &str, v2: bool, files: Vec<(&'static str, String)>) -> Option<HostMmds> {
+    if !kvm_or_skip(test) {
+        return None;
+    }
+    let m = HostMmds::start(test, v2, files);
+    if m.is_none() {
+        skip(
+            test,
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+    }
+    m
+}
+
+/// The body the tests serve: two lines, then more than 200 bytes.
+fn long_body() -> String {
+    format!("line one\r\nline two\n{}", "x".repeat(300))
+}
+
+#[test]
+fn mmds_fetches_a_path_with_the_token_it_was_given() {
+    let Some(mmds) = mmds_or_skip("mmds_v2", true, vec![("/latest/meta-data/x", long_body())])
+    else {
+        return;
+    };
+    let line = fetch("mmds-v2", &mmds, "/latest/meta-data/x");
+    let shown: String = long_body()[..200].replace(['\r', '\n'], " ");
+    assert_eq!(line, format!("teravm firmware: mmds 200 {shown}"));
+    let seen = mmds.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        (seen[0].method.as_str(), seen[0].path.as_str()),
+        ("PUT", "/latest/api/token")
+    );
+    assert_eq!(seen[0].header("x-metadata-token-ttl-seconds"), Some("60"));
+    assert_eq!(
+        (seen[1].method.as_str(), seen[1].path.as_str()),
+        ("GET", "/latest/meta-data/x")
+    );
+    assert_eq!(seen[1].header("x-metadata-token"), Some(TOKEN), "{seen:?}");
+    for s in &seen {
+        assert_eq!(s.header("host"), Some("169.254.169.254"), "{s:?}");
+        assert_eq!(s.header("connection"), Some("close"), "{s:?}");
+    }
+}
+
+#[test]
+fn mmds_says_404_for_a_missing_path() {
+    let Some(mmds) = mmds_or_skip("mmds_404", true, vec![("/latest/meta-data/x", long_body())])
+    else {
+        return;
+    };
+    let line = fetch("mmds-404", &mmds, "/latest/meta-data/missing");
+    assert_eq!(line, "teravm firmware: mmds 404 not found");
+    let seen = mmds.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[1].path, "/latest/meta-data/missing");
+    assert_eq!(seen[1].header("x-metadata-token"), Some(TOKEN), "{seen:?}");
+}
+
+#[test]
+fn mmds_without_a_token_gets_without_one() {
+    let Some(mmds) = mmds_or_skip("mmds_v1", false, vec![("/v1", "{\"a\": 1}".to_string())]) else {
+        return;
+    };
+    let line = fetch("mmds-v1", &mmds, "/v1");
+    assert_eq!(line, "teravm firmware: mmds 200 {\"a\": 1}");
+    let seen = mmds.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0].method, "PUT");
+    assert_eq!(seen[1].header("x-metadata-token"), None, "{seen:?}");
 }
