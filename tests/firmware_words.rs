@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use common::api::*;
@@ -161,6 +161,9 @@ struct Seen {
     method: String,
     path: String,
     headers: Vec<(String, String)>,
+    /// A GET's answer stayed open: whether the firmware closed it (its FIN
+    /// came, rather than the server's read timeout).
+    ended_by_client: bool,
 }
 
 impl Seen {
@@ -170,6 +173,13 @@ impl Seen {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
     }
+}
+
+/// The requests a [`HostMmds`] has answered, in order.
+#[derive(Default)]
+struct Log {
+    all: Mutex<Vec<Seen>>,
+    changed: Condvar,
 }
 
 /// The MMDS the firmware talks to in these tests: a small HTTP server on
@@ -185,7 +195,7 @@ impl Seen {
 /// it: the sections that configure teravm, the namespace, the requests seen.
 struct HostMmds {
     ns: common::netns::Netns,
-    seen: Arc<Mutex<Vec<Seen>>>,
+    seen: Arc<Log>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -207,7 +217,7 @@ impl HostMmds {
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "ip addr add in {}", ns.name);
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::new(Log::default());
         let stop = Arc::new(AtomicBool::new(false));
         let listener = in_netns(&ns, || {
             std::net::TcpListener::bind("169.254.169.254:80").expect("bind 169.254.169.254:80")
@@ -231,8 +241,14 @@ impl HostMmds {
         )]
     }
 
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
+    /// The requests seen, once there are `n` (within T).
+    fn seen(&self, n: usize) -> Vec<Seen> {
+        let (all, _) = self
+            .seen
+            .changed
+            .wait_timeout_while(self.seen.all.lock().unwrap(), T, |v| v.len() < n)
+            .unwrap();
+        all.clone()
     }
 }
 
@@ -267,7 +283,7 @@ fn serve(
     listener: std::net::TcpListener,
     v2: bool,
     files: &[(&'static str, String)],
-    seen: &Mutex<Vec<Seen>>,
+    seen: &Log,
     stop: &AtomicBool,
 ) {
     while !stop.load(Ordering::Relaxed) {
@@ -306,7 +322,6 @@ fn serve(
         } else {
             (405, "no".to_string(), true)
         };
-        seen.lock().unwrap().push(req);
         let reason = match code {
             200 => "OK",
             401 => "Unauthorized",
@@ -319,11 +334,14 @@ fn serve(
         );
         let _ = conn.write_all(head.as_bytes());
         let _ = conn.write_all(body.as_bytes());
+        let mut req = req;
         if !close_now {
             // Until the firmware's FIN (or the read timeout).
             let mut rest = Vec::new();
-            let _ = conn.read_to_end(&mut rest);
+            req.ended_by_client = conn.read_to_end(&mut rest).is_ok();
         }
+        seen.all.lock().unwrap().push(req);
+        seen.changed.notify_all();
     }
 }
 
@@ -349,6 +367,7 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Seen> {
         method,
         path,
         headers,
+        ended_by_client: false,
     })
 }
 
@@ -397,7 +416,7 @@ fn mmds_fetches_a_path_with_the_token_it_was_given() {
     let line = fetch("mmds-v2", &mmds, "/latest/meta-data/x");
     let shown: String = long_body()[..200].replace(['\r', '\n'], " ");
     assert_eq!(line, format!("teravm firmware: mmds 200 {shown}"));
-    let seen = mmds.seen();
+    let seen = mmds.seen(2);
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(
         (seen[0].method.as_str(), seen[0].path.as_str()),
@@ -409,6 +428,10 @@ fn mmds_fetches_a_path_with_the_token_it_was_given() {
         ("GET", "/latest/meta-data/x")
     );
     assert_eq!(seen[1].header("x-metadata-token"), Some(TOKEN), "{seen:?}");
+    assert!(
+        seen[1].ended_by_client,
+        "the firmware ended the GET at Content-Length and closed: {seen:?}"
+    );
     for s in &seen {
         assert_eq!(s.header("host"), Some("169.254.169.254"), "{s:?}");
         assert_eq!(s.header("connection"), Some("close"), "{s:?}");
@@ -423,7 +446,7 @@ fn mmds_says_404_for_a_missing_path() {
     };
     let line = fetch("mmds-404", &mmds, "/latest/meta-data/missing");
     assert_eq!(line, "teravm firmware: mmds 404 not found");
-    let seen = mmds.seen();
+    let seen = mmds.seen(2);
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(seen[1].path, "/latest/meta-data/missing");
     assert_eq!(seen[1].header("x-metadata-token"), Some(TOKEN), "{seen:?}");
@@ -436,8 +459,9 @@ fn mmds_without_a_token_gets_without_one() {
     };
     let line = fetch("mmds-v1", &mmds, "/v1");
     assert_eq!(line, "teravm firmware: mmds 200 {\"a\": 1}");
-    let seen = mmds.seen();
+    let seen = mmds.seen(2);
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(seen[0].method, "PUT");
     assert_eq!(seen[1].header("x-metadata-token"), None, "{seen:?}");
+    assert!(seen[1].ended_by_client, "ended at Content-Length: {seen:?}");
 }
