@@ -198,11 +198,35 @@ struct HostMmds {
     seen: Arc<Log>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    go: Option<std::sync::mpsc::Sender<()>>,
+    _filler: Option<std::net::TcpStream>,
+}
+
+fn sysctl(ns: &common::netns::Netns, setting: &str) {
+    let ok = ns
+        .command("sysctl")
+        .args(["-q", "-w", setting])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "sysctl {setting} in {}", ns.name);
 }
 
 impl HostMmds {
     /// None where a namespace with a tap cannot be made.
     fn start(tag: &str, v2: bool, files: Vec<(&'static str, String)>) -> Option<HostMmds> {
+        Self::start_deaf(tag, v2, files, false)
+    }
+
+    /// Like `start`; with `deaf`, Linux ignores ARP on the tap (arp_ignore
+    /// 8) until [`HostMmds::answer_arp`], and the server's accept queue is
+    /// full (backlog 0 and a connection of our own in it, so Linux drops
+    /// SYNs) until [`HostMmds::open_queue`].
+    fn start_deaf(
+        tag: &str,
+        v2: bool,
+        files: Vec<(&'static str, String)>,
+        deaf: bool,
+    ) -> Option<HostMmds> {
         let ns = common::netns::Netns::new(tag)?;
         let ok = Command::new("ip")
             .args([
@@ -222,14 +246,53 @@ impl HostMmds {
         let listener = in_netns(&ns, || {
             std::net::TcpListener::bind("169.254.169.254:80").expect("bind 169.254.169.254:80")
         });
+        let (go_tx, go_rx) = std::sync::mpsc::channel();
+        let mut filler = None;
+        if deaf {
+            sysctl(&ns, "net.ipv4.conf.tap0.arp_ignore=8");
+            assert!(Command::new("ip")
+                .args(["-n", &ns.name, "link", "set", "lo", "up"])
+                .status()
+                .is_ok_and(|s| s.success()));
+            // SAFETY: listen again on our listening socket: a new backlog.
+            assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+            filler = Some(in_netns(&ns, || {
+                std::net::TcpStream::connect("169.254.169.254:80").expect("the filler")
+            }));
+        } else {
+            go_tx.send(()).unwrap();
+        }
         let (s, st) = (seen.clone(), stop.clone());
-        let thread = std::thread::spawn(move || serve(listener, v2, &files, &s, &st));
+        let thread = std::thread::spawn(move || {
+            if deaf {
+                // Until open_queue: then the filler is taken and dropped.
+                if go_rx.recv().is_err() {
+                    return;
+                }
+                let _ = listener.accept();
+            }
+            serve(listener, v2, &files, &s, &st)
+        });
         Some(HostMmds {
             ns,
             seen,
             stop,
             thread: Some(thread),
+            go: Some(go_tx),
+            _filler: filler,
         })
+    }
+
+    /// Linux answers ARP on the tap again.
+    fn answer_arp(&self) {
+        sysctl(&self.ns, "net.ipv4.conf.tap0.arp_ignore=0");
+    }
+
+    /// The server takes connections again.
+    fn open_queue(&mut self) {
+        if let Some(go) = self.go.take() {
+            let _ = go.send(());
+        }
     }
 
     /// What configures teravm for it: eth0 on the namespace's tap.
@@ -255,6 +318,7 @@ impl HostMmds {
 impl Drop for HostMmds {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.go.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -464,4 +528,91 @@ fn mmds_without_a_token_gets_without_one() {
     assert_eq!(seen[0].method, "PUT");
     assert_eq!(seen[1].header("x-metadata-token"), None, "{seen:?}");
     assert!(seen[1].ended_by_client, "ended at Content-Length: {seen:?}");
+}
+
+/// What the guest sent on the tap (seen by an AF_PACKET socket there):
+/// ARP requests for the MMDS address and TCP SYNs to its port 80.
+#[derive(Debug, Default)]
+struct Sent {
+    arp_requests: u32,
+    syns: u32,
+}
+
+#[test]
+fn mmds_asks_again_for_what_goes_unanswered() {
+    let Some(mut mmds) = (if kvm_or_skip("mmds_retx") {
+        HostMmds::start_deaf("mmds_retx", true, vec![("/r", "again".to_string())], true)
+    } else {
+        return;
+    }) else {
+        skip(
+            "mmds_retx",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    // Watch the tap: after the first ARP request Linux answers ARP, after
+    // the first SYN the server takes connections; the firmware must ask
+    // again for both.
+    let fd = common::netns::packet_socket(&mmds.ns);
+    let fetcher = {
+        let ns = mmds.ns.name.clone();
+        let sections = mmds.sections();
+        std::thread::spawn(move || {
+            let _big = big_memory();
+            let dir = temp_dir("mmds-retx");
+            let (mut vmm, sock) = start(&dir, &sections, "mmds=/r then=idle", Some(&ns));
+            let line = vmm.wait_line("teravm firmware: mmds ", T);
+            vmm.wait_line("teravm firmware: idle", T);
+            shutdown_ok(vmm, &sock);
+            line
+        })
+    };
+    let guest_mac = [6u8, 0, 0xac, 0x10, 0, 2];
+    let mut sent = Sent::default();
+    let deadline = std::time::Instant::now() + T;
+    let mut buf = vec![0u8; 2048];
+    while (sent.arp_requests < 2 || sent.syns < 3) && std::time::Instant::now() < deadline {
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our stack.
+        if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
+            continue;
+        }
+        // SAFETY: reads into our buffer of its length.
+        let n = unsafe { libc::recv(pfd.fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 42 || buf[6..12] != guest_mac {
+            continue;
+        }
+        let f = &buf[..n as usize];
+        if f[12..14] == [8, 6] && f[20..22] == [0, 1] && f[38..42] == [169, 254, 169, 254] {
+            sent.arp_requests += 1;
+            if sent.arp_requests == 1 {
+                mmds.answer_arp();
+            }
+        } else if n >= 54
+            && f[12..14] == [8, 0]
+            && f[23] == 6
+            && f[36..38] == [0, 80]
+            && f[47] & 0x12 == 0x02
+        {
+            sent.syns += 1;
+            if sent.syns == 1 {
+                mmds.open_queue();
+            }
+        }
+    }
+    let line = fetcher.join().unwrap();
+    eprintln!("{line}; {sent:?}");
+    assert_eq!(line, "teravm firmware: mmds 200 again");
+    assert!(
+        sent.arp_requests >= 2,
+        "the ARP request was sent again: {sent:?}"
+    );
+    // The token's connection twice (the first SYN dropped), the GET's once.
+    assert!(sent.syns >= 3, "the SYN was sent again: {sent:?}");
+    assert_eq!(mmds.seen(2).len(), 2);
 }
