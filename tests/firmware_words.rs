@@ -580,6 +580,9 @@ fn mmds_asks_again_for_what_goes_unanswered() {
         };
         // SAFETY: one pollfd on our stack.
         if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
+            if fetcher.is_finished() {
+                break; // and nothing left to read
+            }
             continue;
         }
         // SAFETY: reads into our buffer of its length.
