@@ -43,7 +43,8 @@
  *                       virtio-net (ARP, TCP, HTTP/1.1 with a V2 token when
  *                       the MMDS gives one) and print its status and body;
  *                       mmds-addr=<a.b.c.d> (169.254.169.254) and
- *                       mmds-ip=<a.b.c.d> (ours, 169.254.0.2) (firmware/mmds.S)
+ *                       mmds-ip=<a.b.c.d> (ours, 169.254.0.2) (firmware/mmds.S,
+ *                       mmds_frames.S)
  *   vsock=echo:<port>   after touching, listen on <port> of the first
  *                       virtio-vsock and echo each connection's bytes
  *   vsock=connect:<port> after touching, connect to the host's <port>, send a
@@ -3203,3 +3204,4 @@ net_txbuf:      .skip NET_BUF
 
         .include "firmware/blk_read.S"
         .include "firmware/mmds.S"
+        .include "firmware/mmds_frames.S"
