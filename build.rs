@@ -19,7 +19,8 @@ fn firmware(out: &Path) {
     let obj = out.join("firmware.o");
     let elf = out.join("firmware.elf");
     let bin = out.join("firmware.bin");
-    println!("cargo:rerun-if-changed=firmware/firmware.S");
+    // The directory: firmware.S .includes the other .S files in it.
+    println!("cargo:rerun-if-changed=firmware");
     println!("cargo:rerun-if-changed=firmware/firmware.ld");
     run(Command::new("as")
         .args(["--64", "-o"])

@@ -36,6 +36,15 @@
  *                       it back and say whether it reads as zero
  *   blk                 after touching, drive the first virtio-blk once
  *                       (read sector 0, write sector 1, read it back, GET_ID)
+ *   blk-read=<MiB>      after blk, read that many MiB (at most the whole
+ *                       drive) of the first virtio-blk in 64 KiB requests
+ *                       and say how long it took (firmware/blk_read.S)
+ *   mmds=<path>         after net, fetch <path> from the MMDS over the first
+ *                       virtio-net (ARP, TCP, HTTP/1.1 with a V2 token when
+ *                       the MMDS gives one) and print its status and body;
+ *                       mmds-addr=<a.b.c.d> (169.254.169.254) and
+ *                       mmds-ip=<a.b.c.d> (ours, 169.254.0.2) (firmware/mmds.S,
+ *                       mmds_frames.S)
  *   vsock=echo:<port>   after touching, listen on <port> of the first
  *                       virtio-vsock and echo each connection's bytes
  *   vsock=connect:<port> after touching, connect to the host's <port>, send a
@@ -226,6 +235,8 @@
  *     vs_rings    4 x 16 KiB, each connection's bytes not yet echoed
  *     net_rxbuf   8 x 2 KiB, the rx buffers
  *     net_txbuf   2 KiB, the frame being sent
+ *     br_buf      64 KiB, blk-read='s requests (blk_read.S)
+ *     mm_req, mm_resp, mm_token  1 KiB, 4 KiB, 256 bytes: mmds= (mmds.S)
  *   0x100000 stacks (4 KiB per vCPU), 0x200000 page tables, BI_FW_END.
  */
 
@@ -662,6 +673,13 @@ parse_cmdline:
         lea     rdi, [rip + key_net]
         call    match_key
         jc      .Lnet_val
+        lea     rdi, [rip + key_blk_read]
+        call    match_key
+        jc      .Lblk_read_val
+        call    mm_parse_word           /* mmds=, mmds-addr=, mmds-ip= */
+        cmp     eax, 1
+        je      .Lword
+        ja      .Lbad
         lea     rdi, [rip + key_blk]
         call    match_value
         jnc     1f
@@ -698,6 +716,11 @@ parse_cmdline:
 2:      call    parse_mib
         jc      .Lbad
         mov     [rip + opt_touch], rax
+        jmp     .Lword
+.Lblk_read_val:
+        call    parse_mib
+        jc      .Lbad
+        mov     [rip + opt_blk_read], rax
         jmp     .Lword
 .Lreport_val:
         call    parse_mib
@@ -1811,18 +1834,25 @@ put_hex8:
         mov     al, [rcx + rax]
         jmp     putc
 
-/* The devices the command line names, in order: blk, vsock, net. */
+/* The devices the command line names, in order: blk, blk-read=, vsock,
+ * net, mmds=. */
 devices_start:
         cmp     byte ptr [rip + opt_blk], 0
         je      1f
         call    blk_run
+1:      cmp     qword ptr [rip + opt_blk_read], 0
+        je      1f
+        call    blk_read_run
 1:      cmp     byte ptr [rip + opt_vsock], 0
         je      2f
         call    vs_start
 2:      cmp     byte ptr [rip + opt_net], 0
         je      3f
         call    net_start
-3:      ret
+3:      cmp     qword ptr [rip + mm_path_len], 0
+        je      4f
+        call    mmds_run
+4:      ret
 
 /* vCPU 0 serving vsock=echo: and/or net=echo (then=idle): poll their used
  * rings every round; every SERVE_SPIN rounds serve the balloon (if
@@ -1863,35 +1893,10 @@ blk_run:
         push    rbx
         push    r12
         push    r13
-        lea     rax, [rip + tag_blk]
-        mov     [rip + dev_tag], rax
-        mov     edi, VIRTIO_ID_BLOCK
-        call    vdev_probe
+        call    blk_init
         jc      .Lblk_done
-        mov     esi, BLK_F_RO | BLK_F_FLUSH
-        call    vdev_begin
-        jc      .Lblk_done
-        mov     [rip + blk_feat], rax
-        mov     r12d, SLOT_BLK
-        xor     r13d, r13d
-        call    vq_setup
-        jc      .Lblk_fail
-        call    vdev_ok
-        jc      .Lblk_done
-        mov     rax, [rip + blk_feat]
-        call    vdev_line
-        lea     rsi, [rip + msg_capacity]
-        call    puts
-        mov     eax, dword ptr [rbx + BLK_CAPACITY + 4]
-        shl     rax, 32
-        mov     ecx, dword ptr [rbx + BLK_CAPACITY]
-        or      rax, rcx
-        call    put_u64
-        lea     rsi, [rip + msg_sectors]
-        call    puts
 
         /* Sector 0: its first 16 bytes. */
-        mov     r12d, SLOT_BLK
         mov     eax, BLK_T_IN
         xor     edx, edx
         call    blk_request
@@ -2008,18 +2013,62 @@ blk_run:
         jb      10b
 9:      mov     al, 10
         call    putc
-        jmp     .Lblk_done
-.Lblk_fail:
-        call    vdev_fail
 .Lblk_done:
         pop     r13
         pop     r12
         pop     rbx
         ret
 
+/* Find and set up the first virtio-blk once (`blk` and `blk-read=` share
+ * it) and say its line: rbx = its base, r12 = SLOT_BLK, blk_sectors = its
+ * capacity, CF clear; CF set if it cannot be used (said, and not tried
+ * again). Clobbers r13. */
+blk_init:
+        lea     rax, [rip + tag_blk]
+        mov     [rip + dev_tag], rax
+        mov     r12d, SLOT_BLK
+        mov     rbx, [rip + blk_base]
+        test    rbx, rbx
+        jz      1f                      /* 0: not tried yet */
+        cmp     rbx, 2                  /* 1: failed (CF set), else set up */
+        ret
+1:      mov     qword ptr [rip + blk_base], 1
+        mov     edi, VIRTIO_ID_BLOCK
+        call    vdev_probe
+        jc      2f
+        mov     esi, BLK_F_RO | BLK_F_FLUSH
+        call    vdev_begin
+        jc      2f
+        mov     [rip + blk_feat], rax
+        xor     r13d, r13d
+        call    vq_setup
+        jc      3f
+        call    vdev_ok
+        jc      2f
+        mov     [rip + blk_base], rbx
+        mov     rax, [rip + blk_feat]
+        call    vdev_line
+        lea     rsi, [rip + msg_capacity]
+        call    puts
+        mov     eax, dword ptr [rbx + BLK_CAPACITY + 4]
+        shl     rax, 32
+        mov     ecx, dword ptr [rbx + BLK_CAPACITY]
+        or      rax, rcx
+        mov     [rip + blk_sectors], rax
+        call    put_u64
+        lea     rsi, [rip + msg_sectors]
+        call    puts
+        mov     r12d, SLOT_BLK
+        clc
+        ret
+3:      call    vdev_fail
+2:      stc
+        ret
+
 /* One request on the block queue (r12 = SLOT_BLK, rbx = the device): eax =
  * type, rdx = sector. eax = the status byte, CF clear; CF set on a timeout
- * (said). IN and OUT move blk_data (one sector), GET_ID fills blk_id. */
+ * (said). IN and OUT move blk_len bytes at blk_buf (blk_data, one sector,
+ * but for blk-read=), GET_ID fills blk_id. */
 blk_request:
         lea     rdi, [rip + blk_hdr]
         mov     [rdi], eax
@@ -2035,8 +2084,8 @@ blk_request:
         mov     r8d, DESC_F_NEXT | (2 << 16)        /* no data */
 1:      xor     ecx, ecx
         call    vq_desc
-        lea     rax, [rip + blk_data]
-        mov     edx, BLK_SECTOR
+        mov     rax, [rip + blk_buf]
+        mov     edx, [rip + blk_len]
         mov     r8d, DESC_F_NEXT | DESC_F_WRITE | (2 << 16)
         mov     ecx, [rsp]
         cmp     ecx, BLK_T_OUT
@@ -2724,52 +2773,8 @@ net_start:
         push    rbx
         push    r12
         push    r13
-        lea     rax, [rip + tag_net]
-        mov     [rip + dev_tag], rax
-        mov     edi, VIRTIO_ID_NET
-        call    vdev_probe
+        call    net_init
         jc      .Lnet_done
-        mov     esi, NET_F_MAC
-        call    vdev_begin
-        jc      .Lnet_done
-        mov     [rip + net_feat], rax
-        lea     rdi, [rip + net_mac]
-        test    eax, NET_F_MAC
-        jz      1f
-        xor     ecx, ecx
-2:      mov     al, byte ptr [rbx + NET_CFG_MAC + rcx]
-        mov     [rdi + rcx], al
-        inc     ecx
-        cmp     ecx, 6
-        jb      2b
-1:      mov     r12d, SLOT_NET_RX
-        xor     r13d, r13d
-        call    vq_setup
-        jc      .Lnet_fail
-        mov     r12d, SLOT_NET_TX
-        mov     r13d, 1
-        call    vq_setup
-        jc      .Lnet_fail
-        call    vdev_ok
-        jc      .Lnet_done
-        mov     rax, [rip + net_feat]
-        call    vdev_line
-        mov     al, 10
-        call    putc
-        mov     r12d, SLOT_NET_RX
-        movzx   eax, word ptr [rip + vq_state + SLOT_NET_RX * 16 + VQS_SIZE]
-        mov     ecx, NET_NRX
-        cmp     eax, ecx
-        cmova   eax, ecx
-        mov     [rip + net_nrx], eax
-        xor     r13d, r13d
-3:      cmp     r13d, [rip + net_nrx]
-        jae     4f
-        call    net_rx_post
-        inc     r13d
-        jmp     3b
-4:      mov     [rip + net_base], rbx
-        mov     byte ptr [rip + net_live], 1
         /* The greeting: broadcast, from our MAC, EtherType 0x88b5. */
         lea     rdi, [rip + net_txbuf]
         xor     eax, eax
@@ -2807,14 +2812,73 @@ net_start:
 6:      mov     al, 10
         call    putc
         mov     byte ptr [rip + serve_echo], 1
-        jmp     .Lnet_done
-.Lnet_fail:
-        call    vdev_fail
 .Lnet_done:
         pop     r13
         pop     r12
         pop     rbx
         ret
+
+/* Find and set up the first virtio-net once (`net=echo` and `mmds=` share
+ * it), say its line and post the rx buffers: net_base, net_live = 1, CF
+ * clear; CF set if it cannot be used (said once). Clobbers rbx, r12, r13. */
+net_init:
+        cmp     byte ptr [rip + net_tried], 0
+        je      1f
+        cmp     byte ptr [rip + net_live], 1    /* CF set unless live */
+        ret
+1:      mov     byte ptr [rip + net_tried], 1
+        lea     rax, [rip + tag_net]
+        mov     [rip + dev_tag], rax
+        mov     edi, VIRTIO_ID_NET
+        call    vdev_probe
+        jc      9f
+        mov     esi, NET_F_MAC
+        call    vdev_begin
+        jc      9f
+        mov     [rip + net_feat], rax
+        lea     rdi, [rip + net_mac]
+        test    eax, NET_F_MAC
+        jz      1f
+        xor     ecx, ecx
+2:      mov     al, byte ptr [rbx + NET_CFG_MAC + rcx]
+        mov     [rdi + rcx], al
+        inc     ecx
+        cmp     ecx, 6
+        jb      2b
+1:      mov     r12d, SLOT_NET_RX
+        xor     r13d, r13d
+        call    vq_setup
+        jc      8f
+        mov     r12d, SLOT_NET_TX
+        mov     r13d, 1
+        call    vq_setup
+        jc      8f
+        call    vdev_ok
+        jc      9f
+        mov     rax, [rip + net_feat]
+        call    vdev_line
+        mov     al, 10
+        call    putc
+        mov     r12d, SLOT_NET_RX
+        movzx   eax, word ptr [rip + vq_state + SLOT_NET_RX * 16 + VQS_SIZE]
+        mov     ecx, NET_NRX
+        cmp     eax, ecx
+        cmova   eax, ecx
+        mov     [rip + net_nrx], eax
+        xor     r13d, r13d
+3:      cmp     r13d, [rip + net_nrx]
+        jae     4f
+        call    net_rx_post
+        inc     r13d
+        jmp     3b
+4:      mov     [rip + net_base], rbx
+        mov     byte ptr [rip + net_live], 1
+        clc
+        ret
+8:      call    vdev_fail
+9:      stc
+        ret
+
 
 /* Post rx buffer r13d (r12 = SLOT_NET_RX, rbx = the device). */
 net_rx_post:
@@ -2983,6 +3047,7 @@ msg_bck_corrupt: .asciz "corrupt\n"
 key_blk:         .asciz "blk"
 key_vsock:       .asciz "vsock="
 key_net:         .asciz "net="
+key_blk_read:    .asciz "blk-read="
 val_echo_port:   .asciz "echo:"
 val_connect_port: .asciz "connect:"
 val_echo:        .asciz "echo"
@@ -3057,6 +3122,7 @@ say_ptr:        .quad 0
 say_len:        .quad 0
 touch_bytes:    .quad 0
 opt_report:     .quad 0
+opt_blk_read:   .quad 0                 /* blk-read=: bytes */
 t0_ms:          .long 0
 opt_reset:      .byte 0
 opt_fault:      .byte 0
@@ -3083,10 +3149,16 @@ opt_net:        .byte 0
 serve_echo:     .byte 0                 /* vsock or net echo set up */
 vs_live:        .byte 0                 /* vsock driven (not given up) */
 net_live:       .byte 0
+net_tried:      .byte 0                 /* net_init has run */
 vs_got_rst:     .byte 0
         .balign 8
 dev_tag:        .quad tag_balloon       /* the device the lines name */
 blk_feat:       .quad 0
+blk_base:       .quad 0                 /* 0 not tried, 1 failed, else set up */
+blk_sectors:    .quad 0                 /* its capacity */
+blk_buf:        .quad blk_data          /* blk_request's data buffer */
+blk_len:        .long BLK_SECTOR        /* and its length */
+        .balign 8
 vs_base:        .quad 0
 vs_feat:        .quad 0
 vs_cid:         .quad 0
@@ -3129,3 +3201,7 @@ vs_txdata:      .skip VS_TXDATA
 vs_rings:       .skip VS_CONNS * VS_BUF
 net_rxbuf:      .skip NET_NRX * NET_BUF
 net_txbuf:      .skip NET_BUF
+
+        .include "firmware/blk_read.S"
+        .include "firmware/mmds.S"
+        .include "firmware/mmds_frames.S"
