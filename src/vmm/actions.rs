@@ -358,6 +358,10 @@ impl Vmm {
                 }
             }
             VmmAction::PutVsock(_) => refused("adding a vsock", state),
+            a @ (VmmAction::GetMmds
+            | VmmAction::PutMmds(_)
+            | VmmAction::PatchMmds(_)
+            | VmmAction::PutMmdsConfig(_)) => self.mmds_action(a),
         }
     }
 

@@ -26,6 +26,7 @@
 //! own filter), nothing of `vmm`, `api` or `config`.
 
 mod actions;
+mod mmds;
 pub mod balloon_sink;
 pub mod builder;
 pub mod device_opens;
@@ -147,6 +148,8 @@ pub struct VmmOptions {
     /// Firecracker's `--http-api-max-payload-size`: the most bytes a request
     /// body may have (for `ServerLimits`).
     pub api_max_payload_bytes: usize,
+    /// The metadata service's store (`--metadata`, `--mmds-size-limit`).
+    pub mmds: crate::mmds::SharedMmds,
     /// The `files` thread, which opens every path a user names.
     pub files: crate::files::FileOpener,
 }
