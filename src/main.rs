@@ -212,13 +212,10 @@ fn run(cli: Cli) -> Result<i32, String> {
         configure_metrics(&files, &metrics).map_err(|e| format!("config file metrics: {e}"))?;
     }
     report_startup_time(&cli);
-    let mmds = teravm::mmds::shared(
-        cli.mmds_size_limit
-            .unwrap_or(cli.http_api_max_payload_size),
-    );
+    let mmds = teravm::mmds::shared(cli.mmds_size_limit.unwrap_or(cli.http_api_max_payload_size));
     if let Some(path) = &cli.metadata {
-        let text = std::fs::read(path)
-            .map_err(|e| format!("--metadata {}: {e}", path.display()))?;
+        let text =
+            std::fs::read(path).map_err(|e| format!("--metadata {}: {e}", path.display()))?;
         let value: serde_json::Value = serde_json::from_slice(&text)
             .map_err(|e| format!("--metadata {}: not valid JSON: {e}", path.display()))?;
         teravm::mmds::lock(&mmds)

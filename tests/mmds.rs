@@ -91,6 +91,12 @@ fn is_mmds(f: &[u8]) -> bool {
 /// Boots the test guest with `words` on teravm in `ns` (config file,
 /// `--metadata`); returns its `mmds` line.
 fn teravm_line(ns: &Netns, dir: &Path, version: &str, words: &str) -> String {
+    teravm_wait(ns, dir, version, words, "teravm guest: mmds")
+}
+
+/// Boots the test guest with `words` and the MMDS on; returns the first
+/// console line with `needle`.
+fn teravm_wait(ns: &Netns, dir: &Path, version: &str, words: &str, needle: &str) -> String {
     let metadata_path = dir.join("metadata.json");
     std::fs::write(&metadata_path, metadata().to_string()).unwrap();
     let config = json!({
@@ -101,12 +107,19 @@ fn teravm_line(ns: &Netns, dir: &Path, version: &str, words: &str) -> String {
     });
     let config_path = config_file(dir, &config.to_string());
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &ns.name, teravm(), "--no-api", "--config-file"])
-        .arg(&config_path)
-        .arg("--metadata")
-        .arg(&metadata_path);
+    cmd.args([
+        "netns",
+        "exec",
+        &ns.name,
+        teravm(),
+        "--no-api",
+        "--config-file",
+    ])
+    .arg(&config_path)
+    .arg("--metadata")
+    .arg(&metadata_path);
     let mut vmm = Vmm::spawn_command(cmd);
-    let line = vmm.wait_line("teravm guest: mmds", T);
+    let line = vmm.wait_line(needle, T);
     let _ = vmm.child.kill();
     let _ = vmm.child.wait();
     line
@@ -124,7 +137,10 @@ fn the_guest_fetches_from_teravms_mmds_and_the_tap_sees_none_of_it() {
         return;
     }
     let Some(ns) = Netns::new("mmds") else {
-        skip("mmds", "cannot make a network namespace with a tap (ip, root)");
+        skip(
+            "mmds",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
         return;
     };
     let _big = big_memory();
@@ -139,7 +155,16 @@ fn the_guest_fetches_from_teravms_mmds_and_the_tap_sees_none_of_it() {
             "{version} {words}: {got:?}, want {want:?}"
         );
     }
+    // The socket does see the guest's other frames: its net hello (with
+    // the MMDS on) reaches the tap.
+    teravm_wait(&ns, &dir, "V1", "net=echo then=idle", "net sent hello");
     let seen = frames(&fd);
+    assert!(
+        seen.iter()
+            .any(|f| f.len() > 14 && f[12] == 0x88 && f[13] == 0xb5),
+        "no hello among {} frames on the tap",
+        seen.len()
+    );
     let mmds: Vec<_> = seen.iter().filter(|f| is_mmds(f)).collect();
     assert!(
         mmds.is_empty(),
@@ -213,7 +238,10 @@ fn the_api_takes_good_mmds_bodies_and_refuses_bad_ones() {
     assert_eq!(get(&sock, "/mmds"), json!({}));
     let (s, r) = req("PATCH", "/mmds", Some(r#"{"a": 1}"#));
     assert_fault(s, &r, 400, "not initialized");
-    assert_eq!(req("PUT", "/mmds", Some(r#"{"a": {"b": 1}, "c": 2}"#)).0, 204);
+    assert_eq!(
+        req("PUT", "/mmds", Some(r#"{"a": {"b": 1}, "c": 2}"#)).0,
+        204
+    );
     assert_eq!(
         req("PATCH", "/mmds", Some(r#"{"a": {"b": null, "d": "x"}}"#)).0,
         204
@@ -253,7 +281,10 @@ fn the_api_takes_good_mmds_bodies_and_refuses_bad_ones() {
             r#"{"network_interfaces": ["eth0"], "version": "V3"}"#,
             "version",
         ),
-        (r#"{"network_interfaces": ["eth0"], "x": 1}"#, "unknown field"),
+        (
+            r#"{"network_interfaces": ["eth0"], "x": 1}"#,
+            "unknown field",
+        ),
     ] {
         let (s, r) = req("PUT", "/mmds/config", Some(body));
         assert_fault(s, &r, 400, needle);
@@ -289,12 +320,17 @@ fn a_bad_metadata_file_is_one_line_and_exit_1() {
         &[
             "--no-api",
             "--config-file",
-            config_file(&dir, &config_json(1, 64, "then=reset", "")).to_str().unwrap(),
+            config_file(&dir, &config_json(1, 64, "then=reset", ""))
+                .to_str()
+                .unwrap(),
             "--metadata",
             bad.to_str().unwrap(),
         ],
         Duration::from_secs(30),
     );
     assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains("--metadata") && stderr.contains("not valid JSON"), "{stderr}");
+    assert!(
+        stderr.contains("--metadata") && stderr.contains("not valid JSON"),
+        "{stderr}"
+    );
 }

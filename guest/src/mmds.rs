@@ -15,9 +15,9 @@
 //! or an MMDS that never answers gives `mmds error <why>`, never a hang.
 
 use alloc::string::String;
-use core::fmt::Write;
 use alloc::vec;
 use alloc::vec::Vec;
+use core::fmt::Write;
 
 use smoltcp::iface::{Config, Interface, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -212,7 +212,9 @@ impl Stack {
         self.next_port = self.next_port.wrapping_add(1).max(49152);
         let remote = (IpAddress::Ipv4(self.mmds), 80);
         let s = self.sockets.get_mut::<tcp::Socket>(handle);
-        if s.connect(self.iface.context(), remote, self.next_port).is_err() {
+        if s.connect(self.iface.context(), remote, self.next_port)
+            .is_err()
+        {
             self.sockets.remove(handle);
             return Err("cannot connect");
         }

@@ -390,7 +390,9 @@ fn action(body: &[u8]) -> Result<VmmAction, RouteError> {
 /// The body of `PUT`/`PATCH /mmds`: any JSON value.
 fn mmds_body(body: &[u8]) -> Result<serde_json::Value, RouteError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(RouteError::BadBody("the mmds request needs a JSON body".into()));
+        return Err(RouteError::BadBody(
+            "the mmds request needs a JSON body".into(),
+        ));
     }
     serde_json::from_slice(body)
         .map_err(|e| RouteError::BadBody(one_line(&format!("invalid mmds body: {e}"))))

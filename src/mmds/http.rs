@@ -225,12 +225,7 @@ fn get(mmds: &mut Mmds, request: &Request) -> Response {
     let (format, content_type) = match request.header(&["accept"]).map(|(_, v)| v) {
         None | Some("text/plain") => (OutputFormat::Imds, PLAIN),
         Some("application/json") => (OutputFormat::Json, JSON),
-        Some(other) => {
-            return plain(
-                400,
-                format!("Unsupported value. Key:Accept; Value:{other}"),
-            )
-        }
+        Some(other) => return plain(400, format!("Unsupported value. Key:Accept; Value:{other}")),
     };
     let format = if mmds.imds_compat() {
         OutputFormat::Imds

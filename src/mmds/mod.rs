@@ -66,9 +66,7 @@ pub struct MmdsConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MmdsConfigError {
     /// `network_interfaces` is empty.
-    #[error(
-        "The list of network interface IDs that allow forwarding MMDS requests is empty."
-    )]
+    #[error("The list of network interface IDs that allow forwarding MMDS requests is empty.")]
     EmptyNetworkIfaceList,
     /// Not in 169.254.1.0 to 169.254.254.255.
     #[error("The MMDS IPv4 address is not link local.")]

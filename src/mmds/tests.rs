@@ -117,7 +117,10 @@ fn parser_takes_requests_and_bounds_them() {
     // A body by Content-Length is part of the request.
     let text = "PUT /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET";
     assert!(matches!(parse(text.as_bytes()), Parsed::Request(_, n) if n == text.len() - 3));
-    assert!(matches!(parse(b"PUT /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nab"), Parsed::Incomplete));
+    assert!(matches!(
+        parse(b"PUT /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nab"),
+        Parsed::Incomplete
+    ));
     for bad in [
         &b"GET /\r\n\r\n"[..],
         b"GET / HTTP/2\r\n\r\n",
@@ -159,7 +162,10 @@ fn v1_and_v2_answers() {
     );
     assert_eq!((r.status, r.body.as_str()), (200, r#"{"id":"i-1"}"#));
     let r = respond(&mut m, &req("GET /missing HTTP/1.1\r\n\r\n"));
-    assert_eq!((r.status, r.body.as_str()), (404, "Resource not found: /missing."));
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (404, "Resource not found: /missing.")
+    );
     let r = respond(&mut m, &req("POST / HTTP/1.1\r\n\r\n"));
     assert_eq!(r.status, 405);
     assert_eq!(m.counters.no_token, 3);
@@ -225,5 +231,8 @@ fn config_checks() {
             Err(MmdsConfigError::InvalidIpv4Addr)
         );
     }
-    assert_eq!(c(Some([169, 254, 170, 2]), &["eth0"]).ipv4(), Ipv4Addr::new(169, 254, 170, 2));
+    assert_eq!(
+        c(Some([169, 254, 170, 2]), &["eth0"]).ipv4(),
+        Ipv4Addr::new(169, 254, 170, 2)
+    );
 }

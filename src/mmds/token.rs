@@ -72,7 +72,10 @@ impl TokenAuthority {
         let expiry_ms = now_ms.saturating_add(u64::from(ttl_seconds) * 1000);
         self.counter = self.counter.wrapping_add(1);
         let (a, b) = self.mac(expiry_ms, self.counter);
-        Ok(format!("{expiry_ms:016x}{:016x}{a:016x}{b:016x}", self.counter))
+        Ok(format!(
+            "{expiry_ms:016x}{:016x}{a:016x}{b:016x}",
+            self.counter
+        ))
     }
 
     /// Whether `token` was made here and has not expired at `now`.

@@ -26,12 +26,12 @@
 //! own filter), nothing of `vmm`, `api` or `config`.
 
 mod actions;
-mod mmds;
 pub mod balloon_sink;
 pub mod builder;
 pub mod device_opens;
 pub mod devices;
 pub mod jobs;
+mod mmds;
 pub mod opens;
 pub mod phase;
 pub mod progress_line;

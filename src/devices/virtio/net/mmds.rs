@@ -1,8 +1,8 @@
 //! The MMDS detour of a network device: the guest's frames for the MMDS
 //! address (ARP for it; any IPv4 packet to it, as Firecracker) are taken
 //! off the transmit path, fed to a smoltcp [`Interface`] on a virtual
-//! device ([`Phy`]) with a few TCP sockets listening on port 80, and the
-//! HTTP requests they carry are answered from the shared [`Mmds`]
+//! device (`Phy`) with a few TCP sockets listening on port 80, and the
+//! HTTP requests they carry are answered from the shared [`crate::mmds::Mmds`]
 //! ([`crate::mmds::http`]). The stack's output frames wait in a bounded
 //! queue for the receive path, which takes them in turn with the tap's
 //! frames ([`read_frame`]); a full queue drops (counted), so a guest that
@@ -190,7 +190,7 @@ impl MmdsDetour {
         };
         let config = Config::new(HardwareAddress::Ethernet(EthernetAddress(MMDS_MAC)));
         let mut iface = Interface::new(config, &mut phy, smoltcp::time::Instant::ZERO);
-        let ip = Ipv4Address::from(link.ipv4);
+        let ip: Ipv4Address = link.ipv4;
         // A /0 network: every guest address is a neighbour (its MAC learnt
         // from its ARP), whatever the guest's own subnet.
         iface.update_ip_addrs(|addrs| {
@@ -301,6 +301,9 @@ impl MmdsDetour {
                     Parsed::Incomplete => break,
                     Parsed::Request(req, used) => {
                         c.request.drain(..used);
+                        c.close_after = req
+                            .header(&["connection"])
+                            .is_some_and(|(_, v)| v.eq_ignore_ascii_case("close"));
                         let resp = http::respond(&mut crate::mmds::lock(&self.link.mmds), &req);
                         c.response = resp.to_bytes(&req.version);
                         self.counts.requests += 1;
@@ -378,10 +381,7 @@ pub fn classify(frame: &[u8], ip: Ipv4Addr) -> Frame {
         0x0806 => {
             // Ethernet/IPv4 ARP: target protocol address at 24..28.
             let arp = &frame[ETH..];
-            if arp.len() >= 28
-                && arp[..6] == [0, 1, 8, 0, 6, 4]
-                && arp[24..28] == ip
-            {
+            if arp.len() >= 28 && arp[..6] == [0, 1, 8, 0, 6, 4] && arp[24..28] == ip {
                 Frame::Arp
             } else {
                 Frame::NotMmds
@@ -459,3 +459,7 @@ impl<M: DeviceMemory> Net<M> {
         self.mmds.as_ref().map(|d| d.counts())
     }
 }
+
+#[cfg(test)]
+#[path = "mmds_tests.rs"]
+mod tests;
