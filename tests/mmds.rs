@@ -4,7 +4,9 @@
 //! path, a missing one), the same guest on the real Firecracker with the
 //! same configuration prints the same lines, and no MMDS frame reaches the
 //! tap. And the API: `PUT`/`PATCH`/`GET /mmds`, `PUT /mmds/config`, good
-//! and bad bodies, the process alive after each.
+//! and bad bodies, the process alive after each; the MMDS configured over
+//! the API (V2, another address) read by the guest, and the `mmds` metrics
+//! group counting it.
 
 mod common;
 
@@ -333,4 +335,81 @@ fn a_bad_metadata_file_is_one_line_and_exit_1() {
         stderr.contains("--metadata") && stderr.contains("not valid JSON"),
         "{stderr}"
     );
+}
+
+#[test]
+fn configured_over_the_api_the_guest_reads_it_and_the_metrics_count_it() {
+    if !kvm_or_skip("mmds_api_guest") {
+        return;
+    }
+    let Some(ns) = Netns::new("mmdsapig") else {
+        skip(
+            "mmds_api_guest",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    let _big = big_memory();
+    let dir = temp_dir("mmds-api-guest");
+    let sock = dir.join("api.sock");
+    let metrics = dir.join("metrics");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name, teravm(), "--api-sock"])
+        .arg(&sock)
+        .arg("--metrics-path")
+        .arg(&metrics);
+    let mut vmm = Vmm::spawn_command(cmd);
+    wait_for_api(&sock, T);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 128}"#,
+    );
+    put_ok(
+        &sock,
+        "/boot-source",
+        &json!({"kernel_image_path": guest(),
+                "boot_args": "mmds=/a/b mmds-addr=169.254.170.2"})
+        .to_string(),
+    );
+    put_ok(
+        &sock,
+        "/network-interfaces/eth0",
+        &format!(r#"{{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "{MAC}"}}"#),
+    );
+    put_ok(
+        &sock,
+        "/mmds/config",
+        r#"{"network_interfaces": ["eth0"], "version": "V2", "ipv4_address": "169.254.170.2"}"#,
+    );
+    put_ok(&sock, "/mmds", r#"{"a": {"b": "from the API"}}"#);
+    let (s, r) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(s, 204, "{r}");
+    let line = vmm.wait_line("teravm guest: mmds", T);
+    assert_eq!(words_of(&line), "mmds 200 from the API");
+    // Replaced while running (as Firecracker allows), and the
+    // configuration refused once started.
+    put_ok(&sock, "/mmds", r#"{"a": {"b": "new"}}"#);
+    assert_eq!(get(&sock, "/mmds"), json!({"a": {"b": "new"}}));
+    let (s, r) = req_put_config(&sock);
+    assert_fault(s, &r, 400, "not allowed in state");
+    let (s, r) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
+    assert_eq!(s, 204, "{r}");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let m = &last["mmds"];
+    // The token PUT and the GET, both on V2 with the token: no token
+    // counted missing or invalid, nothing dropped.
+    assert_eq!(m["rx_count"], 2, "{last}");
+    assert!(m["rx_accepted"].as_u64().unwrap() >= 6, "{m}");
+    assert!(m["tx_frames"].as_u64().unwrap() >= 6, "{m}");
+    assert_eq!(m["tx_dropped"], 0, "{m}");
+    assert_eq!(m["rx_no_token"], 0, "{m}");
+    assert_eq!(m["rx_invalid_token"], 0, "{m}");
+    let _ = vmm.child.kill();
+    let _ = vmm.child.wait();
+}
+
+fn req_put_config(sock: &Path) -> (u16, String) {
+    put(sock, "/mmds/config", r#"{"network_interfaces": ["eth0"]}"#)
 }

@@ -401,6 +401,9 @@ impl Vmm {
                 let snap = lock(v).metrics().snapshot();
                 groups.push(("vsock".into(), json(serde_json::to_value(snap))));
             }
+            if let Some(g) = self.mmds_metrics(m.nets()) {
+                groups.push(("mmds".into(), g));
+            }
         }
         groups
     }

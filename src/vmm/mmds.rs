@@ -67,6 +67,45 @@ impl Vmm {
         }
     }
 
+    /// Firecracker's `mmds` metrics group (its names where they mean the
+    /// same; `tx_dropped` and `idle_aborts` are teravm's), summed over the
+    /// interfaces with the MMDS; `None` when none has it.
+    pub(super) fn mmds_metrics(
+        &self,
+        nets: &[std::sync::Arc<
+            std::sync::Mutex<crate::devices::virtio::net::Net<crate::memory::GuestView>>,
+        >],
+    ) -> Option<serde_json::Value> {
+        let mut sum = crate::devices::virtio::net::mmds::MmdsCounts::default();
+        let mut any = false;
+        for n in nets {
+            let n = n.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(c) = n.mmds_counts() {
+                any = true;
+                sum.rx_frames += c.rx_frames;
+                sum.rx_unusual += c.rx_unusual;
+                sum.tx_frames += c.tx_frames;
+                sum.tx_dropped += c.tx_dropped;
+                sum.requests += c.requests;
+                sum.idle_aborts += c.idle_aborts;
+            }
+        }
+        if !any {
+            return None;
+        }
+        let tokens = lock(&self.opts.mmds).counters;
+        Some(serde_json::json!({
+            "rx_accepted": sum.rx_frames,
+            "rx_accepted_unusual": sum.rx_unusual,
+            "rx_count": sum.requests,
+            "tx_frames": sum.tx_frames,
+            "tx_dropped": sum.tx_dropped,
+            "idle_aborts": sum.idle_aborts,
+            "rx_no_token": tokens.no_token,
+            "rx_invalid_token": tokens.invalid_token,
+        }))
+    }
+
     /// `specs` with the MMDS link on the interfaces the MMDS configuration
     /// names (and the configuration's version applied to the store).
     pub(super) fn with_mmds(&self, mut specs: Vec<NetSpec>) -> Vec<NetSpec> {
