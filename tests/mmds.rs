@@ -23,11 +23,14 @@ use common::peers::{Kind, Launch};
 use common::*;
 
 const MAC: &str = "06:00:ac:10:00:02";
+/// A value larger than one socket send buffer and many segments.
+const BIG: usize = 40_000;
 
 fn metadata() -> Value {
     json!({
         "latest": {"meta-data": {"ami-id": "ami-12345", "local": {"zone": "a1"}}},
-        "user-data": "line one\nline two"
+        "user-data": "line one\nline two",
+        "big": "x".repeat(BIG)
     })
 }
 
@@ -44,12 +47,19 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str)> {
             "mmds 404 Resource not found: /latest/nothing.",
         ),
         ("V2", "mmds=/latest/meta-data/local/zone", "mmds 200 a1"),
+        // The line shows the first 200 bytes; the guest read all 40 000
+        // (it prints after Content-Length is met).
+        ("V1", "mmds=/big", big_line()),
         (
             "V2",
             "mmds=/latest/meta-data/ami-id mmds-no-token",
             "mmds 401 No MMDS token provided.",
         ),
     ]
+}
+
+fn big_line() -> &'static str {
+    Box::leak(format!("mmds 200 {}", "x".repeat(200)).into_boxed_str())
 }
 
 fn mmds_config(version: &str) -> Value {
