@@ -519,9 +519,13 @@ pub struct VmConfig {
     /// Firecracker's balloon device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon: Option<BalloonConfig>,
-    /// Firecracker's metadata service: only empty.
-    #[serde(rename = "mmds-config", default, skip_serializing)]
-    pub mmds_config: UnsupportedSection,
+    /// Firecracker's metadata service configuration.
+    #[serde(
+        rename = "mmds-config",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mmds_config: Option<crate::mmds::MmdsConfig>,
     /// Firecracker's entropy device: only empty.
     #[serde(default, skip_serializing)]
     pub entropy: UnsupportedSection,
@@ -599,7 +603,15 @@ impl VmConfig {
             check_balloon_target(balloon.amount_mib, self.machine_config.mem_size_mib)?;
         }
         check_backing_pages(&self.machine_config, &self.memory)?;
-        self.mmds_config.check("mmds-config")?;
+        if let Some(m) = &self.mmds_config {
+            let ids: Vec<&str> = self
+                .network_interfaces
+                .iter()
+                .map(|n| n.iface_id.as_str())
+                .collect();
+            m.check_ifaces(&ids)
+                .map_err(|e| invalid("mmds-config", e.to_string()))?;
+        }
         self.entropy.check("entropy")
     }
 }

@@ -19,6 +19,7 @@ pub mod files;
 pub mod logger;
 pub mod memory;
 pub mod metrics;
+pub mod mmds;
 pub mod output;
 pub mod rate_limiter;
 pub mod seccomp;

@@ -82,15 +82,16 @@ struct Cli {
     /// Run without seccomp filters (not recommended).
     #[arg(long)]
     no_seccomp: bool,
-    /// Refused: Firecracker's MMDS contents (teravm has no metadata service).
-    #[arg(long, value_name = "FILE", hide = true)]
-    metadata: Option<OsString>,
+    /// A JSON file: the MMDS's first contents.
+    #[arg(long, value_name = "FILE")]
+    metadata: Option<PathBuf>,
     /// Refused: a Firecracker seccomp BPF file (teravm builds its own filters).
     #[arg(long, value_name = "FILE", hide = true)]
     seccomp_filter: Option<OsString>,
-    /// Refused: the MMDS size limit (teravm has no metadata service).
-    #[arg(long, value_name = "BYTES", hide = true)]
-    mmds_size_limit: Option<OsString>,
+    /// The most bytes of JSON the MMDS holds (default: the API's payload
+    /// limit, as Firecracker).
+    #[arg(long, value_name = "BYTES")]
+    mmds_size_limit: Option<usize>,
     /// Refused: PCI devices (teravm has none).
     #[arg(long, hide = true)]
     enable_pci: bool,
@@ -152,15 +153,11 @@ fn check_id(id: &str) -> Result<(), String> {
 
 /// A Firecracker flag whose feature teravm lacks.
 fn refused_flag(cli: &Cli) -> Option<&'static str> {
-    if cli.metadata.is_some() {
-        Some("--metadata is not supported: teravm has no metadata service (MMDS)")
-    } else if cli.seccomp_filter.is_some() {
+    if cli.seccomp_filter.is_some() {
         Some(
             "--seccomp-filter is not supported: teravm installs its own per-thread filters \
              (turn them off with --no-seccomp)",
         )
-    } else if cli.mmds_size_limit.is_some() {
-        Some("--mmds-size-limit is not supported: teravm has no metadata service (MMDS)")
     } else if cli.enable_pci {
         Some("--enable-pci is not supported: teravm has no PCI devices")
     } else {
@@ -215,6 +212,17 @@ fn run(cli: Cli) -> Result<i32, String> {
         configure_metrics(&files, &metrics).map_err(|e| format!("config file metrics: {e}"))?;
     }
     report_startup_time(&cli);
+    let mmds = teravm::mmds::shared(cli.mmds_size_limit.unwrap_or(cli.http_api_max_payload_size));
+    if let Some(path) = &cli.metadata {
+        let text =
+            std::fs::read(path).map_err(|e| format!("--metadata {}: {e}", path.display()))?;
+        let value: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| format!("--metadata {}: not valid JSON: {e}", path.display()))?;
+        teravm::mmds::lock(&mmds)
+            .store_mut()
+            .put(value)
+            .map_err(|e| format!("--metadata {}: {e}", path.display()))?;
+    }
     let opts = VmmOptions {
         id: cli.id,
         sysfs_root: cli.sysfs_root,
@@ -226,6 +234,7 @@ fn run(cli: Cli) -> Result<i32, String> {
         boot_timer: cli.boot_timer,
         seccomp: !cli.no_seccomp,
         api_max_payload_bytes: cli.http_api_max_payload_size,
+        mmds,
         files,
     };
     vmm::run(config, opts).map_err(|e| e.to_string())

@@ -687,6 +687,21 @@ fn device_cases(w: &mut Walk) {
         let oor: Vec<(&str, &str)> = oor.iter().map(|(c, b)| (*c, b.as_str())).collect();
         body_cases(w, method, path, valid, &oor);
     }
+    // The MMDS's contents are any JSON (an unknown field, another type, an
+    // array are metadata too, as in Firecracker): only non-JSON is refused.
+    for (method, valid) in [
+        ("PUT", r#"{"latest": {"x": 1}}"#),
+        ("PATCH", r#"{"latest": {"x": 2}}"#),
+    ] {
+        let ep = format!("{method} /mmds");
+        w.case(req(&ep, "valid", method, "/mmds", Some(valid)));
+        w.case(req(&ep, "an array", method, "/mmds", Some("[]")));
+        for (case, body) in [("bad JSON", BAD_JSON), ("empty body", "")] {
+            let mut r = req(&ep, case, method, "/mmds", Some(body));
+            r.expect = Expect::Refused;
+            w.case(r);
+        }
+    }
     for path in ["/drives/rootfs", "/network-interfaces/eth0", "/vsock"] {
         let ep = format!("DELETE {path}");
         w.case(req(&ep, "wrong method", "DELETE", path, None));
@@ -712,8 +727,6 @@ fn device_cases(w: &mut Walk) {
 fn unsupported_cases(w: &mut Walk) {
     let d = w.dir.display().to_string();
     let bodies: Vec<Unsupported> = vec![
-        ("PUT", "/mmds", r#"{"latest": {"x": 1}}"#.into(), vec![]),
-        ("PATCH", "/mmds", r#"{"latest": {"x": 2}}"#.into(), vec![]),
         (
             "PUT",
             "/mmds/config",

@@ -29,15 +29,11 @@ fn flags_teravm_lacks_and_bad_values_are_refused_in_one_line() {
     let s = sock.to_str().unwrap();
     refused(
         &["--api-sock", s, "--metadata", "/m.json"],
-        "--metadata is not supported",
+        "--metadata /m.json: No such file",
     );
     refused(
         &["--api-sock", s, "--seccomp-filter", "/f.bpf"],
         "--seccomp-filter is not supported",
-    );
-    refused(
-        &["--api-sock", s, "--mmds-size-limit", "1024"],
-        "--mmds-size-limit is not supported",
     );
     refused(
         &["--api-sock", s, "--enable-pci"],

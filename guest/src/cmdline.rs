@@ -50,6 +50,14 @@ pub struct Options {
     pub vsock: Option<Vsock>,
     /// `net=echo`.
     pub net_echo: bool,
+    /// `mmds=<path>` (mmds.rs).
+    pub mmds: Option<alloc::string::String>,
+    /// `mmds-addr=<a.b.c.d>` (169.254.169.254 without it).
+    pub mmds_addr: [u8; 4],
+    /// `mmds-ip=<a.b.c.d>`: the guest's own (169.254.0.2 without it).
+    pub mmds_ip: [u8; 4],
+    /// `mmds-no-token`: `GET` without asking for a token first.
+    pub mmds_no_token: bool,
     /// The devices, in command-line order.
     pub devices: [Option<MmioDevice>; MAX_DEVICES],
     /// Words that were understood but had a bad value.
@@ -77,6 +85,16 @@ fn number(s: &str) -> Option<u64> {
     }
 }
 
+/// Parses `a.b.c.d`.
+pub fn ipv4(s: &str) -> Option<[u8; 4]> {
+    let mut out = [0u8; 4];
+    let mut parts = s.split('.');
+    for o in &mut out {
+        *o = parts.next()?.parse().ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
 /// Parses `<size>@<addr>:<irq>[:<id>]`.
 pub fn mmio_device(value: &str) -> Option<MmioDevice> {
     let (size, rest) = value.split_once('@')?;
@@ -101,6 +119,10 @@ impl Options {
             blk: false,
             vsock: None,
             net_echo: false,
+            mmds: None,
+            mmds_addr: [169, 254, 169, 254],
+            mmds_ip: [169, 254, 0, 2],
+            mmds_no_token: false,
             devices: [None; MAX_DEVICES],
             bad: None,
         };
@@ -125,6 +147,17 @@ impl Options {
                 },
                 "blk" if value.is_empty() => o.blk = true,
                 "net" if value == "echo" => o.net_echo = true,
+                "mmds" if value.starts_with('/') => o.mmds = Some(value.into()),
+                "mmds" => o.bad = Some("mmds="),
+                "mmds-no-token" if value.is_empty() => o.mmds_no_token = true,
+                "mmds-addr" => match ipv4(value) {
+                    Some(a) => o.mmds_addr = a,
+                    None => o.bad = Some("mmds-addr="),
+                },
+                "mmds-ip" => match ipv4(value) {
+                    Some(a) => o.mmds_ip = a,
+                    None => o.bad = Some("mmds-ip="),
+                },
                 "vsock" => {
                     let port = |p: &str| p.parse::<u32>().ok();
                     o.vsock = match value.split_once(':') {

@@ -15,6 +15,9 @@
 //!   blk                  drive the first virtio-blk once (see `blk.rs`)
 //!   vsock=echo:<port> | vsock=connect:<port>   the first virtio-vsock
 //!   net=echo             send a frame on the first virtio-net, echo frames
+//!   mmds=<path> [mmds-addr=<a.b.c.d>] [mmds-ip=<a.b.c.d>]   fetch <path>
+//!                        from the MMDS over the first virtio-net (mmds.rs);
+//!                        mmds-no-token: no PUT /latest/api/token first
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
 //! Devices are driven in the order balloon, blk, vsock, net, as the
 //! firmware drives them.
@@ -34,6 +37,7 @@ mod hal;
 mod io;
 mod libc;
 mod mem;
+mod mmds;
 mod net;
 mod vsock;
 
@@ -94,8 +98,11 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     if options.vsock.is_some() {
         serving.extend(vsock::start(&options));
     }
-    // HOOK net: `net=echo` (net.rs).
-    if options.net_echo {
+    // HOOK mmds: `mmds=<path>` (mmds.rs), before `net=echo` (one device).
+    if let Some(path) = &options.mmds {
+        mmds::run(&options, path);
+    } else if options.net_echo {
+        // HOOK net: `net=echo` (net.rs).
         serving.extend(net::start(&options));
     }
     if options.reset {

@@ -95,6 +95,15 @@ pub enum VmmAction {
     /// `PUT /vsock` (fields checked alone; the socket and the state by the
     /// VMM).
     PutVsock(VsockConfig),
+    /// `GET /mmds`: the MMDS contents.
+    GetMmds,
+    /// `PUT /mmds`: new MMDS contents (any JSON value).
+    PutMmds(serde_json::Value),
+    /// `PATCH /mmds`: a JSON merge patch of the contents.
+    PatchMmds(serde_json::Value),
+    /// `PUT /mmds/config` (checked alone; the interfaces and the state by
+    /// the VMM).
+    PutMmdsConfig(crate::mmds::MmdsConfig),
 }
 
 impl VmmAction {
@@ -129,6 +138,10 @@ impl VmmAction {
             VmmAction::PutNetworkInterface(_) => ("PUT", "/network-interfaces"),
             VmmAction::PatchNetworkInterface(_) => ("PATCH", "/network-interfaces"),
             VmmAction::PutVsock(_) => ("PUT", "/vsock"),
+            VmmAction::GetMmds => ("GET", "/mmds"),
+            VmmAction::PutMmds(_) => ("PUT", "/mmds"),
+            VmmAction::PatchMmds(_) => ("PATCH", "/mmds"),
+            VmmAction::PutMmdsConfig(_) => ("PUT", "/mmds/config"),
         }
     }
 }
@@ -154,6 +167,10 @@ pub enum VmmActionError {
     /// The VMM failed doing it (HTTP 500).
     #[error("{0}")]
     Internal(String),
+    /// The request would make something larger than its limit (HTTP 413,
+    /// as Firecracker answers an MMDS write past `--mmds-size-limit`).
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 /// What the VMM sends back for one [`ApiRequest`].

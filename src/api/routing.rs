@@ -10,8 +10,8 @@
 //! must be a valid id ([`check_id`]) and equal the body's, as in
 //! Firecracker, or the answer is 400 ([`RouteError::BadId`]).
 //!
-//! Firecracker's resources for features teravm does not have (`/mmds`,
-//! `/snapshot/*`, `/entropy`, `/cpu-config`, `/hotplug/memory`, `/serial`,
+//! Firecracker's resources for features teravm does not have
+//! (`/snapshot/*`, `/entropy`, `/cpu-config`, `/hotplug/memory`, `/serial`,
 //! `PATCH /vm`) answer 400 with a `fault_message` that names the missing
 //! feature, so a Firecracker client's log says why. The balloon's free page hinting endpoints
 //! (`/balloon/hinting/*`) answer 400 with the reason teravm refuses hinting
@@ -59,7 +59,7 @@ pub enum RouteError {
         method: String,
         /// The resource.
         path: String,
-        /// What is missing, e.g. "the metadata service (MMDS) is".
+        /// What is missing, e.g. "snapshots are".
         feature: &'static str,
     },
     /// A Firecracker resource teravm knows and refuses, with the reason
@@ -97,9 +97,7 @@ fn unsupported(method: &str, path: &str) -> Option<&'static str> {
                 .strip_prefix(prefix)
                 .is_some_and(|rest| rest.starts_with('/'))
     };
-    Some(if under("/mmds") {
-        "the metadata service (MMDS) is"
-    } else if under("/snapshot") {
+    Some(if under("/snapshot") {
         "snapshots are"
     } else if under("/entropy") {
         "the entropy device is"
@@ -144,6 +142,8 @@ fn allowed(path: &str) -> Option<&'static str> {
         "/balloon/hinting/status" => "GET",
         "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" => "PUT",
         "/drives" | "/network-interfaces" => "PUT, PATCH",
+        "/mmds" => "GET, PUT, PATCH",
+        "/mmds/config" => "PUT",
         _ => return None,
     })
 }
@@ -263,6 +263,7 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 "/version" => VmmAction::GetVersion,
                 "/balloon" => VmmAction::GetBalloon,
                 "/balloon/statistics" => VmmAction::GetBalloonStatistics,
+                "/mmds" => VmmAction::GetMmds,
                 _ => return Err(not_allowed()),
             })
         }
@@ -322,6 +323,13 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 checked(c.validate())?;
                 Ok(VmmAction::PutVsock(c))
             }
+            "/mmds" => Ok(VmmAction::PutMmds(mmds_body(body)?)),
+            "/mmds/config" => {
+                let c: crate::mmds::MmdsConfig = section(body, "mmds-config")?;
+                c.validate()
+                    .map_err(|e| RouteError::BadBody(e.to_string()))?;
+                Ok(VmmAction::PutMmdsConfig(c))
+            }
             _ => Err(not_allowed()),
         },
         "PATCH" => match resource {
@@ -359,6 +367,7 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 checked(u.validate())?;
                 Ok(VmmAction::PatchNetworkInterface(u))
             }
+            "/mmds" => Ok(VmmAction::PatchMmds(mmds_body(body)?)),
             _ => Err(not_allowed()),
         },
         _ => Err(not_allowed()),
@@ -376,6 +385,17 @@ fn action(body: &[u8]) -> Result<VmmAction, RouteError> {
         (ActionType::SendCtrlAltDel, None) => Ok(VmmAction::SendCtrlAltDel),
         (ActionType::FlushMetrics, None) => Ok(VmmAction::FlushMetrics),
     }
+}
+
+/// The body of `PUT`/`PATCH /mmds`: any JSON value.
+fn mmds_body(body: &[u8]) -> Result<serde_json::Value, RouteError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(RouteError::BadBody(
+            "the mmds request needs a JSON body".into(),
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| RouteError::BadBody(one_line(&format!("invalid mmds body: {e}"))))
 }
 
 fn checked(r: Result<(), ConfigError>) -> Result<(), RouteError> {

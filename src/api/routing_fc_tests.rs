@@ -204,9 +204,6 @@ fn metrics_and_flush() {
 #[test]
 fn resources_of_features_teravm_lacks_name_the_feature() {
     let cases = [
-        ("PUT", "/mmds", "metadata service"),
-        ("GET", "/mmds", "metadata service"),
-        ("PUT", "/mmds/config", "metadata service"),
         ("PUT", "/snapshot/create", "snapshots"),
         ("PUT", "/snapshot/load", "snapshots"),
         ("PUT", "/entropy", "entropy"),

@@ -162,10 +162,19 @@ fn firecracker_sections_are_accepted_when_empty() {
         c.metrics.unwrap().metrics_path,
         Path::new("/tmp/fc.metrics")
     );
-    let sections = [
-        ("mmds-config", r#"{"network_interfaces": ["eth0"]}"#),
-        ("entropy", r#"{"rate_limiter": null}"#),
-    ];
+    // mmds-config is taken (issue 26), for interfaces that exist.
+    let e = parse(r#"{"mmds-config": {"network_interfaces": ["eth0"]}}"#).unwrap_err();
+    assert!(e.to_string().contains("mmds-config"), "{e}");
+    let c = parse(
+        r#"{"network-interfaces": [{"iface_id": "eth0", "host_dev_name": "tap0"}],
+            "mmds-config": {"network_interfaces": ["eth0"], "version": "V2"}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        c.mmds_config.map(|m| m.version),
+        Some(crate::mmds::MmdsVersion::V2)
+    );
+    let sections = [("entropy", r#"{"rate_limiter": null}"#)];
     for (name, value) in sections {
         let e = parse(&format!(r#"{{"{name}": {value}}}"#)).unwrap_err();
         assert_eq!(e, ConfigError::NotSupported(name));

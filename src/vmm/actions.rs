@@ -358,6 +358,10 @@ impl Vmm {
                 }
             }
             VmmAction::PutVsock(_) => refused("adding a vsock", state),
+            a @ (VmmAction::GetMmds
+            | VmmAction::PutMmds(_)
+            | VmmAction::PatchMmds(_)
+            | VmmAction::PutMmdsConfig(_)) => self.mmds_action(a),
         }
     }
 
@@ -396,6 +400,9 @@ impl Vmm {
             if let Some(v) = m.vsock() {
                 let snap = lock(v).metrics().snapshot();
                 groups.push(("vsock".into(), json(serde_json::to_value(snap))));
+            }
+            if let Some(g) = self.mmds_metrics(m.nets()) {
+                groups.push(("mmds".into(), g));
             }
         }
         groups

@@ -174,6 +174,7 @@ impl DeviceResources {
                         guest_mac: n.guest_mac.map(|m| m.bytes()),
                     },
                     tap,
+                    mmds: None,
                 })
             })
             .collect()

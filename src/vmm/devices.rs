@@ -119,6 +119,8 @@ pub struct NetSpec {
     /// The tap (the device gets its own handle: the configuration keeps
     /// this one).
     pub tap: Arc<Tap>,
+    /// The MMDS, when its configuration names this interface.
+    pub mmds: Option<crate::devices::virtio::net::mmds::MmdsLink>,
 }
 
 /// The vsock to attach: its options and its listening socket, bound by the
@@ -418,7 +420,11 @@ impl Devices {
                 id: n.opts.iface_id.clone(),
                 source,
             })?;
-            let device = Arc::new(Mutex::new(Net::new(n.opts.clone(), tap)?));
+            let mut net = Net::new(n.opts.clone(), tap)?;
+            if let Some(link) = &n.mmds {
+                net.set_mmds(link.clone());
+            }
+            let device = Arc::new(Mutex::new(net));
             running.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = Net::worker(

@@ -31,6 +31,7 @@ pub mod builder;
 pub mod device_opens;
 pub mod devices;
 pub mod jobs;
+mod mmds;
 pub mod opens;
 pub mod phase;
 pub mod progress_line;
@@ -147,6 +148,8 @@ pub struct VmmOptions {
     /// Firecracker's `--http-api-max-payload-size`: the most bytes a request
     /// body may have (for `ServerLimits`).
     pub api_max_payload_bytes: usize,
+    /// The metadata service's store (`--metadata`, `--mmds-size-limit`).
+    pub mmds: crate::mmds::SharedMmds,
     /// The `files` thread, which opens every path a user names.
     pub files: crate::files::FileOpener,
 }

@@ -292,7 +292,7 @@ impl Vmm {
                 .map(crate::devices::virtio::balloon::BalloonOptions::from),
             discard_workers_per_node: self.config.reclaim.discard_workers(),
             drives: r.drive_specs(&self.config.drives)?,
-            nets: r.net_specs(&self.config.network_interfaces)?,
+            nets: self.with_mmds(r.net_specs(&self.config.network_interfaces)?),
             vsock: r.vsock_spec(self.config.vsock.as_ref())?,
         })
     }

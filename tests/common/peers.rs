@@ -124,6 +124,7 @@ pub struct Launch {
     tap: Option<(String, String)>,
     vsock: Option<(u32, Option<PathBuf>)>,
     balloon: Option<bool>,
+    mmds: Option<(Value, Option<PathBuf>)>,
 }
 
 impl Launch {
@@ -140,6 +141,7 @@ impl Launch {
             tap: None,
             vsock: None,
             balloon: None,
+            mmds: None,
         }
     }
 
@@ -180,6 +182,13 @@ impl Launch {
     /// `reporting`.
     pub fn balloon(mut self, reporting: bool) -> Launch {
         self.balloon = Some(reporting);
+        self
+    }
+
+    /// Firecracker's `mmds-config` section, and `--metadata` (the MMDS's
+    /// first contents) where given.
+    pub fn mmds(mut self, config: Value, metadata: Option<&Path>) -> Launch {
+        self.mmds = Some((config, metadata.map(Path::to_path_buf)));
         self
     }
 
@@ -281,6 +290,9 @@ impl Launch {
         if let Some((cid, uds)) = &self.vsock {
             c["vsock"] = json!({"guest_cid": cid, "uds_path": uds});
         }
+        if let Some((mmds, _)) = &self.mmds {
+            c["mmds-config"] = mmds.clone();
+        }
         if let Some(reporting) = self.balloon {
             c["balloon"] = json!({"amount_mib": 0, "deflate_on_oom": false,
                                   "stats_polling_interval_s": 1,
@@ -306,7 +318,7 @@ impl Launch {
                 // matches nothing. The file must exist.
                 let log = self.dir.join("fc.log");
                 std::fs::write(&log, "").unwrap();
-                let args = vec![
+                let mut args = vec![
                     "--api-sock".to_string(),
                     sock.display().to_string(),
                     "--config-file".to_string(),
@@ -314,6 +326,9 @@ impl Launch {
                     "--log-path".to_string(),
                     log.display().to_string(),
                 ];
+                if let Some((_, Some(metadata))) = &self.mmds {
+                    args.extend(["--metadata".into(), metadata.display().to_string()]);
+                }
                 (self.bin.clone(), args, sock)
             }
         };

@@ -244,6 +244,7 @@ impl Shared {
             Ok(Ok(VmmData::Accepted(v))) => Response::json(202, v.to_string()),
             Ok(Err(VmmActionError::BadRequest(m))) => Response::fault(400, &m),
             Ok(Err(VmmActionError::Internal(m))) => Response::fault(500, &m),
+            Ok(Err(VmmActionError::TooLarge(m))) => Response::fault(413, &m),
             Err(_) => shutting_down(),
         }
     }

@@ -63,6 +63,8 @@ pub struct Net<M: DeviceMemory> {
     /// Receive chains taken from the ring for the waiting frame (more than
     /// one only with mergeable buffers).
     pub(super) rx_held: VecDeque<RxChain>,
+    /// The MMDS stack, when the MMDS configuration names this interface.
+    pub(super) mmds: Option<Box<super::mmds::MmdsDetour>>,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for Net<M> {
@@ -105,6 +107,7 @@ impl<M: DeviceMemory> Net<M> {
             offload: None,
             rx_frame: None,
             rx_held: VecDeque::new(),
+            mmds: None,
         })
     }
 

@@ -25,6 +25,7 @@
 
 pub mod device;
 pub mod metrics;
+pub mod mmds;
 pub mod queues;
 pub mod tap;
 #[cfg(test)]

@@ -195,7 +195,7 @@ impl<M: DeviceMemory> Net<M> {
             return;
         };
         let m = &*self.metrics;
-        let (backend, buf) = (&mut self.backend, &mut self.tx_buf);
+        let (backend, buf, mmds) = (&mut self.backend, &mut self.tx_buf, &mut self.mmds);
         let (mut taken, mut used) = (0usize, false);
         let end = self.wake.pass(TX_INDEX, MAX_FRAMES_PER_PASS, || {
             let Some(chain) = a.queues[TX_INDEX].pop_descriptor_chain(&*a.mem) else {
@@ -204,6 +204,8 @@ impl<M: DeviceMemory> Net<M> {
             taken += 1;
             let head = chain.head_index();
             match gather(&*a.mem, chain, buf) {
+                // Answered by the MMDS stack, never to the tap.
+                Some(n) if super::mmds::detour(mmds, &buf[..n]) => {}
                 Some(n) => match backend.write_frame(&buf[..n]) {
                     Ok(_) => {
                         m.tx_packets_count.inc();
@@ -234,6 +236,9 @@ impl<M: DeviceMemory> Net<M> {
         }
         if used && !a.signal_used(TX_INDEX) {
             m.event_fails.inc();
+        }
+        if self.mmds.as_ref().is_some_and(|d| d.has_output()) {
+            self.process_rx();
         }
     }
 
@@ -322,13 +327,13 @@ impl<M: DeviceMemory> Net<M> {
             return;
         };
         let m = &*self.metrics;
-        let (backend, buf) = (&mut self.backend, &mut self.rx_buf);
+        let (backend, buf, mmds) = (&mut self.backend, &mut self.rx_buf, &mut self.mmds);
         let (frame, held) = (&mut self.rx_frame, &mut self.rx_held);
         let mut used = false;
         let end = self.wake.pass(RX_INDEX, MAX_FRAMES_PER_PASS, || {
             let n = match *frame {
                 Some(n) => n,
-                None => match backend.read_frame(buf) {
+                None => match super::mmds::read_frame(mmds, backend, buf) {
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return true,
