@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use common::api::*;
 use common::netns::{packet_socket, Netns};
 use common::peers::{Kind, Launch};
+use common::guests::Guest;
 use common::*;
 
 const MAC: &str = "06:00:ac:10:00:02";
@@ -109,11 +110,24 @@ fn teravm_line(ns: &Netns, dir: &Path, version: &str, words: &str) -> String {
 /// Boots the test guest with `words` and the MMDS on; returns the first
 /// console line with `needle`.
 fn teravm_wait(ns: &Netns, dir: &Path, version: &str, words: &str, needle: &str) -> String {
+    teravm_wait_with(Guest::TestGuest, ns, dir, version, words, needle)
+}
+
+/// [`teravm_wait`] with either guest.
+fn teravm_wait_with(
+    who: Guest,
+    ns: &Netns,
+    dir: &Path,
+    version: &str,
+    words: &str,
+    needle: &str,
+) -> String {
     let metadata_path = dir.join("metadata.json");
     std::fs::write(&metadata_path, metadata().to_string()).unwrap();
+    let boot: Value = serde_json::from_str(&who.boot_source(words)).unwrap();
     let config = json!({
         "machine-config": {"vcpu_count": 1, "mem_size_mib": 128},
-        "boot-source": {"kernel_image_path": guest(), "boot_args": words},
+        "boot-source": boot,
         "network-interfaces": [{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": MAC}],
         "mmds-config": mmds_config(version),
     });
@@ -139,8 +153,54 @@ fn teravm_wait(ns: &Netns, dir: &Path, version: &str, words: &str, needle: &str)
 
 fn words_of(line: &str) -> &str {
     line.split_once("teravm guest: ")
+        .or_else(|| line.split_once("teravm firmware: "))
         .map_or(line, |(_, w)| w)
         .trim_end()
+}
+
+/// The firmware's `mmds=` (its own ARP, TCP and HTTP client, tested in
+/// tests/firmware_words.rs against Linux's stack) against teravm's MMDS:
+/// the same cases and lines as the test guest's, but the one that needs the
+/// test guest's `mmds-no-token` word.
+#[test]
+fn the_firmware_fetches_from_teravms_mmds_as_the_test_guest_does() {
+    if !kvm_or_skip("mmds_firmware") {
+        return;
+    }
+    let Some(ns) = Netns::new("mmdsfw") else {
+        skip(
+            "mmds_firmware",
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
+    let _big = big_memory();
+    let dir = temp_dir("mmds-firmware");
+    let fd = packet_socket(&ns);
+    for (version, words, want) in cases() {
+        if words.contains("mmds-no-token") {
+            continue;
+        }
+        let line = teravm_wait_with(
+            Guest::Firmware,
+            &ns,
+            &dir,
+            version,
+            words,
+            "teravm firmware: mmds",
+        );
+        let got = words_of(&line);
+        eprintln!("firmware {version} {words}: {got}");
+        assert!(
+            got.starts_with(want),
+            "{version} {words}: {got:?}, want {want:?}"
+        );
+    }
+    let seen = frames(&fd);
+    assert!(
+        !seen.iter().any(|f| is_mmds(f)),
+        "an MMDS frame of the firmware's reached the tap"
+    );
 }
 
 #[test]
