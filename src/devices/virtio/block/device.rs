@@ -16,6 +16,7 @@ use crate::devices::virtio::{
     ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer, VirtioDevice,
     Wake, VIRTIO_F_VERSION_1,
 };
+use crate::rate_limiter::RateLimiterConfig;
 
 /// Firecracker's `cache_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -38,6 +39,9 @@ pub struct BlockOptions {
     pub read_only: bool,
     /// Whether FLUSH is offered.
     pub cache_type: CacheType,
+    /// Firecracker's `rate_limiter`: each request takes an op token, IN and
+    /// OUT their data bytes as well (none: no limit).
+    pub rate_limiter: RateLimiterConfig,
 }
 
 impl BlockOptions {
@@ -70,6 +74,9 @@ pub(super) struct BlockShared<M: DeviceMemory> {
     /// A file handed over by [`Block::update_file`], swapped in by the
     /// thread between requests.
     pub pending_disk: Mutex<Option<Box<dyn Disk>>>,
+    /// A rate limiter update handed over by [`Block::update_rate_limiter`],
+    /// applied by the thread between requests.
+    pub pending_limiter: Mutex<Option<RateLimiterConfig>>,
     /// Wakes the thread: activation, a pending file, left-over work.
     pub wake: Arc<Wake>,
     pub metrics: Arc<BlockMetrics>,
@@ -134,6 +141,7 @@ impl<M: DeviceMemory> Block<M> {
             capacity_sectors: AtomicU64::new(size / SECTOR_BYTES),
             config_generation: AtomicU32::new(0),
             pending_disk: Mutex::new(None),
+            pending_limiter: Mutex::new(None),
             wake: Arc::new(Wake::new().map_err(BlockError::EventFd)?),
             metrics: Arc::new(BlockMetrics::default()),
         });
@@ -174,6 +182,29 @@ impl<M: DeviceMemory> Block<M> {
         // A file never swapped in is closed here: it was never used, so its
         // close cannot wait on outstanding writes.
         drop(old);
+        self.shared.wake.again(&[]).map_err(BlockError::EventFd)
+    }
+
+    /// `PATCH /drives/{id}` with a `rate_limiter`: hands the update to the
+    /// device thread and returns at once; the thread applies it between two
+    /// requests ([`crate::rate_limiter::RateLimiter::update`]: a bucket
+    /// left out stays, one that limits nothing is removed, any other
+    /// replaced by a full one) and runs a pass (a removed limit lets the
+    /// queue go at once). Updates not yet applied are combined.
+    pub fn update_rate_limiter(&self, update: &RateLimiterConfig) -> Result<(), BlockError> {
+        update.check()?;
+        {
+            let mut p = self
+                .shared
+                .pending_limiter
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let old = p.take().unwrap_or_default();
+            *p = Some(RateLimiterConfig {
+                bandwidth: update.bandwidth.or(old.bandwidth),
+                ops: update.ops.or(old.ops),
+            });
+        }
         self.shared.wake.again(&[]).map_err(BlockError::EventFd)
     }
 

@@ -181,6 +181,7 @@ pub(super) fn opts(read_only: bool, cache_type: CacheType) -> BlockOptions {
         drive_id: "rootfs".into(),
         read_only,
         cache_type,
+        ..BlockOptions::default()
     }
 }
 
