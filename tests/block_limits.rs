@@ -6,7 +6,8 @@
 //! much faster; a `PATCH /drives` while it runs changes the rate and
 //! `GET /vm/config` shows it; the same guest with the same limiter on the
 //! real Firecracker is held to the same rate; a guest blocked by its
-//! limiter does not hold up the shutdown.
+//! limiter does not hold up the shutdown. And GET_ID: teravm answers what
+//! Firecracker answers for the same file (its dev/rdev/inode).
 
 mod common;
 
@@ -18,7 +19,7 @@ use serde_json::{json, Value};
 use common::api::*;
 use common::client::request;
 use common::guests::Guest;
-use common::peers::{Kind, Launch};
+use common::peers::{firecracker_blk_id, Kind, Launch};
 use common::*;
 
 const G: Guest = Guest::TestGuest;
@@ -67,6 +68,11 @@ struct Run {
 fn start(test: &str, mib: u64, limiter: Option<Value>) -> Run {
     let dir = temp_dir(test);
     let path = disk(&dir);
+    start_on(&dir, &path, &format!("blk-read={mib} then=idle"), limiter)
+}
+
+/// teravm with the test guest on `args` and the drive `path` (read-only).
+fn start_on(dir: &Path, path: &Path, args: &str, limiter: Option<Value>) -> Run {
     let sock = dir.join("api.sock");
     let metrics = dir.join("metrics");
     let vmm = Vmm::spawn(&[
@@ -87,11 +93,7 @@ fn start(test: &str, mib: u64, limiter: Option<Value>) -> Run {
         drive["rate_limiter"] = l;
     }
     put_ok(&sock, "/drives/data", &drive.to_string());
-    put_ok(
-        &sock,
-        "/boot-source",
-        &G.boot_source(&format!("blk-read={mib} then=idle")),
-    );
+    put_ok(&sock, "/boot-source", &G.boot_source(args));
     let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(status, 204, "{body}");
     Run { vmm, sock, metrics }
@@ -302,5 +304,29 @@ fn firecracker_holds_the_same_guest_to_the_same_rate() {
         0.2,
     );
     within("Firecracker, 16 MiB/s, host clock", host, want, 0.2);
+    let _ = peer.vmm.child.kill();
+}
+
+#[test]
+fn get_id_answers_what_firecracker_answers_for_the_same_file() {
+    let test = "blk_get_id_firecracker";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir(test);
+    let path = disk(&dir);
+    let want = format!("blk id {}", firecracker_blk_id(&path));
+    let mut r = start_on(&dir, &path, "blk then=idle", None);
+    let line = r.vmm.wait_line(&G.line("blk id"), T);
+    assert!(line.ends_with(&want), "teravm: {line}, want {want}");
+    r.shutdown();
+    let Some(bin) = firecracker(test) else { return };
+    let mut peer = Launch::new(Kind::Firecracker, &bin, &dir, "blk then=idle")
+        .mem_mib(128)
+        .drive(&path, true, "data")
+        .start();
+    let fc = peer.wait_line(&G.line("blk id"));
+    assert_eq!(fc, line, "Firecracker and teravm answer GET_ID alike");
     let _ = peer.vmm.child.kill();
 }

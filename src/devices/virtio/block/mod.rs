@@ -47,7 +47,7 @@ mod tests_hostile;
 mod tests_limits;
 pub mod worker;
 
-pub use device::{Block, BlockOptions, CacheType};
+pub use device::{image_id, Block, BlockOptions, CacheType};
 pub use disk::Disk;
 pub use metrics::BlockMetrics;
 pub use request::{RequestError, RequestType};

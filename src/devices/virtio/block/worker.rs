@@ -113,17 +113,17 @@ impl<M: DeviceMemory> BlockWorker<M> {
     /// A worker for `block`: takes the backing file from the device (one
     /// worker per device: a second is refused).
     pub fn new(block: &Arc<Mutex<Block<M>>>) -> Result<BlockWorker<M>, BlockError> {
-        let (shared, disk, opts) = {
+        let (shared, disk, opts, image_id) = {
             let mut b = block.lock().unwrap_or_else(PoisonError::into_inner);
             let disk = b.disk.take().ok_or(BlockError::WorkerExists)?;
-            (b.shared.clone(), disk, b.options().clone())
+            (b.shared.clone(), disk, b.options().clone(), b.image_id)
         };
         let capacity_sectors = shared.capacity_sectors.load(Ordering::SeqCst);
         Ok(BlockWorker {
             shared,
             disk,
             capacity_sectors,
-            id: opts.disk_id(),
+            id: image_id.unwrap_or_else(|| opts.disk_id()),
             read_only: opts.read_only,
             cache_type: opts.cache_type,
             bounce: vec![0u8; BOUNCE_BYTES],
@@ -404,7 +404,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        let Some(new) = new else { return };
+        let Some((new, new_id)) = new else { return };
         let m = &self.shared.metrics;
         let size = match disk_size(&*new) {
             Ok(s) => s,
@@ -417,6 +417,9 @@ impl<M: DeviceMemory> BlockWorker<M> {
             }
         };
         let old = std::mem::replace(&mut self.disk, new);
+        if let Some(id) = new_id {
+            self.id = id;
+        }
         self.capacity_sectors = size / SECTOR_BYTES;
         self.shared
             .capacity_sectors
