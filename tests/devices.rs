@@ -174,9 +174,15 @@ fn a_drive_is_read_written_flushed_and_named(g: Guest) {
     assert!(vmm
         .wait_line(&g.line("blk readback"), T)
         .ends_with("readback match"));
-    assert!(vmm
-        .wait_line(&g.line("blk id"), T)
-        .ends_with("blk id data1"));
+    // GET_ID: the file's dev/rdev/inode, as Firecracker answers.
+    let id = vmm.wait_line(&g.line("blk id"), T);
+    assert!(
+        id.ends_with(&format!(
+            "blk id {}",
+            common::peers::firecracker_blk_id(&disk)
+        )),
+        "{id}"
+    );
     // The write reached the disk: fdatasync left no dirty page (without it,
     // sector 1's page stays dirty until the kernel's writeback, 30 s on).
     assert_eq!(dirty_pages(&file), 0, "sector 1 written back by the FLUSH");

@@ -203,9 +203,11 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// The firmware's `blk` lines for the first drive, whose image starts
-/// with `head`, named `id`, `sectors` long, read-write.
-fn check_blk_lines(vmm: &mut Vmm, head: &[u8; 16], id: &str, sectors: u64) {
+/// The firmware's `blk` lines for the first drive, whose image `path`
+/// starts with `head`, `sectors` long, read-write. GET_ID answers what
+/// Firecracker answers: the file's dev/rdev/inode, not the drive id.
+fn check_blk_lines(vmm: &mut Vmm, head: &[u8; 16], path: &Path, sectors: u64) {
+    let id = common::peers::firecracker_blk_id(path);
     let found = vmm.wait_line("teravm firmware: blk device at", T);
     assert!(
         found.ends_with(&format!("capacity {sectors} sectors")),
@@ -367,7 +369,7 @@ fn go_sdk_replay(name: &str, extra: &[&str], devices: Option<&Netns>) {
     assert_eq!(s, 204, "{b}");
     // The firmware drives the first virtio-blk: the root drive, attached
     // first whatever the order of the PUTs (Firecracker's order).
-    check_blk_lines(&mut vmm, b"go-sdk root disk", "root_drive", 2048);
+    check_blk_lines(&mut vmm, b"go-sdk root disk", &root, 2048);
     let line = vmm.wait_line("teravm firmware: vsock device at", T);
     assert!(line.ends_with("cid 3"), "{line}");
     vmm.wait_line("teravm firmware: vsock listening on 52", T);
@@ -588,7 +590,7 @@ fn firectl_replay_with_drives_tap_and_vsock() {
     let frames = netns::packet_socket(&ns);
     let (s, b) = action(&sock, r#"{"action_type":"InstanceStart"}"#);
     assert_eq!(s, 204, "{b}");
-    check_blk_lines(&mut vmm, b"firectl rootdisk", "1", 1024);
+    check_blk_lines(&mut vmm, b"firectl rootdisk", &root, 1024);
     vmm.wait_line("teravm firmware: vsock listening on 1024", T);
     let line = vmm.wait_line("teravm firmware: net sent hello", T);
     assert!(line.ends_with("from aa:fc:00:00:00:01"), "{line}");
@@ -805,7 +807,12 @@ fn firecracker_python_drive_tap_and_vsock() {
         .map(|l| l.as_str().unwrap())
         .collect();
     let has = |needle: &str| fw.iter().any(|l| l.contains(needle));
-    assert!(has("blk id rootfs") && has("blk readback match"), "{fw:?}");
+    // GET_ID: the file's dev/rdev/inode, as Firecracker answers.
+    let id = common::peers::firecracker_blk_id(&dir.join("rootfs.img"));
+    assert!(
+        has(&format!("blk id {id}")) && has("blk readback match"),
+        "{fw:?}"
+    );
     assert!(
         has(&format!("blk sector0 {}", hex(b"fc-python rootfs"))),
         "{fw:?}"

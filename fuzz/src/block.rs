@@ -199,6 +199,7 @@ pub fn block_queues(data: &[u8]) -> BlockMetrics {
         } else {
             CacheType::Unsafe
         },
+        ..BlockOptions::default()
     };
     let block = Arc::new(Mutex::new(
         Block::with_disk(opts, Box::new(disk)).expect("in-memory disk"),

@@ -46,6 +46,8 @@ pub struct Options {
     pub report_mib: u64,
     /// `blk`.
     pub blk: bool,
+    /// `blk-read=<MiB>`.
+    pub blk_read_mib: Option<u64>,
     /// `vsock=`.
     pub vsock: Option<Vsock>,
     /// `net=echo`.
@@ -117,6 +119,7 @@ impl Options {
             balloon: false,
             report_mib: 0,
             blk: false,
+            blk_read_mib: None,
             vsock: None,
             net_echo: false,
             mmds: None,
@@ -146,6 +149,10 @@ impl Options {
                     Err(_) => o.bad = Some("report="),
                 },
                 "blk" if value.is_empty() => o.blk = true,
+                "blk-read" => match value.parse() {
+                    Ok(mib) => o.blk_read_mib = Some(mib),
+                    Err(_) => o.bad = Some("blk-read="),
+                },
                 "net" if value == "echo" => o.net_echo = true,
                 "mmds" if value.starts_with('/') => o.mmds = Some(value.into()),
                 "mmds" => o.bad = Some("mmds="),

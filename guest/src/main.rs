@@ -13,6 +13,7 @@
 //!                        triple fault)
 //!   balloon, report=<MiB> the virtio-balloon (see `balloon.rs`)
 //!   blk                  drive the first virtio-blk once (see `blk.rs`)
+//!   blk-read=<MiB>       read that much from it in 64 KiB requests, timed
 //!   vsock=echo:<port> | vsock=connect:<port>   the first virtio-vsock
 //!   net=echo             send a frame on the first virtio-net, echo frames
 //!   mmds=<path> [mmds-addr=<a.b.c.d>] [mmds-ip=<a.b.c.d>]   fetch <path>
@@ -91,7 +92,8 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     // HOOK balloon: `balloon` / `report=` (balloon.rs); with then=reset it
     // follows num_pages once; else it is pushed onto `serving`.
     balloon::hook(&options, &info, mapped, touched, &mut serving);
-    if options.blk {
+    // HOOK blk: `blk` / `blk-read=<MiB>` (blk.rs).
+    if options.blk || options.blk_read_mib.is_some() {
         blk::run(&options);
     }
     // HOOK vsock: `vsock=echo:<port>` / `vsock=connect:<port>` (vsock.rs).

@@ -98,10 +98,8 @@ fn put_drive() {
                 "drives.io_engine: unknown variant `Uring`",
             ),
             (
-                &format!(
-                    r#"{{{good}, "rate_limiter": {{"bandwidth": {{"size": 1, "refill_time": 100}}}}}}"#
-                ),
-                "invalid value for drives.rate_limiter: rate limiters are not supported by teravm",
+                &format!(r#"{{{good}, "rate_limiter": {{"bandwidth": {{"size": 1}}}}}}"#),
+                "invalid drives body: missing field `refill_time`",
             ),
             (
                 r#"{"drive_id": "rootfs", "is_root_device": true, "socket": "/run/vu.sock"}"#,
@@ -228,8 +226,8 @@ fn patch_drive() {
             ),
             (r#"{"path_on_host": "/x"}"#, "missing field `drive_id`"),
             (
-                r#"{"drive_id": "rootfs", "rate_limiter": {"ops": {"size": 5, "refill_time": 100}}}"#,
-                "invalid value for drives.rate_limiter: rate limiters are not supported by teravm",
+                r#"{"drive_id": "rootfs", "rate_limiter": {"ops": {"size": 5, "refill_time": 18446744073709551615}}}"#,
+                "invalid value for drives.rate_limiter: refill_time 18446744073709551615 ms is too large",
             ),
             (
                 r#"{"drive_id": "rootfs", "path_on_host": ""}"#,

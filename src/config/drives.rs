@@ -3,8 +3,9 @@
 //! the conversion to the block device's [`BlockOptions`].
 //!
 //! teravm has virtio-blk over a host file with the synchronous engine and
-//! no rate limiter: `io_engine: "Async"`, a `rate_limiter` and a
-//! vhost-user `socket` are refused with the reason. What needs the file
+//! Firecracker's rate limiter (`rate_limiter`, changed while running by
+//! `PATCH`): `io_engine: "Async"` and a vhost-user `socket` are refused
+//! with the reason. What needs the file
 //! (it exists, its size, read-only) is checked by the VMM when it opens
 //! it; what needs the other drives (ids, one root device) by
 //! [`check_drives`].
@@ -13,9 +14,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::firecracker::{check_id, check_no_rate_limiter, check_path};
+use super::firecracker::{check_id, check_path};
 use super::{invalid, ConfigError};
 use crate::devices::virtio::block::{self, BlockOptions};
+use crate::rate_limiter::RateLimiterConfig;
 
 /// Longest `partuuid`: a GPT UUID is 36 characters; MBR's `SSSSSSSS-PP` is
 /// shorter.
@@ -72,12 +74,39 @@ pub struct DriveConfig {
     /// The I/O engine: only `Sync` (absent or `null` means `Sync`).
     #[serde(default, deserialize_with = "null_is_default")]
     pub io_engine: IoEngine,
-    /// Firecracker's rate limiter: only absent or `null`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<serde_json::Value>,
+    /// Firecracker's rate limiter (`bandwidth` in bytes, `ops` in
+    /// requests); absent, `null`, `{}` or buckets that limit nothing: no
+    /// limit. `GET /vm/config` shows the buckets that limit.
+    #[serde(
+        default,
+        serialize_with = "ser_limiter",
+        skip_serializing_if = "limits_nothing"
+    )]
+    pub rate_limiter: Option<RateLimiterConfig>,
     /// A vhost-user-block backend's socket: only absent or `null`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<PathBuf>,
+}
+
+fn limits_nothing(r: &Option<RateLimiterConfig>) -> bool {
+    !r.is_some_and(|r| r.limits())
+}
+
+fn ser_limiter<S: serde::Serializer>(
+    r: &Option<RateLimiterConfig>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    r.map(|r| r.effective()).serialize(s)
+}
+
+/// Checks a rate limiter's buckets (what they can hold).
+fn check_limiter(r: &Option<RateLimiterConfig>) -> Result<(), ConfigError> {
+    match r {
+        Some(r) => r
+            .check()
+            .map_err(|e| invalid("drives.rate_limiter", e.to_string())),
+        None => Ok(()),
+    }
 }
 
 /// Takes `null` as the type's default (Firecracker's `Option` fields that
@@ -118,7 +147,7 @@ impl DriveConfig {
                 "io_engine Async is not supported by teravm (Sync only)",
             ));
         }
-        check_no_rate_limiter("drives.rate_limiter", &self.rate_limiter)
+        check_limiter(&self.rate_limiter)
     }
 }
 
@@ -163,8 +192,8 @@ pub fn check_drives(drives: &[DriveConfig]) -> Result<(), ConfigError> {
 }
 
 /// The body of `PATCH /drives/{drive_id}` (Firecracker's `PartialDrive`):
-/// a new backing file, after the start. A body with only `drive_id` is a
-/// no-op, as in Firecracker.
+/// a new backing file and a rate limiter update. A body with only
+/// `drive_id` is a no-op, as in Firecracker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DriveUpdate {
@@ -173,9 +202,11 @@ pub struct DriveUpdate {
     /// The new host file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_on_host: Option<PathBuf>,
-    /// Firecracker's rate limiter: only absent or `null`.
+    /// Changes the rate limiter: a bucket left out (or `null`) stays, one
+    /// with a 0 `size` or `refill_time` is removed, any other replaces the
+    /// old one, full (Firecracker's `BucketUpdate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<serde_json::Value>,
+    pub rate_limiter: Option<RateLimiterConfig>,
 }
 
 impl DriveUpdate {
@@ -185,7 +216,7 @@ impl DriveUpdate {
         if let Some(path) = &self.path_on_host {
             check_path("drives.path_on_host", path)?;
         }
-        check_no_rate_limiter("drives.rate_limiter", &self.rate_limiter)
+        check_limiter(&self.rate_limiter)
     }
 }
 
@@ -204,6 +235,7 @@ impl From<&DriveConfig> for BlockOptions {
             drive_id: c.drive_id.clone(),
             read_only: c.is_read_only,
             cache_type: c.cache_type.into(),
+            rate_limiter: c.rate_limiter.unwrap_or_default(),
         }
     }
 }

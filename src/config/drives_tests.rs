@@ -94,13 +94,9 @@ fn validation_names_the_field_and_the_reason() {
              (Sync only)",
         ),
         (
-            r#", "rate_limiter": {"bandwidth": {"size": 1, "refill_time": 100}}"#,
-            "invalid value for drives.rate_limiter: rate limiters are not supported by teravm; \
-             leave it out, send null or {} (no limit)",
-        ),
-        (
-            r#", "rate_limiter": {"ops": {"size": 10, "refill_time": 1000}, "bandwidth": null}"#,
-            "invalid value for drives.rate_limiter: rate limiters are not supported by teravm",
+            r#", "rate_limiter": {"bandwidth": {"size": 1, "refill_time": 18446744073709551615}}"#,
+            "invalid value for drives.rate_limiter: refill_time 18446744073709551615 ms is too \
+             large",
         ),
         (
             r#", "socket": "/run/vhost.sock""#,
@@ -225,7 +221,7 @@ fn update_bodies() {
     }
     for (body, field) in [
         (
-            r#"{"drive_id": "a", "rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}"#,
+            r#"{"drive_id": "a", "rate_limiter": {"ops": {"size": 1, "refill_time": 18446744073709551615}}}"#,
             "drives.rate_limiter",
         ),
         (
@@ -253,10 +249,63 @@ fn options_from_config() {
             drive_id: "rootfs".into(),
             read_only: true,
             cache_type: block::CacheType::Writeback,
+            rate_limiter: Default::default(),
         }
     );
+    c.rate_limiter = serde_json::from_str(r#"{"ops": {"size": 5, "refill_time": 100}}"#).unwrap();
+    assert_eq!(BlockOptions::from(&c).rate_limiter, c.rate_limiter.unwrap());
     assert_eq!(
         block::CacheType::from(CacheType::default()),
         block::CacheType::default()
     );
+}
+
+#[test]
+fn rate_limiters_are_taken_and_shown_as_they_limit() {
+    let base = r#""drive_id": "rootfs", "path_on_host": "/img", "is_root_device": true"#;
+    let c: DriveConfig = serde_json::from_str(&format!(
+        r#"{{{base}, "rate_limiter": {{"bandwidth": {{"size": 1048576, "one_time_burst": 4096,
+            "refill_time": 1000}}, "ops": {{"size": 0, "refill_time": 100}}}}}}"#
+    ))
+    .unwrap();
+    c.validate().unwrap();
+    // The ops bucket limits nothing: not shown.
+    assert_eq!(
+        serde_json::to_value(&c).unwrap()["rate_limiter"],
+        serde_json::json!({"bandwidth": {"size": 1048576, "one_time_burst": 4096,
+            "refill_time": 1000}, "ops": null})
+    );
+    // `{}` and null buckets are no limit, and not shown.
+    for body in [r#"{}"#, r#"{"bandwidth": null, "ops": null}"#, "null"] {
+        let c: DriveConfig =
+            serde_json::from_str(&format!(r#"{{{base}, "rate_limiter": {body}}}"#)).unwrap();
+        c.validate().unwrap();
+        assert!(
+            serde_json::to_value(&c)
+                .unwrap()
+                .get("rate_limiter")
+                .is_none(),
+            "{body}"
+        );
+    }
+    for (body, needle) in [
+        (
+            r#"{"bandwidth": {"size": 1}}"#,
+            "missing field `refill_time`",
+        ),
+        (
+            r#"{"iops": {"size": 1, "refill_time": 1}}"#,
+            "unknown field `iops`",
+        ),
+        (
+            r#"{"ops": {"size": -1, "refill_time": 1}}"#,
+            "invalid value",
+        ),
+    ] {
+        let e =
+            serde_json::from_str::<DriveConfig>(&format!(r#"{{{base}, "rate_limiter": {body}}}"#))
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains(needle), "{body}: {e}");
+    }
 }

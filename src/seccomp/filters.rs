@@ -461,9 +461,16 @@ const DISCARD: &[Allow] = &[PUNCH_HOLE];
 const BLOCK: &[Allow] = &[
     any(
         libc::SYS_epoll_wait,
-        "wait for the queue, the wake and exit eventfds",
+        "wait for the queue, the wake and exit eventfds, the rate limiter's timer",
     ),
-    any(libc::SYS_read, "clear the eventfds"),
+    any(
+        libc::SYS_read,
+        "clear the eventfds; the rate limiter's timer (a block ends)",
+    ),
+    any(
+        libc::SYS_timerfd_settime,
+        "arm the rate limiter's timer when it refuses a request (a block begins)",
+    ),
     any(
         libc::SYS_pread64,
         "IN requests: read the drive into the bounce buffer",
@@ -557,6 +564,10 @@ const PUNCH_HOLE: Allow = one_of(
 /// `populate-n{node}-{i}` workers (pinned, `MADV_POPULATE_WRITE`), which run
 /// under this filter.
 const START: &[Allow] = &[
+    any(
+        libc::SYS_timerfd_create,
+        "the block devices' rate limiter timers (made with each device's thread)",
+    ),
     any(
         libc::SYS_eventfd2,
         "COM1's interrupt line for a Linux guest (an irqfd); the virtio devices' queue and interrupt eventfds",

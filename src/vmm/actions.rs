@@ -337,9 +337,7 @@ impl Vmm {
                         u.drive_id
                     )));
                 }
-                // Rate limiters were refused by validation; nothing else
-                // to change without a new file.
-                Ok(VmmData::Empty)
+                self.patch_drive_limiter(&u.drive_id, &u.rate_limiter)
             }
             VmmAction::PutNetworkInterface(_) => refused("adding a network interface", state),
             VmmAction::PatchNetworkInterface(u) => {

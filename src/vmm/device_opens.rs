@@ -11,7 +11,7 @@ use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 
 use crate::config::{check_drives, DriveConfig, NetConfig, VsockConfig};
-use crate::devices::virtio::block::{BlockOptions, CacheType as BlockCache};
+use crate::devices::virtio::block::BlockOptions;
 use crate::devices::virtio::net::{open_tap, NetOptions, Tap};
 use crate::devices::virtio::vsock::{bind_uds, VsockOptions};
 use crate::files::{FileOpener, OpenRequest, OpenSpec, OPEN_TIMEOUT};
@@ -139,14 +139,7 @@ impl DeviceResources {
                     )
                 })?;
                 Ok(DriveSpec {
-                    opts: BlockOptions {
-                        drive_id: d.drive_id.clone(),
-                        read_only: d.is_read_only,
-                        cache_type: match d.cache_type {
-                            crate::config::CacheType::Unsafe => BlockCache::Unsafe,
-                            crate::config::CacheType::Writeback => BlockCache::Writeback,
-                        },
-                    },
+                    opts: BlockOptions::from(d),
                     file,
                     is_root_device: d.is_root_device,
                     partuuid: d.partuuid.clone(),

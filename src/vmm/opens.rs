@@ -288,7 +288,9 @@ impl Vmm {
             },
             (Pending::DrivePatch(u), Opening::Files(Ok(files))) => {
                 match (files.into_iter().next(), u.path_on_host.clone()) {
-                    (Some(o), Some(p)) => self.swap_drive(&u.drive_id, p, o.file),
+                    (Some(o), Some(p)) => self
+                        .swap_drive(&u.drive_id, p, o.file)
+                        .and_then(|_| self.patch_drive_limiter(&u.drive_id, &u.rate_limiter)),
                     _ => Err(VmmActionError::Internal("the drive was not opened".into())),
                 }
             }
@@ -360,6 +362,40 @@ impl Vmm {
         }
         d.path_on_host = path;
         self.resources.drives.insert(drive_id.to_string(), file);
+        Ok(VmmData::Empty)
+    }
+
+    /// `PATCH /drives/{id}` with a `rate_limiter`: before start the
+    /// configuration's limiter is patched; while running, the device's as
+    /// well (its thread applies it between two requests).
+    pub(super) fn patch_drive_limiter(
+        &mut self,
+        drive_id: &str,
+        update: &Option<crate::rate_limiter::RateLimiterConfig>,
+    ) -> ActionResult {
+        let Some(update) = update else {
+            return Ok(VmmData::Empty);
+        };
+        let Some(d) = self
+            .config
+            .drives
+            .iter_mut()
+            .find(|d| d.drive_id == drive_id)
+        else {
+            return Err(bad(format!("drives: no drive {drive_id:?} (PUT it first)")));
+        };
+        if let super::phase::Phase::Running(m) = &self.phase {
+            let Some(b) = m.blocks().iter().find(|b| b.drive_id == drive_id) else {
+                return Err(bad(format!("drives: {drive_id:?} is not attached")));
+            };
+            b.device
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .update_rate_limiter(update)
+                .map_err(bad)?;
+        }
+        let next = d.rate_limiter.unwrap_or_default().patched(update);
+        d.rate_limiter = next.limits().then_some(next);
         Ok(VmmData::Empty)
     }
 }

@@ -99,6 +99,8 @@ pub struct Drive {
     /// QEMU's `serial=` (what GET_ID answers there) and Firecracker's
     /// `drive_id` (which GET_ID does not answer: see [`firecracker_blk_id`]).
     pub id: String,
+    /// Firecracker's `rate_limiter` body for it (Firecracker only).
+    pub rate_limiter: Option<Value>,
 }
 
 /// What a Firecracker drive answers to GET_ID: not its `drive_id` but
@@ -157,7 +159,19 @@ impl Launch {
             path: path.to_path_buf(),
             read_only,
             id: id.to_string(),
+            rate_limiter: None,
         });
+        self
+    }
+
+    /// Firecracker's `rate_limiter` (its JSON body) on the last drive.
+    pub fn drive_rate_limiter(mut self, limiter: Value) -> Launch {
+        assert_eq!(
+            self.kind,
+            Kind::Firecracker,
+            "a rate limiter is Firecracker's"
+        );
+        self.drives.last_mut().expect("a drive first").rate_limiter = Some(limiter);
         self
     }
 
@@ -280,7 +294,8 @@ impl Launch {
             .iter()
             .map(|d| {
                 json!({"drive_id": d.id, "path_on_host": d.path,
-                       "is_root_device": false, "is_read_only": d.read_only})
+                       "is_root_device": false, "is_read_only": d.read_only,
+                       "rate_limiter": d.rate_limiter})
             })
             .collect();
         if let Some((_, mac)) = &self.tap {

@@ -16,6 +16,7 @@ use crate::devices::virtio::{
     ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer, VirtioDevice,
     Wake, VIRTIO_F_VERSION_1,
 };
+use crate::rate_limiter::RateLimiterConfig;
 
 /// Firecracker's `cache_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -31,19 +32,36 @@ pub enum CacheType {
 /// What a drive is made with (the API's `PUT /drives/{id}`, checked).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BlockOptions {
-    /// The drive's id; GET_ID answers its first 20 bytes, zero-padded.
+    /// The drive's id (GET_ID answers it only where the backing store is
+    /// not a file: [`image_id`]).
     pub drive_id: String,
     /// Offer `VIRTIO_BLK_F_RO` and answer OUT with IOERR (the file is
     /// opened read-only as well).
     pub read_only: bool,
     /// Whether FLUSH is offered.
     pub cache_type: CacheType,
+    /// Firecracker's `rate_limiter`: each request takes an op token, IN and
+    /// OUT their data bytes as well (none: no limit).
+    pub rate_limiter: RateLimiterConfig,
+}
+
+/// What GET_ID answers for a host file, as Firecracker computes it (and
+/// kvmtool): `format!("{st_dev}{st_rdev}{st_ino}")` of its `stat`, cut to
+/// 20 bytes and zero-padded. None when the file cannot be `stat`ed
+/// (Firecracker then answers 20 zero bytes; teravm its drive id).
+pub fn image_id(file: &File) -> Option<[u8; ID_BYTES]> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata().ok()?;
+    let text = format!("{}{}{}", m.dev(), m.rdev(), m.ino());
+    let mut id = [0u8; ID_BYTES];
+    let n = text.len().min(ID_BYTES);
+    id[..n].copy_from_slice(&text.as_bytes()[..n]);
+    Some(id)
 }
 
 impl BlockOptions {
-    /// The 20 bytes GET_ID answers: the drive id's first 20 bytes,
-    /// zero-padded. (Firecracker answers `format!("{dev}{rdev}{ino}")` of
-    /// the file's `stat` instead, as kvmtool does.)
+    /// The drive id's first 20 bytes, zero-padded: what GET_ID answers for
+    /// a backing store that is not a file ([`image_id`] for a file).
     pub fn disk_id(&self) -> [u8; ID_BYTES] {
         let mut id = [0u8; ID_BYTES];
         let b = self.drive_id.as_bytes();
@@ -52,6 +70,10 @@ impl BlockOptions {
         id
     }
 }
+
+/// A backing store handed over by `PATCH /drives`, and its GET_ID answer
+/// ([`image_id`]; None: keep the old one).
+pub(super) type PendingDisk = (Box<dyn Disk>, Option<[u8; ID_BYTES]>);
 
 /// The running activation and its number: a request begun under another
 /// is stale.
@@ -69,7 +91,10 @@ pub(super) struct BlockShared<M: DeviceMemory> {
     pub config_generation: AtomicU32,
     /// A file handed over by [`Block::update_file`], swapped in by the
     /// thread between requests.
-    pub pending_disk: Mutex<Option<Box<dyn Disk>>>,
+    pub pending_disk: Mutex<Option<PendingDisk>>,
+    /// A rate limiter update handed over by [`Block::update_rate_limiter`],
+    /// applied by the thread between requests.
+    pub pending_limiter: Mutex<Option<RateLimiterConfig>>,
     /// Wakes the thread: activation, a pending file, left-over work.
     pub wake: Arc<Wake>,
     pub metrics: Arc<BlockMetrics>,
@@ -89,6 +114,8 @@ pub struct Block<M: DeviceMemory> {
     pub(super) shared: Arc<BlockShared<M>>,
     /// The file until the worker takes it.
     pub(super) disk: Option<Box<dyn Disk>>,
+    /// What GET_ID answers for it ([`image_id`]); None: the drive id.
+    pub(super) image_id: Option<[u8; ID_BYTES]>,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for Block<M> {
@@ -107,8 +134,12 @@ impl<M: DeviceMemory> Block<M> {
     /// the capacity is the size in whole 512-byte sectors, and trailing
     /// bytes of a size that is not a multiple of 512 are not addressable by
     /// the guest (as in Firecracker, which warns about it).
+    /// GET_ID answers [`image_id`] of the file, as Firecracker does.
     pub fn new(opts: BlockOptions, file: File) -> Result<Block<M>, BlockError> {
-        Self::with_disk(opts, Box::new(file))
+        let id = image_id(&file);
+        let mut b = Self::with_disk(opts, Box::new(file))?;
+        b.image_id = id;
+        Ok(b)
     }
 
     /// A drive over any [`Disk`] (tests and the fuzz harness).
@@ -134,6 +165,7 @@ impl<M: DeviceMemory> Block<M> {
             capacity_sectors: AtomicU64::new(size / SECTOR_BYTES),
             config_generation: AtomicU32::new(0),
             pending_disk: Mutex::new(None),
+            pending_limiter: Mutex::new(None),
             wake: Arc::new(Wake::new().map_err(BlockError::EventFd)?),
             metrics: Arc::new(BlockMetrics::default()),
         });
@@ -147,6 +179,7 @@ impl<M: DeviceMemory> Block<M> {
             epoch: 0,
             shared,
             disk: Some(disk),
+            image_id: None,
         })
     }
 
@@ -159,21 +192,50 @@ impl<M: DeviceMemory> Block<M> {
     /// grows (or `update_fails`, if its size cannot be read: the old file
     /// stays). A file handed over before the last one was swapped replaces
     /// it.
+    /// GET_ID then answers the new file's [`image_id`] (Firecracker's).
     pub fn update_file(&self, file: File) -> Result<(), BlockError> {
-        self.update_disk(Box::new(file))
+        let id = image_id(&file);
+        self.hand_over(Box::new(file), id)
     }
 
-    /// [`Self::update_file`] for any [`Disk`].
+    /// [`Self::update_file`] for any [`Disk`] (GET_ID's answer unchanged).
     pub fn update_disk(&self, disk: Box<dyn Disk>) -> Result<(), BlockError> {
+        self.hand_over(disk, None)
+    }
+
+    fn hand_over(&self, disk: Box<dyn Disk>, id: Option<[u8; ID_BYTES]>) -> Result<(), BlockError> {
         let old = self
             .shared
             .pending_disk
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .replace(disk);
+            .replace((disk, id));
         // A file never swapped in is closed here: it was never used, so its
         // close cannot wait on outstanding writes.
         drop(old);
+        self.shared.wake.again(&[]).map_err(BlockError::EventFd)
+    }
+
+    /// `PATCH /drives/{id}` with a `rate_limiter`: hands the update to the
+    /// device thread and returns at once; the thread applies it between two
+    /// requests ([`crate::rate_limiter::RateLimiter::update`]: a bucket
+    /// left out stays, one that limits nothing is removed, any other
+    /// replaced by a full one) and runs a pass (a removed limit lets the
+    /// queue go at once). Updates not yet applied are combined.
+    pub fn update_rate_limiter(&self, update: &RateLimiterConfig) -> Result<(), BlockError> {
+        update.check()?;
+        {
+            let mut p = self
+                .shared
+                .pending_limiter
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let old = p.take().unwrap_or_default();
+            *p = Some(RateLimiterConfig {
+                bandwidth: update.bandwidth.or(old.bandwidth),
+                ops: update.ops.or(old.ops),
+            });
+        }
         self.shared.wake.again(&[]).map_err(BlockError::EventFd)
     }
 

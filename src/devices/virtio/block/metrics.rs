@@ -44,6 +44,11 @@ pub struct BlockMetrics {
     pub write_count: Counter,
     /// GET_ID requests answered OK; teravm's own.
     pub get_id_count: Counter,
+    /// Requests put back because the rate limiter refused them, and queue
+    /// notifications that came while it was blocked (Firecracker's).
+    pub rate_limiter_throttled_events: Counter,
+    /// Times the rate limiter's timer fired (Firecracker's).
+    pub rate_limiter_event_count: Counter,
 }
 
 impl BlockMetrics {

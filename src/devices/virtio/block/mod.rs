@@ -1,8 +1,10 @@
 //! virtio-blk (virtio 1.x, 5.2) over a host file, in Firecracker's
 //! semantics: requests IN, OUT, FLUSH and GET_ID; `VIRTIO_BLK_F_RO` for a
 //! read-only drive; `VIRTIO_BLK_F_FLUSH` only with [`CacheType::Writeback`];
-//! a configuration space holding only `capacity`. Rate limiters are not
-//! implemented (the API refuses them).
+//! a configuration space holding only `capacity`; Firecracker's rate
+//! limiter (each request an op token, IN and OUT their bytes too): a
+//! refused request goes back to the avail ring and the thread waits for the
+//! limiter's timer fd beside the queue, then goes on.
 //!
 //! What it owns, and how its threads talk:
 //! - [`Block`] ([`device`]): features, the configuration space, activation
@@ -41,9 +43,11 @@ mod test_disk;
 mod tests;
 #[cfg(test)]
 mod tests_hostile;
+#[cfg(test)]
+mod tests_limits;
 pub mod worker;
 
-pub use device::{Block, BlockOptions, CacheType};
+pub use device::{image_id, Block, BlockOptions, CacheType};
 pub use disk::Disk;
 pub use metrics::BlockMetrics;
 pub use request::{RequestError, RequestType};
@@ -115,6 +119,9 @@ pub enum BlockError {
     /// The device thread's loop could not be set up.
     #[error("block thread: {0}")]
     Worker(#[from] crate::devices::virtio::WorkerError),
+    /// A rate limiter that cannot be made (its timer) or taken.
+    #[error("block rate limiter: {0}")]
+    RateLimiter(#[from] crate::rate_limiter::RateLimiterError),
     /// A second worker for the same device.
     #[error("the block device already has its worker (the backing file was handed over)")]
     WorkerExists,

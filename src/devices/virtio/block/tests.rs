@@ -181,6 +181,7 @@ pub(super) fn opts(read_only: bool, cache_type: CacheType) -> BlockOptions {
         drive_id: "rootfs".into(),
         read_only,
         cache_type,
+        ..BlockOptions::default()
     }
 }
 
@@ -446,4 +447,45 @@ fn unsupported_types_answer_unsupp() {
     r.worker.process_queue(true);
     assert_eq!(status_byte(&m), status::UNSUPP);
     assert_eq!(used(&q, 0), (0, 1));
+}
+
+/// Reads GET_ID's 20 bytes through the worker.
+fn get_id(r: &mut Rig, q: &Mock<'_>, at: u16) -> [u8; ID_BYTES] {
+    let m = r.mem.clone();
+    request(&m, q, at, b::VIRTIO_BLK_T_GET_ID, 0, 20, W);
+    r.worker.process_queue(true);
+    assert_eq!(status_byte(&m), status::OK);
+    let mut got = [0u8; ID_BYTES];
+    m.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+    got
+}
+
+#[test]
+fn get_id_of_a_file_is_firecrackers_dev_rdev_inode() {
+    use std::os::unix::fs::MetadataExt;
+    let want = |f: &TempFile| {
+        let md = std::fs::metadata(&f.0).unwrap();
+        let mut s = format!("{}{}{}", md.dev(), md.rdev(), md.ino()).into_bytes();
+        s.resize(ID_BYTES, 0);
+        s
+    };
+    let f = TempFile::new("getid-fc", &pattern(8));
+    let block = Arc::new(Mutex::new(
+        Block::<Mem>::new(opts(false, CacheType::Unsafe), f.open(false)).unwrap(),
+    ));
+    let worker = BlockWorker::new(&block).unwrap();
+    let mut r = Rig {
+        mem: mem(),
+        block,
+        worker,
+        irq: Arc::new(Irq::default()),
+    };
+    let m = r.mem.clone();
+    let q = r.start(&m, 16);
+    assert_eq!(get_id(&mut r, &q, 0).to_vec(), want(&f));
+    // A new file (PATCH /drives): its own id, once swapped in.
+    let g = TempFile::new("getid-fc2", &pattern(8));
+    r.block.lock().unwrap().update_file(g.open(false)).unwrap();
+    assert_eq!(get_id(&mut r, &q, 3).to_vec(), want(&g));
+    assert_ne!(want(&f), want(&g));
 }

@@ -22,14 +22,24 @@
 //! `read`/`write` on eventfds: its wake, the queue's, the exit eventfd, the
 //! irqfd), `futex` (the ring slot and the pending-file slot), `pread64`,
 //! `pwrite64`, `fdatasync` (Writeback only), `lseek` (size of a swapped-in
-//! file), `close` (the old file after a swap); and at [`BlockWorker::new`],
-//! on the VMM thread: `epoll_create1`, `epoll_ctl`, and the bounce buffer's
-//! allocation (`mmap`). No allocation per request after the first.
+//! file), `close` (the old file after a swap), `timerfd_settime` and `read`
+//! on the rate limiter's timer (a block begins, ends); and at
+//! [`BlockWorker::new`], on the VMM thread: `epoll_create1`, `epoll_ctl`,
+//! `timerfd_create`, and the bounce buffer's allocation (`mmap`). No
+//! allocation per request after the first.
+//!
+//! Rate limiting (Firecracker's): a request takes its tokens when it is
+//! popped; one refused is put back on the avail ring under the same lock
+//! and the pass ends. While the limiter is blocked, queue notifications are
+//! only counted; its timer fd (the loop's source 0) ends the block and runs
+//! a pass.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use virtio_queue::QueueT;
+use event_manager::EventSet;
+use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -43,6 +53,7 @@ use super::{
 use crate::devices::virtio::{
     ActiveState, DeviceMemory, Pending, QueueHandler, VirtioInterruptType, Wake, Worker,
 };
+use crate::rate_limiter::{RateLimiter, TokenType};
 
 /// Runs a block device's requests: the handler of its thread's loop.
 pub struct BlockWorker<M: DeviceMemory> {
@@ -56,6 +67,19 @@ pub struct BlockWorker<M: DeviceMemory> {
     pub(super) cache_type: CacheType,
     pub(super) bounce: Vec<u8>,
     pub(super) segments: Vec<Segment>,
+    /// The drive's rate limiter (one that limits nothing when none was
+    /// given); its timer fd is the loop's source 0.
+    pub(super) limiter: RateLimiter,
+}
+
+/// What [`BlockWorker::pop`] found.
+enum Popped {
+    /// No chain (or no activation).
+    Nothing,
+    /// A chain the rate limiter refused: it is back on the avail ring.
+    Throttled,
+    /// A chain, parsed, under activation `epoch`.
+    Chain(u64, Result<Request, Refusal>),
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for BlockWorker<M> {
@@ -89,21 +113,22 @@ impl<M: DeviceMemory> BlockWorker<M> {
     /// A worker for `block`: takes the backing file from the device (one
     /// worker per device: a second is refused).
     pub fn new(block: &Arc<Mutex<Block<M>>>) -> Result<BlockWorker<M>, BlockError> {
-        let (shared, disk, opts) = {
+        let (shared, disk, opts, image_id) = {
             let mut b = block.lock().unwrap_or_else(PoisonError::into_inner);
             let disk = b.disk.take().ok_or(BlockError::WorkerExists)?;
-            (b.shared.clone(), disk, b.options().clone())
+            (b.shared.clone(), disk, b.options().clone(), b.image_id)
         };
         let capacity_sectors = shared.capacity_sectors.load(Ordering::SeqCst);
         Ok(BlockWorker {
             shared,
             disk,
             capacity_sectors,
-            id: opts.disk_id(),
+            id: image_id.unwrap_or_else(|| opts.disk_id()),
             read_only: opts.read_only,
             cache_type: opts.cache_type,
             bounce: vec![0u8; BOUNCE_BYTES],
             segments: Vec::with_capacity(MAX_DESCRIPTORS_PER_REQUEST),
+            limiter: RateLimiter::new(&opts.rate_limiter)?,
         })
     }
 
@@ -118,13 +143,40 @@ impl<M: DeviceMemory> QueueHandler for BlockWorker<M> {
         self.shared.wake.clone()
     }
 
+    fn sources(&self) -> Vec<(RawFd, EventSet)> {
+        vec![(self.limiter.as_raw_fd(), EventSet::IN)]
+    }
+
     fn queue_event(&mut self, _index: usize) {
         self.shared.metrics.queue_event_count.inc();
+        if self.limiter.is_blocked() {
+            // The chains wait for the limiter's timer (as in Firecracker).
+            self.shared.metrics.rate_limiter_throttled_events.inc();
+            return;
+        }
         self.process_queue(true);
     }
 
     fn wake_event(&mut self, _pending: Pending) {
         self.process_queue(false);
+    }
+
+    fn source_event(&mut self, _index: usize, _events: EventSet) {
+        // The limiter's timer: the block is over, the queue goes on.
+        self.shared.metrics.rate_limiter_event_count.inc();
+        if self.limiter.event_handler() {
+            self.process_queue(false);
+        }
+    }
+}
+
+/// Takes a request's tokens as Firecracker counts them: one op for every
+/// request, and for IN and OUT its data bytes (the op given back when the
+/// bytes are refused). False: refused, nothing taken.
+fn take_tokens(limiter: &mut RateLimiter, req: &Request) -> bool {
+    match req.kind {
+        RequestType::In | RequestType::Out => limiter.consume_op(req.data_len),
+        _ => limiter.consume(1, TokenType::Ops),
     }
 }
 
@@ -156,11 +208,23 @@ impl<M: DeviceMemory> BlockWorker<M> {
         let mut first = true;
         let end = wake.pass(0, MAX_CHAINS_PER_PASS, || {
             self.swap_pending_disk();
-            let Some((epoch, parsed)) = self.pop() else {
-                if first && queue_event {
-                    metrics.no_avail_buffer.inc();
-                }
+            self.apply_pending_limiter();
+            if self.limiter.is_blocked() {
+                // Its timer's event runs the next pass.
                 return false;
+            }
+            let (epoch, parsed) = match self.pop() {
+                Popped::Chain(epoch, parsed) => (epoch, parsed),
+                Popped::Throttled => {
+                    metrics.rate_limiter_throttled_events.inc();
+                    return false;
+                }
+                Popped::Nothing => {
+                    if first && queue_event {
+                        metrics.no_avail_buffer.inc();
+                    }
+                    return false;
+                }
             };
             first = false;
             match parsed {
@@ -188,11 +252,17 @@ impl<M: DeviceMemory> BlockWorker<M> {
         }
     }
 
-    /// Takes the next chain and parses it, under the ring lock.
-    fn pop(&mut self) -> Option<(u64, Result<Request, Refusal>)> {
+    /// Takes the next chain and parses it, under the ring lock; a request
+    /// the rate limiter refuses is put back on the avail ring (the same
+    /// lock held: the guest sees nothing).
+    fn pop(&mut self) -> Popped {
         let mut ring = self.shared.ring();
-        let (epoch, a) = ring.as_mut()?;
-        let chain = a.queues[0].pop_descriptor_chain(&*a.mem)?;
+        let Some((epoch, a)) = ring.as_mut() else {
+            return Popped::Nothing;
+        };
+        let Some(chain) = a.queues[0].pop_descriptor_chain(&*a.mem) else {
+            return Popped::Nothing;
+        };
         let parsed = parse(
             &*a.mem,
             chain,
@@ -200,7 +270,35 @@ impl<M: DeviceMemory> BlockWorker<M> {
             self.read_only,
             &mut self.segments,
         );
-        Some((*epoch, parsed))
+        if let Ok(req) = &parsed {
+            if !take_tokens(&mut self.limiter, req) {
+                a.queues[0].go_to_previous_position();
+                return Popped::Throttled;
+            }
+        }
+        Popped::Chain(*epoch, parsed)
+    }
+
+    /// Applies a rate limiter update handed over by
+    /// [`Block::update_rate_limiter`], if any.
+    fn apply_pending_limiter(&mut self) {
+        let update = self
+            .shared
+            .pending_limiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(u) = update {
+            if let Err(e) = self.limiter.update(&u) {
+                // Checked when it was handed over; kept total.
+                log::warn!("block: rate limiter update refused: {e}");
+            }
+        }
+    }
+
+    /// The rate limiter (tests).
+    pub fn limiter(&self) -> &RateLimiter {
+        &self.limiter
     }
 
     fn execute(&mut self, epoch: u64, req: &Request) -> Outcome {
@@ -306,7 +404,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        let Some(new) = new else { return };
+        let Some((new, new_id)) = new else { return };
         let m = &self.shared.metrics;
         let size = match disk_size(&*new) {
             Ok(s) => s,
@@ -319,6 +417,9 @@ impl<M: DeviceMemory> BlockWorker<M> {
             }
         };
         let old = std::mem::replace(&mut self.disk, new);
+        if let Some(id) = new_id {
+            self.id = id;
+        }
         self.capacity_sectors = size / SECTOR_BYTES;
         self.shared
             .capacity_sectors
