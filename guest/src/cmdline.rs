@@ -50,6 +50,10 @@ pub struct Options {
     pub vsock: Option<Vsock>,
     /// `net=echo`.
     pub net_echo: bool,
+    /// `cpuid=` (cpuid.rs).
+    pub cpuid: Option<crate::cpuid::Leaves>,
+    /// `tick=<ms>` (cpuid.rs).
+    pub tick_ms: Option<u64>,
     /// The devices, in command-line order.
     pub devices: [Option<MmioDevice>; MAX_DEVICES],
     /// Words that were understood but had a bad value.
@@ -101,6 +105,8 @@ impl Options {
             blk: false,
             vsock: None,
             net_echo: false,
+            cpuid: None,
+            tick_ms: None,
             devices: [None; MAX_DEVICES],
             bad: None,
         };
@@ -136,6 +142,16 @@ impl Options {
                         o.bad = Some("vsock=");
                     }
                 }
+                "cpuid" => {
+                    o.cpuid = crate::cpuid::parse(value);
+                    if o.cpuid.is_none() {
+                        o.bad = Some("cpuid=");
+                    }
+                }
+                "tick" => match value.parse() {
+                    Ok(ms) => o.tick_ms = Some(ms),
+                    Err(_) => o.bad = Some("tick="),
+                },
                 "virtio_mmio.device" => {
                     if let Some(d) = mmio_device(value) {
                         if n < MAX_DEVICES {

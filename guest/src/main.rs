@@ -15,6 +15,8 @@
 //!   blk                  drive the first virtio-blk once (see `blk.rs`)
 //!   vsock=echo:<port> | vsock=connect:<port>   the first virtio-vsock
 //!   net=echo             send a frame on the first virtio-net, echo frames
+//!   cpuid=<leaf>[.<sub>],...   print those CPUID leaves (see `cpuid.rs`)
+//!   tick=<ms>            print `tick <n>` every <ms> ms, forever
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
 //! Devices are driven in the order balloon, blk, vsock, net, as the
 //! firmware drives them.
@@ -29,6 +31,7 @@ mod balloon;
 mod blk;
 mod boot;
 mod cmdline;
+mod cpuid;
 mod devices;
 mod hal;
 mod io;
@@ -66,6 +69,13 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     say!("mem_mib={} pvh", info.ram_mib());
     if let Some(word) = options.bad {
         say!("bad command line ({})", word);
+    }
+    // HOOK cpuid: `cpuid=` / `tick=` (cpuid.rs).
+    if let Some(leaves) = &options.cpuid {
+        cpuid::run(leaves);
+    }
+    if let Some(ms) = options.tick_ms {
+        cpuid::tick(ms);
     }
     let mapped = mem::map_high(&info);
     let mut touched_bytes = 0;

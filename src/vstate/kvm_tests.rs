@@ -72,7 +72,13 @@ fn boot_and_end(vcpus: u8, mib: u64, cmdline: &str, wait: Duration, end: End) ->
     let control = Arc::new(VcpuControl::new());
     let (tx, rx) = channel();
     let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let cpuid = vm.supported_cpuid().unwrap();
+    let cpuid = crate::vstate::template::CpuSetup::new(
+        vm.supported_cpuid().unwrap(),
+        false,
+        crate::config::CpuTemplate::None,
+        None,
+    )
+    .unwrap();
     let mut handles = Vcpus::new(control.clone());
     for i in 0..vcpus {
         let fd = vm.create_vcpu(i).unwrap();

@@ -15,13 +15,14 @@ use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_fpu, kvm_run, CpuId};
+use kvm_bindings::{kvm_fpu, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::boot::{initial_regs, setup_sregs, BootLayout};
 use super::linux::LinuxEntry;
+use super::template::CpuSetup;
 use crate::devices::{BusEvent, Buses};
 use crate::memory::GuestLease;
 
@@ -250,15 +251,14 @@ pub enum GuestEntry {
 pub fn configure_vcpu(
     fd: &VcpuFd,
     index: u8,
-    cpuid: &CpuId,
+    cpu: &CpuSetup,
     entry: &GuestEntry,
 ) -> Result<(), VcpuError> {
     let layout = match entry {
         GuestEntry::Firmware(layout) => layout,
-        GuestEntry::Linux(linux) => {
-            return Ok(super::linux::cpu::configure(fd, index, cpuid, linux)?)
-        }
+        GuestEntry::Linux(linux) => return Ok(super::linux::cpu::configure(fd, index, cpu, linux)?),
     };
+    let cpuid = &cpu.cpuid;
     let setup = |what: &'static str, r: Result<(), kvm_ioctls::Error>| {
         r.map_err(|source| VcpuError::Setup {
             index,
