@@ -49,6 +49,11 @@ pub fn check_backing_pages(
                 page >> 20
             ),
         )),
+        (Backing::GuestMemfd, None) if machine.track_dirty_pages => Err(invalid(
+            "machine-config.track_dirty_pages",
+            "KVM keeps no dirty log of guest_memfd memory: set it to false or choose another \
+             memory.backing",
+        )),
         _ => Ok(()),
     }
 }

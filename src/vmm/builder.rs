@@ -294,6 +294,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             size: s.len,
             host_addr: s.host_addr,
             guest_memfd: s.guest_memfd,
+            dirty_log: machine.track_dirty_pages,
         })
         .collect();
     // SAFETY: the mappings live in `memory`, which the MicroVm keeps until
