@@ -70,12 +70,9 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     if let Some(word) = options.bad {
         say!("bad command line ({})", word);
     }
-    // HOOK cpuid: `cpuid=` / `tick=` (cpuid.rs).
+    // HOOK cpuid: `cpuid=` (cpuid.rs).
     if let Some(leaves) = &options.cpuid {
         cpuid::run(leaves);
-    }
-    if let Some(ms) = options.tick_ms {
-        cpuid::tick(ms);
     }
     let mapped = mem::map_high(&info);
     let mut touched_bytes = 0;
@@ -91,6 +88,10 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
             touched_bytes >> 20,
             io::now_ms() - t0
         );
+    }
+    // HOOK tick: `tick=<ms>`, after `touch=`, forever (cpuid.rs).
+    if let Some(ms) = options.tick_ms {
+        cpuid::tick(ms);
     }
     let touched = touched_bytes;
     let mut serving: Vec<Box<dyn Serve>> = Vec::new();

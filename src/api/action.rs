@@ -95,6 +95,27 @@ pub enum VmmAction {
     /// `PUT /vsock` (fields checked alone; the socket and the state by the
     /// VMM).
     PutVsock(VsockConfig),
+    /// `PATCH /vm`: pause or resume the vCPUs.
+    PatchVm(VmStateChange),
+    /// `PUT /cpu-config`: a custom CPU template (before start).
+    PutCpuConfig(crate::vstate::template::CustomTemplate),
+}
+
+/// The body of `PATCH /vm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmStateChange {
+    /// What the vCPUs are to be.
+    pub state: VmStateWanted,
+}
+
+/// `Paused` or `Resumed`, as Firecracker spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum VmStateWanted {
+    /// Out of the guest until resumed.
+    Paused,
+    /// Running again.
+    Resumed,
 }
 
 impl VmmAction {
@@ -129,6 +150,8 @@ impl VmmAction {
             VmmAction::PutNetworkInterface(_) => ("PUT", "/network-interfaces"),
             VmmAction::PatchNetworkInterface(_) => ("PATCH", "/network-interfaces"),
             VmmAction::PutVsock(_) => ("PUT", "/vsock"),
+            VmmAction::PatchVm(_) => ("PATCH", "/vm"),
+            VmmAction::PutCpuConfig(_) => ("PUT", "/cpu-config"),
         }
     }
 }

@@ -32,6 +32,7 @@ pub mod device_opens;
 pub mod devices;
 pub mod jobs;
 pub mod opens;
+mod pause;
 pub mod phase;
 pub mod progress_line;
 pub mod report;

@@ -148,6 +148,8 @@ pub struct VcpuControl {
     stop: AtomicBool,
     wake_generation: Mutex<u64>,
     wake: Condvar,
+    /// `PATCH /vm` Paused / Resumed.
+    pause: super::pause::PauseGate,
 }
 
 impl VcpuControl {
@@ -160,11 +162,19 @@ impl VcpuControl {
     /// ones with [`VcpuHandle::kick`].
     pub fn request_stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _guard = self
-            .wake_generation
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        self.wake.notify_all();
+        {
+            let _guard = self
+                .wake_generation
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            self.wake.notify_all();
+        }
+        self.pause.wake();
+    }
+
+    /// The pause gate the vCPUs wait at.
+    pub fn pause_gate(&self) -> &super::pause::PauseGate {
+        &self.pause
     }
 
     /// Whether a stop was requested.
@@ -189,6 +199,7 @@ impl VcpuControl {
     /// firmware was busy) makes the next park return at once, so the guest
     /// looks at its devices again instead of sleeping on a lost wakeup.
     fn park(&self, seen: &mut u64) {
+        self.pause.out_of_guest(true);
         let mut generation = self
             .wake_generation
             .lock()
@@ -200,6 +211,8 @@ impl VcpuControl {
                 .unwrap_or_else(|p| p.into_inner());
         }
         *seen = *generation;
+        drop(generation);
+        self.pause.out_of_guest(false);
     }
 }
 
@@ -430,6 +443,34 @@ impl Vcpus {
         &self.control
     }
 
+    /// Pauses every vCPU: each leaves `KVM_RUN` (kicked) and waits before
+    /// entering it again. True once all are out of the guest within
+    /// `timeout`. Idempotent.
+    pub fn pause(&self, timeout: Duration) -> bool {
+        self.control.pause.set(true);
+        for h in &self.handles {
+            h.kick();
+        }
+        let live = self
+            .handles
+            .iter()
+            .filter(|h| h.thread.as_ref().is_some_and(|t| !t.is_finished()))
+            .count();
+        self.control
+            .pause
+            .wait_out(live, Instant::now() + timeout)
+    }
+
+    /// Lets the vCPUs enter the guest again. Idempotent.
+    pub fn resume(&self) {
+        self.control.pause.set(false);
+    }
+
+    /// Whether a pause is in force.
+    pub fn paused(&self) -> bool {
+        self.control.pause.is_paused()
+    }
+
     /// Stops every vCPU: request, kick, join, waiting at most `timeout` in
     /// all. Idempotent.
     pub fn stop(&mut self, timeout: Duration) -> VcpuStopReport {
@@ -476,6 +517,10 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &Buses, control: &VcpuControl) -> Op
     let ignore_stop = index == 1 && crate::faults::injected(crate::faults::VCPU_IGNORES_STOP);
     let mut seen_wake = 0;
     let event = loop {
+        if control.stop_requested() && !ignore_stop {
+            break None;
+        }
+        control.pause.hold(|| control.stop_requested());
         if control.stop_requested() && !ignore_stop {
             break None;
         }
