@@ -226,9 +226,6 @@ fn resources_of_features_teravm_lacks_name_the_feature() {
         ("PUT", "/snapshot/create", "snapshots"),
         ("PUT", "/snapshot/load", "snapshots"),
         ("PUT", "/entropy", "entropy"),
-        ("PUT", "/cpu-config", "CPU templates"),
-        ("PATCH", "/vm", "PATCH /vm"),
-        ("PUT", "/vm", "PATCH /vm"),
     ];
     for (method, path, feature) in cases {
         let body = r#"{"state": "Paused"}"#;
@@ -261,4 +258,39 @@ fn requests_and_failures_are_counted() {
     let (v1, f1) = crate::metrics::counts("GET", "/version");
     assert!(v1 > v0);
     let _ = (f0, f1);
+}
+
+#[test]
+fn patch_vm_and_put_cpu_config() {
+    use crate::api::action::{VmStateChange, VmStateWanted};
+    assert_eq!(
+        ok("PATCH", "/vm", r#"{"state": "Paused"}"#),
+        VmmAction::PatchVm(VmStateChange {
+            state: VmStateWanted::Paused
+        })
+    );
+    assert_eq!(
+        ok("PATCH", "/vm", r#"{"state": "Resumed"}"#),
+        VmmAction::PatchVm(VmStateChange {
+            state: VmStateWanted::Resumed
+        })
+    );
+    for body in [r#"{"state": "Running"}"#, "{}", r#"{"state": "Paused", "x": 1}"#, ""] {
+        assert!(bad("PATCH", "/vm", body).contains("vm"), "{body}");
+    }
+    assert_eq!(route("PUT", "/vm", b"{}").unwrap_err().status(), 405);
+    assert_eq!(route("GET", "/vm", b"").unwrap_err().status(), 405);
+    match ok(
+        "PUT",
+        "/cpu-config",
+        r#"{"cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0x0", "flags": 0,
+            "modifiers": [{"register": "ecx", "bitmap": "0bx0xxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}]}]}"#,
+    ) {
+        VmmAction::PutCpuConfig(t) => assert_eq!(t.cpuid_modifiers[0].leaf, 1),
+        other => panic!("{other:?}"),
+    }
+    let m = bad("PUT", "/cpu-config", r#"{"kvm_capabilities": ["171"]}"#);
+    assert!(m.contains("kvm_capabilities"), "{m}");
+    let m = bad("PUT", "/cpu-config", r#"{"reg_modifiers": []}"#);
+    assert!(m.contains("reg_modifiers"), "{m}");
 }

@@ -233,7 +233,6 @@ fn unknown_paths_and_methods() {
         "/nope",
         "/machine-config/",
         "//",
-        "/vm",
         "/vm/config/x",
         "/actions/",
     ] {
