@@ -600,7 +600,8 @@ impl VmConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.machine_config.validate()?;
         if let Some(t) = &self.cpu_config {
-            t.validate().map_err(|e| invalid("cpu-config", e.to_string()))?;
+            t.validate()
+                .map_err(|e| invalid("cpu-config", e.to_string()))?;
         }
         self.boot_source.validate()?;
         self.memory.validate()?;

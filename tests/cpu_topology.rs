@@ -79,7 +79,11 @@ fn on_teravm(test: &str, machine: &Value) -> BTreeMap<String, [u32; 4]> {
 }
 
 /// The guest's leaves on Firecracker with `machine`.
-fn on_firecracker(bin: &std::path::Path, test: &str, machine: &Value) -> BTreeMap<String, [u32; 4]> {
+fn on_firecracker(
+    bin: &std::path::Path,
+    test: &str,
+    machine: &Value,
+) -> BTreeMap<String, [u32; 4]> {
     let dir = temp_dir(&format!("{test}-fc"));
     let peer = Launch::new(
         Kind::Firecracker,
@@ -125,7 +129,11 @@ fn smt_topology_agrees_with_firecracker() {
         let threads = if smt && n > 1 { 2 } else { 1 };
         assert_eq!(ours["0xb.0x0"][1] & 0xffff, threads, "{machine}");
         assert_eq!(ours["0xb.0x1"][1] & 0xffff, n, "{machine}");
-        assert_eq!((ours["0x4.0x0"][0] >> 26) + 1, n / threads, "{machine}: cores");
+        assert_eq!(
+            (ours["0x4.0x0"][0] >> 26) + 1,
+            n / threads,
+            "{machine}: cores"
+        );
         eprintln!("{machine}: {} leaves agree", t_ours.len());
     }
 }
@@ -161,7 +169,10 @@ fn static_templates_refused_where_firecracker_refuses_them() {
         let fc_booted = fc_err.contains("teravm guest: reset");
         let booted = out.iter().any(|l| l.contains("teravm guest: reset"));
         eprintln!("{template}: teravm {code} {err:?}; Firecracker {fc_code} {fc_err:?}");
-        assert_eq!(booted, fc_booted, "{template}: {err}\nFirecracker: {fc_err}");
+        assert_eq!(
+            booted, fc_booted,
+            "{template}: {err}\nFirecracker: {fc_err}"
+        );
         if !booted {
             assert_ne!(code, 0);
             assert!(

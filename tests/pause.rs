@@ -87,7 +87,10 @@ impl Teravm {
             if let Some(s) = self.child.try_wait().unwrap() {
                 break s;
             }
-            assert!(Instant::now() < deadline, "teravm did not exit within {T:?}");
+            assert!(
+                Instant::now() < deadline,
+                "teravm did not exit within {T:?}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         let err: Vec<String> = self.stderr.try_iter().collect();

@@ -76,7 +76,11 @@ fn firecracker_fields_are_taken_and_bounded_as_firecracker_bounds_them() {
         other => panic!("{other:?}"),
     }
     let cases = [
-        (r#""mem_size_mib": 1, "vcpu_count": 33"#, "machine-config.vcpu_count", "1..=32"),
+        (
+            r#""mem_size_mib": 1, "vcpu_count": 33"#,
+            "machine-config.vcpu_count",
+            "1..=32",
+        ),
         (
             r#""mem_size_mib": 1, "vcpu_count": 3, "smt": true"#,
             "machine-config.vcpu_count",
@@ -88,7 +92,10 @@ fn firecracker_fields_are_taken_and_bounded_as_firecracker_bounds_them() {
     ];
     for (field, names, reason) in cases {
         let body = if field.contains("vcpu_count") {
-            format!("{{{}}}", field.replace(r#""mem_size_mib": 1"#, r#""mem_size_mib": 512"#))
+            format!(
+                "{{{}}}",
+                field.replace(r#""mem_size_mib": 1"#, r#""mem_size_mib": 512"#)
+            )
         } else {
             format!(r#"{{"vcpu_count": 2, "mem_size_mib": 512, {field}}}"#)
         };
@@ -275,7 +282,12 @@ fn patch_vm_and_put_cpu_config() {
             state: VmStateWanted::Resumed
         })
     );
-    for body in [r#"{"state": "Running"}"#, "{}", r#"{"state": "Paused", "x": 1}"#, ""] {
+    for body in [
+        r#"{"state": "Running"}"#,
+        "{}",
+        r#"{"state": "Paused", "x": 1}"#,
+        "",
+    ] {
         assert!(bad("PATCH", "/vm", body).contains("vm"), "{body}");
     }
     assert_eq!(route("PUT", "/vm", b"{}").unwrap_err().status(), 405);

@@ -131,7 +131,10 @@ impl Vmm {
     /// the `reclaim` job will run; the sync one when the memory is back.
     fn shutdown(&mut self, mode: ReclaimMode, reply: std::sync::mpsc::Sender<ActionResult>) {
         let state = self.state();
-        if !matches!(state, VmState::Starting | VmState::Running | VmState::Paused) {
+        if !matches!(
+            state,
+            VmState::Starting | VmState::Running | VmState::Paused
+        ) {
             let (method, path) = VmmAction::Shutdown(mode).method_and_path();
             crate::metrics::record_failure(method, path);
             let _ = reply.send(refused("Shutdown", state));

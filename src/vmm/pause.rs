@@ -11,10 +11,7 @@ use crate::api::{VmmActionError, VmmData};
 use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
 
 impl Vmm {
-    pub(super) fn patch_vm(
-        &mut self,
-        change: VmStateChange,
-    ) -> Result<VmmData, VmmActionError> {
+    pub(super) fn patch_vm(&mut self, change: VmStateChange) -> Result<VmmData, VmmActionError> {
         let state = self.state();
         let vcpus = match (&self.phase, state) {
             (Phase::Running(m), VmState::Running | VmState::Paused) => m.vcpus(),

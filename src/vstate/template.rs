@@ -277,8 +277,8 @@ impl CpuSetup {
                 }
             }
         }
-        let cpuid =
-            CpuId::from_entries(&entries).map_err(|e| TemplateError::CpuidList(format!("{e:?}")))?;
+        let cpuid = CpuId::from_entries(&entries)
+            .map_err(|e| TemplateError::CpuidList(format!("{e:?}")))?;
         Ok(CpuSetup { cpuid, smt, msrs })
     }
 }
@@ -337,7 +337,13 @@ fn static_fit(t: CpuTemplate) -> Option<(&'static str, &'static str, &'static [(
 /// The vendor string of leaf 0 and the (family, model, stepping) of leaf 1,
 /// with the extended family and model folded in.
 fn host_model(entries: &[kvm_cpuid_entry2]) -> (String, (u32, u32, u32)) {
-    let leaf = |f: u32| entries.iter().find(|e| e.function == f).copied().unwrap_or_default();
+    let leaf = |f: u32| {
+        entries
+            .iter()
+            .find(|e| e.function == f)
+            .copied()
+            .unwrap_or_default()
+    };
     let l0 = leaf(0);
     let vendor: Vec<u8> = [l0.ebx, l0.edx, l0.ecx]
         .iter()
@@ -345,7 +351,12 @@ fn host_model(entries: &[kvm_cpuid_entry2]) -> (String, (u32, u32, u32)) {
         .collect();
     let eax = leaf(1).eax;
     let base_family = (eax >> 8) & 0xf;
-    let family = base_family + if base_family == 0xf { (eax >> 20) & 0xff } else { 0 };
+    let family = base_family
+        + if base_family == 0xf {
+            (eax >> 20) & 0xff
+        } else {
+            0
+        };
     let model = ((eax >> 4) & 0xf) | (((eax >> 16) & 0xf) << 4);
     (
         String::from_utf8_lossy(&vendor).into_owned(),

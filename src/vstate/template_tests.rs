@@ -112,11 +112,13 @@ fn custom_template_masks_cpuid_and_boot_msrs() {
 #[test]
 fn what_teravm_does_not_apply_is_refused_with_the_reason() {
     let t: CustomTemplate = serde_json::from_str(r#"{"kvm_capabilities": ["!56"]}"#).unwrap();
-    assert!(t.validate().unwrap_err().to_string().contains("kvm_capabilities"));
-    let t: CustomTemplate = serde_json::from_str(
-        r#"{"msr_modifiers": [{"addr": "0x10a", "bitmap": "0b1"}]}"#,
-    )
-    .unwrap();
+    assert!(t
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("kvm_capabilities"));
+    let t: CustomTemplate =
+        serde_json::from_str(r#"{"msr_modifiers": [{"addr": "0x10a", "bitmap": "0b1"}]}"#).unwrap();
     let e = t.validate().unwrap_err().to_string();
     assert!(e.contains("0x10a") && e.contains("boot"), "{e}");
     for bad in [
@@ -125,6 +127,9 @@ fn what_teravm_does_not_apply_is_refused_with_the_reason() {
             "modifiers": [{"register": "ekx", "bitmap": "0b1"}]}]}"#,
         r#"{"reg_modifiers": []}"#,
     ] {
-        assert!(serde_json::from_str::<CustomTemplate>(bad).is_err(), "{bad}");
+        assert!(
+            serde_json::from_str::<CustomTemplate>(bad).is_err(),
+            "{bad}"
+        );
     }
 }

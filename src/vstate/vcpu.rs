@@ -269,7 +269,9 @@ pub fn configure_vcpu(
 ) -> Result<(), VcpuError> {
     let layout = match entry {
         GuestEntry::Firmware(layout) => layout,
-        GuestEntry::Linux(linux) => return Ok(super::linux::cpu::configure(fd, index, cpu, linux)?),
+        GuestEntry::Linux(linux) => {
+            return Ok(super::linux::cpu::configure(fd, index, cpu, linux)?)
+        }
     };
     let cpuid = &cpu.cpuid;
     let setup = |what: &'static str, r: Result<(), kvm_ioctls::Error>| {
@@ -456,9 +458,7 @@ impl Vcpus {
             .iter()
             .filter(|h| h.thread.as_ref().is_some_and(|t| !t.is_finished()))
             .count();
-        self.control
-            .pause
-            .wait_out(live, Instant::now() + timeout)
+        self.control.pause.wait_out(live, Instant::now() + timeout)
     }
 
     /// Lets the vCPUs enter the guest again. Idempotent.

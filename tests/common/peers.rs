@@ -149,7 +149,11 @@ impl Launch {
     /// `{"vcpu_count": 2, "smt": true, "cpu_template": "T2"}`); QEMU takes
     /// none of them.
     pub fn machine(mut self, fields: Value) -> Launch {
-        assert_eq!(self.kind, Kind::Firecracker, "machine-config is Firecracker's");
+        assert_eq!(
+            self.kind,
+            Kind::Firecracker,
+            "machine-config is Firecracker's"
+        );
         self.machine = fields;
         self
     }

@@ -22,10 +22,10 @@ use kvm_ioctls::VcpuFd;
 use super::params::ZERO_PAGE_ADDR;
 use super::pvh::START_INFO_ADDR;
 use super::{BootProtocol, LinuxEntry};
-use crate::vstate::template::CpuSetup;
 use crate::vstate::boot::{
     flat_segment, set_segments, CR0_ET, CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME,
 };
+use crate::vstate::template::CpuSetup;
 
 /// Guest address of the GDT.
 pub const GDT_ADDR: u64 = 0x500;

@@ -91,7 +91,11 @@ pub fn set_topology(entries: &mut Vec<kvm_cpuid_entry2>, index: u8, vcpus: u8, s
                 e.eax = (e.eax & 0x3fff) | ((sharing & 0xfff) << 14) | (((cores - 1) & 0x3f) << 26);
             }
             0x8000_001d if amd && e.eax & 0x1f != 0 => {
-                let sharing = if (e.eax >> 5) & 0x7 >= 3 { n - 1 } else { per_core - 1 };
+                let sharing = if (e.eax >> 5) & 0x7 >= 3 {
+                    n - 1
+                } else {
+                    per_core - 1
+                };
                 e.eax = (e.eax & !(0xfff << 14)) | ((sharing & 0xfff) << 14);
             }
             0xb => set_level(e, apic_id, n, cpu_bits, per_core),
