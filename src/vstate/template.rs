@@ -307,12 +307,15 @@ pub fn apply_cpuid(
     Ok(())
 }
 
+/// A CPU's family, model and stepping.
+type Fms = (u32, u32, u32);
+
 /// (vendor, models by name, the (family, model, stepping) it fits).
-fn static_fit(t: CpuTemplate) -> Option<(&'static str, &'static str, &'static [(u32, u32, u32)])> {
-    const SKYLAKE: (u32, u32, u32) = (6, 0x55, 4);
-    const CASCADE_LAKE: (u32, u32, u32) = (6, 0x55, 7);
-    const ICE_LAKE: (u32, u32, u32) = (6, 0x6a, 6);
-    const MILAN: (u32, u32, u32) = (0x19, 0x01, 1);
+fn static_fit(t: CpuTemplate) -> Option<(&'static str, &'static str, &'static [Fms])> {
+    const SKYLAKE: Fms = (6, 0x55, 4);
+    const CASCADE_LAKE: Fms = (6, 0x55, 7);
+    const ICE_LAKE: Fms = (6, 0x6a, 6);
+    const MILAN: Fms = (0x19, 0x01, 1);
     Some(match t {
         CpuTemplate::None => return None,
         CpuTemplate::C3 | CpuTemplate::T2 => (
@@ -336,7 +339,7 @@ fn static_fit(t: CpuTemplate) -> Option<(&'static str, &'static str, &'static [(
 
 /// The vendor string of leaf 0 and the (family, model, stepping) of leaf 1,
 /// with the extended family and model folded in.
-fn host_model(entries: &[kvm_cpuid_entry2]) -> (String, (u32, u32, u32)) {
+fn host_model(entries: &[kvm_cpuid_entry2]) -> (String, Fms) {
     let leaf = |f: u32| {
         entries
             .iter()
