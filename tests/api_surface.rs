@@ -563,7 +563,13 @@ fn wrong_type(valid: &str) -> String {
     let Some(key) = map.keys().next().cloned() else {
         return r#""a string""#.into();
     };
-    map.insert(key, json!([]));
+    // An array where one is due (cpu-config's lists) takes a string.
+    let wrong = if map[&key].is_array() {
+        json!("a string")
+    } else {
+        json!([])
+    };
+    map.insert(key, wrong);
     v.to_string()
 }
 
