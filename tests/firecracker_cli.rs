@@ -215,7 +215,7 @@ fn firecracker_flags_are_accepted() {
     );
     assert_eq!(
         u(&first["patch_api_requests"], "machine_cfg_count"),
-        3,
+        4,
         "{first}"
     );
     assert_eq!(
