@@ -22,8 +22,9 @@ use serde::{Deserialize, Serialize};
 
 /// Largest guest: 64 TiB of address space (sparse; only touched memory costs).
 pub const MAX_MEM_SIZE_MIB: u64 = 64 << 20;
-/// Most vCPUs a microVM may have.
-pub const MAX_VCPU_COUNT: u8 = 254;
+/// Most vCPUs a microVM may have: Firecracker's bound (its
+/// `MAX_SUPPORTED_VCPUS`).
+pub const MAX_VCPU_COUNT: u8 = 32;
 /// Longest firmware / kernel command line, in bytes.
 pub const MAX_BOOT_ARGS_LEN: usize = 2048;
 /// Most reclaim workers per NUMA node.
@@ -47,6 +48,11 @@ pub fn check_backing_pages(
                 "guest_memfd has no {} MiB huge pages in this kernel (4 KiB pages only): set machine-config.huge_pages to \"None\" or choose another backing",
                 page >> 20
             ),
+        )),
+        (Backing::GuestMemfd, None) if machine.track_dirty_pages => Err(invalid(
+            "machine-config.track_dirty_pages",
+            "KVM keeps no dirty log of guest_memfd memory: set it to false or choose another \
+             memory.backing",
         )),
         _ => Ok(()),
     }
@@ -88,8 +94,8 @@ pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 pub use balloon::{check_balloon_target, BalloonConfig, BalloonStatsUpdate, BalloonUpdate};
 pub use drives::{check_drives, CacheType, DriveConfig, DriveUpdate, IoEngine};
 pub use firecracker::{
-    check_id, LogLevel, LoggerConfig, MachineConfigBody, MachineConfigPatch, MetricsConfig,
-    UnsupportedSection, MAX_ID_LEN,
+    check_id, CpuTemplate, LogLevel, LoggerConfig, MachineConfigBody, MachineConfigPatch,
+    MetricsConfig, UnsupportedSection, MAX_ID_LEN,
 };
 pub use net::{check_nets, MacAddr, MacAddrError, NetConfig, NetUpdate};
 pub use vsock::VsockConfig;
@@ -166,9 +172,8 @@ impl HugePages {
     }
 }
 
-/// The `machine-config` section. It is read and written through
-/// [`MachineConfigBody`], which adds Firecracker's `smt`,
-/// `track_dirty_pages` and `cpu_template` (only their defaults are taken).
+/// The `machine-config` section, read and written through
+/// [`MachineConfigBody`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "MachineConfigBody", into = "MachineConfigBody")]
 pub struct MachineConfig {
@@ -178,6 +183,12 @@ pub struct MachineConfig {
     pub mem_size_mib: u64,
     /// Page backing of guest RAM.
     pub huge_pages: HugePages,
+    /// Two threads per core in the CPUID topology (`vcpu_count` 1 or even).
+    pub smt: bool,
+    /// KVM's dirty log on the guest memslots.
+    pub track_dirty_pages: bool,
+    /// The static CPU template (checked against the host at start).
+    pub cpu_template: CpuTemplate,
 }
 
 impl Default for MachineConfig {
@@ -186,6 +197,9 @@ impl Default for MachineConfig {
             vcpu_count: 1,
             mem_size_mib: 128,
             huge_pages: HugePages::default(),
+            smt: false,
+            track_dirty_pages: false,
+            cpu_template: CpuTemplate::None,
         }
     }
 }
@@ -197,6 +211,15 @@ impl MachineConfig {
             return Err(invalid(
                 "machine-config.vcpu_count",
                 format!("{} is not in 1..={MAX_VCPU_COUNT}", self.vcpu_count),
+            ));
+        }
+        if self.smt && self.vcpu_count > 1 && self.vcpu_count % 2 == 1 {
+            return Err(invalid(
+                "machine-config.vcpu_count",
+                format!(
+                    "{} is odd: with smt (two threads per core) it must be 1 or even",
+                    self.vcpu_count
+                ),
             ));
         }
         if self.mem_size_mib < 16 || self.mem_size_mib > MAX_MEM_SIZE_MIB {
@@ -529,6 +552,9 @@ pub struct VmConfig {
     /// Firecracker's entropy device: only empty.
     #[serde(default, skip_serializing)]
     pub entropy: UnsupportedSection,
+    /// Firecracker's custom CPU template (`PUT /cpu-config`), inline.
+    #[serde(rename = "cpu-config", default, skip_serializing)]
+    pub cpu_config: Option<crate::vstate::template::CustomTemplate>,
 }
 
 impl VmConfig {
@@ -577,6 +603,10 @@ impl VmConfig {
     /// Checks every section.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.machine_config.validate()?;
+        if let Some(t) = &self.cpu_config {
+            t.validate()
+                .map_err(|e| invalid("cpu-config", e.to_string()))?;
+        }
         self.boot_source.validate()?;
         self.memory.validate()?;
         self.reclaim.validate()?;

@@ -563,7 +563,13 @@ fn wrong_type(valid: &str) -> String {
     let Some(key) = map.keys().next().cloned() else {
         return r#""a string""#.into();
     };
-    map.insert(key, json!([]));
+    // An array where one is due (cpu-config's lists) takes a string.
+    let wrong = if map[&key].is_array() {
+        json!("a string")
+    } else {
+        json!([])
+    };
+    map.insert(key, wrong);
     v.to_string()
 }
 
@@ -848,8 +854,12 @@ fn walk_phase(w: &mut Walk) {
                 r#"{"vcpu_count": 1, "mem_size_mib": 129, "huge_pages": "1G"}"#,
             ),
             (
-                "smt true",
-                r#"{"vcpu_count": 1, "mem_size_mib": 128, "smt": true}"#,
+                "smt with an odd vcpu_count",
+                r#"{"vcpu_count": 3, "mem_size_mib": 128, "smt": true}"#,
+            ),
+            (
+                "vcpu_count over Firecracker's 32",
+                r#"{"vcpu_count": 33, "mem_size_mib": 128}"#,
             ),
             ("missing mem_size_mib", r#"{"vcpu_count": 1}"#),
         ],

@@ -60,6 +60,10 @@ pub struct Options {
     pub mmds_ip: [u8; 4],
     /// `mmds-no-token`: `GET` without asking for a token first.
     pub mmds_no_token: bool,
+    /// `cpuid=` (cpuid.rs).
+    pub cpuid: Option<crate::cpuid::Leaves>,
+    /// `tick=<ms>` (cpuid.rs).
+    pub tick_ms: Option<u64>,
     /// The devices, in command-line order.
     pub devices: [Option<MmioDevice>; MAX_DEVICES],
     /// Words that were understood but had a bad value.
@@ -126,6 +130,8 @@ impl Options {
             mmds_addr: [169, 254, 169, 254],
             mmds_ip: [169, 254, 0, 2],
             mmds_no_token: false,
+            cpuid: None,
+            tick_ms: None,
             devices: [None; MAX_DEVICES],
             bad: None,
         };
@@ -176,6 +182,16 @@ impl Options {
                         o.bad = Some("vsock=");
                     }
                 }
+                "cpuid" => {
+                    o.cpuid = crate::cpuid::parse(value);
+                    if o.cpuid.is_none() {
+                        o.bad = Some("cpuid=");
+                    }
+                }
+                "tick" => match value.parse() {
+                    Ok(ms) => o.tick_ms = Some(ms),
+                    Err(_) => o.bad = Some("tick="),
+                },
                 "virtio_mmio.device" => {
                     if let Some(d) = mmio_device(value) {
                         if n < MAX_DEVICES {

@@ -19,6 +19,8 @@
 //!   mmds=<path> [mmds-addr=<a.b.c.d>] [mmds-ip=<a.b.c.d>]   fetch <path>
 //!                        from the MMDS over the first virtio-net (mmds.rs);
 //!                        mmds-no-token: no PUT /latest/api/token first
+//!   cpuid=<leaf>[.<sub>],...   print those CPUID leaves (see `cpuid.rs`)
+//!   tick=<ms>            print `tick <n>` every <ms> ms, forever
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
 //! Devices are driven in the order balloon, blk, vsock, net, as the
 //! firmware drives them.
@@ -33,6 +35,7 @@ mod balloon;
 mod blk;
 mod boot;
 mod cmdline;
+mod cpuid;
 mod devices;
 mod hal;
 mod io;
@@ -72,6 +75,10 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     if let Some(word) = options.bad {
         say!("bad command line ({})", word);
     }
+    // HOOK cpuid: `cpuid=` (cpuid.rs).
+    if let Some(leaves) = &options.cpuid {
+        cpuid::run(leaves);
+    }
     let mapped = mem::map_high(&info);
     let mut touched_bytes = 0;
     if let Some(touch) = options.touch {
@@ -86,6 +93,10 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
             touched_bytes >> 20,
             io::now_ms() - t0
         );
+    }
+    // HOOK tick: `tick=<ms>`, after `touch=`, forever (cpuid.rs).
+    if let Some(ms) = options.tick_ms {
+        cpuid::tick(ms);
     }
     let touched = touched_bytes;
     let mut serving: Vec<Box<dyn Serve>> = Vec::new();

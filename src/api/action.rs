@@ -104,6 +104,27 @@ pub enum VmmAction {
     /// `PUT /mmds/config` (checked alone; the interfaces and the state by
     /// the VMM).
     PutMmdsConfig(crate::mmds::MmdsConfig),
+    /// `PATCH /vm`: pause or resume the vCPUs.
+    PatchVm(VmStateChange),
+    /// `PUT /cpu-config`: a custom CPU template (before start).
+    PutCpuConfig(crate::vstate::template::CustomTemplate),
+}
+
+/// The body of `PATCH /vm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmStateChange {
+    /// What the vCPUs are to be.
+    pub state: VmStateWanted,
+}
+
+/// `Paused` or `Resumed`, as Firecracker spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum VmStateWanted {
+    /// Out of the guest until resumed.
+    Paused,
+    /// Running again.
+    Resumed,
 }
 
 impl VmmAction {
@@ -142,6 +163,8 @@ impl VmmAction {
             VmmAction::PutMmds(_) => ("PUT", "/mmds"),
             VmmAction::PatchMmds(_) => ("PATCH", "/mmds"),
             VmmAction::PutMmdsConfig(_) => ("PUT", "/mmds/config"),
+            VmmAction::PatchVm(_) => ("PATCH", "/vm"),
+            VmmAction::PutCpuConfig(_) => ("PUT", "/cpu-config"),
         }
     }
 }

@@ -90,7 +90,7 @@ impl RouteError {
 }
 
 /// The feature behind a Firecracker resource teravm lacks, if `path` is one.
-fn unsupported(method: &str, path: &str) -> Option<&'static str> {
+fn unsupported(_method: &str, path: &str) -> Option<&'static str> {
     let under = |prefix: &str| {
         path == prefix
             || path
@@ -101,14 +101,10 @@ fn unsupported(method: &str, path: &str) -> Option<&'static str> {
         "snapshots are"
     } else if under("/entropy") {
         "the entropy device is"
-    } else if under("/cpu-config") {
-        "custom CPU templates are"
     } else if under("/hotplug") {
         "memory hotplug is"
     } else if under("/serial") {
         "configuring the serial device over the API (PUT /serial) is"
-    } else if path == "/vm" && method != "GET" {
-        "pausing and resuming (PATCH /vm) are"
     } else {
         return None;
     })
@@ -140,7 +136,8 @@ fn allowed(path: &str) -> Option<&'static str> {
         "/balloon/statistics" => "GET, PATCH",
         "/balloon/hinting/start" | "/balloon/hinting/stop" => "PATCH",
         "/balloon/hinting/status" => "GET",
-        "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" => "PUT",
+        "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" | "/cpu-config" => "PUT",
+        "/vm" => "PATCH",
         "/drives" | "/network-interfaces" => "PUT, PATCH",
         "/mmds" => "GET, PUT, PATCH",
         "/mmds/config" => "PUT",
@@ -330,9 +327,16 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                     .map_err(|e| RouteError::BadBody(e.to_string()))?;
                 Ok(VmmAction::PutMmdsConfig(c))
             }
+            "/cpu-config" => {
+                let t: crate::vstate::template::CustomTemplate = section(body, "cpu-config")?;
+                t.validate()
+                    .map_err(|e| RouteError::BadBody(one_line(&e.to_string())))?;
+                Ok(VmmAction::PutCpuConfig(t))
+            }
             _ => Err(not_allowed()),
         },
         "PATCH" => match resource {
+            "/vm" => Ok(VmmAction::PatchVm(section(body, "vm")?)),
             "/machine-config" => {
                 let p: MachineConfigPatch = section(body, "machine-config")?;
                 if p.is_empty() {

@@ -46,6 +46,7 @@ fn machine_config_takes_firecrackers_fields() {
             vcpu_count: 2,
             mem_size_mib: 512,
             huge_pages: HugePages::Transparent,
+            ..MachineConfig::default()
         })
     );
     for body in [
@@ -61,36 +62,58 @@ fn machine_config_takes_firecrackers_fields() {
 }
 
 #[test]
-fn firecracker_fields_teravm_cannot_honour_are_refused_with_the_reason() {
+fn firecracker_fields_are_taken_and_bounded_as_firecracker_bounds_them() {
+    match ok(
+        "PUT",
+        "/machine-config",
+        r#"{"vcpu_count": 2, "mem_size_mib": 512, "smt": true, "track_dirty_pages": true,
+            "cpu_template": "T2"}"#,
+    ) {
+        VmmAction::PutMachineConfig(m) => {
+            assert!(m.smt && m.track_dirty_pages);
+            assert_eq!(m.cpu_template, crate::config::CpuTemplate::T2);
+        }
+        other => panic!("{other:?}"),
+    }
     let cases = [
-        (r#""smt": true"#, "machine-config.smt", "SMT"),
         (
-            r#""track_dirty_pages": true"#,
-            "machine-config.track_dirty_pages",
-            "not supported",
+            r#""mem_size_mib": 1, "vcpu_count": 33"#,
+            "machine-config.vcpu_count",
+            "1..=32",
         ),
         (
-            r#""cpu_template": "T2""#,
-            "machine-config.cpu_template",
-            "T2",
+            r#""mem_size_mib": 1, "vcpu_count": 3, "smt": true"#,
+            "machine-config.vcpu_count",
+            "smt",
         ),
-        (
-            r#""cpu_template": "C3""#,
-            "machine-config.cpu_template",
-            "no CPU templates",
-        ),
+        (r#""cpu_template": "T3""#, "cpu_template", "unknown variant"),
         (r#""smt": "yes""#, "smt", "invalid type"),
-        (r#""cpu_template": 3"#, "cpu_template", "invalid type"),
+        (r#""cpu_template": 3"#, "machine-config.cpu_template", ""),
     ];
     for (field, names, reason) in cases {
-        let body = format!(r#"{{"vcpu_count": 2, "mem_size_mib": 512, {field}}}"#);
+        let body = if field.contains("vcpu_count") {
+            format!(
+                "{{{}}}",
+                field.replace(r#""mem_size_mib": 1"#, r#""mem_size_mib": 512"#)
+            )
+        } else {
+            format!(r#"{{"vcpu_count": 2, "mem_size_mib": 512, {field}}}"#)
+        };
         let m = bad("PUT", "/machine-config", &body);
         assert!(m.contains(names) && m.contains(reason), "{body}: {m}");
-        let m = bad("PATCH", "/machine-config", &format!("{{{field}}}"));
-        assert!(
-            m.contains(names) && m.contains(reason),
-            "PATCH {field}: {m}"
-        );
+    }
+    // PATCH: validated against the configuration in force.
+    match ok("PATCH", "/machine-config", r#"{"smt": true}"#) {
+        VmmAction::PatchMachineConfig(p) => {
+            let three = MachineConfig {
+                vcpu_count: 3,
+                ..MachineConfig::default()
+            };
+            let e = p.apply(&three).unwrap_err().to_string();
+            assert!(e.contains("vcpu_count") && e.contains("smt"), "{e}");
+            assert!(p.apply(&MachineConfig::default()).unwrap().smt);
+        }
+        other => panic!("{other:?}"),
     }
 }
 
@@ -207,9 +230,6 @@ fn resources_of_features_teravm_lacks_name_the_feature() {
         ("PUT", "/snapshot/create", "snapshots"),
         ("PUT", "/snapshot/load", "snapshots"),
         ("PUT", "/entropy", "entropy"),
-        ("PUT", "/cpu-config", "CPU templates"),
-        ("PATCH", "/vm", "PATCH /vm"),
-        ("PUT", "/vm", "PATCH /vm"),
     ];
     for (method, path, feature) in cases {
         let body = r#"{"state": "Paused"}"#;
@@ -242,4 +262,44 @@ fn requests_and_failures_are_counted() {
     let (v1, f1) = crate::metrics::counts("GET", "/version");
     assert!(v1 > v0);
     let _ = (f0, f1);
+}
+
+#[test]
+fn patch_vm_and_put_cpu_config() {
+    use crate::api::action::{VmStateChange, VmStateWanted};
+    assert_eq!(
+        ok("PATCH", "/vm", r#"{"state": "Paused"}"#),
+        VmmAction::PatchVm(VmStateChange {
+            state: VmStateWanted::Paused
+        })
+    );
+    assert_eq!(
+        ok("PATCH", "/vm", r#"{"state": "Resumed"}"#),
+        VmmAction::PatchVm(VmStateChange {
+            state: VmStateWanted::Resumed
+        })
+    );
+    for body in [
+        r#"{"state": "Running"}"#,
+        "{}",
+        r#"{"state": "Paused", "x": 1}"#,
+        "",
+    ] {
+        assert!(bad("PATCH", "/vm", body).contains("vm"), "{body}");
+    }
+    assert_eq!(route("PUT", "/vm", b"{}").unwrap_err().status(), 405);
+    assert_eq!(route("GET", "/vm", b"").unwrap_err().status(), 405);
+    match ok(
+        "PUT",
+        "/cpu-config",
+        r#"{"cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0x0", "flags": 0,
+            "modifiers": [{"register": "ecx", "bitmap": "0bx0xxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}]}]}"#,
+    ) {
+        VmmAction::PutCpuConfig(t) => assert_eq!(t.cpuid_modifiers[0].leaf, 1),
+        other => panic!("{other:?}"),
+    }
+    let m = bad("PUT", "/cpu-config", r#"{"kvm_capabilities": ["171"]}"#);
+    assert!(m.contains("kvm_capabilities"), "{m}");
+    let m = bad("PUT", "/cpu-config", r#"{"reg_modifiers": []}"#);
+    assert!(m.contains("reg_modifiers"), "{m}");
 }

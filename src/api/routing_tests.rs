@@ -45,6 +45,7 @@ fn puts_of_sections() {
             vcpu_count: 4,
             mem_size_mib: 2048,
             huge_pages: HugePages::Huge2M,
+            ..MachineConfig::default()
         })
     );
     assert_eq!(
@@ -232,7 +233,6 @@ fn unknown_paths_and_methods() {
         "/nope",
         "/machine-config/",
         "//",
-        "/vm",
         "/vm/config/x",
         "/actions/",
     ] {

@@ -55,12 +55,43 @@ impl Serialize for LogLevel {
     }
 }
 
-/// The one CPU template teravm has: none (the host CPUID as KVM reports it).
-pub const CPU_TEMPLATE_NONE: &str = "None";
+/// A static CPU template, as Firecracker names them (`None`: the host's
+/// CPUID as KVM offers it). Firecracker takes any of them in
+/// `machine-config` and checks the host at `InstanceStart`; teravm does the
+/// same ([`crate::vstate::template`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum CpuTemplate {
+    /// No template.
+    #[default]
+    None,
+    /// Intel C3 (Skylake, Cascade Lake, Ice Lake).
+    C3,
+    /// Intel T2 (Skylake, Cascade Lake, Ice Lake).
+    T2,
+    /// Intel T2S (Skylake, Cascade Lake).
+    T2S,
+    /// Intel T2CL (Cascade Lake, Ice Lake).
+    T2CL,
+    /// AMD T2A (Milan).
+    T2A,
+}
+
+impl CpuTemplate {
+    /// Its name as it travels in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuTemplate::None => "None",
+            CpuTemplate::C3 => "C3",
+            CpuTemplate::T2 => "T2",
+            CpuTemplate::T2S => "T2S",
+            CpuTemplate::T2CL => "T2CL",
+            CpuTemplate::T2A => "T2A",
+        }
+    }
+}
 
 /// `machine-config` as it travels in JSON: teravm's fields and Firecracker's.
-/// [`MachineConfig`] is (de)serialized through it, so the Firecracker-only
-/// fields are checked when a body or file is read and shown by `GET`.
+/// [`MachineConfig`] is (de)serialized through it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MachineConfigBody {
@@ -68,26 +99,22 @@ pub struct MachineConfigBody {
     pub vcpu_count: u8,
     /// Guest RAM in MiB.
     pub mem_size_mib: u64,
-    /// Simultaneous multithreading: only `false` (each vCPU is its own core).
+    /// Simultaneous multithreading: two threads per core.
     #[serde(default)]
     pub smt: bool,
-    /// Dirty page tracking (Firecracker's diff snapshots): only `false`.
+    /// Dirty page tracking: KVM's dirty log on the guest memslots.
     #[serde(default)]
     pub track_dirty_pages: bool,
     /// Page backing of guest RAM.
     #[serde(default)]
     pub huge_pages: HugePages,
-    /// CPU template: absent, `null` or `"None"`.
-    #[serde(default = "no_template", deserialize_with = "nullable_template")]
-    pub cpu_template: String,
+    /// CPU template: absent, `null` or a static template's name.
+    #[serde(default, deserialize_with = "nullable_template")]
+    pub cpu_template: CpuTemplate,
 }
 
-fn no_template() -> String {
-    CPU_TEMPLATE_NONE.into()
-}
-
-fn nullable_template<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    Ok(Option::<String>::deserialize(d)?.unwrap_or_else(|| CPU_TEMPLATE_NONE.into()))
+fn nullable_template<'de, D: Deserializer<'de>>(d: D) -> Result<CpuTemplate, D::Error> {
+    Ok(Option::<CpuTemplate>::deserialize(d)?.unwrap_or_default())
 }
 
 impl Default for MachineConfigBody {
@@ -96,47 +123,17 @@ impl Default for MachineConfigBody {
     }
 }
 
-/// Checks the fields teravm takes from Firecracker but cannot honour.
-fn check_firecracker_fields(
-    smt: bool,
-    track_dirty_pages: bool,
-    cpu_template: &str,
-) -> Result<(), ConfigError> {
-    if smt {
-        return Err(invalid(
-            "machine-config.smt",
-            "true is not supported: teravm gives each vCPU a core of its own, with no \
-             SMT sibling; send false",
-        ));
-    }
-    if track_dirty_pages {
-        return Err(invalid(
-            "machine-config.track_dirty_pages",
-            "true is not supported: teravm has no dirty page tracking (no diff snapshots); \
-             send false",
-        ));
-    }
-    if cpu_template != CPU_TEMPLATE_NONE {
-        return Err(invalid(
-            "machine-config.cpu_template",
-            format!(
-                "{cpu_template:?} is not supported: teravm has no CPU templates; omit it or \
-                 send \"None\""
-            ),
-        ));
-    }
-    Ok(())
-}
-
 impl TryFrom<MachineConfigBody> for MachineConfig {
     type Error = ConfigError;
 
     fn try_from(b: MachineConfigBody) -> Result<Self, ConfigError> {
-        check_firecracker_fields(b.smt, b.track_dirty_pages, &b.cpu_template)?;
         Ok(MachineConfig {
             vcpu_count: b.vcpu_count,
             mem_size_mib: b.mem_size_mib,
             huge_pages: b.huge_pages,
+            smt: b.smt,
+            track_dirty_pages: b.track_dirty_pages,
+            cpu_template: b.cpu_template,
         })
     }
 }
@@ -146,10 +143,10 @@ impl From<MachineConfig> for MachineConfigBody {
         MachineConfigBody {
             vcpu_count: m.vcpu_count,
             mem_size_mib: m.mem_size_mib,
-            smt: false,
-            track_dirty_pages: false,
+            smt: m.smt,
+            track_dirty_pages: m.track_dirty_pages,
             huge_pages: m.huge_pages,
-            cpu_template: CPU_TEMPLATE_NONE.into(),
+            cpu_template: m.cpu_template,
         }
     }
 }
@@ -165,18 +162,18 @@ pub struct MachineConfigPatch {
     /// New memory size.
     #[serde(default)]
     pub mem_size_mib: Option<u64>,
-    /// New SMT setting (only `false`).
+    /// New SMT setting.
     #[serde(default)]
     pub smt: Option<bool>,
-    /// New dirty page tracking setting (only `false`).
+    /// New dirty page tracking setting.
     #[serde(default)]
     pub track_dirty_pages: Option<bool>,
     /// New page backing.
     #[serde(default)]
     pub huge_pages: Option<HugePages>,
-    /// New CPU template (only `"None"`).
+    /// New CPU template.
     #[serde(default)]
-    pub cpu_template: Option<String>,
+    pub cpu_template: Option<CpuTemplate>,
 }
 
 impl MachineConfigPatch {
@@ -187,11 +184,7 @@ impl MachineConfigPatch {
 
     /// Checks what can be checked without the configuration in force.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_firecracker_fields(
-            self.smt.unwrap_or(false),
-            self.track_dirty_pages.unwrap_or(false),
-            self.cpu_template.as_deref().unwrap_or(CPU_TEMPLATE_NONE),
-        )
+        Ok(())
     }
 
     /// `current` with this patch applied, validated as a whole.
@@ -201,6 +194,9 @@ impl MachineConfigPatch {
             vcpu_count: self.vcpu_count.unwrap_or(current.vcpu_count),
             mem_size_mib: self.mem_size_mib.unwrap_or(current.mem_size_mib),
             huge_pages: self.huge_pages.unwrap_or(current.huge_pages),
+            smt: self.smt.unwrap_or(current.smt),
+            track_dirty_pages: self.track_dirty_pages.unwrap_or(current.track_dirty_pages),
+            cpu_template: self.cpu_template.unwrap_or(current.cpu_template),
         };
         next.validate()?;
         Ok(next)

@@ -198,9 +198,20 @@ fn machine_config_shows_every_field_in_force() {
         serde_json::json!({"vcpu_count": 1, "mem_size_mib": 128, "smt": false,
             "track_dirty_pages": false, "huge_pages": "Transparent", "cpu_template": "None"})
     );
-    let e = parse(r#"{"machine-config": {"vcpu_count": 2, "mem_size_mib": 256, "smt": true}}"#)
+    let c = parse(
+        r#"{"machine-config": {"vcpu_count": 2, "mem_size_mib": 256, "smt": true,
+            "track_dirty_pages": true, "cpu_template": "C3"}}"#,
+    )
+    .unwrap();
+    let v = serde_json::to_value(&c.machine_config).unwrap();
+    assert_eq!(
+        (&v["smt"], &v["track_dirty_pages"], &v["cpu_template"]),
+        (&true.into(), &true.into(), &"C3".into()),
+        "echoed as taken: {v}"
+    );
+    let e = parse(r#"{"machine-config": {"vcpu_count": 3, "mem_size_mib": 256, "smt": true}}"#)
         .unwrap_err();
-    assert!(e.to_string().contains("machine-config.smt"), "{e}");
+    assert!(e.to_string().contains("machine-config.vcpu_count"), "{e}");
     // GET /vm/config shows the device lists (empty), as Firecracker does,
     // leaves absent sections out, and round-trips.
     let v = serde_json::to_value(VmConfig::default()).unwrap();

@@ -73,7 +73,10 @@ impl Vmm {
             }
             VmmAction::PatchDrive(u)
                 if u.path_on_host.is_some()
-                    && matches!(state, VmState::NotStarted | VmState::Running) =>
+                    && matches!(
+                        state,
+                        VmState::NotStarted | VmState::Running | VmState::Paused
+                    ) =>
             {
                 let Some(d) = self.config.drives.iter().find(|d| d.drive_id == u.drive_id) else {
                     let _ = reply.send(Err(bad(format!(
@@ -128,7 +131,10 @@ impl Vmm {
     /// the `reclaim` job will run; the sync one when the memory is back.
     fn shutdown(&mut self, mode: ReclaimMode, reply: std::sync::mpsc::Sender<ActionResult>) {
         let state = self.state();
-        if !matches!(state, VmState::Starting | VmState::Running) {
+        if !matches!(
+            state,
+            VmState::Starting | VmState::Running | VmState::Paused
+        ) {
             let (method, path) = VmmAction::Shutdown(mode).method_and_path();
             crate::metrics::record_failure(method, path);
             let _ = reply.send(refused("Shutdown", state));
@@ -244,13 +250,24 @@ impl Vmm {
             }
             VmmAction::PutMemory(_) => refused("changing the memory configuration", state),
             VmmAction::GetReclaim => to_json(&shapes::ReclaimReport::from(&self.reclaim_report())),
-            VmmAction::PutReclaim(r) if matches!(state, VmState::NotStarted | VmState::Running) => {
+            VmmAction::PutReclaim(r)
+                if matches!(
+                    state,
+                    VmState::NotStarted | VmState::Running | VmState::Paused
+                ) =>
+            {
                 crate::config::check_worker_threads(r.workers_per_node, self.guest_nodes())
                     .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
                 self.config.reclaim = r;
                 Ok(VmmData::Empty)
             }
             VmmAction::PutReclaim(_) => refused("changing the reclaim configuration", state),
+            VmmAction::PatchVm(change) => self.patch_vm(change),
+            VmmAction::PutCpuConfig(t) if not_started => {
+                self.config.cpu_config = Some(t);
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutCpuConfig(_) => refused("PUT /cpu-config", state),
             VmmAction::InstanceStart if state == VmState::NotStarted => Err(
                 VmmActionError::BadRequest(
                     "InstanceStart: a PUT /boot-source is still opening its files; retry when it has been answered".into(),

@@ -28,6 +28,7 @@ use crate::vstate::boot::{write_boot_state, BootError};
 use crate::vstate::linux::acpi::{guest_nodes, vcpu_node};
 use crate::vstate::linux::params::{kernel_cmdline, with_params};
 use crate::vstate::linux::{self, ImageFile, KernelSpec, LinuxError};
+use crate::vstate::template::CpuSetup;
 
 use super::devices::{BalloonDevice, BlockDevice, DeviceError, DeviceSpecs, Devices};
 use super::teardown::Teardown;
@@ -75,6 +76,9 @@ pub enum StartError {
     /// The devices could not be built.
     #[error("devices: {0}")]
     Devices(#[from] DeviceError),
+    /// The CPU template does not fit the host.
+    #[error(transparent)]
+    Template(#[from] crate::vstate::template::TemplateError),
     /// A part of the microVM was not there right after it was made (a bug).
     #[error("a part of the microVM is missing right after it was made")]
     PartMissing,
@@ -237,6 +241,12 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
     let cancelled = || cancel.load(Ordering::Acquire);
     let machine = &config.machine_config;
     let vm = Vm::create(&kvm)?;
+    let cpu = CpuSetup::new(
+        vm.supported_cpuid()?,
+        machine.smt,
+        machine.cpu_template,
+        config.cpu_config.as_ref(),
+    )?;
     let memory = GuestMemory::new_with(&MemoryOptions::from(&config), &topology, Some(&vm))?;
     // From here on, whatever is built goes into `parts`: an error return
     // drops it (the one teardown order), a shutdown hands it to reclaim.
@@ -284,6 +294,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             size: s.len,
             host_addr: s.host_addr,
             guest_memfd: s.guest_memfd,
+            dirty_log: machine.track_dirty_pages,
         })
         .collect();
     // SAFETY: the mappings live in `memory`, which the MicroVm keeps until
@@ -392,13 +403,12 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             }),
         })
         .collect();
-    let cpuid = vm.supported_cpuid()?;
     let vcpus = parts.vcpus.insert(Vcpus::new(Arc::new(VcpuControl::new())));
     for index in 0..machine.vcpu_count {
         // On an error, dropping `parts` stops the vCPUs already running,
         // then the devices, closes the VM and unmaps guest memory.
         let fd = vm.create_vcpu(index)?;
-        configure_vcpu(&fd, index, &cpuid, &entry)?;
+        configure_vcpu(&fd, index, &cpu, &entry)?;
         let ready = events_ready
             .try_clone()
             .map_err(|source| VcpuError::Spawn { index, source })?;

@@ -33,6 +33,7 @@ pub mod devices;
 pub mod jobs;
 mod mmds;
 pub mod opens;
+mod pause;
 pub mod phase;
 pub mod progress_line;
 pub mod report;

@@ -76,6 +76,8 @@ pub enum VmState {
     Starting,
     /// vCPUs running.
     Running,
+    /// vCPUs held out of the guest (`PATCH /vm`).
+    Paused,
     /// Stopping the vCPUs and closing KVM.
     ShuttingDown,
     /// Freeing guest memory.
@@ -91,6 +93,7 @@ impl VmState {
             VmState::NotStarted => "Not started",
             VmState::Starting => "Starting",
             VmState::Running => "Running",
+            VmState::Paused => "Paused",
             VmState::ShuttingDown => "Shutting down",
             VmState::Reclaiming => "Reclaiming",
             VmState::Stopped => "Stopped",
@@ -104,6 +107,7 @@ impl Vmm {
         match &self.phase {
             Phase::Configuring => VmState::NotStarted,
             Phase::Starting(_) => VmState::Starting,
+            Phase::Running(m) if m.vcpus().is_some_and(|v| v.paused()) => VmState::Paused,
             Phase::Running(_) => VmState::Running,
             Phase::Reclaiming(_) if self.progress.snapshot().state == ReclaimState::Idle => {
                 VmState::ShuttingDown

@@ -18,6 +18,8 @@ use crate::devices::{microvm_bus, SerialConsole, I8042};
 struct Run {
     serial: String,
     event: Option<VcpuEvent>,
+    /// Pages KVM logged as written (memslot 0), where the log was on.
+    dirty_pages: Option<u32>,
 }
 
 /// How a test run ends its vCPUs.
@@ -36,6 +38,17 @@ fn boot(vcpus: u8, mib: u64, cmdline: &str, wait: Duration) -> Option<Run> {
 }
 
 fn boot_and_end(vcpus: u8, mib: u64, cmdline: &str, wait: Duration, end: End) -> Option<Run> {
+    boot_logged(vcpus, mib, cmdline, wait, end, false)
+}
+
+fn boot_logged(
+    vcpus: u8,
+    mib: u64,
+    cmdline: &str,
+    wait: Duration,
+    end: End,
+    dirty_log: bool,
+) -> Option<Run> {
     if let Err(e) = Vm::available() {
         // In CI (`CI=true`) /dev/kvm is there: a test that cannot run fails
         // instead of passing as skipped.
@@ -57,6 +70,7 @@ fn boot_and_end(vcpus: u8, mib: u64, cmdline: &str, wait: Duration, end: End) ->
                 .get_host_address(vm_memory::MemoryRegionAddress(0))
                 .unwrap() as u64,
             guest_memfd: None,
+            dirty_log,
         })
         .collect();
     // SAFETY: `mem` outlives the VM (dropped after it, at the end of this function).
@@ -72,7 +86,13 @@ fn boot_and_end(vcpus: u8, mib: u64, cmdline: &str, wait: Duration, end: End) ->
     let control = Arc::new(VcpuControl::new());
     let (tx, rx) = channel();
     let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let cpuid = vm.supported_cpuid().unwrap();
+    let cpuid = crate::vstate::template::CpuSetup::new(
+        vm.supported_cpuid().unwrap(),
+        false,
+        crate::config::CpuTemplate::None,
+        None,
+    )
+    .unwrap();
     let mut handles = Vcpus::new(control.clone());
     for i in 0..vcpus {
         let fd = vm.create_vcpu(i).unwrap();
@@ -122,8 +142,19 @@ fn boot_and_end(vcpus: u8, mib: u64, cmdline: &str, wait: Duration, end: End) ->
         }
     };
     let serial = String::from_utf8(serial.lock().unwrap().writer().clone()).unwrap();
+    let dirty_pages = match vm.dirty_log(0, mib << 20) {
+        Ok(bits) => Some(bits.iter().map(|w| w.count_ones()).sum()),
+        Err(e) => {
+            assert!(!dirty_log, "the log was on: {e}");
+            None
+        }
+    };
     drop(vm);
-    Some(Run { serial, event })
+    Some(Run {
+        serial,
+        event,
+        dirty_pages,
+    })
 }
 
 #[test]
@@ -148,6 +179,32 @@ fn firmware_touches_and_resets() {
         "{:?}",
         run.event
     );
+}
+
+#[test]
+fn track_dirty_pages_reaches_kvm() {
+    // With KVM_MEM_LOG_DIRTY_PAGES the firmware's 16 MiB of writes are in
+    // the slot's log; without it KVM has no log to give (ENOENT).
+    let Some(run) = boot_logged(
+        1,
+        64,
+        "touch=16 then=reset",
+        Duration::from_secs(30),
+        End::Stop,
+        true,
+    ) else {
+        return;
+    };
+    assert!(run.serial.contains("touched 16 MiB"), "{}", run.serial);
+    let pages = run.dirty_pages.expect("a dirty log");
+    assert!(
+        (4096..=64 * 256).contains(&pages),
+        "{pages} pages logged for 16 MiB of writes"
+    );
+    let Some(run) = boot(1, 64, "touch=16 then=reset", Duration::from_secs(30)) else {
+        return;
+    };
+    assert_eq!(run.dirty_pages, None, "no log without the flag");
 }
 
 #[test]

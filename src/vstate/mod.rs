@@ -4,6 +4,8 @@
 
 pub mod boot;
 pub mod linux;
+pub mod pause;
+pub mod template;
 pub mod vcpu;
 pub mod vm;
 

@@ -15,13 +15,14 @@ use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_fpu, kvm_run, CpuId};
+use kvm_bindings::{kvm_fpu, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::boot::{initial_regs, setup_sregs, BootLayout};
 use super::linux::LinuxEntry;
+use super::template::CpuSetup;
 use crate::devices::{BusEvent, Buses};
 use crate::memory::GuestLease;
 
@@ -147,6 +148,8 @@ pub struct VcpuControl {
     stop: AtomicBool,
     wake_generation: Mutex<u64>,
     wake: Condvar,
+    /// `PATCH /vm` Paused / Resumed.
+    pause: super::pause::PauseGate,
 }
 
 impl VcpuControl {
@@ -159,11 +162,19 @@ impl VcpuControl {
     /// ones with [`VcpuHandle::kick`].
     pub fn request_stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _guard = self
-            .wake_generation
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        self.wake.notify_all();
+        {
+            let _guard = self
+                .wake_generation
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            self.wake.notify_all();
+        }
+        self.pause.wake();
+    }
+
+    /// The pause gate the vCPUs wait at.
+    pub fn pause_gate(&self) -> &super::pause::PauseGate {
+        &self.pause
     }
 
     /// Whether a stop was requested.
@@ -188,6 +199,7 @@ impl VcpuControl {
     /// firmware was busy) makes the next park return at once, so the guest
     /// looks at its devices again instead of sleeping on a lost wakeup.
     fn park(&self, seen: &mut u64) {
+        self.pause.out_of_guest(true);
         let mut generation = self
             .wake_generation
             .lock()
@@ -199,6 +211,8 @@ impl VcpuControl {
                 .unwrap_or_else(|p| p.into_inner());
         }
         *seen = *generation;
+        drop(generation);
+        self.pause.out_of_guest(false);
     }
 }
 
@@ -250,15 +264,16 @@ pub enum GuestEntry {
 pub fn configure_vcpu(
     fd: &VcpuFd,
     index: u8,
-    cpuid: &CpuId,
+    cpu: &CpuSetup,
     entry: &GuestEntry,
 ) -> Result<(), VcpuError> {
     let layout = match entry {
         GuestEntry::Firmware(layout) => layout,
         GuestEntry::Linux(linux) => {
-            return Ok(super::linux::cpu::configure(fd, index, cpuid, linux)?)
+            return Ok(super::linux::cpu::configure(fd, index, cpu, linux)?)
         }
     };
+    let cpuid = &cpu.cpuid;
     let setup = |what: &'static str, r: Result<(), kvm_ioctls::Error>| {
         r.map_err(|source| VcpuError::Setup {
             index,
@@ -430,6 +445,32 @@ impl Vcpus {
         &self.control
     }
 
+    /// Pauses every vCPU: each leaves `KVM_RUN` (kicked) and waits before
+    /// entering it again. True once all are out of the guest within
+    /// `timeout`. Idempotent.
+    pub fn pause(&self, timeout: Duration) -> bool {
+        self.control.pause.set(true);
+        for h in &self.handles {
+            h.kick();
+        }
+        let live = self
+            .handles
+            .iter()
+            .filter(|h| h.thread.as_ref().is_some_and(|t| !t.is_finished()))
+            .count();
+        self.control.pause.wait_out(live, Instant::now() + timeout)
+    }
+
+    /// Lets the vCPUs enter the guest again. Idempotent.
+    pub fn resume(&self) {
+        self.control.pause.set(false);
+    }
+
+    /// Whether a pause is in force.
+    pub fn paused(&self) -> bool {
+        self.control.pause.is_paused()
+    }
+
     /// Stops every vCPU: request, kick, join, waiting at most `timeout` in
     /// all. Idempotent.
     pub fn stop(&mut self, timeout: Duration) -> VcpuStopReport {
@@ -476,6 +517,10 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &Buses, control: &VcpuControl) -> Op
     let ignore_stop = index == 1 && crate::faults::injected(crate::faults::VCPU_IGNORES_STOP);
     let mut seen_wake = 0;
     let event = loop {
+        if control.stop_requested() && !ignore_stop {
+            break None;
+        }
+        control.pause.hold(|| control.stop_requested());
         if control.stop_requested() && !ignore_stop {
             break None;
         }

@@ -127,6 +127,7 @@ pub struct Launch {
     vsock: Option<(u32, Option<PathBuf>)>,
     balloon: Option<bool>,
     mmds: Option<(Value, Option<PathBuf>)>,
+    machine: Value,
 }
 
 impl Launch {
@@ -144,7 +145,21 @@ impl Launch {
             vsock: None,
             balloon: None,
             mmds: None,
+            machine: json!({}),
         }
+    }
+
+    /// Firecracker `machine-config` fields beside `mem_size_mib` (e.g.
+    /// `{"vcpu_count": 2, "smt": true, "cpu_template": "T2"}`); QEMU takes
+    /// none of them.
+    pub fn machine(mut self, fields: Value) -> Launch {
+        assert_eq!(
+            self.kind,
+            Kind::Firecracker,
+            "machine-config is Firecracker's"
+        );
+        self.machine = fields;
+        self
     }
 
     /// Guest RAM in MiB.
@@ -289,6 +304,11 @@ impl Launch {
             },
             "machine-config": {"vcpu_count": 1, "mem_size_mib": self.mem_mib},
         });
+        if let Value::Object(fields) = &self.machine {
+            for (k, v) in fields {
+                c["machine-config"][k] = v.clone();
+            }
+        }
         c["drives"] = self
             .drives
             .iter()

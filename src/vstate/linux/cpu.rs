@@ -25,6 +25,7 @@ use super::{BootProtocol, LinuxEntry};
 use crate::vstate::boot::{
     flat_segment, set_segments, CR0_ET, CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME,
 };
+use crate::vstate::template::CpuSetup;
 
 /// Guest address of the GDT.
 pub const GDT_ADDR: u64 = 0x500;
@@ -108,6 +109,9 @@ pub enum CpuError {
     /// The MSR list could not be built.
     #[error("cannot build the MSR list: {0}")]
     MsrList(String),
+    /// The CPUID list could not be built.
+    #[error("cannot build the CPUID list: {0}")]
+    CpuidList(String),
 }
 
 /// The low tables every vCPU shares, as `(guest address, bytes)`: GDT, IDT
@@ -249,12 +253,12 @@ pub fn setup_lint(state: &mut kvm_lapic_state) {
     set_lapic_reg(state, APIC_LVT1, (lvt1 & !0x700) | (APIC_MODE_NMI << 8));
 }
 
-/// Sets CPUID (with the topology of vCPU `index` of `entry.vcpus`), MSRs,
+/// Sets CPUID (`cpu`'s, with the topology of vCPU `index` of `entry.vcpus`), MSRs,
 /// FPU, LAPIC LINTs, special and general registers for `entry`.
 pub fn configure(
     fd: &VcpuFd,
     index: u8,
-    supported: &CpuId,
+    cpu: &CpuSetup,
     entry: &LinuxEntry,
 ) -> Result<(), CpuError> {
     let vcpus = entry.vcpus;
@@ -265,12 +269,13 @@ pub fn configure(
             source,
         }
     };
-    let mut cpuid = supported.clone();
-    super::cpuid::set_topology(cpuid.as_mut_slice(), index, vcpus);
+    let mut entries = cpu.cpuid.as_slice().to_vec();
+    super::cpuid::set_topology(&mut entries, index, vcpus, cpu.smt);
+    let cpuid = CpuId::from_entries(&entries).map_err(|e| CpuError::CpuidList(format!("{e:?}")))?;
     fd.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
 
-    let entries = boot_msrs();
-    let msrs = Msrs::from_entries(&entries).map_err(|e| CpuError::MsrList(format!("{e:?}")))?;
+    let entries = &cpu.msrs;
+    let msrs = Msrs::from_entries(entries).map_err(|e| CpuError::MsrList(format!("{e:?}")))?;
     let set = fd.set_msrs(&msrs).map_err(ioctl("KVM_SET_MSRS"))?;
     if set != entries.len() {
         return Err(CpuError::Msrs {

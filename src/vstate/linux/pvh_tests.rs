@@ -311,7 +311,13 @@ fn on_kvm_only_vcpu_0_enters_and_in_32_bit_protected_mode() {
     }
     let mut vm = Vm::new().unwrap();
     vm.setup_irqchip().unwrap();
-    let cpuid = vm.supported_cpuid().unwrap();
+    let cpuid = crate::vstate::template::CpuSetup::new(
+        vm.supported_cpuid().unwrap(),
+        false,
+        crate::config::CpuTemplate::None,
+        None,
+    )
+    .unwrap();
     let entry = LinuxEntry {
         entry: u64::from(PVH_ENTRY),
         protocol: BootProtocol::Pvh,

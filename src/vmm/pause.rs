@@ -1,0 +1,51 @@
+//! `PATCH /vm`: pausing and resuming the vCPUs
+//! ([`crate::vstate::pause`]), answered as Firecracker answers: before
+//! start a 400; a pause while paused and a resume while running do nothing
+//! and succeed; while paused `GET /` says `"Paused"`. A shutdown while
+//! paused stops the held vCPUs (a stop releases them) and reclaims as ever.
+
+use super::phase::Phase;
+use super::{VmState, Vmm};
+use crate::api::action::{VmStateChange, VmStateWanted};
+use crate::api::{VmmActionError, VmmData};
+use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
+
+impl Vmm {
+    pub(super) fn patch_vm(&mut self, change: VmStateChange) -> Result<VmmData, VmmActionError> {
+        let state = self.state();
+        let vcpus = match (&self.phase, state) {
+            (Phase::Running(m), VmState::Running | VmState::Paused) => m.vcpus(),
+            (_, VmState::NotStarted) => {
+                return Err(VmmActionError::BadRequest(
+                    "PATCH /vm: the requested operation is not supported before starting the \
+                     microVM"
+                        .into(),
+                ))
+            }
+            _ => None,
+        };
+        let Some(vcpus) = vcpus else {
+            return Err(VmmActionError::BadRequest(format!(
+                "PATCH /vm is not allowed in state \"{}\"",
+                state.as_str()
+            )));
+        };
+        match change.state {
+            VmStateWanted::Paused => {
+                if !vcpus.pause(VCPU_STOP_TIMEOUT) {
+                    vcpus.resume();
+                    return Err(VmmActionError::Internal(format!(
+                        "PATCH /vm: the vCPUs did not leave the guest within {VCPU_STOP_TIMEOUT:?}; \
+                         resumed"
+                    )));
+                }
+                log::info!("vCPUs paused");
+            }
+            VmStateWanted::Resumed => {
+                vcpus.resume();
+                log::info!("vCPUs resumed");
+            }
+        }
+        Ok(VmmData::Empty)
+    }
+}
