@@ -54,20 +54,23 @@ fn every_endpoint_and_method_before_and_after_start() {
     // The page's tail from DIFF_BEGIN on is the differential test's.
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/api-surface.md");
     let table = table(&w);
-    let old = std::fs::read_to_string(&path).unwrap_or_default();
-    let (doc, diff_part) = match old.find(DIFF_BEGIN) {
-        Some(at) => old.split_at(at),
-        None => (old.as_str(), ""),
+    let split = |page: &str| -> (String, String) {
+        match page.find(DIFF_BEGIN) {
+            // Its part is followed by one blank line, then the differential's.
+            Some(at) => (
+                page[..at].strip_suffix('\n').unwrap_or(&page[..at]).into(),
+                page[at..].into(),
+            ),
+            None => (page.into(), String::new()),
+        }
     };
     if std::env::var_os("TERAVM_WRITE_API_TABLE").is_some_and(|v| v == "1") {
+        let (_, diff_part) = split(&std::fs::read_to_string(&path).unwrap_or_default());
         let sep = if diff_part.is_empty() { "" } else { "\n" };
         std::fs::write(&path, format!("{table}{sep}{diff_part}")).unwrap();
         eprintln!("wrote {}", path.display());
     }
-    let doc = doc
-        .strip_suffix('\n')
-        .filter(|_| !diff_part.is_empty())
-        .unwrap_or(doc);
+    let (doc, _) = split(&std::fs::read_to_string(&path).unwrap_or_default());
     if doc != table {
         let differ: Vec<String> = table
             .lines()

@@ -93,6 +93,30 @@ fn firecracker_and_teravm_answer_the_walk_alike() {
         (fc.join().unwrap(), tv.join().unwrap())
     });
 
+    if let Some(dump) = std::env::var_os("TERAVM_DIFF_DUMP") {
+        // Both walks' cells (with the fault excerpts), for a reader.
+        let mut out = String::new();
+        for row in &fc.rows {
+            let tv_row = tv
+                .rows
+                .iter()
+                .find(|r| r.endpoint == row.endpoint && r.case == row.case);
+            for (phase, fc_cell, tv_cell) in [
+                ("before", &row.before, tv_row.and_then(|r| r.before.as_ref())),
+                ("after", &row.after, tv_row.and_then(|r| r.after.as_ref())),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "[{phase}] {} {:?}\n  fc: {}\n  tv: {}",
+                    row.endpoint,
+                    row.case,
+                    fc_cell.as_deref().unwrap_or("-"),
+                    tv_cell.map_or("-", String::as_str)
+                );
+            }
+        }
+        std::fs::write(dump, out).unwrap();
+    }
     let mut compared = Vec::new();
     let mut failures = Vec::new();
     for phase in [Phase::Before, Phase::After] {
@@ -166,7 +190,7 @@ fn firecracker_and_teravm_answer_the_walk_alike() {
     let doc = std::fs::read_to_string(&path).unwrap_or_default();
     let (head, now) = match (doc.find(BEGIN), doc.find(END)) {
         (Some(b), Some(e)) if b < e => (doc[..b].to_string(), doc[b..e + END.len()].to_string()),
-        _ => (format!("{}\n", doc.trim_end()), String::new()),
+        _ => (format!("{}\n\n", doc.trim_end()), String::new()),
     };
     if std::env::var_os("TERAVM_WRITE_DOCS").is_some_and(|v| v == "1") {
         std::fs::write(&path, format!("{head}{section}\n")).unwrap();

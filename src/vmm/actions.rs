@@ -44,6 +44,15 @@ fn refused(what: &str, state: VmState) -> ActionResult {
     )))
 }
 
+/// What Firecracker answers for the operations it allows only once the
+/// microVM runs (`FlushMetrics`, `PATCH /balloon`, `PATCH
+/// /balloon/statistics`): its `OperationNotSupportedPreBoot`.
+fn not_before_start(what: &str) -> ActionResult {
+    Err(VmmActionError::BadRequest(format!(
+        "{what}: the requested operation is not supported before starting the microVM"
+    )))
+}
+
 impl Vmm {
     pub(super) fn handle_request(&mut self, request: ApiRequest) {
         let ApiRequest { action, reply } = request;
@@ -288,6 +297,7 @@ impl Vmm {
             VmmAction::PutMetrics(_) => Err(VmmActionError::BadRequest(
                 "the metrics are already being written (PUT /metrics works once)".into(),
             )),
+            VmmAction::FlushMetrics if not_started => not_before_start("FlushMetrics"),
             // As in Firecracker, a flush without a metrics path does nothing.
             VmmAction::FlushMetrics => self
                 .flush_metrics()
@@ -301,6 +311,7 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutBalloon(_) => refused("configuring the balloon (PUT /balloon)", state),
+            VmmAction::PatchBalloon(_) if not_started => not_before_start("PATCH /balloon"),
             VmmAction::PatchBalloon(u) => self.patch_balloon(u.amount_mib),
             VmmAction::GetBalloon => match (&self.phase, &self.config.balloon) {
                 (Phase::Running(m), _) if m.balloon().is_some() => {
@@ -311,6 +322,9 @@ impl Vmm {
                 (_, None) => Err(no_balloon()),
             },
             VmmAction::GetBalloonStatistics => self.balloon_statistics(),
+            VmmAction::PatchBalloonStatistics(_) if not_started => {
+                not_before_start("PATCH /balloon/statistics")
+            }
             VmmAction::PatchBalloonStatistics(u) => {
                 let Some(config) = self.config.balloon.as_mut() else {
                     return Err(no_balloon());
