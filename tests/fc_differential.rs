@@ -102,7 +102,11 @@ fn firecracker_and_teravm_answer_the_walk_alike() {
                 .iter()
                 .find(|r| r.endpoint == row.endpoint && r.case == row.case);
             for (phase, fc_cell, tv_cell) in [
-                ("before", &row.before, tv_row.and_then(|r| r.before.as_ref())),
+                (
+                    "before",
+                    &row.before,
+                    tv_row.and_then(|r| r.before.as_ref()),
+                ),
                 ("after", &row.after, tv_row.and_then(|r| r.after.as_ref())),
             ] {
                 let _ = writeln!(
@@ -162,7 +166,7 @@ fn firecracker_and_teravm_answer_the_walk_alike() {
                 c.fc,
                 c.teravm
             )),
-            (false, Some(i)) => failures.push(format!(
+            (false, Some(i)) if !i.is_pattern() => failures.push(format!(
                 "[{}] {} {:?}: both {}, but INTENDED lists it ({}): delete the row",
                 c.phase.name(),
                 c.endpoint,
@@ -176,10 +180,10 @@ fn firecracker_and_teravm_answer_the_walk_alike() {
     for i in INTENDED {
         if !compared
             .iter()
-            .any(|c| c.listed.is_some_and(|l| std::ptr::eq(l, i)))
+            .any(|c| c.differs() && c.listed.is_some_and(|l| std::ptr::eq(l, i)))
         {
             failures.push(format!(
-                "INTENDED row {:?} {} {:?} matches no case of the walk",
+                "INTENDED row {:?} {} {:?} matches no case that differs: delete it",
                 i.phase, i.endpoint, i.case
             ));
         }
