@@ -90,7 +90,34 @@ pub static INTENDED: &[Intended] = &[
         MEM_BOUNDS,
         None,
     ),
-    row(B, "PUT /machine-config", "smt true", "smt", Some("i26-cpu")),
+    row(
+        B,
+        "PUT /machine-config",
+        "smt true*",
+        "smt",
+        Some("i26-cpu"),
+    ),
+    row(
+        B,
+        "PUT /machine-config",
+        "vcpu_count 33",
+        "the vcpu_count bound (32)",
+        Some("i26-cpu"),
+    ),
+    row(
+        B,
+        "PUT /machine-config",
+        "cpu_template T2",
+        "cpu_template",
+        Some("i26-cpu"),
+    ),
+    row(
+        B,
+        "PUT /machine-config",
+        "track_dirty_pages true",
+        "track_dirty_pages",
+        Some("i26-cpu"),
+    ),
     row(B, "PUT /boot-source", "valid", FIRMWARE, None),
     row(
         B,
@@ -141,6 +168,7 @@ pub static INTENDED: &[Intended] = &[
     row(B, "PUT /network-interfaces/eth0", "*", NO_TAP, None),
     row(A, "PATCH /network-interfaces/eth0", "valid", NO_TAP, None),
     row(B, "PUT /vsock", "out of range (guest_cid 0)", CID, None),
+    row(B, "PUT /vsock", "guest_cid 2", CID, None),
     row(B, "PUT /vsock", "uds_path: empty string", UDS_EMPTY, None),
     row(BOTH, "* /mmds*", "*", "MMDS", Some("i26-mmds")),
     row(

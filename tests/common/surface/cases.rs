@@ -134,10 +134,20 @@ fn device_cases(w: &mut Walk) {
             "PUT",
             "/vsock",
             format!(r#"{{"guest_cid": 3, "uds_path": "{d}/v.sock"}}"#),
-            vec![(
-                "out of range (guest_cid 0)",
-                format!(r#"{{"guest_cid": 0, "uds_path": "{d}/v.sock"}}"#),
-            )],
+            vec![
+                (
+                    "out of range (guest_cid 0)",
+                    format!(r#"{{"guest_cid": 0, "uds_path": "{d}/v.sock"}}"#),
+                ),
+                (
+                    "guest_cid 2",
+                    format!(r#"{{"guest_cid": 2, "uds_path": "{d}/v2.sock"}}"#),
+                ),
+                (
+                    "valid again (after guest_cid 2)",
+                    format!(r#"{{"guest_cid": 3, "uds_path": "{d}/v3.sock"}}"#),
+                ),
+            ],
         ),
     ];
     for (method, path, valid, oor) in &bodies {
@@ -294,6 +304,27 @@ pub fn walk_phase(w: &mut Walk) {
             (
                 "smt true",
                 r#"{"vcpu_count": 1, "mem_size_mib": 128, "smt": true}"#,
+            ),
+            // Issue 26's table: what Firecracker's clients send.
+            (
+                "smt true, vcpu_count 2",
+                r#"{"vcpu_count": 2, "mem_size_mib": 128, "smt": true}"#,
+            ),
+            (
+                "vcpu_count 33",
+                r#"{"vcpu_count": 33, "mem_size_mib": 128}"#,
+            ),
+            (
+                "cpu_template T2",
+                r#"{"vcpu_count": 1, "mem_size_mib": 128, "cpu_template": "T2"}"#,
+            ),
+            (
+                "track_dirty_pages true",
+                r#"{"vcpu_count": 1, "mem_size_mib": 128, "track_dirty_pages": true}"#,
+            ),
+            (
+                "valid again (after the variants)",
+                r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
             ),
             ("missing mem_size_mib", r#"{"vcpu_count": 1}"#),
         ],
