@@ -18,6 +18,9 @@ use crate::api::{
     shapes, ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData,
 };
 use crate::config::DriveConfig;
+use crate::devices::virtio::block::metrics::BlockMetrics;
+use crate::devices::virtio::net::metrics::NetMetrics;
+use crate::metrics;
 
 fn to_json<T: serde::Serialize>(value: &T) -> ActionResult {
     serde_json::to_value(value)
@@ -377,7 +380,8 @@ impl Vmm {
 
     /// The devices' metrics groups, while they run: Firecracker's `balloon`
     /// (with the discard pool's counters beside the device's),
-    /// `block_<drive_id>`, `net_<iface_id>` and `vsock`.
+    /// `block_<drive_id>` and their sum `block`, `net_<iface_id>` and their
+    /// sum `net`, and `vsock`.
     fn device_metrics(&self) -> Vec<(String, Value)> {
         let mut groups = Vec::new();
         if let Phase::Running(m) = &self.phase {
@@ -392,6 +396,7 @@ impl Vmm {
                 groups.push(("balloon".into(), v));
             }
             let json = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
+            let first = groups.len();
             for b in m.blocks() {
                 let snap = lock(&b.device).metrics().snapshot();
                 groups.push((
@@ -399,6 +404,11 @@ impl Vmm {
                     json(serde_json::to_value(snap)),
                 ));
             }
+            // Firecracker's aggregate groups beside the per-device ones.
+            let zero = json(serde_json::to_value(BlockMetrics::default()));
+            let block = metrics::aggregate(zero, groups[first..].iter().map(|(_, v)| v));
+            groups.push(("block".into(), block));
+            let first = groups.len();
             for n in m.nets() {
                 let n = lock(n);
                 let snap = n.metrics().snapshot();
@@ -407,6 +417,9 @@ impl Vmm {
                     json(serde_json::to_value(snap)),
                 ));
             }
+            let zero = json(serde_json::to_value(NetMetrics::default()));
+            let net = metrics::aggregate(zero, groups[first..].iter().map(|(_, v)| v));
+            groups.push(("net".into(), net));
             if let Some(v) = m.vsock() {
                 let snap = lock(v).metrics().snapshot();
                 groups.push(("vsock".into(), json(serde_json::to_value(snap))));
