@@ -435,6 +435,27 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
     Ok(text)
 }
 
+/// Firecracker's aggregate group (`block`, `net`): every counter of the
+/// per-device `groups` summed into `zero` (the group with each counter 0,
+/// so that it is there without devices too, as in Firecracker's).
+pub fn aggregate<'a>(zero: Value, groups: impl IntoIterator<Item = &'a Value>) -> Value {
+    let mut out = zero;
+    let Value::Object(sum) = &mut out else {
+        return out;
+    };
+    for group in groups {
+        let Value::Object(group) = group else {
+            continue;
+        };
+        for (key, v) in group {
+            if let (Some(a), Some(b)) = (sum.get(key).and_then(Value::as_u64), v.as_u64()) {
+                sum.insert(key.clone(), a.saturating_add(b).into());
+            }
+        }
+    }
+    out
+}
+
 /// Writes one line if metrics are set up: `Ok(true)` when written,
 /// `Ok(false)` when metrics are not set up or the line was dropped (counted
 /// in `missed_metrics_count`; a FIFO reader that keeps up loses nothing).
@@ -553,6 +574,19 @@ mod tests {
                 .unwrap()
                 >= 1
         );
+    }
+
+    #[test]
+    fn aggregate_sums_each_counter_over_the_devices() {
+        let zero = json!({"read_count": 0, "write_bytes": 0});
+        let a = json!({"read_count": 2, "write_bytes": 512});
+        let b = json!({"read_count": 3, "write_bytes": 1, "extra": 7});
+        assert_eq!(
+            aggregate(zero.clone(), [&a, &b]),
+            json!({"read_count": 5, "write_bytes": 513})
+        );
+        // No devices: the group is there, every counter 0.
+        assert_eq!(aggregate(zero.clone(), []), zero);
     }
 
     #[test]

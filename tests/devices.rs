@@ -470,6 +470,13 @@ fn each_device_has_its_metrics_group(g: Guest) {
     assert!(n("block_d0", "read_count") >= 2, "{last}");
     assert!(n("block_d0", "write_count") >= 1, "{last}");
     assert!(n("net_eth0", "tx_packets_count") >= 1, "{last}");
+    // Firecracker's aggregate groups: with one device each, its counters.
+    for c in ["read_count", "write_count", "read_bytes", "write_bytes"] {
+        assert_eq!(n("block", c), n("block_d0", c), "block.{c}: {last}");
+    }
+    for c in ["tx_packets_count", "tx_bytes_count", "rx_packets_count"] {
+        assert_eq!(n("net", c), n("net_eth0", c), "net.{c}: {last}");
+    }
     // The hello frame: 14 bytes of Ethernet header and the payload.
     let hello_bytes = 14 + g.net_hello().len() as u64;
     assert!(n("net_eth0", "tx_bytes_count") >= hello_bytes, "{last}");

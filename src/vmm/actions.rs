@@ -18,6 +18,9 @@ use crate::api::{
     shapes, ActionResult, ApiRequest, ReclaimMode, VmmAction, VmmActionError, VmmData,
 };
 use crate::config::DriveConfig;
+use crate::devices::virtio::block::metrics::BlockMetrics;
+use crate::devices::virtio::net::metrics::NetMetrics;
+use crate::metrics;
 
 fn to_json<T: serde::Serialize>(value: &T) -> ActionResult {
     serde_json::to_value(value)
@@ -41,6 +44,15 @@ fn refused(what: &str, state: VmState) -> ActionResult {
     Err(VmmActionError::BadRequest(format!(
         "{what} is not allowed in state \"{}\"",
         state.as_str()
+    )))
+}
+
+/// What Firecracker answers for the operations it allows only once the
+/// microVM runs (`FlushMetrics`, `PATCH /balloon`, `PATCH
+/// /balloon/statistics`): its `OperationNotSupportedPreBoot`.
+fn not_before_start(what: &str) -> ActionResult {
+    Err(VmmActionError::BadRequest(format!(
+        "{what}: the requested operation is not supported before starting the microVM"
     )))
 }
 
@@ -305,6 +317,7 @@ impl Vmm {
             VmmAction::PutMetrics(_) => Err(VmmActionError::BadRequest(
                 "the metrics are already being written (PUT /metrics works once)".into(),
             )),
+            VmmAction::FlushMetrics if not_started => not_before_start("FlushMetrics"),
             // As in Firecracker, a flush without a metrics path does nothing.
             VmmAction::FlushMetrics => self
                 .flush_metrics()
@@ -318,6 +331,7 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutBalloon(_) => refused("configuring the balloon (PUT /balloon)", state),
+            VmmAction::PatchBalloon(_) if not_started => not_before_start("PATCH /balloon"),
             VmmAction::PatchBalloon(u) => self.patch_balloon(u.amount_mib),
             VmmAction::GetBalloon => match (&self.phase, &self.config.balloon) {
                 (Phase::Running(m), _) if m.balloon().is_some() => {
@@ -328,6 +342,9 @@ impl Vmm {
                 (_, None) => Err(no_balloon()),
             },
             VmmAction::GetBalloonStatistics => self.balloon_statistics(),
+            VmmAction::PatchBalloonStatistics(_) if not_started => {
+                not_before_start("PATCH /balloon/statistics")
+            }
             VmmAction::PatchBalloonStatistics(u) => {
                 let Some(config) = self.config.balloon.as_mut() else {
                     return Err(no_balloon());
@@ -382,7 +399,8 @@ impl Vmm {
 
     /// The devices' metrics groups, while they run: Firecracker's `balloon`
     /// (with the discard pool's counters beside the device's),
-    /// `block_<drive_id>`, `net_<iface_id>` and `vsock`.
+    /// `block_<drive_id>` and their sum `block`, `net_<iface_id>` and their
+    /// sum `net`, and `vsock`.
     fn device_metrics(&self) -> Vec<(String, Value)> {
         let mut groups = Vec::new();
         if let Phase::Running(m) = &self.phase {
@@ -397,6 +415,7 @@ impl Vmm {
                 groups.push(("balloon".into(), v));
             }
             let json = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
+            let first = groups.len();
             for b in m.blocks() {
                 let snap = lock(&b.device).metrics().snapshot();
                 groups.push((
@@ -404,6 +423,11 @@ impl Vmm {
                     json(serde_json::to_value(snap)),
                 ));
             }
+            // Firecracker's aggregate groups beside the per-device ones.
+            let zero = json(serde_json::to_value(BlockMetrics::default()));
+            let block = metrics::aggregate(zero, groups[first..].iter().map(|(_, v)| v));
+            groups.push(("block".into(), block));
+            let first = groups.len();
             for n in m.nets() {
                 let n = lock(n);
                 let snap = n.metrics().snapshot();
@@ -412,6 +436,9 @@ impl Vmm {
                     json(serde_json::to_value(snap)),
                 ));
             }
+            let zero = json(serde_json::to_value(NetMetrics::default()));
+            let net = metrics::aggregate(zero, groups[first..].iter().map(|(_, v)| v));
+            groups.push(("net".into(), net));
             if let Some(v) = m.vsock() {
                 let snap = lock(v).metrics().snapshot();
                 groups.push(("vsock".into(), json(serde_json::to_value(snap))));

@@ -1,0 +1,213 @@
+//! The intended differences between teravm and Firecracker in the walk,
+//! each with its reason; `pending: <branch>` marks a gap another branch of
+//! issue 26 closes (the integrator deletes those rows as each merges).
+//!
+//! An `endpoint` or `case` ending in `*` matches by prefix, one starting
+//! with `*` by suffix, `*x*` what contains `x`, `*` alone anything. An exact row must differ in every case it matches; a row with a
+//! `*` must differ in at least one (so each row stays true).
+
+use super::surface::Phase;
+
+/// One intended difference: the case (in `phase`, or in both when None)
+/// and why teravm answers otherwise.
+#[derive(Debug)]
+pub struct Intended {
+    pub phase: Option<Phase>,
+    pub endpoint: &'static str,
+    pub case: &'static str,
+    pub why: &'static str,
+    pub pending: Option<&'static str>,
+}
+
+impl Intended {
+    /// Whether the row is a pattern (it need not differ in every case).
+    pub fn is_pattern(&self) -> bool {
+        self.endpoint.contains('*') || self.case.contains('*')
+    }
+}
+
+fn matches(pattern: &str, s: &str) -> bool {
+    match (pattern.strip_prefix('*'), pattern.strip_suffix('*')) {
+        (Some(_), Some(_)) if pattern.len() > 1 => s.contains(&pattern[1..pattern.len() - 1]),
+        (Some(""), _) => true,
+        (Some(suffix), None) => s.ends_with(suffix),
+        (None, Some(prefix)) => s.starts_with(prefix),
+        _ => pattern == s,
+    }
+}
+
+/// The listed row of a case, if any.
+pub fn find(phase: Phase, endpoint: &str, case: &str) -> Option<&'static Intended> {
+    INTENDED.iter().find(|i| {
+        matches(i.endpoint, endpoint) && matches(i.case, case) && i.phase.is_none_or(|p| p == phase)
+    })
+}
+
+const B: Option<Phase> = Some(Phase::Before);
+const A: Option<Phase> = Some(Phase::After);
+const BOTH: Option<Phase> = None;
+
+const HTTP_CODES: &str = "teravm answers 405 (a method the path does not take) and 404 (no such \
+                          path) as HTTP has them; Firecracker answers 400 to both; both with a \
+                          fault_message";
+const FIRMWARE: &str = "teravm extension: without kernel_image_path the built-in firmware boots";
+const EARLY_KERNEL: &str = "safer: teravm checks the kernel and initrd at PUT (a regular file, \
+                            an ELF or bzImage kernel), Firecracker only opens them and fails the \
+                            InstanceStart; on a FIFO Firecracker's API hangs for good (timeout)";
+const HOST_FILES: &str = "safer: teravm opens log and metrics files with O_NOFOLLOW and only as \
+                          a regular file, FIFO or terminal (no /dev/zero, no symlink)";
+const WHILE_RUNNING: &str = "teravm extension: the logger and the metrics may be set while the \
+                             microVM runs; Firecracker refuses both after InstanceStart";
+const STRICT: &str = "teravm checks every field (unknown fields and bad values refused); \
+                      Firecracker accepts this body";
+const METRICS_ONCE: &str = "a consequence of the row above: Firecracker's metrics were already \
+                            set by the body with the unknown field, and can be set once";
+const OWN: &str = "teravm's own resources (/memory, /reclaim) and its Shutdown action";
+const MEM_BOUNDS: &str = "safer: teravm bounds mem_size_mib at PUT (16 MiB to 64 TiB); \
+                          Firecracker accepts it and fails the start";
+const NO_DEV_NULL: &str = "safer: teravm takes a regular file or a block device as a drive, not \
+                           a character device such as /dev/null or /dev/zero (the PATCH after \
+                           start follows: teravm has no such drive)";
+const NO_TAP: &str = "safer: teravm never creates a tap; Firecracker's TUNSETIFF creates tap0 \
+                      (the PATCH after start follows: teravm has no eth0)";
+const CID: &str = "safer: teravm refuses the guest CIDs the vsock spec reserves (0 the \
+                   hypervisor, 1 local, 2 the host) and u32::MAX";
+const UDS_EMPTY: &str = "safer: teravm refuses an empty uds_path; Firecracker accepts it";
+const HINTING: &str = "teravm refuses free page hinting on purpose (it returns no memory to \
+                       the host by itself; free page reporting does); the rows after start \
+                       follow: Firecracker's last balloon has hinting and no statistics";
+const NO_DRIVER: &str = "the test guest does not drive the balloon: Firecracker refuses a \
+                         target before the driver activates the device, teravm records it and \
+                         tells the driver when it comes";
+
+pub static INTENDED: &[Intended] = &[
+    row(BOTH, "*", "wrong method", HTTP_CODES, None),
+    row(BOTH, "*", "not a resource", HTTP_CODES, None),
+    row(
+        B,
+        "PUT /machine-config",
+        "out of range (mem_size_mib *",
+        MEM_BOUNDS,
+        None,
+    ),
+    row(
+        B,
+        "PUT /machine-config",
+        "smt true*",
+        "smt",
+        Some("i26-cpu"),
+    ),
+    row(
+        B,
+        "PUT /machine-config",
+        "vcpu_count 33",
+        "the vcpu_count bound (32)",
+        Some("i26-cpu"),
+    ),
+    row(
+        B,
+        "PUT /machine-config",
+        "cpu_template T2",
+        "cpu_template",
+        Some("i26-cpu"),
+    ),
+    row(
+        B,
+        "PUT /machine-config",
+        "track_dirty_pages true",
+        "track_dirty_pages",
+        Some("i26-cpu"),
+    ),
+    row(B, "PUT /boot-source", "valid", FIRMWARE, None),
+    row(
+        B,
+        "PUT /boot-source",
+        "kernel_image_path: *",
+        EARLY_KERNEL,
+        None,
+    ),
+    row(B, "PUT /boot-source", "initrd_path: *", EARLY_KERNEL, None),
+    row(B, "PUT /logger", "bad module", STRICT, None),
+    row(B, "PUT /logger", "log_path: *", HOST_FILES, None),
+    row(B, "PUT /metrics", "metrics_path: *", HOST_FILES, None),
+    row(B, "PUT /metrics", "unknown field", STRICT, None),
+    row(B, "PUT /metrics", "valid", METRICS_ONCE, None),
+    row(A, "PUT /logger", "*", WHILE_RUNNING, None),
+    row(A, "PUT /metrics", "metrics_path: *", WHILE_RUNNING, None),
+    row(BOTH, "* /memory", "valid", OWN, None),
+    row(BOTH, "* /reclaim", "valid", OWN, None),
+    row(A, "PUT /actions", "Shutdown *", OWN, None),
+    row(B, "PUT /balloon", "free_page_hinting true", HINTING, None),
+    row(A, "GET /balloon/hinting/status", "valid", HINTING, None),
+    row(A, "GET /balloon/statistics", "valid", HINTING, None),
+    row(A, "PATCH /balloon/statistics", "valid", HINTING, None),
+    row(A, "PATCH /balloon", "valid", NO_DRIVER, None),
+    row(B, "PUT /drives/rootfs", "valid", NO_DEV_NULL, None),
+    row(
+        B,
+        "PUT /drives/rootfs",
+        "path_on_host: /dev/zero",
+        NO_DEV_NULL,
+        None,
+    ),
+    row(A, "PATCH /drives/rootfs", "valid", NO_DEV_NULL, None),
+    row(
+        B,
+        "PUT /drives/rootfs",
+        "io_engine Async",
+        "io_engine",
+        Some("i26-block"),
+    ),
+    row(
+        B,
+        "PUT /drives/rootfs",
+        "rate_limiter",
+        "block rate limiter",
+        Some("i26-block"),
+    ),
+    row(B, "PUT /network-interfaces/eth0", "*", NO_TAP, None),
+    row(A, "PATCH /network-interfaces/eth0", "valid", NO_TAP, None),
+    row(B, "PUT /vsock", "out of range (guest_cid 0)", CID, None),
+    row(B, "PUT /vsock", "guest_cid 2", CID, None),
+    row(B, "PUT /vsock", "uds_path: empty string", UDS_EMPTY, None),
+    row(BOTH, "* /mmds*", "*", "MMDS", Some("i26-mmds")),
+    row(
+        B,
+        "PUT /cpu-config",
+        "*",
+        "PUT /cpu-config",
+        Some("i26-cpu"),
+    ),
+    row(
+        B,
+        "PUT /entropy",
+        "valid",
+        "the entropy device",
+        Some("i26-netrng"),
+    ),
+    row(B, "PUT /serial", "valid", "PUT /serial", Some("i26-netrng")),
+    row(A, "PATCH /vm", "valid", "PATCH /vm Paused", Some("i26-cpu")),
+    row(
+        BOTH,
+        "* /hotplug/memory",
+        "valid",
+        "memory hotplug: not in issue 26; teravm answers 400 saying so",
+        None,
+    ),
+];
+
+const fn row(
+    phase: Option<Phase>,
+    endpoint: &'static str,
+    case: &'static str,
+    why: &'static str,
+    pending: Option<&'static str>,
+) -> Intended {
+    Intended {
+        phase,
+        endpoint,
+        case,
+        why,
+        pending,
+    }
+}
