@@ -50,6 +50,11 @@ pub struct Options {
     pub vsock: Option<Vsock>,
     /// `net=echo`.
     pub net_echo: bool,
+    /// `net-send=<N>x<bytes>`: N frames of that many bytes (after the
+    /// virtio-net header) after the hello.
+    pub net_send: Option<(u32, u32)>,
+    /// `rng=<bytes>`: read that many bytes from the first virtio-rng.
+    pub rng: Option<u64>,
     /// The devices, in command-line order.
     pub devices: [Option<MmioDevice>; MAX_DEVICES],
     /// Words that were understood but had a bad value.
@@ -101,6 +106,8 @@ impl Options {
             blk: false,
             vsock: None,
             net_echo: false,
+            net_send: None,
+            rng: None,
             devices: [None; MAX_DEVICES],
             bad: None,
         };
@@ -125,6 +132,17 @@ impl Options {
                 },
                 "blk" if value.is_empty() => o.blk = true,
                 "net" if value == "echo" => o.net_echo = true,
+                "net-send" => {
+                    let nx = value.split_once('x');
+                    o.net_send = nx.and_then(|(n, b)| Some((n.parse().ok()?, b.parse().ok()?)));
+                    if o.net_send.is_none() {
+                        o.bad = Some("net-send=");
+                    }
+                }
+                "rng" => match memparse(value) {
+                    Some(n) => o.rng = Some(n),
+                    None => o.bad = Some("rng="),
+                },
                 "vsock" => {
                     let port = |p: &str| p.parse::<u32>().ok();
                     o.vsock = match value.split_once(':') {

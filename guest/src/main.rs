@@ -15,6 +15,8 @@
 //!   blk                  drive the first virtio-blk once (see `blk.rs`)
 //!   vsock=echo:<port> | vsock=connect:<port>   the first virtio-vsock
 //!   net=echo             send a frame on the first virtio-net, echo frames
+//!   net-send=<N>x<bytes> after the hello, N frames of that size
+//!   rng=<bytes>          read that many bytes from the first virtio-rng
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
 //! Devices are driven in the order balloon, blk, vsock, net, as the
 //! firmware drives them.
@@ -95,7 +97,7 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
         serving.extend(vsock::start(&options));
     }
     // HOOK net: `net=echo` (net.rs).
-    if options.net_echo {
+    if options.net_echo || options.net_send.is_some() {
         serving.extend(net::start(&options));
     }
     if options.reset {

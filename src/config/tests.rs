@@ -445,7 +445,7 @@ fn device_sections_are_checked_and_named() {
             "invalid value for network-interfaces.host_dev_name",
         ),
         (
-            &|v| v["network-interfaces"][0]["tx_rate_limiter"] = serde_json::json!({"bandwidth": {"size": 1, "refill_time": 1}}),
+            &|v| v["network-interfaces"][0]["tx_rate_limiter"] = serde_json::json!({"bandwidth": {"size": 1, "refill_time": u64::MAX}}),
             "invalid value for network-interfaces.tx_rate_limiter",
         ),
         (&|v| v["vsock"]["guest_cid"] = 2.into(), "invalid value for vsock.guest_cid"),

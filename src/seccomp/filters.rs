@@ -493,6 +493,10 @@ const NET: &[Allow] = &[
         &[named!(libc::TUNSETOFFLOAD)],
         "the offloads the guest acked, set once per activation (never on a vCPU)",
     ),
+    any(
+        libc::SYS_timerfd_settime,
+        "a rate limiter arms its timer when it blocks (rx_rate_limiter, tx_rate_limiter)",
+    ),
 ];
 
 /// `virtio-vsock`: the vsock's packets, the host connections to
@@ -567,6 +571,10 @@ const START: &[Allow] = &[
         1,
         &[named!(libc::EPOLL_CTL_ADD)],
         "the device thread's event sources, added as its epoll is built",
+    ),
+    any(
+        libc::SYS_timerfd_create,
+        "the devices' rate limiter timers, made with the devices",
     ),
     one_of(
         libc::SYS_openat,

@@ -342,21 +342,7 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutNetworkInterface(_) => refused("adding a network interface", state),
-            VmmAction::PatchNetworkInterface(u) => {
-                if self
-                    .config
-                    .network_interfaces
-                    .iter()
-                    .any(|n| n.iface_id == u.iface_id)
-                {
-                    Ok(VmmData::Empty)
-                } else {
-                    Err(bad(format!(
-                        "network-interfaces: no interface {:?} (PUT it first)",
-                        u.iface_id
-                    )))
-                }
-            }
+            VmmAction::PatchNetworkInterface(u) => self.patch_net(u),
             VmmAction::PutVsock(_) => refused("adding a vsock", state),
         }
     }

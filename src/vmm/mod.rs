@@ -31,6 +31,7 @@ pub mod builder;
 pub mod device_opens;
 pub mod devices;
 pub mod jobs;
+mod net_patch;
 pub mod opens;
 pub mod phase;
 pub mod progress_line;

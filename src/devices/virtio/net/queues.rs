@@ -195,7 +195,10 @@ impl<M: DeviceMemory> Net<M> {
             return;
         };
         let m = &*self.metrics;
-        let (backend, buf) = (&mut self.backend, &mut self.tx_buf);
+        if self.limits.tx_blocked(m) {
+            return; // the limiter's timer resumes
+        }
+        let (backend, buf, limits) = (&mut self.backend, &mut self.tx_buf, &mut self.limits);
         let (mut taken, mut used) = (0usize, false);
         let end = self.wake.pass(TX_INDEX, MAX_FRAMES_PER_PASS, || {
             let Some(chain) = a.queues[TX_INDEX].pop_descriptor_chain(&*a.mem) else {
@@ -203,7 +206,14 @@ impl<M: DeviceMemory> Net<M> {
             };
             taken += 1;
             let head = chain.head_index();
-            match gather(&*a.mem, chain, buf) {
+            let sent = gather(&*a.mem, chain, buf);
+            if sent.is_some_and(|n| !limits.admit_tx(n, m)) {
+                // Back on the ring until the limiter's timer fires.
+                let q = &mut a.queues[TX_INDEX];
+                q.set_next_avail(q.next_avail().wrapping_sub(1));
+                return false;
+            }
+            match sent {
                 Some(n) => match backend.write_frame(&buf[..n]) {
                     Ok(_) => {
                         m.tx_packets_count.inc();
@@ -322,7 +332,10 @@ impl<M: DeviceMemory> Net<M> {
             return;
         };
         let m = &*self.metrics;
-        let (backend, buf) = (&mut self.backend, &mut self.rx_buf);
+        if self.limits.rx_blocked(m) {
+            return; // the tap is not read until the limiter's timer fires
+        }
+        let (backend, buf, limits) = (&mut self.backend, &mut self.rx_buf, &mut self.limits);
         let (frame, held) = (&mut self.rx_frame, &mut self.rx_held);
         let mut used = false;
         let end = self.wake.pass(RX_INDEX, MAX_FRAMES_PER_PASS, || {
@@ -349,6 +362,7 @@ impl<M: DeviceMemory> Net<M> {
             }
             *frame = Some(n);
             match Self::room_for(a, held, n, m, &mut used) {
+                Room::Ready(_) if !limits.admit_rx(n, m) => return false, // held
                 Room::Ready(k) => {
                     Self::deliver(a, held, buf, n, k, m);
                     used = true;
