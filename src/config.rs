@@ -11,6 +11,7 @@
 
 pub mod balloon;
 pub mod drives;
+pub mod entropy;
 pub mod firecracker;
 pub mod net;
 pub mod vsock;
@@ -522,9 +523,9 @@ pub struct VmConfig {
     /// Firecracker's metadata service: only empty.
     #[serde(rename = "mmds-config", default, skip_serializing)]
     pub mmds_config: UnsupportedSection,
-    /// Firecracker's entropy device: only empty.
-    #[serde(default, skip_serializing)]
-    pub entropy: UnsupportedSection,
+    /// Firecracker's entropy device (virtio-rng).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<entropy::EntropyConfig>,
 }
 
 impl VmConfig {
@@ -568,6 +569,7 @@ impl VmConfig {
             + self.drives.len()
             + self.network_interfaces.len()
             + usize::from(self.vsock.is_some())
+            + usize::from(self.entropy.is_some())
     }
 
     /// Checks every section.
@@ -600,7 +602,7 @@ impl VmConfig {
         }
         check_backing_pages(&self.machine_config, &self.memory)?;
         self.mmds_config.check("mmds-config")?;
-        self.entropy.check("entropy")
+        self.entropy.map_or(Ok(()), |e| e.validate())
     }
 }
 

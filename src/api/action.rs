@@ -95,6 +95,8 @@ pub enum VmmAction {
     /// `PUT /vsock` (fields checked alone; the socket and the state by the
     /// VMM).
     PutVsock(VsockConfig),
+    /// `PUT /entropy` (before the start).
+    PutEntropy(crate::config::entropy::EntropyConfig),
 }
 
 impl VmmAction {
@@ -129,6 +131,7 @@ impl VmmAction {
             VmmAction::PutNetworkInterface(_) => ("PUT", "/network-interfaces"),
             VmmAction::PatchNetworkInterface(_) => ("PATCH", "/network-interfaces"),
             VmmAction::PutVsock(_) => ("PUT", "/vsock"),
+            VmmAction::PutEntropy(_) => ("PUT", "/entropy"),
         }
     }
 }

@@ -101,8 +101,6 @@ fn unsupported(method: &str, path: &str) -> Option<&'static str> {
         "the metadata service (MMDS) is"
     } else if under("/snapshot") {
         "snapshots are"
-    } else if under("/entropy") {
-        "the entropy device is"
     } else if under("/cpu-config") {
         "custom CPU templates are"
     } else if under("/hotplug") {
@@ -142,7 +140,7 @@ fn allowed(path: &str) -> Option<&'static str> {
         "/balloon/statistics" => "GET, PATCH",
         "/balloon/hinting/start" | "/balloon/hinting/stop" => "PATCH",
         "/balloon/hinting/status" => "GET",
-        "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" => "PUT",
+        "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" | "/entropy" => "PUT",
         "/drives" | "/network-interfaces" => "PUT, PATCH",
         _ => return None,
     })
@@ -321,6 +319,11 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 let c: VsockConfig = section(body, "vsock")?;
                 checked(c.validate())?;
                 Ok(VmmAction::PutVsock(c))
+            }
+            "/entropy" => {
+                let c: crate::config::entropy::EntropyConfig = section(body, "entropy")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutEntropy(c))
             }
             _ => Err(not_allowed()),
         },

@@ -209,7 +209,6 @@ fn resources_of_features_teravm_lacks_name_the_feature() {
         ("PUT", "/mmds/config", "metadata service"),
         ("PUT", "/snapshot/create", "snapshots"),
         ("PUT", "/snapshot/load", "snapshots"),
-        ("PUT", "/entropy", "entropy"),
         ("PUT", "/cpu-config", "CPU templates"),
         ("PATCH", "/vm", "PATCH /vm"),
         ("PUT", "/vm", "PATCH /vm"),

@@ -499,6 +499,21 @@ const NET: &[Allow] = &[
     ),
 ];
 
+/// `virtio-rng`: the entropy device's requests (src/devices/virtio/rng).
+const ENTROPY: &[Allow] = &[
+    any(
+        libc::SYS_epoll_wait,
+        "wait for the queue, the limiter's timer, the wake and exit eventfds",
+    ),
+    any(libc::SYS_read, "clear the eventfds; the limiter's timer"),
+    any(
+        libc::SYS_timerfd_settime,
+        "the rate limiter arms its timer when it blocks",
+    ),
+    // getrandom is in BASE (std's HashMap keys); here it also fills the
+    // guest's requests, as Firecracker's entropy device does.
+];
+
 /// `virtio-vsock`: the vsock's packets, the host connections to
 /// `uds_path` (accepted) and the guest's to `<uds_path>_<port>` (made
 /// here), all non-blocking on this thread's epoll.
@@ -776,6 +791,7 @@ impl Role {
             Role::Block => BLOCK,
             Role::Net => NET,
             Role::Vsock => VSOCK,
+            Role::Entropy => ENTROPY,
         }
     }
 
@@ -794,6 +810,7 @@ impl Role {
                 Role::Block,
                 Role::Net,
                 Role::Vsock,
+                Role::Entropy,
             ],
             Role::Reclaim => &[Role::Progress],
             _ => &[],

@@ -344,6 +344,12 @@ impl Vmm {
             VmmAction::PutNetworkInterface(_) => refused("adding a network interface", state),
             VmmAction::PatchNetworkInterface(u) => self.patch_net(u),
             VmmAction::PutVsock(_) => refused("adding a vsock", state),
+            VmmAction::PutEntropy(e) if not_started => {
+                check_count_with(&self.config, |c| c.entropy = Some(e)).map_err(bad)?;
+                self.config.entropy = Some(e);
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutEntropy(_) => refused("adding the entropy device", state),
         }
     }
 
@@ -382,6 +388,10 @@ impl Vmm {
             if let Some(v) = m.vsock() {
                 let snap = lock(v).metrics().snapshot();
                 groups.push(("vsock".into(), json(serde_json::to_value(snap))));
+            }
+            if let Some(r) = m.rng() {
+                let snap = lock(r).metrics().as_ref().clone();
+                groups.push(("entropy".into(), json(serde_json::to_value(snap))));
             }
         }
         groups

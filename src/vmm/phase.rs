@@ -294,6 +294,10 @@ impl Vmm {
             drives: r.drive_specs(&self.config.drives)?,
             nets: r.net_specs(&self.config.network_interfaces)?,
             vsock: r.vsock_spec(self.config.vsock.as_ref())?,
+            entropy: self
+                .config
+                .entropy
+                .map(|e| e.rate_limiter.unwrap_or_default()),
         })
     }
 
