@@ -37,6 +37,7 @@ mod io;
 mod libc;
 mod mem;
 mod net;
+mod rng;
 mod vsock;
 
 use alloc::boxed::Box;
@@ -99,6 +100,10 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     // HOOK net: `net=echo` (net.rs).
     if options.net_echo || options.net_send.is_some() {
         serving.extend(net::start(&options));
+    }
+    // HOOK rng: `rng=<bytes>` (rng.rs).
+    if let Some(n) = options.rng {
+        rng::run(&options, n);
     }
     if options.reset {
         say!("reset");

@@ -124,6 +124,7 @@ pub struct Launch {
     tap: Option<(String, String)>,
     vsock: Option<(u32, Option<PathBuf>)>,
     balloon: Option<bool>,
+    entropy: Option<Value>,
 }
 
 impl Launch {
@@ -140,7 +141,14 @@ impl Launch {
             tap: None,
             vsock: None,
             balloon: None,
+            entropy: None,
         }
+    }
+
+    /// Firecracker's entropy device with `rate_limiter` (`null`: none).
+    pub fn entropy(mut self, rate_limiter: Value) -> Launch {
+        self.entropy = Some(rate_limiter);
+        self
     }
 
     /// Guest RAM in MiB.
@@ -280,6 +288,9 @@ impl Launch {
         }
         if let Some((cid, uds)) = &self.vsock {
             c["vsock"] = json!({"guest_cid": cid, "uds_path": uds});
+        }
+        if let Some(l) = &self.entropy {
+            c["entropy"] = json!({ "rate_limiter": l });
         }
         if let Some(reporting) = self.balloon {
             c["balloon"] = json!({"amount_mib": 0, "deflate_on_oom": false,
