@@ -14,6 +14,7 @@ pub mod drives;
 pub mod entropy;
 pub mod firecracker;
 pub mod net;
+pub mod serial;
 pub mod vsock;
 
 use std::io::Read;

@@ -97,6 +97,8 @@ pub enum VmmAction {
     PutVsock(VsockConfig),
     /// `PUT /entropy` (before the start).
     PutEntropy(crate::config::entropy::EntropyConfig),
+    /// `PUT /serial` (before the start).
+    PutSerial(crate::config::serial::SerialConfig),
 }
 
 impl VmmAction {
@@ -132,6 +134,7 @@ impl VmmAction {
             VmmAction::PatchNetworkInterface(_) => ("PATCH", "/network-interfaces"),
             VmmAction::PutVsock(_) => ("PUT", "/vsock"),
             VmmAction::PutEntropy(_) => ("PUT", "/entropy"),
+            VmmAction::PutSerial(_) => ("PUT", "/serial"),
         }
     }
 }

@@ -105,8 +105,6 @@ fn unsupported(method: &str, path: &str) -> Option<&'static str> {
         "custom CPU templates are"
     } else if under("/hotplug") {
         "memory hotplug is"
-    } else if under("/serial") {
-        "configuring the serial device over the API (PUT /serial) is"
     } else if path == "/vm" && method != "GET" {
         "pausing and resuming (PATCH /vm) are"
     } else {
@@ -140,7 +138,8 @@ fn allowed(path: &str) -> Option<&'static str> {
         "/balloon/statistics" => "GET, PATCH",
         "/balloon/hinting/start" | "/balloon/hinting/stop" => "PATCH",
         "/balloon/hinting/status" => "GET",
-        "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" | "/entropy" => "PUT",
+        "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" | "/entropy"
+        | "/serial" => "PUT",
         "/drives" | "/network-interfaces" => "PUT, PATCH",
         _ => return None,
     })
@@ -324,6 +323,11 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 let c: crate::config::entropy::EntropyConfig = section(body, "entropy")?;
                 checked(c.validate())?;
                 Ok(VmmAction::PutEntropy(c))
+            }
+            "/serial" => {
+                let c: crate::config::serial::SerialConfig = section(body, "serial")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutSerial(c))
             }
             _ => Err(not_allowed()),
         },

@@ -106,6 +106,10 @@ impl Vmm {
                     reply,
                 );
             }
+            VmmAction::PutSerial(c) if state == VmState::NotStarted => {
+                let request = output_request("serial.serial_out_path", &c.serial_out_path, false);
+                return self.open_then(vec![request], Pending::Serial, reply);
+            }
             VmmAction::PutMetrics(c) if !crate::metrics::is_configured() => {
                 let request = output_request("metrics.metrics_path", &c.metrics_path, false);
                 return self.open_then(vec![request], Pending::Metrics(c), reply);
@@ -350,6 +354,7 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutEntropy(_) => refused("adding the entropy device", state),
+            VmmAction::PutSerial(_) => refused("configuring the serial output", state),
         }
     }
 

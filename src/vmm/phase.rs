@@ -173,11 +173,14 @@ impl Vmm {
     }
 
     fn console_sinks(&self) -> Result<Vec<ConsoleSink>, String> {
-        let mut sinks = vec![ConsoleSink::new(
-            "stdout",
-            Box::new(std::io::stdout()),
-            None,
-        )];
+        let mut sinks = Vec::new();
+        if !self.serial_replaces_stdout {
+            sinks.push(ConsoleSink::new(
+                "stdout",
+                Box::new(std::io::stdout()),
+                None,
+            ));
+        }
         if let Some(file) = &self.serial_file {
             let file = file
                 .try_clone()
