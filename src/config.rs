@@ -11,8 +11,10 @@
 
 pub mod balloon;
 pub mod drives;
+pub mod entropy;
 pub mod firecracker;
 pub mod net;
+pub mod serial;
 pub mod vsock;
 
 use std::io::Read;
@@ -549,12 +551,18 @@ pub struct VmConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub mmds_config: Option<crate::mmds::MmdsConfig>,
-    /// Firecracker's entropy device: only empty.
-    #[serde(default, skip_serializing)]
-    pub entropy: UnsupportedSection,
+    /// Firecracker's entropy device (virtio-rng).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<entropy::EntropyConfig>,
     /// Firecracker's custom CPU template (`PUT /cpu-config`), inline.
     #[serde(rename = "cpu-config", default, skip_serializing)]
     pub cpu_config: Option<crate::vstate::template::CustomTemplate>,
+    /// Firecracker's virtio-pmem devices: only empty.
+    #[serde(default, skip_serializing)]
+    pub pmem: UnsupportedSection,
+    /// Firecracker's memory hotplug (virtio-mem): only empty.
+    #[serde(rename = "memory-hotplug", default, skip_serializing)]
+    pub memory_hotplug: UnsupportedSection,
 }
 
 impl VmConfig {
@@ -598,6 +606,7 @@ impl VmConfig {
             + self.drives.len()
             + self.network_interfaces.len()
             + usize::from(self.vsock.is_some())
+            + usize::from(self.entropy.is_some())
     }
 
     /// Checks every section.
@@ -642,7 +651,9 @@ impl VmConfig {
             m.check_ifaces(&ids)
                 .map_err(|e| invalid("mmds-config", e.to_string()))?;
         }
-        self.entropy.check("entropy")
+        self.pmem.check("pmem")?;
+        self.memory_hotplug.check("memory-hotplug")?;
+        self.entropy.map_or(Ok(()), |e| e.validate())
     }
 }
 

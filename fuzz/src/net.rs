@@ -218,6 +218,7 @@ pub fn net_queues(data: &[u8]) -> (u64, u64) {
     let opts = NetOptions {
         iface_id: "eth0".into(),
         guest_mac: (flags & 1 != 0).then_some([2, 0, 0, 0, 0, 1]),
+        ..Default::default()
     };
     let mut net: Net<Mem> = Net::with_backend(opts, Box::new(backend.clone())).expect("net device");
     let mut acked = net.avail_features();

@@ -64,6 +64,11 @@ pub struct Options {
     pub cpuid: Option<crate::cpuid::Leaves>,
     /// `tick=<ms>` (cpuid.rs).
     pub tick_ms: Option<u64>,
+    /// `net-send=<N>x<bytes>`: N frames of that many bytes (after the
+    /// virtio-net header) after the hello.
+    pub net_send: Option<(u32, u32)>,
+    /// `rng=<bytes>`: read that many bytes from the first virtio-rng.
+    pub rng: Option<u64>,
     /// The devices, in command-line order.
     pub devices: [Option<MmioDevice>; MAX_DEVICES],
     /// Words that were understood but had a bad value.
@@ -132,6 +137,8 @@ impl Options {
             mmds_no_token: false,
             cpuid: None,
             tick_ms: None,
+            net_send: None,
+            rng: None,
             devices: [None; MAX_DEVICES],
             bad: None,
         };
@@ -170,6 +177,17 @@ impl Options {
                 "mmds-ip" => match ipv4(value) {
                     Some(a) => o.mmds_ip = a,
                     None => o.bad = Some("mmds-ip="),
+                },
+                "net-send" => {
+                    let nx = value.split_once('x');
+                    o.net_send = nx.and_then(|(n, b)| Some((n.parse().ok()?, b.parse().ok()?)));
+                    if o.net_send.is_none() {
+                        o.bad = Some("net-send=");
+                    }
+                }
+                "rng" => match memparse(value) {
+                    Some(n) => o.rng = Some(n),
+                    None => o.bad = Some("rng="),
                 },
                 "vsock" => {
                     let port = |p: &str| p.parse::<u32>().ok();

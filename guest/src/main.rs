@@ -21,6 +21,8 @@
 //!                        mmds-no-token: no PUT /latest/api/token first
 //!   cpuid=<leaf>[.<sub>],...   print those CPUID leaves (see `cpuid.rs`)
 //!   tick=<ms>            print `tick <n>` every <ms> ms, forever
+//!   net-send=<N>x<bytes> after the hello, N frames of that size
+//!   rng=<bytes>          read that many bytes from the first virtio-rng
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
 //! Devices are driven in the order balloon, blk, vsock, net, as the
 //! firmware drives them.
@@ -43,6 +45,7 @@ mod libc;
 mod mem;
 mod mmds;
 mod net;
+mod rng;
 mod vsock;
 
 use alloc::boxed::Box;
@@ -114,9 +117,13 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     // HOOK mmds: `mmds=<path>` (mmds.rs), before `net=echo` (one device).
     if let Some(path) = &options.mmds {
         mmds::run(&options, path);
-    } else if options.net_echo {
+    } else if options.net_echo || options.net_send.is_some() {
         // HOOK net: `net=echo` (net.rs).
         serving.extend(net::start(&options));
+    }
+    // HOOK rng: `rng=<bytes>` (rng.rs).
+    if let Some(n) = options.rng {
+        rng::run(&options, n);
     }
     if options.reset {
         say!("reset");

@@ -137,6 +137,16 @@ pub fn start(options: &Options) -> Option<Box<dyn Serve>> {
         return None;
     }
     say!("net sent hello from {}", Mac(mac));
+    if let Some((n, bytes)) = options.net_send {
+        // `net-send=`: n frames like the hello, padded to `bytes`.
+        let len = (bytes as usize).clamp(14 + HELLO.len(), BUF - hdr);
+        for _ in 0..n {
+            if !net.send(hdr + len) {
+                return None;
+            }
+        }
+        say!("net sent {} frames of {} bytes", n, len);
+    }
     Some(net)
 }
 

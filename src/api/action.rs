@@ -108,6 +108,10 @@ pub enum VmmAction {
     PatchVm(VmStateChange),
     /// `PUT /cpu-config`: a custom CPU template (before start).
     PutCpuConfig(crate::vstate::template::CustomTemplate),
+    /// `PUT /entropy` (before the start).
+    PutEntropy(crate::config::entropy::EntropyConfig),
+    /// `PUT /serial` (before the start).
+    PutSerial(crate::config::serial::SerialConfig),
 }
 
 /// The body of `PATCH /vm`.
@@ -165,6 +169,8 @@ impl VmmAction {
             VmmAction::PutMmdsConfig(_) => ("PUT", "/mmds/config"),
             VmmAction::PatchVm(_) => ("PATCH", "/vm"),
             VmmAction::PutCpuConfig(_) => ("PUT", "/cpu-config"),
+            VmmAction::PutEntropy(_) => ("PUT", "/entropy"),
+            VmmAction::PutSerial(_) => ("PUT", "/serial"),
         }
     }
 }

@@ -99,12 +99,8 @@ fn unsupported(_method: &str, path: &str) -> Option<&'static str> {
     };
     Some(if under("/snapshot") {
         "snapshots are"
-    } else if under("/entropy") {
-        "the entropy device is"
     } else if under("/hotplug") {
         "memory hotplug is"
-    } else if under("/serial") {
-        "configuring the serial device over the API (PUT /serial) is"
     } else {
         return None;
     })
@@ -136,7 +132,8 @@ fn allowed(path: &str) -> Option<&'static str> {
         "/balloon/statistics" => "GET, PATCH",
         "/balloon/hinting/start" | "/balloon/hinting/stop" => "PATCH",
         "/balloon/hinting/status" => "GET",
-        "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" | "/cpu-config" => "PUT",
+        "/boot-source" | "/actions" | "/logger" | "/metrics" | "/vsock" | "/cpu-config"
+        | "/entropy" | "/serial" => "PUT",
         "/vm" => "PATCH",
         "/drives" | "/network-interfaces" => "PUT, PATCH",
         "/mmds" => "GET, PUT, PATCH",
@@ -332,6 +329,16 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 t.validate()
                     .map_err(|e| RouteError::BadBody(one_line(&e.to_string())))?;
                 Ok(VmmAction::PutCpuConfig(t))
+            }
+            "/entropy" => {
+                let c: crate::config::entropy::EntropyConfig = section(body, "entropy")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutEntropy(c))
+            }
+            "/serial" => {
+                let c: crate::config::serial::SerialConfig = section(body, "serial")?;
+                checked(c.validate())?;
+                Ok(VmmAction::PutSerial(c))
             }
             _ => Err(not_allowed()),
         },

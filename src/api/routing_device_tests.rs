@@ -279,14 +279,14 @@ fn put_network_interface() {
             ),
             (
                 &format!(
-                    r#"{{{good}, "rx_rate_limiter": {{"bandwidth": {{"size": 1, "refill_time": 1}}}}}}"#
+                    r#"{{{good}, "rx_rate_limiter": {{"bandwidth": {{"size": 1, "refill_time": 18446744073709551615}}}}}}"#
                 ),
-                "invalid value for network-interfaces.rx_rate_limiter: rate limiters are not \
-                 supported by teravm",
+                "invalid value for network-interfaces.rx_rate_limiter: refill_time \
+                 18446744073709551615 ms is too large",
             ),
             (
                 &format!(
-                    r#"{{{good}, "tx_rate_limiter": {{"ops": {{"size": 1, "refill_time": 1}}}}}}"#
+                    r#"{{{good}, "tx_rate_limiter": {{"ops": {{"size": 1, "refill_time": 18446744073709551615}}}}}}"#
                 ),
                 "invalid value for network-interfaces.tx_rate_limiter",
             ),
@@ -340,12 +340,12 @@ fn patch_network_interface() {
             ),
             ("{}", "missing field `iface_id`"),
             (
-                r#"{"iface_id": "eth0", "rx_rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}"#,
-                "invalid value for network-interfaces.rx_rate_limiter: rate limiters are not \
-                 supported by teravm",
+                r#"{"iface_id": "eth0", "rx_rate_limiter": {"ops": {"size": 1, "refill_time": 18446744073709551615}}}"#,
+                "invalid value for network-interfaces.rx_rate_limiter: refill_time \
+                 18446744073709551615 ms is too large",
             ),
             (
-                r#"{"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}"#,
+                r#"{"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 1, "refill_time": 18446744073709551615}}}"#,
                 "invalid value for network-interfaces.tx_rate_limiter",
             ),
         ],

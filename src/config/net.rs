@@ -3,9 +3,8 @@
 //! `NetworkInterface` and `PartialNetworkInterface`), and the guest MAC
 //! address type.
 //!
-//! teravm has virtio-net over a host TAP device and no rate limiters: a
-//! non-null `rx_rate_limiter` or `tx_rate_limiter` is refused with the
-//! reason. Whether the TAP device exists and can be opened is checked by
+//! teravm has virtio-net over a host TAP device with Firecracker's receive
+//! and transmit rate limiters ([`crate::rate_limiter`]). Whether the TAP device exists and can be opened is checked by
 //! the VMM when it opens it; what needs the other interfaces (ids, TAP
 //! names and MACs unique) by [`check_nets`].
 
@@ -14,8 +13,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::firecracker::{check_id, check_no_rate_limiter};
+use super::firecracker::check_id;
 use super::{invalid, ConfigError};
+use crate::rate_limiter::RateLimiterConfig;
 
 /// Longest TAP device name, in bytes: `IFNAMSIZ` less the NUL.
 pub const MAX_HOST_DEV_NAME_LEN: usize = 15;
@@ -136,12 +136,13 @@ pub struct NetConfig {
     /// 65535; absent: none offered, the guest uses its default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u16>,
-    /// Firecracker's receive rate limiter: only absent or `null`.
+    /// The receive rate limiter (frames from the tap to the guest: one op
+    /// and the frame's bytes each); absent, `null` or `{}`: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rx_rate_limiter: Option<serde_json::Value>,
-    /// Firecracker's transmit rate limiter: only absent or `null`.
+    pub rx_rate_limiter: Option<RateLimiterConfig>,
+    /// The transmit rate limiter (frames from the guest to the tap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tx_rate_limiter: Option<serde_json::Value>,
+    pub tx_rate_limiter: Option<RateLimiterConfig>,
 }
 
 impl NetConfig {
@@ -158,9 +159,22 @@ impl NetConfig {
                 ));
             }
         }
-        check_no_rate_limiter("network-interfaces.rx_rate_limiter", &self.rx_rate_limiter)?;
-        check_no_rate_limiter("network-interfaces.tx_rate_limiter", &self.tx_rate_limiter)
+        check_limiters(&self.rx_rate_limiter, &self.tx_rate_limiter)
     }
+}
+
+/// Checks a receive and a transmit rate limiter (what the buckets hold).
+fn check_limiters(
+    rx: &Option<RateLimiterConfig>,
+    tx: &Option<RateLimiterConfig>,
+) -> Result<(), ConfigError> {
+    let one = |field: &'static str, l: &Option<RateLimiterConfig>| {
+        l.as_ref()
+            .map_or(Ok(()), RateLimiterConfig::check)
+            .map_err(|e| invalid(field, e.to_string()))
+    };
+    one("network-interfaces.rx_rate_limiter", rx)?;
+    one("network-interfaces.tx_rate_limiter", tx)
 }
 
 /// A TAP name as Linux takes it (`dev_valid_name`): 1 to 15 bytes, not `.`
@@ -221,28 +235,45 @@ pub fn check_nets(nets: &[NetConfig]) -> Result<(), ConfigError> {
 }
 
 /// The body of `PATCH /network-interfaces/{iface_id}` (Firecracker's
-/// `PartialNetworkInterface`): new rate limiters, after the start. teravm
-/// has none, so only a no-op (both absent or `null`) is taken, as
-/// Firecracker takes it.
+/// `PartialNetworkInterface`): new rate limiters, applied to the running
+/// device. In each limiter a bucket left out (or `null`) stays as it is, one
+/// with a 0 `size` or `refill_time` is removed, any other replaces the old
+/// one ([`RateLimiterConfig::patched`]); a limiter left out changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetUpdate {
     /// The interface to update.
     pub iface_id: String,
-    /// New receive rate limiter: only absent or `null`.
+    /// The receive limiter's buckets to change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rx_rate_limiter: Option<serde_json::Value>,
-    /// New transmit rate limiter: only absent or `null`.
+    pub rx_rate_limiter: Option<RateLimiterConfig>,
+    /// The transmit limiter's buckets to change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tx_rate_limiter: Option<serde_json::Value>,
+    pub tx_rate_limiter: Option<RateLimiterConfig>,
 }
 
 impl NetUpdate {
     /// Checks every field (the interface exists: the VMM).
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_id("network-interfaces.iface_id", &self.iface_id)?;
-        check_no_rate_limiter("network-interfaces.rx_rate_limiter", &self.rx_rate_limiter)?;
-        check_no_rate_limiter("network-interfaces.tx_rate_limiter", &self.tx_rate_limiter)
+        check_limiters(&self.rx_rate_limiter, &self.tx_rate_limiter)
+    }
+
+    /// `net` with this update's limiters applied, as `GET /vm/config`
+    /// shows it afterwards (only the buckets that limit; none: absent).
+    pub fn applied_to(&self, net: &NetConfig) -> NetConfig {
+        let apply = |old: &Option<RateLimiterConfig>, new: &Option<RateLimiterConfig>| {
+            let next = match new {
+                None => return *old,
+                Some(n) => old.unwrap_or_default().patched(n),
+            };
+            next.limits().then(|| next.effective())
+        };
+        NetConfig {
+            rx_rate_limiter: apply(&net.rx_rate_limiter, &self.rx_rate_limiter),
+            tx_rate_limiter: apply(&net.tx_rate_limiter, &self.tx_rate_limiter),
+            ..net.clone()
+        }
     }
 }
 

@@ -111,12 +111,12 @@ fn firecracker_shape() {
 fn validation_names_the_field_and_the_reason() {
     for (body, field) in [
         (
-            r#"{"iface_id": "eth0", "host_dev_name": "tap0", "rx_rate_limiter": {"bandwidth": {"size": 1, "refill_time": 1}}}"#,
+            r#"{"iface_id": "eth0", "host_dev_name": "tap0", "rx_rate_limiter": {"bandwidth": {"size": 1, "refill_time": 18446744073709551615}}}"#,
             "network-interfaces.rx_rate_limiter",
         ),
         (
             r#"{"iface_id": "eth0", "host_dev_name": "tap0",
-                "tx_rate_limiter": {"bandwidth": {"size": 1, "refill_time": 1}}}"#,
+                "tx_rate_limiter": {"ops": {"size": 1, "refill_time": 18446744073709551615}}}"#,
             "network-interfaces.tx_rate_limiter",
         ),
         (
@@ -164,18 +164,25 @@ fn validation_names_the_field_and_the_reason() {
         .unwrap()
         .validate()
         .unwrap();
-    let e = parse(
-        r#"{"iface_id": "eth0", "host_dev_name": "tap0", "rx_rate_limiter": {"bandwidth": {"size": 1000, "refill_time": 100}}}"#,
+    // Firecracker's limiters are taken, both directions, and kept as given.
+    let n = parse(
+        r#"{"iface_id": "eth0", "host_dev_name": "tap0",
+            "rx_rate_limiter": {"bandwidth": {"size": 1000, "one_time_burst": 5, "refill_time": 100}},
+            "tx_rate_limiter": {"ops": {"size": 10, "refill_time": 1000}}}"#,
     )
-    .unwrap()
-    .validate()
-    .unwrap_err()
-    .to_string();
+    .unwrap();
+    n.validate().unwrap();
+    let v = serde_json::to_value(&n).unwrap();
     assert_eq!(
-        e,
-        "invalid value for network-interfaces.rx_rate_limiter: rate limiters are not supported \
-         by teravm; leave it out, send null or {} (no limit)"
+        v["rx_rate_limiter"],
+        serde_json::json!({"bandwidth": {"size": 1000, "one_time_burst": 5, "refill_time": 100}, "ops": null})
     );
+    assert_eq!(v["tx_rate_limiter"]["ops"]["size"], 10);
+    // A limiter with an unknown field is refused (Firecracker's shape).
+    let e =
+        parse(r#"{"iface_id": "eth0", "host_dev_name": "tap0", "rx_rate_limiter": {"bytes": {}}}"#)
+            .unwrap_err();
+    assert!(e.contains("unknown field `bytes`"), "{e}");
     parse(r#"{"iface_id": "eth0", "host_dev_name": "fifteen-bytes!!", "mtu": 68}"#)
         .unwrap()
         .validate()
@@ -245,11 +252,11 @@ fn update_bodies() {
     }
     for (body, field) in [
         (
-            r#"{"iface_id": "eth0", "rx_rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}"#,
+            r#"{"iface_id": "eth0", "rx_rate_limiter": {"ops": {"size": 1, "refill_time": 18446744073709551615}}}"#,
             "network-interfaces.rx_rate_limiter",
         ),
         (
-            r#"{"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}"#,
+            r#"{"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 1, "refill_time": 18446744073709551615}}}"#,
             "network-interfaces.tx_rate_limiter",
         ),
         (r#"{"iface_id": ""}"#, "network-interfaces.iface_id"),
@@ -260,4 +267,39 @@ fn update_bodies() {
             other => panic!("{body}: {other:?}"),
         }
     }
+}
+
+#[test]
+fn an_update_patches_the_limiters_bucket_by_bucket() {
+    let n = parse(
+        r#"{"iface_id": "eth0", "host_dev_name": "tap0",
+            "rx_rate_limiter": {"bandwidth": {"size": 1000, "refill_time": 100}, "ops": {"size": 5, "refill_time": 100}}}"#,
+    )
+    .unwrap();
+    let patch = |body: &str| {
+        let u: NetUpdate = serde_json::from_str(body).unwrap();
+        u.validate().unwrap();
+        serde_json::to_value(u.applied_to(&n)).unwrap()
+    };
+    // Nothing named: nothing changes.
+    let v = patch(r#"{"iface_id": "eth0"}"#);
+    assert_eq!(v["rx_rate_limiter"]["ops"]["size"], 5);
+    assert!(v.get("tx_rate_limiter").is_none(), "{v}");
+    // One bucket replaced, the other kept; a new tx limiter.
+    let v = patch(
+        r#"{"iface_id": "eth0", "rx_rate_limiter": {"ops": {"size": 7, "refill_time": 50}},
+            "tx_rate_limiter": {"bandwidth": {"size": 99, "refill_time": 10}}}"#,
+    );
+    assert_eq!(v["rx_rate_limiter"]["ops"]["size"], 7);
+    assert_eq!(v["rx_rate_limiter"]["bandwidth"]["size"], 1000);
+    assert_eq!(v["tx_rate_limiter"]["bandwidth"]["size"], 99);
+    // A 0 size removes a bucket; with both gone there is no limiter.
+    let v =
+        patch(r#"{"iface_id": "eth0", "rx_rate_limiter": {"ops": {"size": 0, "refill_time": 0}}}"#);
+    assert!(v["rx_rate_limiter"]["ops"].is_null(), "{v}");
+    let v = patch(
+        r#"{"iface_id": "eth0", "rx_rate_limiter": {"ops": {"size": 0, "refill_time": 0},
+            "bandwidth": {"size": 0, "refill_time": 0}}}"#,
+    );
+    assert!(v.get("rx_rate_limiter").is_none(), "{v}");
 }

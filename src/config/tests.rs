@@ -157,6 +157,9 @@ fn firecracker_sections_are_accepted_when_empty() {
     )
     .unwrap();
     assert_eq!(c.machine_config.vcpu_count, 2);
+    // `"entropy": {}` is an entropy device with no limiter, as Firecracker
+    // takes it.
+    assert_eq!(c.entropy, Some(Default::default()));
     assert_eq!(c.logger.unwrap().show_log_origin, Some(true));
     assert_eq!(
         c.metrics.unwrap().metrics_path,
@@ -174,7 +177,10 @@ fn firecracker_sections_are_accepted_when_empty() {
         c.mmds_config.map(|m| m.version),
         Some(crate::mmds::MmdsVersion::V2)
     );
-    let sections = [("entropy", r#"{"rate_limiter": null}"#)];
+    let sections = [
+        ("memory-hotplug", r#"{"total_size_mib": 1024}"#),
+        ("pmem", r#"[{"id": "p0", "path_on_host": "/dev/null"}]"#),
+    ];
     for (name, value) in sections {
         let e = parse(&format!(r#"{{"{name}": {value}}}"#)).unwrap_err();
         assert_eq!(e, ConfigError::NotSupported(name));
@@ -465,7 +471,7 @@ fn device_sections_are_checked_and_named() {
             "invalid value for network-interfaces.host_dev_name",
         ),
         (
-            &|v| v["network-interfaces"][0]["tx_rate_limiter"] = serde_json::json!({"bandwidth": {"size": 1, "refill_time": 1}}),
+            &|v| v["network-interfaces"][0]["tx_rate_limiter"] = serde_json::json!({"bandwidth": {"size": 1, "refill_time": u64::MAX}}),
             "invalid value for network-interfaces.tx_rate_limiter",
         ),
         (&|v| v["vsock"]["guest_cid"] = 2.into(), "invalid value for vsock.guest_cid"),

@@ -500,6 +500,25 @@ const NET: &[Allow] = &[
         &[named!(libc::TUNSETOFFLOAD)],
         "the offloads the guest acked, set once per activation (never on a vCPU)",
     ),
+    any(
+        libc::SYS_timerfd_settime,
+        "a rate limiter arms its timer when it blocks (rx_rate_limiter, tx_rate_limiter)",
+    ),
+];
+
+/// `virtio-rng`: the entropy device's requests (src/devices/virtio/rng).
+const ENTROPY: &[Allow] = &[
+    any(
+        libc::SYS_epoll_wait,
+        "wait for the queue, the limiter's timer, the wake and exit eventfds",
+    ),
+    any(libc::SYS_read, "clear the eventfds; the limiter's timer"),
+    any(
+        libc::SYS_timerfd_settime,
+        "the rate limiter arms its timer when it blocks",
+    ),
+    // getrandom is in BASE (std's HashMap keys); here it also fills the
+    // guest's requests, as Firecracker's entropy device does.
 ];
 
 /// `virtio-vsock`: the vsock's packets, the host connections to
@@ -565,10 +584,6 @@ const PUNCH_HOLE: Allow = one_of(
 /// under this filter.
 const START: &[Allow] = &[
     any(
-        libc::SYS_timerfd_create,
-        "the block devices' rate limiter timers (made with each device's thread)",
-    ),
-    any(
         libc::SYS_eventfd2,
         "COM1's interrupt line for a Linux guest (an irqfd); the virtio devices' queue and interrupt eventfds",
     ),
@@ -578,6 +593,10 @@ const START: &[Allow] = &[
         1,
         &[named!(libc::EPOLL_CTL_ADD)],
         "the device thread's event sources, added as its epoll is built",
+    ),
+    any(
+        libc::SYS_timerfd_create,
+        "the block, net and entropy devices' rate limiter timers, made with each device's thread",
     ),
     one_of(
         libc::SYS_openat,
@@ -779,6 +798,7 @@ impl Role {
             Role::Block => BLOCK,
             Role::Net => NET,
             Role::Vsock => VSOCK,
+            Role::Entropy => ENTROPY,
         }
     }
 
@@ -797,6 +817,7 @@ impl Role {
                 Role::Block,
                 Role::Net,
                 Role::Vsock,
+                Role::Entropy,
             ],
             Role::Reclaim => &[Role::Progress],
             _ => &[],

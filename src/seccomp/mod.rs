@@ -80,11 +80,13 @@ pub enum Role {
     Net,
     /// `virtio-vsock`: the vsock's packets and its host-side sockets.
     Vsock,
+    /// `virtio-rng`: the entropy device's requests.
+    Entropy,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 15] = [
+    pub const ALL: [Role; 16] = [
         Role::Vmm,
         Role::Api,
         Role::ApiConnection,
@@ -100,6 +102,7 @@ impl Role {
         Role::Block,
         Role::Net,
         Role::Vsock,
+        Role::Entropy,
     ];
 
     /// The role's name, as in the thread names and docs/seccomp.md.
@@ -120,6 +123,7 @@ impl Role {
             Role::Block => "virtio-blk",
             Role::Net => "virtio-net",
             Role::Vsock => "virtio-vsock",
+            Role::Entropy => "virtio-rng",
         }
     }
 

@@ -121,6 +121,10 @@ impl Vmm {
                     reply,
                 );
             }
+            VmmAction::PutSerial(c) if state == VmState::NotStarted => {
+                let request = output_request("serial.serial_out_path", &c.serial_out_path, false);
+                return self.open_then(vec![request], Pending::Serial, reply);
+            }
             VmmAction::PutMetrics(c) if !crate::metrics::is_configured() => {
                 let request = output_request("metrics.metrics_path", &c.metrics_path, false);
                 return self.open_then(vec![request], Pending::Metrics(c), reply);
@@ -374,26 +378,19 @@ impl Vmm {
                 self.patch_drive_limiter(&u.drive_id, &u.rate_limiter)
             }
             VmmAction::PutNetworkInterface(_) => refused("adding a network interface", state),
-            VmmAction::PatchNetworkInterface(u) => {
-                if self
-                    .config
-                    .network_interfaces
-                    .iter()
-                    .any(|n| n.iface_id == u.iface_id)
-                {
-                    Ok(VmmData::Empty)
-                } else {
-                    Err(bad(format!(
-                        "network-interfaces: no interface {:?} (PUT it first)",
-                        u.iface_id
-                    )))
-                }
-            }
+            VmmAction::PatchNetworkInterface(u) => self.patch_net(u),
             VmmAction::PutVsock(_) => refused("adding a vsock", state),
             a @ (VmmAction::GetMmds
             | VmmAction::PutMmds(_)
             | VmmAction::PatchMmds(_)
             | VmmAction::PutMmdsConfig(_)) => self.mmds_action(a),
+            VmmAction::PutEntropy(e) if not_started => {
+                check_count_with(&self.config, |c| c.entropy = Some(e)).map_err(bad)?;
+                self.config.entropy = Some(e);
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutEntropy(_) => refused("adding the entropy device", state),
+            VmmAction::PutSerial(_) => refused("configuring the serial output", state),
         }
     }
 
@@ -445,6 +442,10 @@ impl Vmm {
             }
             if let Some(g) = self.mmds_metrics(m.nets()) {
                 groups.push(("mmds".into(), g));
+            }
+            if let Some(r) = m.rng() {
+                let snap = lock(r).metrics().as_ref().clone();
+                groups.push(("entropy".into(), json(serde_json::to_value(snap))));
             }
         }
         groups

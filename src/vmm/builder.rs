@@ -169,6 +169,11 @@ impl MicroVm {
         self.devices().map_or(&[], |d| &d.nets)
     }
 
+    /// The entropy device, if configured.
+    pub fn rng(&self) -> Option<&Arc<Mutex<crate::devices::virtio::rng::Rng<GuestView>>>> {
+        self.devices().and_then(|d| d.rng.as_ref())
+    }
+
     /// The vsock, if configured.
     pub fn vsock(&self) -> Option<&Arc<Mutex<Vsock<GuestView>>>> {
         self.devices().and_then(|d| d.vsock.as_ref())

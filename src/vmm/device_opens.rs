@@ -165,6 +165,8 @@ impl DeviceResources {
                     opts: NetOptions {
                         iface_id: n.iface_id.clone(),
                         guest_mac: n.guest_mac.map(|m| m.bytes()),
+                        rx_rate_limiter: n.rx_rate_limiter.unwrap_or_default(),
+                        tx_rate_limiter: n.tx_rate_limiter.unwrap_or_default(),
                     },
                     tap,
                     mmds: None,

@@ -34,6 +34,7 @@ use crate::devices::mmio::MmioBusError;
 use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions};
 use crate::devices::virtio::block::{Block, BlockError, BlockOptions};
 use crate::devices::virtio::net::{Net, NetError, NetOptions, Tap};
+use crate::devices::virtio::rng::{Rng, RngError};
 use crate::devices::virtio::vsock::{Vsock, VsockError, VsockOptions};
 use crate::devices::virtio::{mmio::regs, MmioError, MmioTransport, VirtioDevice};
 use crate::devices::{Buses, MmioSlot, PioBus};
@@ -70,6 +71,9 @@ pub enum DeviceError {
     /// A network interface could not be made.
     #[error("network interface: {0}")]
     Net(#[from] NetError),
+    /// The entropy device could not be made.
+    #[error("entropy device: {0}")]
+    Rng(#[from] RngError),
     /// A drive could not be made.
     #[error("drive: {0}")]
     Block(#[from] BlockError),
@@ -149,6 +153,8 @@ pub struct DeviceSpecs {
     pub nets: Vec<NetSpec>,
     /// The vsock, if any.
     pub vsock: Option<VsockSpec>,
+    /// The entropy device's rate limiter, if there is one.
+    pub entropy: Option<crate::rate_limiter::RateLimiterConfig>,
 }
 
 impl DeviceSpecs {
@@ -158,6 +164,7 @@ impl DeviceSpecs {
             + self.drives.len()
             + self.nets.len()
             + usize::from(self.vsock.is_some())
+            + usize::from(self.entropy.is_some())
     }
 
     /// The Linux command-line parameters that announce the devices (known
@@ -292,6 +299,8 @@ pub struct Devices {
     pub nets: Vec<Arc<Mutex<Net<GuestView>>>>,
     /// The vsock.
     pub vsock: Option<Arc<Mutex<Vsock<GuestView>>>>,
+    /// The entropy device.
+    pub rng: Option<Arc<Mutex<Rng<GuestView>>>>,
     running: Running,
 }
 
@@ -489,8 +498,13 @@ impl Devices {
             vsock = Some(device);
             fault_at(crate::faults::START_FAILS_AT_VSOCK)?;
         }
+        let rng = match &specs.entropy {
+            Some(limiter) => Some(build_rng(&mut running, &mut mmio, vm, memory, limiter)?),
+            None => None,
+        };
         fault_at(crate::faults::FIRST_START_FAILS_AFTER_DEVICES)?;
         Ok(Devices {
+            rng,
             vsock,
             nets,
             buses: Arc::new(Buses { pio, mmio }),
@@ -521,6 +535,36 @@ impl Drop for Devices {
 /// registers its queue notifications and interrupt with KVM, and returns
 /// the slot, clones of its queue eventfds (for its thread) and a new exit
 /// eventfd for that thread.
+/// The entropy device, attached, its thread started (in `running`).
+fn build_rng(
+    running: &mut Running,
+    mmio: &mut crate::devices::MmioBus,
+    vm: &Vm,
+    memory: &GuestMemory,
+    limiter: &crate::rate_limiter::RateLimiterConfig,
+) -> Result<Arc<Mutex<Rng<GuestView>>>, DeviceError> {
+    let device = Arc::new(Mutex::new(Rng::new(limiter)?));
+    running.devices.push(device.clone());
+    let (slot, queue_evts, exit) = attach(mmio, vm, memory, device.clone())?;
+    let worker = Rng::worker(
+        &device,
+        queue_evts,
+        exit.try_clone().map_err(DeviceError::EventFd)?,
+    )?;
+    running.threads.push(spawn(
+        "virtio-rng".into(),
+        Role::Entropy,
+        exit,
+        move || {
+            if let Err(e) = worker.run() {
+                log::error!("entropy device: {e}; the device stops");
+            }
+        },
+    )?);
+    log::info!("entropy device at {:#x} (GSI {})", slot.base, slot.gsi);
+    Ok(device)
+}
+
 fn attach(
     mmio: &mut crate::devices::MmioBus,
     vm: &Vm,

@@ -32,6 +32,7 @@ pub mod device_opens;
 pub mod devices;
 pub mod jobs;
 mod mmds;
+mod net_patch;
 pub mod opens;
 mod pause;
 pub mod phase;
@@ -159,6 +160,9 @@ pub struct VmmOptions {
 pub struct Vmm {
     opts: VmmOptions,
     serial_file: Option<std::fs::File>,
+    /// `PUT /serial` set the serial file: the guest's output goes there
+    /// only, not to stdout (Firecracker's `serial_out_path`).
+    serial_replaces_stdout: bool,
     config: VmConfig,
     /// The boot source's kernel and initrd, opened when it was put.
     boot_files: Option<builder::BootFiles>,
@@ -391,6 +395,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     let mut vmm = Vmm {
         opts,
         serial_file,
+        serial_replaces_stdout: false,
         config,
         boot_files,
         resources,

@@ -43,6 +43,8 @@ pub(super) enum Pending {
     Net(NetConfig),
     /// `PUT /vsock` (its socket).
     Vsock(VsockConfig),
+    /// `PUT /serial` (its output file).
+    Serial,
 }
 
 /// What the `files` thread gives back.
@@ -270,6 +272,18 @@ impl Vmm {
                     "the metrics path was not opened".into(),
                 )),
             },
+            (Pending::Serial, Opening::Files(Ok(files))) => match files.into_iter().next() {
+                // Firecracker: the serial output goes to the file instead of
+                // stdout.
+                Some(o) => {
+                    self.serial_file = Some(o.file);
+                    self.serial_replaces_stdout = true;
+                    Ok(VmmData::Empty)
+                }
+                None => Err(VmmActionError::Internal(
+                    "the serial path was not opened".into(),
+                )),
+            },
             (Pending::Drive(d), Opening::Files(Ok(files))) => match files.into_iter().next() {
                 Some(o) => match with_drive(&self.config.drives, d.clone()).and_then(|next| {
                     check_count_with(&self.config, |c| c.drives.clone_from(&next))?;
@@ -408,6 +422,7 @@ fn before_start(s: &Pending) -> Option<&'static str> {
         Pending::Drive(_) => Some("adding a drive"),
         Pending::Net(_) => Some("adding a network interface"),
         Pending::Vsock(_) => Some("adding a vsock"),
+        Pending::Serial => Some("configuring the serial output"),
         Pending::Logger(_) | Pending::Metrics(_) | Pending::DrivePatch(_) => None,
     }
 }
@@ -420,5 +435,6 @@ fn section_path(s: &Pending) -> &'static str {
         Pending::Drive(_) | Pending::DrivePatch(_) => "/drives",
         Pending::Net(_) => "/network-interfaces",
         Pending::Vsock(_) => "/vsock",
+        Pending::Serial => "/serial",
     }
 }

@@ -177,11 +177,14 @@ impl Vmm {
     }
 
     fn console_sinks(&self) -> Result<Vec<ConsoleSink>, String> {
-        let mut sinks = vec![ConsoleSink::new(
-            "stdout",
-            Box::new(std::io::stdout()),
-            None,
-        )];
+        let mut sinks = Vec::new();
+        if !self.serial_replaces_stdout {
+            sinks.push(ConsoleSink::new(
+                "stdout",
+                Box::new(std::io::stdout()),
+                None,
+            ));
+        }
         if let Some(file) = &self.serial_file {
             let file = file
                 .try_clone()
@@ -298,6 +301,10 @@ impl Vmm {
             drives: r.drive_specs(&self.config.drives)?,
             nets: self.with_mmds(r.net_specs(&self.config.network_interfaces)?),
             vsock: r.vsock_spec(self.config.vsock.as_ref())?,
+            entropy: self
+                .config
+                .entropy
+                .map(|e| e.rate_limiter.unwrap_or_default()),
         })
     }
 

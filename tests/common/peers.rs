@@ -128,6 +128,7 @@ pub struct Launch {
     balloon: Option<bool>,
     mmds: Option<(Value, Option<PathBuf>)>,
     machine: Value,
+    entropy: Option<Value>,
 }
 
 impl Launch {
@@ -146,6 +147,7 @@ impl Launch {
             balloon: None,
             mmds: None,
             machine: json!({}),
+            entropy: None,
         }
     }
 
@@ -159,6 +161,12 @@ impl Launch {
             "machine-config is Firecracker's"
         );
         self.machine = fields;
+        self
+    }
+
+    /// Firecracker's entropy device with `rate_limiter` (`null`: none).
+    pub fn entropy(mut self, rate_limiter: Value) -> Launch {
+        self.entropy = Some(rate_limiter);
         self
     }
 
@@ -327,6 +335,9 @@ impl Launch {
         }
         if let Some((mmds, _)) = &self.mmds {
             c["mmds-config"] = mmds.clone();
+        }
+        if let Some(l) = &self.entropy {
+            c["entropy"] = json!({ "rate_limiter": l });
         }
         if let Some(reporting) = self.balloon {
             c["balloon"] = json!({"amount_mib": 0, "deflate_on_oom": false,

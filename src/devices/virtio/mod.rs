@@ -35,6 +35,7 @@ pub mod mmio;
 #[cfg(test)]
 mod mmio_tests;
 pub mod net;
+pub mod rng;
 #[cfg(test)]
 mod test_utils;
 pub mod vsock;

@@ -12,6 +12,7 @@ use event_manager::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::features::{MAC, OFFERED};
+use super::limits::NetLimits;
 use super::metrics::NetMetrics;
 use super::tap::{tap_offload_for, NetBackend, Tap};
 use super::{
@@ -21,6 +22,7 @@ use crate::devices::virtio::{
     ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer, Pending,
     QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
+use crate::rate_limiter::RateLimiterConfig;
 
 /// What the device is made with (the API's `PUT /network-interfaces`,
 /// checked; the tap is opened separately by [`super::open_tap`]).
@@ -30,6 +32,10 @@ pub struct NetOptions {
     pub iface_id: String,
     /// The guest's MAC; without one the driver picks its own.
     pub guest_mac: Option<[u8; 6]>,
+    /// The receive rate limiter ([`super::limits`]; empty: no limit).
+    pub rx_rate_limiter: RateLimiterConfig,
+    /// The transmit rate limiter.
+    pub tx_rate_limiter: RateLimiterConfig,
 }
 
 /// A receive chain the device holds, checked: every descriptor writable
@@ -65,6 +71,8 @@ pub struct Net<M: DeviceMemory> {
     pub(super) rx_held: VecDeque<RxChain>,
     /// The MMDS stack, when the MMDS configuration names this interface.
     pub(super) mmds: Option<Box<super::mmds::MmdsDetour>>,
+    /// The receive and transmit rate limiters.
+    pub(super) limits: NetLimits,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for Net<M> {
@@ -91,7 +99,9 @@ impl<M: DeviceMemory> Net<M> {
         if opts.guest_mac.is_some() {
             avail_features |= MAC;
         }
+        let limits = NetLimits::new(&opts.rx_rate_limiter, &opts.tx_rate_limiter)?;
         Ok(Net {
+            limits,
             opts,
             offer: DeviceOffer {
                 device_type: VIRTIO_ID_NET,
@@ -165,7 +175,8 @@ impl<M: DeviceMemory> Net<M> {
 /// Syscalls it makes, for its seccomp role: the loop's
 /// ([`crate::devices::virtio::worker`]), `read` on the tap, `write` on the
 /// tap and the irqfd, `ioctl TUNSETOFFLOAD` on the tap (once per
-/// activation), `futex` (the device's lock).
+/// activation), `futex` (the device's lock), the rate limiters' timers
+/// ([`super::limits`]).
 impl<M: DeviceMemory> QueueHandler for Net<M> {
     fn wake(&self) -> Arc<Wake> {
         self.wake.clone()
@@ -174,7 +185,13 @@ impl<M: DeviceMemory> QueueHandler for Net<M> {
     fn sources(&self) -> Vec<(RawFd, EventSet)> {
         // Edge triggered: a tap with frames waiting for receive buffers
         // must not wake the thread again and again.
-        vec![(self.backend_fd(), EventSet::IN | EventSet::EDGE_TRIGGERED)]
+        // Then the rate limiters' timers (super::limits).
+        let [rx, tx] = self.limits.fds();
+        vec![
+            (self.backend_fd(), EventSet::IN | EventSet::EDGE_TRIGGERED),
+            (rx, EventSet::IN),
+            (tx, EventSet::IN),
+        ]
     }
 
     fn queue_event(&mut self, index: usize) {
@@ -185,8 +202,11 @@ impl<M: DeviceMemory> QueueHandler for Net<M> {
         self.process_wake(pending);
     }
 
-    fn source_event(&mut self, _index: usize, _events: EventSet) {
-        self.process_tap();
+    fn source_event(&mut self, index: usize, _events: EventSet) {
+        match index {
+            0 => self.process_tap(),
+            i => self.process_limiter(i),
+        }
     }
 }
 

@@ -48,6 +48,16 @@ pub struct NetMetrics {
     pub no_tx_avail_buffer: Counter,
     /// Tap writes that failed.
     pub tap_write_fails: Counter,
+    /// Receive rate limiter timer fires.
+    pub rx_event_rate_limiter_count: Counter,
+    /// Received frames held by the receive limiter, and receive events
+    /// while it blocked.
+    pub rx_rate_limiter_throttled: Counter,
+    /// Transmit rate limiter timer fires.
+    pub tx_rate_limiter_event_count: Counter,
+    /// Transmit chains held by the transmit limiter, and transmit passes
+    /// while it blocked.
+    pub tx_rate_limiter_throttled: Counter,
 }
 
 impl NetMetrics {

@@ -2,7 +2,8 @@
 //! it: one receive and one transmit queue, the guest's MAC in the
 //! configuration space, checksum and segmentation offloads passed through
 //! the tap's virtio-net header, mergeable receive buffers. No control
-//! queue, no multiqueue, no rate limiters (refused by the API layer).
+//! queue, no multiqueue; Firecracker's receive and transmit rate limiters
+//! ([`limits`]).
 //!
 //! What it owns, and how its threads talk:
 //! - [`tap::open_tap`] opens a tap by name (`IFF_TAP | IFF_NO_PI |
@@ -24,6 +25,9 @@
 //! - Counters: [`metrics::NetMetrics`] (Firecracker's `net` group names).
 
 pub mod device;
+pub mod limits;
+#[cfg(test)]
+mod limits_tests;
 pub mod metrics;
 pub mod mmds;
 pub mod queues;
@@ -145,6 +149,9 @@ pub enum NetError {
     /// An eventfd could not be made.
     #[error("cannot create the network device's eventfd: {0}")]
     EventFd(std::io::Error),
+    /// A rate limiter could not be made or changed.
+    #[error("network device rate limiter: {0}")]
+    RateLimiter(#[from] crate::rate_limiter::RateLimiterError),
     /// The device thread's loop could not be set up.
     #[error("network device thread: {0}")]
     Worker(#[from] crate::devices::virtio::WorkerError),

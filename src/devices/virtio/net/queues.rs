@@ -195,7 +195,15 @@ impl<M: DeviceMemory> Net<M> {
             return;
         };
         let m = &*self.metrics;
-        let (backend, buf, mmds) = (&mut self.backend, &mut self.tx_buf, &mut self.mmds);
+        if self.limits.tx_blocked(m) {
+            return; // the limiter's timer resumes
+        }
+        let (backend, buf, mmds, limits) = (
+            &mut self.backend,
+            &mut self.tx_buf,
+            &mut self.mmds,
+            &mut self.limits,
+        );
         let (mut taken, mut used) = (0usize, false);
         let end = self.wake.pass(TX_INDEX, MAX_FRAMES_PER_PASS, || {
             let Some(chain) = a.queues[TX_INDEX].pop_descriptor_chain(&*a.mem) else {
@@ -203,8 +211,16 @@ impl<M: DeviceMemory> Net<M> {
             };
             taken += 1;
             let head = chain.head_index();
-            match gather(&*a.mem, chain, buf) {
-                // Answered by the MMDS stack, never to the tap.
+            let sent = gather(&*a.mem, chain, buf);
+            if sent.is_some_and(|n| !limits.admit_tx(n, m)) {
+                // Back on the ring until the limiter's timer fires.
+                let q = &mut a.queues[TX_INDEX];
+                q.set_next_avail(q.next_avail().wrapping_sub(1));
+                return false;
+            }
+            match sent {
+                // Answered by the MMDS stack, never to the tap (after the
+                // limiter, as in Firecracker).
                 Some(n) if super::mmds::detour(mmds, &buf[..n]) => {}
                 Some(n) => match backend.write_frame(&buf[..n]) {
                     Ok(_) => {
@@ -327,7 +343,15 @@ impl<M: DeviceMemory> Net<M> {
             return;
         };
         let m = &*self.metrics;
-        let (backend, buf, mmds) = (&mut self.backend, &mut self.rx_buf, &mut self.mmds);
+        if self.limits.rx_blocked(m) {
+            return; // the tap is not read until the limiter's timer fires
+        }
+        let (backend, buf, mmds, limits) = (
+            &mut self.backend,
+            &mut self.rx_buf,
+            &mut self.mmds,
+            &mut self.limits,
+        );
         let (frame, held) = (&mut self.rx_frame, &mut self.rx_held);
         let mut used = false;
         let end = self.wake.pass(RX_INDEX, MAX_FRAMES_PER_PASS, || {
@@ -354,6 +378,7 @@ impl<M: DeviceMemory> Net<M> {
             }
             *frame = Some(n);
             match Self::room_for(a, held, n, m, &mut used) {
+                Room::Ready(_) if !limits.admit_rx(n, m) => return false, // held
                 Room::Ready(k) => {
                     Self::deliver(a, held, buf, n, k, m);
                     used = true;

@@ -148,6 +148,7 @@ fn run_in_netns() -> Result<(), String> {
     let opts = NetOptions {
         iface_id: "eth0".into(),
         guest_mac: Some([2, 0, 0, 0, 0, 2]),
+        ..Default::default()
     };
     let mut net: Net<Arc<GuestMemoryMmap<()>>> = Net::new(opts, tap).unwrap();
     let qs: Vec<_> = (0..2u64)

@@ -24,19 +24,19 @@ const MIB: u64 = 1 << 20;
 const HOLE: u64 = 16 * MIB;
 const HIGH: u64 = 32 * MIB;
 /// Buffers the driver's data lives in.
-const BUF: u64 = 4 * MIB;
-const W: u32 = VRING_DESC_F_WRITE;
+pub(super) const BUF: u64 = 4 * MIB;
+pub(super) const W: u32 = VRING_DESC_F_WRITE;
 const N: u32 = VRING_DESC_F_NEXT;
 
-fn mem() -> Mem {
+pub(super) fn mem() -> Mem {
     guest_memory(&[(0, HOLE), (HIGH, 16 * MIB)])
 }
 
-struct Rig {
-    mem: Mem,
-    net: Net<Mem>,
-    tap: RecordingBackend,
-    irq: Arc<Irq>,
+pub(super) struct Rig {
+    pub mem: Mem,
+    pub net: Net<Mem>,
+    pub tap: RecordingBackend,
+    pub irq: Arc<Irq>,
 }
 
 fn rig(mac: Option<[u8; 6]>) -> Rig {
@@ -44,6 +44,7 @@ fn rig(mac: Option<[u8; 6]>) -> Rig {
     let opts = NetOptions {
         iface_id: "eth0".into(),
         guest_mac: mac,
+        ..Default::default()
     };
     Rig {
         mem: mem(),
@@ -53,11 +54,16 @@ fn rig(mac: Option<[u8; 6]>) -> Rig {
     }
 }
 
-type Mock<'a> = MockSplitQueue<'a, GuestMemoryMmap<()>>;
+pub(super) type Mock<'a> = MockSplitQueue<'a, GuestMemoryMmap<()>>;
 
 /// Activates with `acked` and queues of `size` at 1 MiB and 1 MiB + 64 KiB;
 /// runs the activation's wake as the device's thread would.
-fn start<'a>(r: &mut Rig, mem: &'a GuestMemoryMmap<()>, acked: u64, size: u16) -> Vec<Mock<'a>> {
+pub(super) fn start<'a>(
+    r: &mut Rig,
+    mem: &'a GuestMemoryMmap<()>,
+    acked: u64,
+    size: u16,
+) -> Vec<Mock<'a>> {
     let qs: Vec<Mock<'a>> = (0..2)
         .map(|i| MockSplitQueue::create(mem, GuestAddress(MIB + i * 0x1_0000), size))
         .collect();
@@ -71,11 +77,11 @@ fn start<'a>(r: &mut Rig, mem: &'a GuestMemoryMmap<()>, acked: u64, size: u16) -
     qs
 }
 
-fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
+pub(super) fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
     RawDescriptor::from(Descriptor::new(addr, len, flags as u16, next))
 }
 
-fn used_idx(q: &Mock<'_>) -> u16 {
+pub(super) fn used_idx(q: &Mock<'_>) -> u16 {
     q.used().idx().load()
 }
 
@@ -88,7 +94,7 @@ fn used_elem(mem: &GuestMemoryMmap<()>, q: &Mock<'_>, i: u16) -> (u32, u32) {
 }
 
 /// A frame of `len` bytes after a zero header.
-fn frame(len: usize, fill: u8) -> Vec<u8> {
+pub(super) fn frame(len: usize, fill: u8) -> Vec<u8> {
     let mut f = vec![0u8; VNET_HDR_BYTES];
     f.extend((0..len).map(|i| fill.wrapping_add(i as u8)));
     f

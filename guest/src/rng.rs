@@ -1,0 +1,123 @@
+//! `rng=<bytes>`: reads that many bytes from the first virtio-rng (virtio
+//! 1.x, 5.4; `virtio-drivers` has no driver for it, so this is a minimal
+//! one on the crate's transport and `VirtQueue`): one queue, one writable
+//! buffer of up to [`CHUNK`] bytes at a time, each waited for with a
+//! deadline. Says `rng <n> bytes <first 16 bytes in hex>` and then
+//! `rng took <ms> ms`, or `rng error ...`.
+
+use alloc::boxed::Box;
+
+use virtio_drivers::queue::VirtQueue;
+use virtio_drivers::transport::{DeviceStatus, DeviceType, Transport};
+
+use crate::cmdline::Options;
+use crate::devices::{find, status, GuestTransport};
+use crate::hal::GuestHal;
+use crate::io::{self, Deadline};
+use crate::say;
+
+const F_VERSION_1: u64 = 1 << 32;
+/// Bytes asked for in one request.
+const CHUNK: usize = 4096;
+/// How long one request may take (a rate limiter holds them).
+const TIMEOUT_MS: u64 = 60_000;
+
+type Queue = VirtQueue<GuestHal, 8>;
+
+/// Sets the device up: reset, features (VERSION_1 only), the queue,
+/// DRIVER_OK. The error words on failure.
+fn init(t: &mut GuestTransport) -> Result<Queue, &'static str> {
+    t.set_status(DeviceStatus::empty());
+    let deadline = Deadline::after_ms(10_000);
+    while t.get_status() != DeviceStatus::empty() {
+        if deadline.passed() {
+            return Err("device reset did not complete");
+        }
+        core::hint::spin_loop();
+    }
+    t.set_status(DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER);
+    if t.read_device_features() & F_VERSION_1 == 0 {
+        return Err("device does not offer VERSION_1");
+    }
+    t.write_driver_features(F_VERSION_1);
+    let ok = DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER | DeviceStatus::FEATURES_OK;
+    t.set_status(ok);
+    if !t.get_status().contains(DeviceStatus::FEATURES_OK) {
+        return Err("device refused the features");
+    }
+    let mut q = Queue::new(t, 0, false, false).map_err(|_| "queue 0 unusable")?;
+    q.set_dev_notify(false);
+    t.set_status(ok | DeviceStatus::DRIVER_OK);
+    Ok(q)
+}
+
+/// `rng=<bytes>`.
+pub fn run(options: &Options, want: u64) {
+    let Some(found) = find(options, DeviceType::EntropySource, 0) else {
+        say!("rng error no device");
+        return;
+    };
+    let mut t = found.transport;
+    let mut q = match init(&mut t) {
+        Ok(q) => q,
+        Err(why) => {
+            t.set_status(DeviceStatus::FAILED);
+            say!("rng error {}", why);
+            return;
+        }
+    };
+    say!("rng device at {:#x}", found.base);
+    let mut buf: Box<[u8; CHUNK]> = Box::new([0; CHUNK]);
+    let mut first = [0u8; 16];
+    let (mut got, mut nfirst) = (0u64, 0usize);
+    let t0 = io::now_ms();
+    while got < want {
+        let ask = (want - got).min(CHUNK as u64) as usize;
+        // SAFETY: `buf` is not touched until the device has used it (popped
+        // below); if it never is, the device is failed and `buf` leaked.
+        let token = match unsafe { q.add(&[], &mut [&mut buf[..ask]]) } {
+            Ok(tk) => tk,
+            Err(e) => {
+                say!("rng error {}", status(e));
+                return;
+            }
+        };
+        t.notify(0);
+        let deadline = Deadline::after_ms(TIMEOUT_MS);
+        while !q.can_pop() {
+            if deadline.passed() {
+                t.set_status(DeviceStatus::FAILED);
+                core::mem::forget(buf);
+                say!("rng error queue 0 timed out; device given up");
+                return;
+            }
+            core::hint::spin_loop();
+        }
+        // SAFETY: the same buffer as given to `add`.
+        let n = match unsafe { q.pop_used(token, &[], &mut [&mut buf[..ask]]) } {
+            Ok(n) => (n as usize).min(ask),
+            Err(e) => {
+                say!("rng error {}", status(e));
+                return;
+            }
+        };
+        if n == 0 {
+            say!("rng error the device gave 0 bytes");
+            return;
+        }
+        let k = n.min(16 - nfirst);
+        first[nfirst..nfirst + k].copy_from_slice(&buf[..k]);
+        nfirst += k;
+        got += n as u64;
+    }
+    let ms = io::now_ms() - t0;
+    let mut hex = [0u8; 32];
+    for (i, b) in first[..nfirst].iter().enumerate() {
+        const D: &[u8; 16] = b"0123456789abcdef";
+        hex[2 * i] = D[usize::from(b >> 4)];
+        hex[2 * i + 1] = D[usize::from(b & 15)];
+    }
+    let hex = core::str::from_utf8(&hex[..2 * nfirst]).unwrap_or("");
+    say!("rng {} bytes {}", got, hex);
+    say!("rng took {} ms", ms);
+}
