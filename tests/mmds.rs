@@ -18,9 +18,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use common::api::*;
+use common::guests::Guest;
 use common::netns::{packet_socket, Netns};
 use common::peers::{Kind, Launch};
-use common::guests::Guest;
 use common::*;
 
 const MAC: &str = "06:00:ac:10:00:02";

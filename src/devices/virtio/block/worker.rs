@@ -43,9 +43,11 @@ use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::device::IoEngine;
 use super::device::{BlockShared, CacheType, Ring};
 use super::disk::{disk_size, Disk};
 use super::request::{gather, parse, scatter, Refusal, Request, RequestType, Segment};
+use super::uring::{submittable, Uring};
 use super::{
     status, Block, BlockError, BOUNCE_BYTES, ID_BYTES, MAX_CHAINS_PER_PASS,
     MAX_DESCRIPTORS_PER_REQUEST, SECTOR_BYTES,
@@ -70,6 +72,8 @@ pub struct BlockWorker<M: DeviceMemory> {
     /// The drive's rate limiter (one that limits nothing when none was
     /// given); its timer fd is the loop's source 0.
     pub(super) limiter: RateLimiter,
+    /// The io_uring engine (`io_engine: "Async"`; None: Sync).
+    pub(super) uring: Option<Uring>,
 }
 
 /// What [`BlockWorker::pop`] found.
@@ -119,6 +123,11 @@ impl<M: DeviceMemory> BlockWorker<M> {
             (b.shared.clone(), disk, b.options().clone(), b.image_id)
         };
         let capacity_sectors = shared.capacity_sectors.load(Ordering::SeqCst);
+        let uring = match opts.io_engine {
+            IoEngine::Sync => None,
+            IoEngine::Async if disk.raw_fd().is_none() => return Err(BlockError::NoFd),
+            IoEngine::Async => Some(Uring::new()?),
+        };
         Ok(BlockWorker {
             shared,
             disk,
@@ -129,6 +138,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
             bounce: vec![0u8; BOUNCE_BYTES],
             segments: Vec::with_capacity(MAX_DESCRIPTORS_PER_REQUEST),
             limiter: RateLimiter::new(&opts.rate_limiter)?,
+            uring,
         })
     }
 
@@ -144,7 +154,11 @@ impl<M: DeviceMemory> QueueHandler for BlockWorker<M> {
     }
 
     fn sources(&self) -> Vec<(RawFd, EventSet)> {
-        vec![(self.limiter.as_raw_fd(), EventSet::IN)]
+        let mut s = vec![(self.limiter.as_raw_fd(), EventSet::IN)];
+        if let Some(u) = &self.uring {
+            s.push((u.evt_fd(), EventSet::IN));
+        }
+        s
     }
 
     fn queue_event(&mut self, _index: usize) {
@@ -161,7 +175,13 @@ impl<M: DeviceMemory> QueueHandler for BlockWorker<M> {
         self.process_queue(false);
     }
 
-    fn source_event(&mut self, _index: usize, _events: EventSet) {
+    fn source_event(&mut self, index: usize, _events: EventSet) {
+        if index == 1 {
+            // io_uring completions: answered; their slots free, a pass.
+            self.complete();
+            self.process_queue(false);
+            return;
+        }
         // The limiter's timer: the block is over, the queue goes on.
         self.shared.metrics.rate_limiter_event_count.inc();
         if self.limiter.event_handler() {
@@ -213,6 +233,11 @@ impl<M: DeviceMemory> BlockWorker<M> {
                 // Its timer's event runs the next pass.
                 return false;
             }
+            if self.uring.as_ref().is_some_and(Uring::full) {
+                // The next completion runs the next pass.
+                metrics.io_engine_throttled_events.inc();
+                return false;
+            }
             let (epoch, parsed) = match self.pop() {
                 Popped::Chain(epoch, parsed) => (epoch, parsed),
                 Popped::Throttled => {
@@ -228,6 +253,9 @@ impl<M: DeviceMemory> BlockWorker<M> {
             };
             first = false;
             match parsed {
+                Ok(req) if self.uring.is_some() && submittable(&req, self.cache_type) => {
+                    self.submit(epoch, &req);
+                }
                 Ok(req) => {
                     if let Some((code, written)) = self.execute(epoch, &req) {
                         self.finish(epoch, req.head, Some((req.status, code)), written);
@@ -247,6 +275,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
             }
             true
         });
+        self.submit_pushed();
         if end.wake_failed {
             metrics.event_fails.inc();
         }
@@ -375,7 +404,13 @@ impl<M: DeviceMemory> BlockWorker<M> {
 
     /// Writes the status byte (if any) and returns the chain: used length
     /// `written + 1`, or 0 without a status or if it cannot be written.
-    fn finish(&mut self, epoch: u64, head: u16, status: Option<(GuestAddress, u8)>, written: u32) {
+    pub(super) fn finish(
+        &mut self,
+        epoch: u64,
+        head: u16,
+        status: Option<(GuestAddress, u8)>,
+        written: u32,
+    ) {
         let mut ring = self.shared.ring();
         if self.current(&ring, epoch).is_none() {
             return;
@@ -398,6 +433,11 @@ impl<M: DeviceMemory> BlockWorker<M> {
     /// Swaps in the file [`super::Block::update_file`] handed over, if any:
     /// reads its size, closes the old file, tells the guest.
     pub(super) fn swap_pending_disk(&mut self) {
+        if self.in_flight() > 0 {
+            // The old file has operations in flight: the swap waits for
+            // their completions (each runs a pass).
+            return;
+        }
         let new = self
             .shared
             .pending_disk
