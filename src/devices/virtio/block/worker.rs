@@ -28,6 +28,11 @@
 //! `timerfd_create`, and the bounce buffer's allocation (`mmap`). No
 //! allocation per request after the first.
 //!
+//! With `io_engine: "Async"` ([`super::uring`]) IN, OUT and FLUSH
+//! (Writeback) go to the io_uring engine instead: submitted at the end of
+//! the pass (`io_uring_enter`), answered when their completions come (the
+//! loop's source 1, the ring's eventfd); a full engine ends the pass.
+//!
 //! Rate limiting (Firecracker's): a request takes its tokens when it is
 //! popped; one refused is put back on the avail ring under the same lock
 //! and the pass ends. While the limiter is blocked, queue notifications are
@@ -59,6 +64,10 @@ use crate::rate_limiter::{RateLimiter, TokenType};
 
 /// Runs a block device's requests: the handler of its thread's loop.
 pub struct BlockWorker<M: DeviceMemory> {
+    /// The io_uring engine (`io_engine: "Async"`; None: Sync). First, so
+    /// that it is dropped (its operations in flight waited for) before the
+    /// file is closed.
+    pub(super) uring: Option<Uring>,
     pub(super) shared: Arc<BlockShared<M>>,
     pub(super) disk: Box<dyn Disk>,
     /// The current file's size in sectors (the worker's own copy: requests
@@ -72,8 +81,6 @@ pub struct BlockWorker<M: DeviceMemory> {
     /// The drive's rate limiter (one that limits nothing when none was
     /// given); its timer fd is the loop's source 0.
     pub(super) limiter: RateLimiter,
-    /// The io_uring engine (`io_engine: "Async"`; None: Sync).
-    pub(super) uring: Option<Uring>,
 }
 
 /// What [`BlockWorker::pop`] found.
@@ -129,6 +136,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
             IoEngine::Async => Some(Uring::new()?),
         };
         Ok(BlockWorker {
+            uring,
             shared,
             disk,
             capacity_sectors,
@@ -138,7 +146,6 @@ impl<M: DeviceMemory> BlockWorker<M> {
             bounce: vec![0u8; BOUNCE_BYTES],
             segments: Vec::with_capacity(MAX_DESCRIPTORS_PER_REQUEST),
             limiter: RateLimiter::new(&opts.rate_limiter)?,
-            uring,
         })
     }
 
