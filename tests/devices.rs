@@ -68,10 +68,15 @@ fn shutdown_ok(vmm: Vmm, sock: &Path) {
 }
 
 fn drive(id: &str, path: &Path, read_only: bool) -> (String, String) {
+    drive_on(id, path, read_only, "Sync")
+}
+
+/// [`drive`] with `io_engine` `engine` (`Sync` or `Async`).
+fn drive_on(id: &str, path: &Path, read_only: bool, engine: &str) -> (String, String) {
     (
         format!("/drives/{id}"),
         format!(
-            r#"{{"drive_id": "{id}", "path_on_host": "{}", "is_root_device": false, "is_read_only": {read_only}}}"#,
+            r#"{{"drive_id": "{id}", "path_on_host": "{}", "is_root_device": false, "is_read_only": {read_only}, "io_engine": "{engine}"}}"#,
             path.display()
         ),
     )
@@ -112,16 +117,16 @@ fn dirty_pages(file: &std::fs::File) -> u64 {
     stat.nr_dirty
 }
 
-fn a_drive_is_read_written_flushed_and_named(g: Guest) {
+fn a_drive_is_read_written_flushed_and_named(g: Guest, engine: &str) {
     if !kvm_or_skip("blk_rw") {
         return;
     }
     let _big = big_memory();
-    let dir = temp_dir("blk-rw");
+    let dir = temp_dir(&format!("blk-rw-{engine}"));
     // The drive on a disk-backed filesystem (cargo's target dir), where an
     // fdatasync cleans the page cache's dirty pages (on tmpfs none ever is).
     let disk_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "blk-rw-{}-{}",
+        "blk-rw-{}-{engine}-{}",
         g.name(),
         std::process::id()
     ));
@@ -152,13 +157,15 @@ fn a_drive_is_read_written_flushed_and_named(g: Guest) {
         &sock,
         "/drives/data1",
         &format!(
-            r#"{{"drive_id": "data1", "path_on_host": "{}", "is_root_device": false, "is_read_only": false, "cache_type": "Writeback"}}"#,
+            r#"{{"drive_id": "data1", "path_on_host": "{}", "is_root_device": false, "is_read_only": false, "cache_type": "Writeback", "io_engine": "{engine}"}}"#,
             disk.display()
         ),
     );
     put_ok(&sock, "/boot-source", &g.boot_source("blk then=idle"));
     let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(status, 204, "{body}");
+    let cfg = get(&sock, "/vm/config");
+    assert_eq!(cfg["drives"][0]["io_engine"], engine, "{cfg}");
     // FLUSH (feature bit 9) offered and accepted by the driver.
     let found = vmm.wait_line(&g.line("blk device at"), T);
     let features = found
@@ -200,17 +207,17 @@ fn a_drive_is_read_written_flushed_and_named(g: Guest) {
     std::fs::remove_dir_all(&disk_dir).unwrap();
 }
 
-fn a_read_only_drive_refuses_writes_and_its_file_is_unchanged(g: Guest) {
+fn a_read_only_drive_refuses_writes_and_its_file_is_unchanged(g: Guest, engine: &str) {
     if !kvm_or_skip("blk_ro") {
         return;
     }
     let _big = big_memory();
-    let dir = temp_dir("blk-ro");
+    let dir = temp_dir(&format!("blk-ro-{engine}"));
     let disk = dir.join("ro.img");
     // Not a sector multiple: the 100 trailing bytes are not addressable.
     let bytes: Vec<u8> = (0..(64 << 10) + 100).map(|i| (i % 251) as u8).collect();
     std::fs::write(&disk, &bytes).unwrap();
-    let (path, body) = drive("ro", &disk, true);
+    let (path, body) = drive_on("ro", &disk, true, engine);
     let (mut vmm, sock) = start_with(g, &dir, &[(&path, body)], "blk then=idle", None);
     let found = vmm.wait_line(&g.line("blk device at"), T);
     assert!(found.ends_with("capacity 128 sectors"), "{found}");
@@ -553,9 +560,29 @@ fn a_host_that_floods_and_never_reads_cannot_stop_the_shutdown(g: Guest) {
     drop(s);
 }
 
-both_guests!(
+/// Each test under both guests and both engines: `<test>::sync::<guest>`
+/// (`io_engine` `Sync`) and `<test>::uring::<guest>` (`Async`, io_uring).
+macro_rules! both_guests_and_engines {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            use super::*;
+            fn sync(g: Guest) {
+                super::$test(g, "Sync")
+            }
+            fn uring(g: Guest) {
+                super::$test(g, "Async")
+            }
+            both_guests!(sync, uring);
+        }
+    )*};
+}
+
+both_guests_and_engines!(
     a_drive_is_read_written_flushed_and_named,
     a_read_only_drive_refuses_writes_and_its_file_is_unchanged,
+);
+
+both_guests!(
     a_tap_in_a_namespace_sees_the_guests_frame_and_gets_its_own_echoed,
     vsock_echoes_host_connections_and_refuses_other_ports,
     a_guest_connection_reaches_the_hosts_listener_on_uds_port,

@@ -89,11 +89,6 @@ fn put_drive() {
                 "invalid value for drives.path_on_host: is required",
             ),
             (
-                &format!(r#"{{{good}, "io_engine": "Async"}}"#),
-                "invalid value for drives.io_engine: io_engine Async is not supported by teravm \
-                 (Sync only)",
-            ),
-            (
                 &format!(r#"{{{good}, "io_engine": "Uring"}}"#),
                 "drives.io_engine: unknown variant `Uring`",
             ),

@@ -2,10 +2,10 @@
 //! in Firecracker's shape (its swagger's `Drive` and `PartialDrive`), and
 //! the conversion to the block device's [`BlockOptions`].
 //!
-//! teravm has virtio-blk over a host file with the synchronous engine and
-//! Firecracker's rate limiter (`rate_limiter`, changed while running by
-//! `PATCH`): `io_engine: "Async"` and a vhost-user `socket` are refused
-//! with the reason. What needs the file
+//! teravm has virtio-blk over a host file with both of Firecracker's
+//! engines (`io_engine` `Sync` and `Async`, io_uring) and its rate limiter
+//! (`rate_limiter`, changed while running by `PATCH`): a vhost-user
+//! `socket` is refused with the reason. What needs the file
 //! (it exists, its size, read-only) is checked by the VMM when it opens
 //! it; what needs the other drives (ids, one root device) by
 //! [`check_drives`].
@@ -39,7 +39,9 @@ pub enum IoEngine {
     /// Blocking reads and writes on the device's thread.
     #[default]
     Sync,
-    /// io_uring: refused (teravm has no io_uring engine).
+    /// io_uring: many requests in flight, answered as they complete (the
+    /// ring is made when the VM starts; a host that refuses io_uring fails
+    /// the start).
     Async,
 }
 
@@ -71,7 +73,7 @@ pub struct DriveConfig {
     /// Whether FLUSH is offered and honoured.
     #[serde(default)]
     pub cache_type: CacheType,
-    /// The I/O engine: only `Sync` (absent or `null` means `Sync`).
+    /// The I/O engine: `Sync` or `Async` (absent or `null` means `Sync`).
     #[serde(default, deserialize_with = "null_is_default")]
     pub io_engine: IoEngine,
     /// Firecracker's rate limiter (`bandwidth` in bytes, `ops` in
@@ -140,12 +142,6 @@ impl DriveConfig {
         check_path("drives.path_on_host", &self.path_on_host)?;
         if let Some(partuuid) = &self.partuuid {
             check_partuuid(partuuid)?;
-        }
-        if self.io_engine == IoEngine::Async {
-            return Err(invalid(
-                "drives.io_engine",
-                "io_engine Async is not supported by teravm (Sync only)",
-            ));
         }
         check_limiter(&self.rate_limiter)
     }
@@ -236,6 +232,10 @@ impl From<&DriveConfig> for BlockOptions {
             read_only: c.is_read_only,
             cache_type: c.cache_type.into(),
             rate_limiter: c.rate_limiter.unwrap_or_default(),
+            io_engine: match c.io_engine {
+                IoEngine::Sync => block::IoEngine::Sync,
+                IoEngine::Async => block::IoEngine::Async,
+            },
         }
     }
 }

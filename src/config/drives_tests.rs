@@ -49,6 +49,16 @@ fn firecracker_shape() {
     .unwrap();
     assert!(!c.is_read_only && c.io_engine == IoEngine::Sync && c.rate_limiter.is_none());
     c.validate().unwrap();
+    // io_engine Async: taken, echoed, handed to the device.
+    let a = r#"{"drive_id": "a", "path_on_host": "a", "is_root_device": false,
+                "io_engine": "Async"}"#;
+    let c = parse(a).unwrap();
+    c.validate().unwrap();
+    assert_eq!(serde_json::to_value(&c).unwrap()["io_engine"], "Async");
+    assert_eq!(
+        BlockOptions::from(&c).io_engine,
+        crate::devices::virtio::block::IoEngine::Async
+    );
     for (body, needle) in [
         (
             r#"{"path_on_host": "a", "is_root_device": true}"#,
@@ -88,11 +98,6 @@ fn firecracker_shape() {
 fn validation_names_the_field_and_the_reason() {
     let base = r#""drive_id": "rootfs", "path_on_host": "/img", "is_root_device": true"#;
     for (extra, want) in [
-        (
-            r#", "io_engine": "Async""#,
-            "invalid value for drives.io_engine: io_engine Async is not supported by teravm \
-             (Sync only)",
-        ),
         (
             r#", "rate_limiter": {"bandwidth": {"size": 1, "refill_time": 18446744073709551615}}"#,
             "invalid value for drives.rate_limiter: refill_time 18446744073709551615 ms is too \
@@ -250,6 +255,7 @@ fn options_from_config() {
             read_only: true,
             cache_type: block::CacheType::Writeback,
             rate_limiter: Default::default(),
+            io_engine: block::IoEngine::Sync,
         }
     );
     c.rate_limiter = serde_json::from_str(r#"{"ops": {"size": 5, "refill_time": 100}}"#).unwrap();

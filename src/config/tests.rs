@@ -441,7 +441,7 @@ fn device_sections_are_checked_and_named() {
         f(&mut v);
         parse(&v.to_string())
     };
-    let cases: [(&Change, &str); 10] = [
+    let cases: [(&Change, &str); 9] = [
         (
             &|v| v["drives"][1]["is_root_device"] = true.into(),
             "invalid value for drives.is_root_device: drives \"root\" and \"data\" are both root devices",
@@ -449,10 +449,6 @@ fn device_sections_are_checked_and_named() {
         (
             &|v| v["drives"][1]["drive_id"] = "root".into(),
             "invalid value for drives.drive_id: drive \"root\" is listed twice",
-        ),
-        (
-            &|v| v["drives"][1]["io_engine"] = "Async".into(),
-            "io_engine Async is not supported by teravm (Sync only)",
         ),
         (
             &|v| v["drives"][0]["rate_limiter"] = serde_json::json!({"ops": {"size": 1, "refill_time": u64::MAX}}),

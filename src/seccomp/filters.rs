@@ -484,6 +484,10 @@ const BLOCK: &[Allow] = &[
         libc::SYS_lseek,
         "the size of a file swapped in by PATCH /drives",
     ),
+    any(
+        libc::SYS_io_uring_enter,
+        "io_engine Async: submit reads, writes and fsyncs; wait for those in flight at exit (the operations are the kernel's: not checked by this filter)",
+    ),
 ];
 
 /// `virtio-net{n}`: frames between the guest's queues and its tap (opened
@@ -583,6 +587,14 @@ const PUNCH_HOLE: Allow = one_of(
 /// `populate-n{node}-{i}` workers (pinned, `MADV_POPULATE_WRITE`), which run
 /// under this filter.
 const START: &[Allow] = &[
+    any(
+        libc::SYS_io_uring_setup,
+        "a drive's io_uring (io_engine Async), made with its device's thread",
+    ),
+    any(
+        libc::SYS_io_uring_register,
+        "register the completion eventfd of a drive's io_uring (io_engine Async)",
+    ),
     any(
         libc::SYS_eventfd2,
         "COM1's interrupt line for a Linux guest (an irqfd); the virtio devices' queue and interrupt eventfds",

@@ -29,6 +29,18 @@ pub enum CacheType {
     Writeback,
 }
 
+/// Firecracker's `io_engine`: how the device thread does its host I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoEngine {
+    /// Blocking `pread`/`pwrite`/`fdatasync` on the device thread, one
+    /// request at a time.
+    #[default]
+    Sync,
+    /// io_uring ([`super::uring`]): reads, writes and flushes submitted as
+    /// SQEs, many in flight, answered as they complete.
+    Async,
+}
+
 /// What a drive is made with (the API's `PUT /drives/{id}`, checked).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BlockOptions {
@@ -43,6 +55,8 @@ pub struct BlockOptions {
     /// Firecracker's `rate_limiter`: each request takes an op token, IN and
     /// OUT their data bytes as well (none: no limit).
     pub rate_limiter: RateLimiterConfig,
+    /// The I/O engine.
+    pub io_engine: IoEngine,
 }
 
 /// What GET_ID answers for a host file, as Firecracker computes it (and

@@ -19,6 +19,11 @@ pub trait Disk: Send {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
     /// Makes written data durable (`fdatasync`).
     fn sync_data(&self) -> std::io::Result<()>;
+    /// The file descriptor the io_uring engine submits on (None: not a
+    /// file, the Sync engine only).
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 impl Disk for File {
@@ -37,6 +42,10 @@ impl Disk for File {
 
     fn sync_data(&self) -> std::io::Result<()> {
         File::sync_data(self)
+    }
+
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(self))
     }
 }
 

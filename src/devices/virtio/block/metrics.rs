@@ -49,6 +49,9 @@ pub struct BlockMetrics {
     pub rate_limiter_throttled_events: Counter,
     /// Times the rate limiter's timer fired (Firecracker's).
     pub rate_limiter_event_count: Counter,
+    /// Requests that waited because the io_uring engine had no free slot
+    /// (Firecracker's name; `io_engine: "Async"` only).
+    pub io_engine_throttled_events: Counter,
 }
 
 impl BlockMetrics {

@@ -31,6 +31,8 @@
 //!   chain; execution ([`worker`]) goes through the [`Disk`] trait
 //!   ([`disk`]), which tests and the fuzz target implement with a recording
 //!   backend.
+//! - `io_engine: "Async"`: [`uring`] (io_uring, many requests in flight,
+//!   each through its own bounce buffer; the same reset rule).
 //! - Counters: [`metrics::BlockMetrics`].
 
 pub mod device;
@@ -45,9 +47,12 @@ mod tests;
 mod tests_hostile;
 #[cfg(test)]
 mod tests_limits;
+#[cfg(test)]
+mod tests_uring;
+pub mod uring;
 pub mod worker;
 
-pub use device::{image_id, Block, BlockOptions, CacheType};
+pub use device::{image_id, Block, BlockOptions, CacheType, IoEngine};
 pub use disk::Disk;
 pub use metrics::BlockMetrics;
 pub use request::{RequestError, RequestType};
@@ -122,6 +127,15 @@ pub enum BlockError {
     /// A rate limiter that cannot be made (its timer) or taken.
     #[error("block rate limiter: {0}")]
     RateLimiter(#[from] crate::rate_limiter::RateLimiterError),
+    /// `io_engine: "Async"` and the host refuses io_uring (its setup, or
+    /// registering the completion eventfd, failed).
+    #[error(
+        "io_engine Async: the host refuses io_uring ({0}; see /proc/sys/kernel/io_uring_disabled)"
+    )]
+    IoUring(std::io::Error),
+    /// `io_engine: "Async"` over a backing store that is not a file.
+    #[error("io_engine Async needs a host file behind the drive")]
+    NoFd,
     /// A second worker for the same device.
     #[error("the block device already has its worker (the backing file was handed over)")]
     WorkerExists,

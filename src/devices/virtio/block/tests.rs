@@ -35,6 +35,38 @@ pub(super) const R: u32 = 0;
 pub(super) const W: u32 = VRING_DESC_F_WRITE;
 pub(super) const N: u32 = VRING_DESC_F_NEXT;
 
+thread_local! {
+    /// The engine [`Rig::file`] gives its drive ([`both_engines!`] sets it).
+    pub(super) static ENGINE: std::cell::Cell<IoEngine> = const { std::cell::Cell::new(IoEngine::Sync) };
+}
+
+/// Runs `body` with [`Rig::file`]'s drives on `engine`.
+pub(super) fn with_engine(engine: IoEngine, body: fn()) {
+    ENGINE.with(|e| e.set(engine));
+    body();
+    ENGINE.with(|e| e.set(IoEngine::Sync));
+}
+
+/// Each test twice, in a module of its name: `sync` (the Sync engine) and
+/// `uring` (`io_engine: "Async"`), over the same body.
+macro_rules! both_engines {
+    ($(fn $name:ident() $body:block)*) => {$(
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            fn body() $body
+            #[test]
+            fn sync() {
+                with_engine(IoEngine::Sync, body)
+            }
+            #[test]
+            fn uring() {
+                with_engine(IoEngine::Async, body)
+            }
+        }
+    )*};
+}
+
 pub(super) fn mem() -> Mem {
     guest_memory(&[(0, 8 * MIB), (HIGH, MIB)])
 }
@@ -44,7 +76,13 @@ pub(super) struct TempFile(pub PathBuf);
 
 impl TempFile {
     pub fn new(name: &str, bytes: &[u8]) -> TempFile {
-        let p = std::env::temp_dir().join(format!("teravm-blk-{}-{name}", std::process::id()));
+        // The engine in the name: `both_engines!`'s two runs of a test run
+        // at once.
+        let engine = ENGINE.with(|e| e.get());
+        let p = std::env::temp_dir().join(format!(
+            "teravm-blk-{}-{name}-{engine:?}",
+            std::process::id()
+        ));
         File::create(&p).unwrap().write_all(bytes).unwrap();
         TempFile(p)
     }
@@ -96,9 +134,24 @@ impl Rig {
         }
     }
 
-    pub fn file(opts: BlockOptions, f: &TempFile) -> Rig {
+    /// A rig over the file `f`; Async when the test runs under
+    /// [`both_engines!`]'s `uring` (else as `opts` says).
+    pub fn file(mut opts: BlockOptions, f: &TempFile) -> Rig {
         let ro = opts.read_only;
+        if ENGINE.with(|e| e.get()) == IoEngine::Async {
+            opts.io_engine = IoEngine::Async;
+        }
         Self::new(opts, Box::new(f.open(ro)))
+    }
+
+    /// One pass of the queue, then waits for the requests it put in flight
+    /// (Async) and answers them.
+    pub fn run(&mut self) {
+        self.worker.process_queue(true);
+        assert!(
+            self.worker.settle(std::time::Duration::from_secs(10)),
+            "io_uring requests still in flight after 10 s"
+        );
     }
 
     /// Activates with a queue of `size` at 1 MiB; returns the driver's side.
@@ -185,7 +238,7 @@ pub(super) fn opts(read_only: bool, cache_type: CacheType) -> BlockOptions {
     }
 }
 
-#[test]
+both_engines! {
 fn features_and_config_follow_options() {
     let f = TempFile::new("features", &pattern(8));
     let r = Rig::file(opts(false, CacheType::Unsafe), &f);
@@ -211,8 +264,9 @@ fn features_and_config_follow_options() {
     assert_eq!(r.capacity(), 8);
     assert_eq!(r.metrics().cfg_fails.get(), 2);
 }
+}
 
-#[test]
+both_engines! {
 fn trailing_bytes_are_not_addressable() {
     let mut bytes = pattern(8);
     bytes.extend_from_slice(&[0xee; 100]);
@@ -222,21 +276,22 @@ fn trailing_bytes_are_not_addressable() {
     let m = r.mem.clone();
     let q = r.start(&m, 16);
     request(&m, &q, 0, b::VIRTIO_BLK_T_IN, 7, 1024, W); // sector 7 + the tail
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::IOERR);
     request(&m, &q, 3, b::VIRTIO_BLK_T_IN, 7, 512, W);
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::OK);
 }
+}
 
-#[test]
+both_engines! {
 fn read_returns_the_sectors() {
     let f = TempFile::new("read", &pattern(8));
     let mut r = Rig::file(opts(false, CacheType::Unsafe), &f);
     let m = r.mem.clone();
     let q = r.start(&m, 16);
     request(&m, &q, 0, b::VIRTIO_BLK_T_IN, 2, 1024, W);
-    r.worker.process_queue(true);
+    r.run();
     let mut got = vec![0u8; 1024];
     m.read_slice(&mut got, GuestAddress(DATA)).unwrap();
     assert_eq!(got, pattern(8)[1024..2048]);
@@ -257,8 +312,9 @@ fn read_returns_the_sectors() {
         (1, 1024, 0)
     );
 }
+}
 
-#[test]
+both_engines! {
 fn read_over_many_segments_and_chunks() {
     // 3 MiB over four descriptors (one in high RAM, one empty): more than
     // one bounce buffer's worth, segments of unequal length.
@@ -281,7 +337,7 @@ fn read_over_many_segments_and_chunks() {
         0,
     )
     .unwrap();
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::OK);
     let want = &pattern(sectors)[10 * 512..10 * 512 + (a + b_ + c) as usize];
     let mut got = vec![0u8; (a + b_ + c) as usize];
@@ -294,8 +350,9 @@ fn read_over_many_segments_and_chunks() {
     assert!(got == want, "scattered data differs");
     assert_eq!(used(&q, 0).1, a + b_ + c + 1);
 }
+}
 
-#[test]
+both_engines! {
 fn write_changes_exactly_its_sectors() {
     let f = TempFile::new("write", &pattern(8));
     let mut r = Rig::file(opts(false, CacheType::Unsafe), &f);
@@ -303,7 +360,7 @@ fn write_changes_exactly_its_sectors() {
     let q = r.start(&m, 16);
     m.write_slice(&[0xa5; 1024], GuestAddress(DATA)).unwrap();
     request(&m, &q, 0, b::VIRTIO_BLK_T_OUT, 3, 1024, R);
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::OK);
     assert_eq!(used(&q, 0), (0, 1));
     let mut want = pattern(8);
@@ -311,6 +368,7 @@ fn write_changes_exactly_its_sectors() {
     assert_eq!(f.bytes(), want);
     let s = r.metrics();
     assert_eq!((s.write_count.get(), s.write_bytes.get()), (1, 1024));
+}
 }
 
 #[test]
@@ -324,7 +382,7 @@ fn flush_syncs_with_writeback_and_answers_ok_without() {
         header(&m, HDR, b::VIRTIO_BLK_T_FLUSH, 0);
         q.add_desc_chains(&[desc(HDR, 16, R | N, 1), desc(STATUS, 1, W, 0)], 0)
             .unwrap();
-        r.worker.process_queue(true);
+        r.run();
         assert_eq!(status_byte(&m), status::OK, "{cache:?}");
         assert_eq!(used(&q, 0), (0, 1));
         assert_eq!(r.metrics().flush_count.get(), 1);
@@ -333,7 +391,7 @@ fn flush_syncs_with_writeback_and_answers_ok_without() {
     }
 }
 
-#[test]
+both_engines! {
 fn get_id_answers_the_drive_id_zero_padded() {
     let f = TempFile::new("getid", &pattern(8));
     let mut r = Rig::file(opts(true, CacheType::Unsafe), &f);
@@ -341,7 +399,7 @@ fn get_id_answers_the_drive_id_zero_padded() {
     let q = r.start(&m, 16);
     m.write_slice(&[0xff; 32], GuestAddress(DATA)).unwrap();
     request(&m, &q, 0, b::VIRTIO_BLK_T_GET_ID, 0, 20, W);
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::OK);
     let mut got = [0u8; 32];
     m.read_slice(&mut got, GuestAddress(DATA)).unwrap();
@@ -352,7 +410,7 @@ fn get_id_answers_the_drive_id_zero_padded() {
     // A buffer shorter than 20 bytes: IOERR, nothing written.
     m.write_slice(&[0xff; 32], GuestAddress(DATA)).unwrap();
     request(&m, &q, 3, b::VIRTIO_BLK_T_GET_ID, 0, 19, W);
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::IOERR);
     m.read_slice(&mut got, GuestAddress(DATA)).unwrap();
     assert_eq!(got, [0xffu8; 32]);
@@ -363,8 +421,9 @@ fn get_id_answers_the_drive_id_zero_padded() {
     };
     assert_eq!(&o.disk_id(), b"a_very_long_drive_id");
 }
+}
 
-#[test]
+both_engines! {
 fn read_only_drive_refuses_writes_and_keeps_its_file() {
     let f = TempFile::new("ro", &pattern(8));
     let mut r = Rig::file(opts(true, CacheType::Unsafe), &f);
@@ -372,7 +431,7 @@ fn read_only_drive_refuses_writes_and_keeps_its_file() {
     let q = r.start(&m, 16);
     m.write_slice(&[0xa5; 512], GuestAddress(DATA)).unwrap();
     request(&m, &q, 0, b::VIRTIO_BLK_T_OUT, 1, 512, R);
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::IOERR);
     assert_eq!(used(&q, 0), (0, 1));
     assert_eq!(f.bytes(), pattern(8));
@@ -380,11 +439,12 @@ fn read_only_drive_refuses_writes_and_keeps_its_file() {
     assert_eq!((s.write_count.get(), s.invalid_reqs_count.get()), (0, 1));
     // Reads still work.
     request(&m, &q, 3, b::VIRTIO_BLK_T_IN, 1, 512, W);
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::OK);
 }
+}
 
-#[test]
+both_engines! {
 fn sectors_beyond_the_end_are_refused() {
     let f = TempFile::new("beyond", &pattern(8));
     let mut r = Rig::file(opts(false, CacheType::Unsafe), &f);
@@ -400,18 +460,19 @@ fn sectors_beyond_the_end_are_refused() {
     ];
     for (i, &(kind, sector, len, fl)) in cases.iter().enumerate() {
         request(&m, &q, 3 * i as u16, kind, sector, len, fl);
-        r.worker.process_queue(true);
+        r.run();
         assert_eq!(status_byte(&m), status::IOERR, "case {i}");
     }
     assert_eq!(f.bytes(), pattern(8));
     // The last sector itself is fine.
     request(&m, &q, 30, b::VIRTIO_BLK_T_OUT, 7, 512, R);
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::OK);
     assert_eq!(r.metrics().invalid_reqs_count.get(), cases.len() as u64);
 }
+}
 
-#[test]
+both_engines! {
 fn lengths_not_a_sector_multiple_are_refused() {
     let f = TempFile::new("lengths", &pattern(8));
     let mut r = Rig::file(opts(false, CacheType::Unsafe), &f);
@@ -427,7 +488,7 @@ fn lengths_not_a_sector_multiple_are_refused() {
     .enumerate()
     {
         request(&m, &q, 3 * i as u16, kind, 0, len, fl);
-        r.worker.process_queue(true);
+        r.run();
         assert_eq!(status_byte(&m), status::IOERR, "case {i}");
     }
     assert_eq!(f.bytes(), pattern(8));
@@ -436,24 +497,26 @@ fn lengths_not_a_sector_multiple_are_refused() {
         0
     );
 }
+}
 
-#[test]
+both_engines! {
 fn unsupported_types_answer_unsupp() {
     let f = TempFile::new("unsupp", &pattern(8));
     let mut r = Rig::file(opts(false, CacheType::Unsafe), &f);
     let m = r.mem.clone();
     let q = r.start(&m, 16);
     request(&m, &q, 0, b::VIRTIO_BLK_T_DISCARD, 0, 512, R);
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::UNSUPP);
     assert_eq!(used(&q, 0), (0, 1));
+}
 }
 
 /// Reads GET_ID's 20 bytes through the worker.
 fn get_id(r: &mut Rig, q: &Mock<'_>, at: u16) -> [u8; ID_BYTES] {
     let m = r.mem.clone();
     request(&m, q, at, b::VIRTIO_BLK_T_GET_ID, 0, 20, W);
-    r.worker.process_queue(true);
+    r.run();
     assert_eq!(status_byte(&m), status::OK);
     let mut got = [0u8; ID_BYTES];
     m.read_slice(&mut got, GuestAddress(DATA)).unwrap();

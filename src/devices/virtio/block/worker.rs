@@ -28,6 +28,11 @@
 //! `timerfd_create`, and the bounce buffer's allocation (`mmap`). No
 //! allocation per request after the first.
 //!
+//! With `io_engine: "Async"` ([`super::uring`]) IN, OUT and FLUSH
+//! (Writeback) go to the io_uring engine instead: submitted at the end of
+//! the pass (`io_uring_enter`), answered when their completions come (the
+//! loop's source 1, the ring's eventfd); a full engine ends the pass.
+//!
 //! Rate limiting (Firecracker's): a request takes its tokens when it is
 //! popped; one refused is put back on the avail ring under the same lock
 //! and the pass ends. While the limiter is blocked, queue notifications are
@@ -43,9 +48,11 @@ use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::device::IoEngine;
 use super::device::{BlockShared, CacheType, Ring};
 use super::disk::{disk_size, Disk};
 use super::request::{gather, parse, scatter, Refusal, Request, RequestType, Segment};
+use super::uring::{submittable, Uring};
 use super::{
     status, Block, BlockError, BOUNCE_BYTES, ID_BYTES, MAX_CHAINS_PER_PASS,
     MAX_DESCRIPTORS_PER_REQUEST, SECTOR_BYTES,
@@ -57,6 +64,10 @@ use crate::rate_limiter::{RateLimiter, TokenType};
 
 /// Runs a block device's requests: the handler of its thread's loop.
 pub struct BlockWorker<M: DeviceMemory> {
+    /// The io_uring engine (`io_engine: "Async"`; None: Sync). First, so
+    /// that it is dropped (its operations in flight waited for) before the
+    /// file is closed.
+    pub(super) uring: Option<Uring>,
     pub(super) shared: Arc<BlockShared<M>>,
     pub(super) disk: Box<dyn Disk>,
     /// The current file's size in sectors (the worker's own copy: requests
@@ -119,7 +130,13 @@ impl<M: DeviceMemory> BlockWorker<M> {
             (b.shared.clone(), disk, b.options().clone(), b.image_id)
         };
         let capacity_sectors = shared.capacity_sectors.load(Ordering::SeqCst);
+        let uring = match opts.io_engine {
+            IoEngine::Sync => None,
+            IoEngine::Async if disk.raw_fd().is_none() => return Err(BlockError::NoFd),
+            IoEngine::Async => Some(Uring::new()?),
+        };
         Ok(BlockWorker {
+            uring,
             shared,
             disk,
             capacity_sectors,
@@ -144,7 +161,11 @@ impl<M: DeviceMemory> QueueHandler for BlockWorker<M> {
     }
 
     fn sources(&self) -> Vec<(RawFd, EventSet)> {
-        vec![(self.limiter.as_raw_fd(), EventSet::IN)]
+        let mut s = vec![(self.limiter.as_raw_fd(), EventSet::IN)];
+        if let Some(u) = &self.uring {
+            s.push((u.evt_fd(), EventSet::IN));
+        }
+        s
     }
 
     fn queue_event(&mut self, _index: usize) {
@@ -161,7 +182,13 @@ impl<M: DeviceMemory> QueueHandler for BlockWorker<M> {
         self.process_queue(false);
     }
 
-    fn source_event(&mut self, _index: usize, _events: EventSet) {
+    fn source_event(&mut self, index: usize, _events: EventSet) {
+        if index == 1 {
+            // io_uring completions: answered; their slots free, a pass.
+            self.complete();
+            self.process_queue(false);
+            return;
+        }
         // The limiter's timer: the block is over, the queue goes on.
         self.shared.metrics.rate_limiter_event_count.inc();
         if self.limiter.event_handler() {
@@ -213,6 +240,11 @@ impl<M: DeviceMemory> BlockWorker<M> {
                 // Its timer's event runs the next pass.
                 return false;
             }
+            if self.uring.as_ref().is_some_and(Uring::full) {
+                // The next completion runs the next pass.
+                metrics.io_engine_throttled_events.inc();
+                return false;
+            }
             let (epoch, parsed) = match self.pop() {
                 Popped::Chain(epoch, parsed) => (epoch, parsed),
                 Popped::Throttled => {
@@ -228,6 +260,9 @@ impl<M: DeviceMemory> BlockWorker<M> {
             };
             first = false;
             match parsed {
+                Ok(req) if self.uring.is_some() && submittable(&req, self.cache_type) => {
+                    self.submit(epoch, &req);
+                }
                 Ok(req) => {
                     if let Some((code, written)) = self.execute(epoch, &req) {
                         self.finish(epoch, req.head, Some((req.status, code)), written);
@@ -247,6 +282,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
             }
             true
         });
+        self.submit_pushed();
         if end.wake_failed {
             metrics.event_fails.inc();
         }
@@ -375,7 +411,13 @@ impl<M: DeviceMemory> BlockWorker<M> {
 
     /// Writes the status byte (if any) and returns the chain: used length
     /// `written + 1`, or 0 without a status or if it cannot be written.
-    fn finish(&mut self, epoch: u64, head: u16, status: Option<(GuestAddress, u8)>, written: u32) {
+    pub(super) fn finish(
+        &mut self,
+        epoch: u64,
+        head: u16,
+        status: Option<(GuestAddress, u8)>,
+        written: u32,
+    ) {
         let mut ring = self.shared.ring();
         if self.current(&ring, epoch).is_none() {
             return;
@@ -398,6 +440,11 @@ impl<M: DeviceMemory> BlockWorker<M> {
     /// Swaps in the file [`super::Block::update_file`] handed over, if any:
     /// reads its size, closes the old file, tells the guest.
     pub(super) fn swap_pending_disk(&mut self) {
+        if self.in_flight() > 0 {
+            // The old file has operations in flight: the swap waits for
+            // their completions (each runs a pass).
+            return;
+        }
         let new = self
             .shared
             .pending_disk
