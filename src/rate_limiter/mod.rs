@@ -47,8 +47,10 @@ pub enum RateLimiterError {
 pub struct TokenBucketConfig {
     /// Tokens the bucket holds when full (bytes or operations).
     pub size: u64,
-    /// Tokens spent before the bucket, once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Tokens spent before the bucket, once. (No `serde(default)` on the
+    /// optional fields here and below: an absent one is `None` anyway, and
+    /// without it serde refuses a JSON array where the object is due.)
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub one_time_burst: Option<u64>,
     /// Milliseconds an empty bucket takes to fill.
     pub refill_time: u64,
@@ -68,10 +70,8 @@ impl TokenBucketConfig {
 #[serde(deny_unknown_fields)]
 pub struct RateLimiterConfig {
     /// The bytes bucket.
-    #[serde(default)]
     pub bandwidth: Option<TokenBucketConfig>,
     /// The operations bucket.
-    #[serde(default)]
     pub ops: Option<TokenBucketConfig>,
 }
 

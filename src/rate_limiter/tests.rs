@@ -87,6 +87,10 @@ fn config_shape_is_firecrackers() {
     assert!(c.limits());
     assert_eq!(c.ops.unwrap().one_time_burst, None);
     assert!(serde_json::from_str::<RateLimiterConfig>(r#"{"bandwith": null}"#).is_err());
+    // An array is not a limiter (serde would take `[]` for a struct whose
+    // fields all have defaults).
+    assert!(serde_json::from_str::<RateLimiterConfig>("[]").is_err());
+    assert!(serde_json::from_str::<TokenBucketConfig>("[1]").is_err());
     let none: RateLimiterConfig = serde_json::from_str("{}").unwrap();
     assert!(!none.limits());
     let zero: RateLimiterConfig =

@@ -70,6 +70,10 @@ const NO_DEV_NULL: &str = "safer: teravm takes a regular file or a block device 
                            start follows: teravm has no such drive)";
 const NO_TAP: &str = "safer: teravm never creates a tap; Firecracker's TUNSETIFF creates tap0 \
                       (the PATCH after start follows: teravm has no eth0)";
+const NO_TAP_MMDS: &str = "a consequence of the tap row: the MMDS config names eth0, which \
+                           Firecracker has (it made tap0) and teravm has not";
+const ARRAY: &str = "safer: teravm takes a custom CPU template only as a JSON object; \
+                     Firecracker's serde also takes an array as the struct's fields in order";
 const CID: &str = "safer: teravm refuses the guest CIDs the vsock spec reserves (0 the \
                    hypervisor, 1 local, 2 the host) and u32::MAX";
 const UDS_EMPTY: &str = "safer: teravm refuses an empty uds_path; Firecracker accepts it";
@@ -89,34 +93,6 @@ pub static INTENDED: &[Intended] = &[
         "out of range (mem_size_mib *",
         MEM_BOUNDS,
         None,
-    ),
-    row(
-        B,
-        "PUT /machine-config",
-        "smt true*",
-        "smt",
-        Some("i26-cpu"),
-    ),
-    row(
-        B,
-        "PUT /machine-config",
-        "vcpu_count 33",
-        "the vcpu_count bound (32)",
-        Some("i26-cpu"),
-    ),
-    row(
-        B,
-        "PUT /machine-config",
-        "cpu_template T2",
-        "cpu_template",
-        Some("i26-cpu"),
-    ),
-    row(
-        B,
-        "PUT /machine-config",
-        "track_dirty_pages true",
-        "track_dirty_pages",
-        Some("i26-cpu"),
     ),
     row(B, "PUT /boot-source", "valid", FIRMWARE, None),
     row(
@@ -150,43 +126,16 @@ pub static INTENDED: &[Intended] = &[
         NO_DEV_NULL,
         None,
     ),
+    row(B, "PUT /drives/rootfs", "io_engine Async", NO_DEV_NULL, None),
+    row(B, "PUT /drives/rootfs", "rate_limiter", NO_DEV_NULL, None),
     row(A, "PATCH /drives/rootfs", "valid", NO_DEV_NULL, None),
-    row(
-        B,
-        "PUT /drives/rootfs",
-        "io_engine Async",
-        "io_engine",
-        Some("i26-block"),
-    ),
-    row(
-        B,
-        "PUT /drives/rootfs",
-        "rate_limiter",
-        "block rate limiter",
-        Some("i26-block"),
-    ),
     row(B, "PUT /network-interfaces/eth0", "*", NO_TAP, None),
     row(A, "PATCH /network-interfaces/eth0", "valid", NO_TAP, None),
+    row(B, "PUT /mmds/config", "valid", NO_TAP_MMDS, None),
+    row(B, "PUT /cpu-config", "not an object ([])", ARRAY, None),
     row(B, "PUT /vsock", "out of range (guest_cid 0)", CID, None),
     row(B, "PUT /vsock", "guest_cid 2", CID, None),
     row(B, "PUT /vsock", "uds_path: empty string", UDS_EMPTY, None),
-    row(BOTH, "* /mmds*", "*", "MMDS", Some("i26-mmds")),
-    row(
-        B,
-        "PUT /cpu-config",
-        "*",
-        "PUT /cpu-config",
-        Some("i26-cpu"),
-    ),
-    row(
-        B,
-        "PUT /entropy",
-        "valid",
-        "the entropy device",
-        Some("i26-netrng"),
-    ),
-    row(B, "PUT /serial", "valid", "PUT /serial", Some("i26-netrng")),
-    row(A, "PATCH /vm", "valid", "PATCH /vm Paused", Some("i26-cpu")),
     row(
         BOTH,
         "* /hotplug/memory",
