@@ -78,6 +78,9 @@ pub struct Conn {
     peer_fwd_cnt: Wrapping<u32>,
     host_readable: bool,
     host_hup: bool,
+    /// The host shut its write side (`shutdown(SHUT_WR)`: read gave EOF
+    /// with no hang-up): it sends no more, and may still read.
+    host_eof: bool,
     peer_shut: u32,
     owed: Owed,
     finished: bool,
@@ -104,6 +107,7 @@ impl Conn {
             peer_fwd_cnt: Wrapping(0),
             host_readable: false,
             host_hup: false,
+            host_eof: false,
             peer_shut: 0,
             owed: Owed::default(),
             finished: false,
@@ -150,6 +154,7 @@ impl Conn {
     fn wants_to_read(&self) -> bool {
         self.state == ConnState::Established
             && self.host_readable
+            && !self.host_eof
             && self.peer_shut & shutdown::RCV == 0
             && self.stream.is_some()
             && self.peer_credit() > 0
@@ -195,6 +200,7 @@ impl Conn {
         let mut e = EventSet::empty();
         if self.state == ConnState::Established
             && !self.host_readable
+            && !self.host_eof
             && self.peer_shut & shutdown::RCV == 0
             && !self.owed.shutdown
             && self.peer_credit() > 0
@@ -220,7 +226,9 @@ impl Conn {
         }
         if ev.contains(EventSet::HANG_UP) {
             self.host_hup = true;
-            if self.state != ConnState::Established {
+            // Closed for good: before it was established, or after a
+            // half-close (the host can no longer read what the guest sends).
+            if self.state != ConnState::Established || self.host_eof {
                 self.kill(metrics);
             }
         }
@@ -280,13 +288,23 @@ impl Conn {
                     None => Ok(0),
                 };
                 match r {
-                    Ok(0) => {
-                        // The host closed its side: tell the guest, wait for
-                        // its reset.
+                    Ok(0) if self.host_hup => {
+                        // The host closed its side: tell the guest (both
+                        // directions), wait for its reset.
                         self.host_readable = false;
                         self.owed.shutdown = true;
                         self.state = ConnState::Closing;
                         self.deadline = Some(now + Duration::from_millis(SHUTDOWN_TIMEOUT_MS));
+                    }
+                    Ok(0) => {
+                        // A half-close (the host shut its write side only):
+                        // the guest hears "no more to receive" and may go on
+                        // sending; the connection ends when it shuts its side
+                        // too. (Firecracker closes both directions here.)
+                        self.host_readable = false;
+                        self.host_eof = true;
+                        self.owed.shutdown = true;
+                        self.after_drain();
                     }
                     Ok(k) => {
                         self.rx_cnt += Wrapping(k as u32);
@@ -307,7 +325,11 @@ impl Conn {
         if self.owed.shutdown {
             self.owed.shutdown = false;
             let mut h = self.header(guest_cid, op::SHUTDOWN);
-            h.flags = shutdown::BOTH;
+            h.flags = if self.state == ConnState::Closing {
+                shutdown::BOTH
+            } else {
+                shutdown::SEND
+            };
             return Some((h, 0));
         }
         if self.owed.credit_update {
@@ -447,10 +469,14 @@ impl Conn {
         if !self.tx_buf.is_empty() {
             return;
         }
-        if self.peer_shut == shutdown::BOTH {
-            // Everything the guest sent is out: the reset ends it.
+        let guest_done = self.peer_shut == shutdown::BOTH
+            || (self.host_eof && self.peer_shut & shutdown::SEND != 0);
+        if guest_done {
+            // Everything the guest sent is out, and neither side sends any
+            // more: the reset ends it.
             self.stream = None;
             self.owed.rst = true;
+            self.state = ConnState::Closing;
         } else if self.peer_shut & shutdown::SEND != 0 {
             if let Some(s) = &self.stream {
                 let _ = s.shutdown(Shutdown::Write);

@@ -407,6 +407,53 @@ fn host_connects_guest_accepts_data_both_ways_then_host_closes() {
 }
 
 #[test]
+fn a_host_half_close_closes_one_direction_only() {
+    let mut r = rig();
+    r.give_rx(8, 4096);
+    let (mut s, req) = host_connect(&mut r, 52);
+    let local = req.src_port;
+    r.send(local, 52, op::RESPONSE, &[]);
+    assert_eq!(read_line(&mut s), format!("OK {local}\n"));
+    s.write_all(b"last words").unwrap();
+    // The host shuts its write side only.
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    r.pump();
+    let got = r.recv();
+    assert_eq!(ops(&got), vec![op::RW, op::SHUTDOWN]);
+    assert_eq!(got[0].1, b"last words");
+    // "The sender sends no more": the guest may still send.
+    assert_eq!(got[1].0.flags, shutdown::SEND);
+    r.send(local, 52, op::RW, b"answer");
+    assert_eq!(read_n(&mut s, 6), b"answer");
+    assert_eq!(r.dev.connections(), 1);
+    // The guest is done too: its shutdown ends it with our reset, and the
+    // host reads EOF.
+    let mut sh = guest_hdr(local, 52, op::SHUTDOWN, 0);
+    sh.flags = shutdown::SEND;
+    r.send_raw(&sh, &[], None);
+    assert_eq!(ops(&r.recv()), vec![op::RST]);
+    assert!(at_eof(&mut s));
+    assert_eq!(r.dev.connections(), 0);
+}
+
+#[test]
+fn a_full_close_after_a_half_close_resets() {
+    let mut r = rig();
+    r.give_rx(8, 4096);
+    let (mut s, req) = host_connect(&mut r, 52);
+    let local = req.src_port;
+    r.send(local, 52, op::RESPONSE, &[]);
+    assert_eq!(read_line(&mut s), format!("OK {local}\n"));
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    r.pump();
+    assert_eq!(ops(&r.recv()), vec![op::SHUTDOWN]);
+    drop(s);
+    r.pump();
+    assert_eq!(ops(&r.recv()), vec![op::RST]);
+    assert_eq!(r.dev.connections(), 0);
+}
+
+#[test]
 fn guest_refuses_a_host_connection_and_bad_lines_close() {
     let mut r = rig();
     r.give_rx(8, 4096);
