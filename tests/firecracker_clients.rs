@@ -713,7 +713,6 @@ fn firecracker_python_api_and_launcher() {
             "drives.path_on_host: cannot use /rootfs.img",
         ),
         ("network_refused", "network-interfaces.host_dev_name"),
-        ("pause_refused", "PATCH /vm"),
     ] {
         let msg = seen[key].as_str().unwrap();
         assert!(
@@ -721,6 +720,9 @@ fn firecracker_python_api_and_launcher() {
             "{key}: {msg}"
         );
     }
+    // The package's vm.patch pauses and resumes.
+    assert_eq!(seen["state_paused"], "Paused", "{seen}");
+    assert_eq!(seen["state_resumed"], "Running", "{seen}");
     assert_eq!(seen["vm_config"]["machine-config"]["vcpu_count"], 1);
     // get_pid checks the process is named "firecracker": teravm is not.
     assert!(seen["get_pid"].as_str().unwrap().contains("not"), "{seen}");

@@ -50,10 +50,19 @@ pub struct TokenBucketConfig {
     /// Tokens spent before the bucket, once. (No `serde(default)` on the
     /// optional fields here and below: an absent one is `None` anyway, and
     /// without it serde refuses a JSON array where the object is due.)
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "burst_as_firecracker")]
     pub one_time_burst: Option<u64>,
     /// Milliseconds an empty bucket takes to fill.
     pub refill_time: u64,
+}
+
+/// `one_time_burst` as Firecracker echoes it: `null` when there is none
+/// (absent or 0), else the number.
+fn burst_as_firecracker<S: serde::Serializer>(b: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match b {
+        Some(n) if *n > 0 => s.serialize_some(n),
+        _ => s.serialize_none(),
+    }
 }
 
 impl TokenBucketConfig {

@@ -91,6 +91,14 @@ fn config_shape_is_firecrackers() {
     // fields all have defaults).
     assert!(serde_json::from_str::<RateLimiterConfig>("[]").is_err());
     assert!(serde_json::from_str::<TokenBucketConfig>("[1]").is_err());
+    // Echoed as Firecracker echoes it: no burst (absent or 0) is null.
+    assert_eq!(
+        serde_json::to_value(c).unwrap(),
+        serde_json::json!({
+            "bandwidth": {"size": 1048576, "one_time_burst": null, "refill_time": 1000},
+            "ops": {"size": 100, "one_time_burst": null, "refill_time": 1000}
+        })
+    );
     let none: RateLimiterConfig = serde_json::from_str("{}").unwrap();
     assert!(!none.limits());
     let zero: RateLimiterConfig =
