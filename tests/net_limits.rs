@@ -160,7 +160,7 @@ fn tx_bandwidth_is_held_to_the_limit_and_unlimited_is_faster() {
     assert!(u(&m, "tx_packets_count") >= 401, "{m}");
     assert_eq!(
         iface["tx_rate_limiter"]["bandwidth"],
-        serde_json::json!({"size": 20000, "refill_time": 100}),
+        serde_json::json!({"size": 20000, "one_time_burst": null, "refill_time": 100}),
         "{iface}"
     );
     // The same frames with no limiter: the limit was what held them.
@@ -205,7 +205,7 @@ fn tx_ops_limit_changes_with_a_patch_while_running() {
     let iface = get(&sock, "/vm/config")["network-interfaces"][0].clone();
     assert_eq!(
         iface["tx_rate_limiter"]["ops"],
-        serde_json::json!({"size": 40, "refill_time": 100}),
+        serde_json::json!({"size": 40, "one_time_burst": null, "refill_time": 100}),
         "{iface}"
     );
     // A PATCH for an interface that does not exist changes nothing.

@@ -55,40 +55,7 @@ impl Serialize for LogLevel {
     }
 }
 
-/// A static CPU template, as Firecracker names them (`None`: the host's
-/// CPUID as KVM offers it). Firecracker takes any of them in
-/// `machine-config` and checks the host at `InstanceStart`; teravm does the
-/// same ([`crate::vstate::template`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum CpuTemplate {
-    /// No template.
-    #[default]
-    None,
-    /// Intel C3 (Skylake, Cascade Lake, Ice Lake).
-    C3,
-    /// Intel T2 (Skylake, Cascade Lake, Ice Lake).
-    T2,
-    /// Intel T2S (Skylake, Cascade Lake).
-    T2S,
-    /// Intel T2CL (Cascade Lake, Ice Lake).
-    T2CL,
-    /// AMD T2A (Milan).
-    T2A,
-}
-
-impl CpuTemplate {
-    /// Its name as it travels in JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            CpuTemplate::None => "None",
-            CpuTemplate::C3 => "C3",
-            CpuTemplate::T2 => "T2",
-            CpuTemplate::T2S => "T2S",
-            CpuTemplate::T2CL => "T2CL",
-            CpuTemplate::T2A => "T2A",
-        }
-    }
-}
+pub use crate::vstate::template::CpuTemplate;
 
 /// `machine-config` as it travels in JSON: teravm's fields and Firecracker's.
 /// [`MachineConfig`] is (de)serialized through it.

@@ -4,6 +4,7 @@
 
 pub mod boot;
 pub mod linux;
+pub mod msrs;
 pub mod pause;
 pub mod template;
 pub mod vcpu;

@@ -15,13 +15,11 @@
 //! before the topology ([`super::linux::cpuid`]), as Firecracker applies
 //! them before its normalization; a leaf the host does not offer is an
 //! error at start. MSR modifiers apply to the MSRs teravm sets at boot
-//! ([`super::linux::cpu::boot_msrs`]); another MSR, and any
+//! ([`super::msrs::boot_msrs`]); another MSR, and any
 //! `kvm_capabilities`, are refused when the template is put.
 
 use kvm_bindings::{kvm_cpuid_entry2, kvm_msr_entry, CpuId};
-use serde::{Deserialize, Deserializer};
-
-use crate::config::CpuTemplate;
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Errors of CPU templates.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -224,10 +222,7 @@ impl CustomTemplate {
                     .into(),
             ));
         }
-        let boot: Vec<u32> = super::linux::cpu::boot_msrs()
-            .iter()
-            .map(|m| m.index)
-            .collect();
+        let boot: Vec<u32> = super::msrs::boot_msrs().iter().map(|m| m.index).collect();
         for m in &self.msr_modifiers {
             if !boot.contains(&m.addr) {
                 return Err(TemplateError::Unsupported(format!(
@@ -267,7 +262,7 @@ impl CpuSetup {
     ) -> Result<CpuSetup, TemplateError> {
         check_static(template, supported.as_slice())?;
         let mut entries = supported.as_slice().to_vec();
-        let mut msrs = super::linux::cpu::boot_msrs();
+        let mut msrs = super::msrs::boot_msrs();
         if let Some(t) = custom {
             t.validate()?;
             apply_cpuid(&mut entries, t)?;
@@ -395,3 +390,38 @@ pub fn check_static(t: CpuTemplate, entries: &[kvm_cpuid_entry2]) -> Result<(), 
 #[cfg(test)]
 #[path = "template_tests.rs"]
 mod tests;
+
+/// A static CPU template, as Firecracker names them (`None`: the host's
+/// CPUID as KVM offers it). Firecracker takes any of them in
+/// `machine-config` and checks the host at `InstanceStart`; teravm does the
+/// same ([`crate::vstate::template`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum CpuTemplate {
+    /// No template.
+    #[default]
+    None,
+    /// Intel C3 (Skylake, Cascade Lake, Ice Lake).
+    C3,
+    /// Intel T2 (Skylake, Cascade Lake, Ice Lake).
+    T2,
+    /// Intel T2S (Skylake, Cascade Lake).
+    T2S,
+    /// Intel T2CL (Cascade Lake, Ice Lake).
+    T2CL,
+    /// AMD T2A (Milan).
+    T2A,
+}
+
+impl CpuTemplate {
+    /// Its name as it travels in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuTemplate::None => "None",
+            CpuTemplate::C3 => "C3",
+            CpuTemplate::T2 => "T2",
+            CpuTemplate::T2S => "T2S",
+            CpuTemplate::T2CL => "T2CL",
+            CpuTemplate::T2A => "T2A",
+        }
+    }
+}

@@ -14,9 +14,7 @@
 //! in-kernel LAPIC once the MADT has told it they exist; the SIPI gives
 //! them its own real-mode state.
 
-use kvm_bindings::{
-    kvm_fpu, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, CpuId, Msrs,
-};
+use kvm_bindings::{kvm_fpu, kvm_lapic_state, kvm_regs, kvm_segment, kvm_sregs, CpuId, Msrs};
 use kvm_ioctls::VcpuFd;
 
 use super::params::ZERO_PAGE_ADDR;
@@ -63,20 +61,7 @@ const TSS_SELECTOR: u16 = 0x18;
 const PTE_TABLE: u64 = 0x3; // present, writable
 const PTE_2M: u64 = 0x83; // present, writable, 2 MiB
 
-const MSR_IA32_TSC: u32 = 0x10;
-const MSR_IA32_SYSENTER_CS: u32 = 0x174;
-const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
-const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
-const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
-const MSR_MTRR_DEF_TYPE: u32 = 0x2ff;
-const MSR_STAR: u32 = 0xc000_0081;
-const MSR_LSTAR: u32 = 0xc000_0082;
-const MSR_CSTAR: u32 = 0xc000_0083;
-const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
-const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
-const MISC_ENABLE_FAST_STRING: u64 = 1;
-/// MTRRs enabled, default type write-back.
-const MTRR_DEF_ENABLE_WB: u64 = (1 << 11) | 6;
+pub use crate::vstate::msrs::boot_msrs;
 
 const APIC_LVT0: usize = 0x350;
 const APIC_LVT1: usize = 0x360;
@@ -209,31 +194,6 @@ pub fn entry_regs(entry: u64, protocol: BootProtocol) -> kvm_regs {
     }
 }
 
-/// The MSRs Firecracker sets at boot: SYSENTER/SYSCALL state cleared, the
-/// TSC at 0, fast strings on, MTRRs on with write-back default.
-pub fn boot_msrs() -> Vec<kvm_msr_entry> {
-    [
-        (MSR_IA32_SYSENTER_CS, 0),
-        (MSR_IA32_SYSENTER_ESP, 0),
-        (MSR_IA32_SYSENTER_EIP, 0),
-        (MSR_STAR, 0),
-        (MSR_CSTAR, 0),
-        (MSR_KERNEL_GS_BASE, 0),
-        (MSR_SYSCALL_MASK, 0),
-        (MSR_LSTAR, 0),
-        (MSR_IA32_TSC, 0),
-        (MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
-        (MSR_MTRR_DEF_TYPE, MTRR_DEF_ENABLE_WB),
-    ]
-    .into_iter()
-    .map(|(index, data)| kvm_msr_entry {
-        index,
-        data,
-        ..Default::default()
-    })
-    .collect()
-}
-
 fn lapic_reg(state: &kvm_lapic_state, at: usize) -> u32 {
     let b: Vec<u8> = state.regs[at..at + 4].iter().map(|&c| c as u8).collect();
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
@@ -303,6 +263,7 @@ pub fn configure(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vstate::msrs::{MSR_IA32_MISC_ENABLE, MSR_LSTAR, MSR_MTRR_DEF_TYPE};
 
     #[test]
     fn cpl0_long_mode() {

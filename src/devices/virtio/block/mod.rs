@@ -49,7 +49,6 @@ mod tests_hostile;
 mod tests_limits;
 #[cfg(test)]
 mod tests_uring;
-pub mod uring;
 pub mod worker;
 
 pub use device::{image_id, Block, BlockOptions, CacheType, IoEngine};

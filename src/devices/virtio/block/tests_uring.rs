@@ -13,7 +13,7 @@ use virtio_bindings::virtio_blk as b;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::tests::*;
-use super::uring::DEPTH;
+use super::worker::uring::{self, DEPTH};
 use super::*;
 use crate::devices::virtio::{QueueHandler, VirtioDevice};
 use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};

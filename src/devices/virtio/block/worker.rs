@@ -39,6 +39,8 @@
 //! only counted; its timer fd (the loop's source 0) ends the block and runs
 //! a pass.
 
+pub mod uring;
+
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -52,7 +54,6 @@ use super::device::IoEngine;
 use super::device::{BlockShared, CacheType, Ring};
 use super::disk::{disk_size, Disk};
 use super::request::{gather, parse, scatter, Refusal, Request, RequestType, Segment};
-use super::uring::{submittable, Uring};
 use super::{
     status, Block, BlockError, BOUNCE_BYTES, ID_BYTES, MAX_CHAINS_PER_PASS,
     MAX_DESCRIPTORS_PER_REQUEST, SECTOR_BYTES,
@@ -61,6 +62,7 @@ use crate::devices::virtio::{
     ActiveState, DeviceMemory, Pending, QueueHandler, VirtioInterruptType, Wake, Worker,
 };
 use crate::rate_limiter::{RateLimiter, TokenType};
+use uring::{submittable, Uring};
 
 /// Runs a block device's requests: the handler of its thread's loop.
 pub struct BlockWorker<M: DeviceMemory> {

@@ -2,6 +2,8 @@
 //! reset. The queue and tap work is in [`super::queues`]; it runs on the
 //! device's thread, never in these calls (a vCPU thread's).
 
+pub mod limits;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -12,7 +14,6 @@ use event_manager::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::features::{MAC, OFFERED};
-use super::limits::NetLimits;
 use super::metrics::NetMetrics;
 use super::tap::{tap_offload_for, NetBackend, Tap};
 use super::{
@@ -23,6 +24,7 @@ use crate::devices::virtio::{
     QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
 use crate::rate_limiter::RateLimiterConfig;
+use limits::NetLimits;
 
 /// What the device is made with (the API's `PUT /network-interfaces`,
 /// checked; the tap is opened separately by [`super::open_tap`]).

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use vm_memory::GuestAddress;
 
-use super::limits::{RX_TIMER_SOURCE, TX_TIMER_SOURCE};
+use super::device::limits::{RX_TIMER_SOURCE, TX_TIMER_SOURCE};
 use super::test_backend::RecordingBackend;
 use super::tests::{desc, frame, mem, start, used_idx, Rig, BUF, W};
 use super::*;

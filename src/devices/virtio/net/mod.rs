@@ -25,7 +25,6 @@
 //! - Counters: [`metrics::NetMetrics`] (Firecracker's `net` group names).
 
 pub mod device;
-pub mod limits;
 #[cfg(test)]
 mod limits_tests;
 pub mod metrics;

@@ -23,20 +23,20 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 
-use super::device::Net;
-use super::metrics::NetMetrics;
-use super::NetError;
+use super::super::metrics::NetMetrics;
+use super::super::NetError;
+use super::Net;
 use crate::devices::virtio::DeviceMemory;
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 
 /// The index of the receive limiter's timer among the device's sources.
-pub(super) const RX_TIMER_SOURCE: usize = 1;
+pub(in crate::devices::virtio::net) const RX_TIMER_SOURCE: usize = 1;
 /// The index of the transmit limiter's timer among the device's sources.
-pub(super) const TX_TIMER_SOURCE: usize = 2;
+pub(in crate::devices::virtio::net) const TX_TIMER_SOURCE: usize = 2;
 
 /// A device's two limiters (each limits nothing when its config is empty).
 #[derive(Debug)]
-pub(super) struct NetLimits {
+pub(in crate::devices::virtio::net) struct NetLimits {
     pub rx: RateLimiter,
     pub tx: RateLimiter,
 }
@@ -98,7 +98,7 @@ impl NetLimits {
 impl<M: DeviceMemory> Net<M> {
     /// A limiter's timer fired (source `index`): ends its block and resumes
     /// that direction. A spurious wake changes nothing.
-    pub(super) fn process_limiter(&mut self, index: usize) {
+    pub(in crate::devices::virtio::net) fn process_limiter(&mut self, index: usize) {
         match index {
             RX_TIMER_SOURCE => {
                 self.metrics.rx_event_rate_limiter_count.inc();

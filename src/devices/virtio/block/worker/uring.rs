@@ -51,10 +51,10 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, squeue, types, IoUring};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::device::CacheType;
-use super::request::{scatter, Request, RequestType, Segment};
-use super::worker::BlockWorker;
-use super::{status, BlockError, BOUNCE_BYTES};
+use super::super::device::CacheType;
+use super::super::request::{scatter, Request, RequestType, Segment};
+use super::super::{status, BlockError, BOUNCE_BYTES};
+use super::BlockWorker;
 use crate::devices::virtio::DeviceMemory;
 
 /// Most requests in flight at once (and the ring's entries).
@@ -174,7 +174,7 @@ impl Drop for Uring {
 }
 
 /// Whether the engine takes `req` (the rest is done at once).
-pub(super) fn submittable(req: &Request, cache_type: CacheType) -> bool {
+pub(in crate::devices::virtio::block) fn submittable(req: &Request, cache_type: CacheType) -> bool {
     match req.kind {
         RequestType::In | RequestType::Out => req.data_len <= BOUNCE_BYTES as u64,
         RequestType::Flush => cache_type == CacheType::Writeback,
@@ -187,7 +187,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
     /// `self.segments`): an OUT's data is copied into the slot first. A
     /// request that cannot be submitted is answered IOERR (or abandoned
     /// if its activation is gone).
-    pub(super) fn submit(&mut self, epoch: u64, req: &Request) {
+    pub(in crate::devices::virtio::block) fn submit(&mut self, epoch: u64, req: &Request) {
         let Some(fd) = self.disk.raw_fd() else {
             return self.answer_now(epoch, req, status::IOERR);
         };
@@ -212,9 +212,9 @@ impl<M: DeviceMemory> BlockWorker<M> {
         if req.kind == RequestType::Out {
             let copied = {
                 let ring = self.shared.ring();
-                ring.as_ref()
-                    .filter(|(e, _)| *e == epoch)
-                    .map(|(_, a)| super::request::gather(&*a.mem, &s.segments, 0, &mut s.buf[..n]))
+                ring.as_ref().filter(|(e, _)| *e == epoch).map(|(_, a)| {
+                    super::super::request::gather(&*a.mem, &s.segments, 0, &mut s.buf[..n])
+                })
             };
             let Some(copied) = copied else {
                 self.shared.metrics.abandoned_reqs_count.inc();
@@ -255,7 +255,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
 
     /// Hands the pushed SQEs to the kernel (end of a pass). A failed
     /// `io_uring_enter` leaves them in the submission queue for the next.
-    pub(super) fn submit_pushed(&mut self) {
+    pub(in crate::devices::virtio::block) fn submit_pushed(&mut self) {
         if let Some(u) = self.uring.as_mut() {
             if u.submit().is_err() {
                 self.shared.metrics.event_fails.inc();
@@ -265,7 +265,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
 
     /// The completion eventfd fired: answers every request that completed
     /// (status, data for IN, used ring), frees their slots.
-    pub(super) fn complete(&mut self) {
+    pub(in crate::devices::virtio::block) fn complete(&mut self) {
         let mut done = Vec::with_capacity(DEPTH);
         let Some(u) = self.uring.as_mut() else { return };
         u.reap(&mut done);
