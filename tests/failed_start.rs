@@ -190,13 +190,6 @@ fn start(sock: &Path) -> (u16, String) {
     action(sock, r#"{"action_type": "InstanceStart"}"#)
 }
 
-fn shutdown_ok(vmm: Vmm, sock: &Path) {
-    let (status, body) = action(sock, r#"{"action_type": "Shutdown"}"#);
-    assert_eq!(status, 200, "{body}");
-    let (code, _, stderr) = vmm.wait(T);
-    assert_eq!(code, 0, "{stderr}");
-}
-
 /// One step fault: the start fails after that step, gives everything back,
 /// and the retry runs the firmware.
 fn fails_at(step: &str, needs_net: bool) {

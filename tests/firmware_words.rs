@@ -61,13 +61,6 @@ fn start(
     (vmm, sock)
 }
 
-fn shutdown_ok(vmm: Vmm, sock: &Path) {
-    let (status, body) = action(sock, r#"{"action_type": "Shutdown"}"#);
-    assert_eq!(status, 200, "{body}");
-    let (code, _, stderr) = vmm.wait(T);
-    assert_eq!(code, 0, "{stderr}");
-}
-
 /// The last metrics line after a FlushMetrics.
 fn metrics(dir: &Path, sock: &Path) -> serde_json::Value {
     let (status, body) = action(sock, r#"{"action_type": "FlushMetrics"}"#);

@@ -53,13 +53,6 @@ fn start(ns: &Netns, dir: &Path, iface: &str, args: &str) -> (Vmm, std::path::Pa
     (vmm, sock)
 }
 
-fn shutdown_ok(vmm: Vmm, sock: &Path) {
-    let (status, body) = action(sock, r#"{"action_type": "Shutdown"}"#);
-    assert_eq!(status, 200, "{body}");
-    let (code, _, stderr) = vmm.wait(T);
-    assert_eq!(code, 0, "{stderr}");
-}
-
 /// The `net_eth0` metrics group after a flush.
 fn net_metrics(sock: &Path, dir: &Path) -> serde_json::Value {
     let (s, b) = action(sock, r#"{"action_type": "FlushMetrics"}"#);

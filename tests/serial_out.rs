@@ -34,14 +34,6 @@ fn boot_with_serial(name: &str, path: &Path) -> (Vmm, std::path::PathBuf) {
     (vmm, sock)
 }
 
-fn shutdown_ok(vmm: Vmm, sock: &Path) -> Vec<String> {
-    let (s, b) = action(sock, r#"{"action_type": "Shutdown"}"#);
-    assert_eq!(s, 200, "{b}");
-    let (code, stdout, stderr) = vmm.wait(T);
-    assert_eq!(code, 0, "{stderr}");
-    stdout
-}
-
 #[test]
 fn the_guests_lines_go_to_the_file_not_to_stdout() {
     if !kvm_or_skip("serial_out") {

@@ -87,6 +87,14 @@ pub fn u(v: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no number {key} in {v}"))
 }
 
+/// `Shutdown` through the API (answered 200), then exit 0; returns the
+/// stdout lines.
+pub fn shutdown_ok(vmm: Vmm, sock: &Path) -> Vec<String> {
+    let (status, body) = action(sock, r#"{"action_type": "Shutdown"}"#);
+    assert_eq!(status, 200, "{body}");
+    exits_ok(vmm).0
+}
+
 /// Waits for exit 0 and returns (stdout lines, stderr).
 pub fn exits_ok(vmm: Vmm) -> (Vec<String>, String) {
     let (code, stdout, stderr) = vmm.wait(T);
