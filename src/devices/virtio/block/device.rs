@@ -36,7 +36,7 @@ pub enum IoEngine {
     /// request at a time.
     #[default]
     Sync,
-    /// io_uring ([`super::uring`]): reads, writes and flushes submitted as
+    /// io_uring ([`crate::devices::virtio::block::worker::uring`]): reads, writes and flushes submitted as
     /// SQEs, many in flight, answered as they complete.
     Async,
 }

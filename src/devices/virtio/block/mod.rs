@@ -31,7 +31,7 @@
 //!   chain; execution ([`worker`]) goes through the [`Disk`] trait
 //!   ([`disk`]), which tests and the fuzz target implement with a recording
 //!   backend.
-//! - `io_engine: "Async"`: [`uring`] (io_uring, many requests in flight,
+//! - `io_engine: "Async"`: [`worker::uring`] (io_uring, many requests in flight,
 //!   each through its own bounce buffer; the same reset rule).
 //! - Counters: [`metrics::BlockMetrics`].
 

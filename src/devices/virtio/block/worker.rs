@@ -28,7 +28,7 @@
 //! `timerfd_create`, and the bounce buffer's allocation (`mmap`). No
 //! allocation per request after the first.
 //!
-//! With `io_engine: "Async"` ([`super::uring`]) IN, OUT and FLUSH
+//! With `io_engine: "Async"` ([`uring`]) IN, OUT and FLUSH
 //! (Writeback) go to the io_uring engine instead: submitted at the end of
 //! the pass (`io_uring_enter`), answered when their completions come (the
 //! loop's source 1, the ring's eventfd); a full engine ends the pass.

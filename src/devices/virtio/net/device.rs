@@ -34,7 +34,7 @@ pub struct NetOptions {
     pub iface_id: String,
     /// The guest's MAC; without one the driver picks its own.
     pub guest_mac: Option<[u8; 6]>,
-    /// The receive rate limiter ([`super::limits`]; empty: no limit).
+    /// The receive rate limiter ([`limits`]; empty: no limit).
     pub rx_rate_limiter: RateLimiterConfig,
     /// The transmit rate limiter.
     pub tx_rate_limiter: RateLimiterConfig,
@@ -178,7 +178,7 @@ impl<M: DeviceMemory> Net<M> {
 /// ([`crate::devices::virtio::worker`]), `read` on the tap, `write` on the
 /// tap and the irqfd, `ioctl TUNSETOFFLOAD` on the tap (once per
 /// activation), `futex` (the device's lock), the rate limiters' timers
-/// ([`super::limits`]).
+/// ([`limits`]).
 impl<M: DeviceMemory> QueueHandler for Net<M> {
     fn wake(&self) -> Arc<Wake> {
         self.wake.clone()

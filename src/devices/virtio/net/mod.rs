@@ -3,7 +3,7 @@
 //! configuration space, checksum and segmentation offloads passed through
 //! the tap's virtio-net header, mergeable receive buffers. No control
 //! queue, no multiqueue; Firecracker's receive and transmit rate limiters
-//! ([`limits`]).
+//! ([`device::limits`]).
 //!
 //! What it owns, and how its threads talk:
 //! - [`tap::open_tap`] opens a tap by name (`IFF_TAP | IFF_NO_PI |
