@@ -159,6 +159,11 @@ impl MicroVm {
         self.devices().and_then(|d| d.balloon.as_ref())
     }
 
+    /// The virtio-mem devices, if memory hotplug is configured.
+    pub fn hotplug(&self) -> Option<&crate::vmm::hotplug::Hotplug> {
+        self.devices().and_then(|d| d.hotplug.as_ref())
+    }
+
     /// The drives.
     pub fn blocks(&self) -> &[BlockDevice] {
         self.devices().map_or(&[], |d| &d.blocks)

@@ -301,6 +301,8 @@ pub struct Devices {
     pub vsock: Option<Arc<Mutex<Vsock<GuestView>>>>,
     /// The entropy device.
     pub rng: Option<Arc<Mutex<Rng<GuestView>>>>,
+    /// The virtio-mem devices, if memory hotplug is configured.
+    pub hotplug: Option<crate::vmm::hotplug::Hotplug>,
     running: Running,
 }
 
@@ -504,6 +506,7 @@ impl Devices {
         };
         fault_at(crate::faults::FIRST_START_FAILS_AFTER_DEVICES)?;
         Ok(Devices {
+            hotplug: None,
             rng,
             vsock,
             nets,

@@ -30,6 +30,7 @@ pub mod balloon_sink;
 pub mod builder;
 pub mod device_opens;
 pub mod devices;
+pub mod hotplug;
 pub mod jobs;
 mod mmds;
 mod net_patch;
