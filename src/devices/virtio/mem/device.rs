@@ -491,15 +491,14 @@ impl<M: DeviceMemory> VirtioDevice<M> for VirtioMem<M> {
     }
 
     fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
-        let checked = active.check(self.active.is_some(), [0]).and_then(|()| {
-            if active.acked_features & (1 << VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE) == 0 {
-                Err(ActivateError::FeatureNotAcked(
-                    VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE,
-                ))
-            } else {
-                Ok(())
-            }
-        });
+        let feature = if active.acked_features & (1 << VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE) == 0 {
+            Err(ActivateError::FeatureNotAcked(
+                VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE,
+            ))
+        } else {
+            Ok(())
+        };
+        let checked = active.check(self.active.is_some(), [0]).and(feature);
         checked.inspect_err(|_| self.metrics.activate_fails.inc())?;
         self.active = Some(active);
         self.epoch += 1;

@@ -44,6 +44,8 @@ pub mod worker;
 
 mod blocks;
 #[cfg(test)]
+mod request_tests;
+#[cfg(test)]
 mod tests;
 
 pub use device::{MemStatus, VirtioMem};

@@ -9,10 +9,9 @@ use std::time::Duration;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::blocks::Blocks;
 use super::*;
 use crate::devices::virtio::test_utils::{guest_memory, queue_evts, Irq, Mem};
 use crate::devices::virtio::{
@@ -20,19 +19,19 @@ use crate::devices::virtio::{
     VIRTIO_F_VERSION_1,
 };
 
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-const BLOCK: u64 = 2 * MIB;
-const SLOT: u64 = 128 * MIB;
-const REGION: u64 = 4 * GIB;
-const REGION_BYTES: u64 = GIB;
+pub(super) const MIB: u64 = 1 << 20;
+pub(super) const GIB: u64 = 1 << 30;
+pub(super) const BLOCK: u64 = 2 * MIB;
+pub(super) const SLOT: u64 = 128 * MIB;
+pub(super) const REGION: u64 = 4 * GIB;
+pub(super) const REGION_BYTES: u64 = GIB;
 /// Request i at BUF + i * 0x100, its response 0x80 after it.
-const BUF: u64 = 4 * MIB;
-const W: u32 = VRING_DESC_F_WRITE;
-const N: u32 = VRING_DESC_F_NEXT;
+pub(super) const BUF: u64 = 4 * MIB;
+pub(super) const W: u32 = VRING_DESC_F_WRITE;
+pub(super) const N: u32 = VRING_DESC_F_NEXT;
 const FEATURES: u64 = VIRTIO_F_VERSION_1 | 1 << VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE | 1;
 
-type Range = (u64, u64);
+pub(super) type Range = (u64, u64);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Call {
@@ -43,7 +42,7 @@ enum Call {
 /// Records every call; answers PLUGs from `answers` (Ok when empty); if
 /// `gate` is set, a PLUG says it entered and waits for a go.
 #[derive(Default)]
-struct Sink {
+pub(super) struct Sink {
     calls: Mutex<Vec<Call>>,
     answers: Mutex<VecDeque<Result<(), PlugRefused>>>,
     gate: Mutex<Option<(Sender<()>, Receiver<()>)>>,
@@ -75,7 +74,7 @@ impl Sink {
     }
 }
 
-fn opts() -> MemOptions {
+pub(super) fn opts() -> MemOptions {
     MemOptions {
         region_addr: REGION,
         region_bytes: REGION_BYTES,
@@ -85,11 +84,11 @@ fn opts() -> MemOptions {
     }
 }
 
-fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
+pub(super) fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
     RawDescriptor::from(Descriptor::new(addr, len, flags as u16, next))
 }
 
-fn req(t: u16, addr: u64, nb: u16) -> [u8; REQUEST_BYTES] {
+pub(super) fn req(t: u16, addr: u64, nb: u16) -> [u8; REQUEST_BYTES] {
     let mut b = [0xeeu8; REQUEST_BYTES];
     b[0..2].copy_from_slice(&t.to_le_bytes());
     b[8..16].copy_from_slice(&addr.to_le_bytes());
@@ -190,112 +189,9 @@ fn used(
 
 const ACK: (u16, u16) = (VIRTIO_MEM_RESP_ACK, 0);
 const ERR: (u16, u16) = (VIRTIO_MEM_RESP_ERROR, 0);
-const PLUG: u16 = VIRTIO_MEM_REQ_PLUG;
-const UNPLUG: u16 = VIRTIO_MEM_REQ_UNPLUG;
-const STATE: u16 = VIRTIO_MEM_REQ_STATE;
-
-#[test]
-fn the_parser_reads_every_field_and_ignores_padding() {
-    assert_eq!(
-        request::decode(&req(PLUG, 0x1122_3344_5566_7788, 0xabcd)),
-        RequestKind::Plug {
-            addr: 0x1122_3344_5566_7788,
-            nb_blocks: 0xabcd
-        }
-    );
-    assert_eq!(
-        request::decode(&req(UNPLUG, 8, 1)),
-        RequestKind::Unplug {
-            addr: 8,
-            nb_blocks: 1
-        }
-    );
-    assert_eq!(
-        request::decode(&req(VIRTIO_MEM_REQ_UNPLUG_ALL, 8, 1)),
-        RequestKind::UnplugAll
-    );
-    assert_eq!(
-        request::decode(&req(STATE, 16, 2)),
-        RequestKind::State {
-            addr: 16,
-            nb_blocks: 2
-        }
-    );
-    assert_eq!(
-        request::decode(&req(0x704, 0, 0)),
-        RequestKind::Unknown(0x704)
-    );
-    let r = request::encode_response(VIRTIO_MEM_RESP_ACK, VIRTIO_MEM_STATE_MIXED);
-    assert_eq!(r, [0, 0, 0, 0, 0, 0, 0, 0, 2, 0]);
-
-    let arc = guest_memory(&[(0, 16 * MIB)]);
-    let q = MockSplitQueue::create(&*arc, GuestAddress(MIB), 16);
-    arc.write_slice(&req(STATE, REGION, 3), GuestAddress(BUF))
-        .unwrap();
-    q.add_desc_chains(&[desc(BUF, 24, N, 1), desc(BUF + 0x80, 10, W, 0)], 0)
-        .unwrap();
-    let mut queue: Queue = q.create_queue().unwrap();
-    let chain = queue.pop_descriptor_chain(&*arc).unwrap();
-    let r = request::parse(&*arc, chain).unwrap();
-    assert_eq!(
-        r,
-        Request {
-            head: 0,
-            kind: RequestKind::State {
-                addr: REGION,
-                nb_blocks: 3
-            },
-            resp_addr: GuestAddress(BUF + 0x80),
-        }
-    );
-}
-
-#[test]
-fn the_parser_refuses_bad_chains() {
-    let arc = guest_memory(&[(0, 16 * MIB)]);
-    let q = MockSplitQueue::create(&*arc, GuestAddress(MIB), 32);
-    let (a, b) = (BUF, BUF + 0x80);
-    let out = 64 * MIB;
-    let chains: [(&[RawDescriptor], RequestError); 7] = [
-        (
-            &[desc(a, 24, W | N, 1), desc(b, 10, W, 0)],
-            RequestError::RequestWriteOnly,
-        ),
-        (
-            &[desc(a, 23, N, 3), desc(b, 10, W, 0)],
-            RequestError::RequestShort(23),
-        ),
-        (&[desc(a, 24, 0, 0)], RequestError::NoResponse),
-        (
-            &[desc(a, 24, N, 6), desc(b, 10, 0, 0)],
-            RequestError::ResponseReadOnly,
-        ),
-        (
-            &[desc(a, 24, N, 8), desc(b, 9, W, 0)],
-            RequestError::ResponseShort(9),
-        ),
-        (
-            &[desc(a, 24, N, 10), desc(out, 10, W, 0)],
-            RequestError::ResponseOutsideRam,
-        ),
-        (
-            &[desc(out, 24, N, 12), desc(b, 10, W, 0)],
-            RequestError::RequestOutsideRam,
-        ),
-    ];
-    let mut off = 0;
-    for (descs, _) in &chains {
-        q.add_desc_chains(descs, off).unwrap();
-        off += descs.len() as u16;
-    }
-    let mut queue: Queue = q.create_queue().unwrap();
-    let mut off = 0;
-    for (descs, why) in &chains {
-        let chain = queue.pop_descriptor_chain(&*arc).unwrap();
-        assert_eq!(request::parse(&*arc, chain), Err((off, *why)));
-        off += descs.len() as u16;
-    }
-}
+pub(super) const PLUG: u16 = VIRTIO_MEM_REQ_PLUG;
+pub(super) const UNPLUG: u16 = VIRTIO_MEM_REQ_UNPLUG;
+pub(super) const STATE: u16 = VIRTIO_MEM_REQ_STATE;
 
 #[test]
 fn hostile_chains_are_answered_with_nothing_and_the_device_goes_on() {
@@ -427,7 +323,7 @@ fn invalid_requests_are_answered_error_and_reach_no_sink() {
     assert_eq!(rig.status().usable_bytes, SLOT);
     assert_eq!(rig.ask(&q, req(PLUG, REGION + 2 * BLOCK, 2)), ACK);
     rig.sink.take();
-    let top = u64::MAX & !(BLOCK - 1);
+    let top = !(BLOCK - 1);
     for (t, addr, nb, why) in [
         (PLUG, REGION - BLOCK, 1, "below the region"),
         (PLUG, REGION + SLOT, 1, "past the usable region"),
@@ -667,65 +563,4 @@ fn the_thread_loop_answers_a_notified_queue() {
     assert_eq!(rig.metric(|m| m.queue_event_count.get()), 1);
     exit.write(1).unwrap();
     assert!(!w.run_once(Some(Duration::from_secs(5))).unwrap());
-}
-
-#[test]
-fn options_are_checked() {
-    let sink: Arc<dyn HotplugSink> = Arc::new(Sink::default());
-    let with = |f: fn(&mut MemOptions)| {
-        let mut o = opts();
-        f(&mut o);
-        VirtioMem::<Mem>::new(o, sink.clone()).map(|_| ())
-    };
-    assert!(with(|_| {}).is_ok());
-    assert!(matches!(
-        with(|o| o.block_bytes = 3 * MIB),
-        Err(MemError::BlockSize(_))
-    ));
-    assert!(matches!(
-        with(|o| o.block_bytes = MIB),
-        Err(MemError::BlockSize(_))
-    ));
-    assert!(matches!(
-        with(|o| o.slot_bytes = 0),
-        Err(MemError::SlotSize { .. })
-    ));
-    assert!(matches!(
-        with(|o| o.slot_bytes = 3 * MIB),
-        Err(MemError::SlotSize { .. })
-    ));
-    assert!(matches!(
-        with(|o| o.region_bytes = SLOT + BLOCK),
-        Err(MemError::RegionSize { .. })
-    ));
-    assert!(matches!(
-        with(|o| o.region_bytes = 0),
-        Err(MemError::RegionSize { .. })
-    ));
-    assert!(matches!(
-        with(|o| o.region_addr = u64::MAX - SLOT + 1),
-        Err(MemError::RegionSize { .. })
-    ));
-    assert!(matches!(
-        with(|o| o.region_addr = REGION + BLOCK),
-        Err(MemError::RegionAddr { .. })
-    ));
-}
-
-#[test]
-fn the_bitmap_counts_sets_and_finds_runs_across_words() {
-    let mut b = Blocks::new(200);
-    b.set(60, 10, true);
-    b.set(127, 66, true);
-    assert_eq!(b.plugged(), 76);
-    assert_eq!(b.count(0, 200), 76);
-    assert_eq!(b.count(64, 6), 6);
-    assert_eq!(b.count(69, 60), 3);
-    assert_eq!(b.runs(), vec![(60, 10), (127, 66)]);
-    b.set(128, 64, false);
-    assert_eq!(b.runs(), vec![(60, 10), (127, 1), (192, 1)]);
-    b.set(0, 200, true);
-    assert_eq!(b.runs(), vec![(0, 200)]);
-    b.set(0, 200, false);
-    assert_eq!((b.plugged(), b.runs()), (0, vec![]));
 }
