@@ -525,6 +525,19 @@ const ENTROPY: &[Allow] = &[
     // guest's requests, as Firecracker's entropy device does.
 ];
 
+/// `virtio-mem`: a virtio-mem device's requests (src/devices/virtio/mem):
+/// the loop's calls and the device's lock; the sink's own calls (memslots,
+/// the discard pool's hand-off) are the host side's to add.
+const MEM: &[Allow] = &[
+    any(
+        libc::SYS_epoll_wait,
+        "wait for the queue, the wake and exit eventfds",
+    ),
+    any(libc::SYS_read, "clear the eventfds"),
+    // write (the irqfd, the wake eventfd) and futex (the device's lock,
+    // held by the API and vCPU threads too) are in BASE.
+];
+
 /// `virtio-vsock`: the vsock's packets, the host connections to
 /// `uds_path` (accepted) and the guest's to `<uds_path>_<port>` (made
 /// here), all non-blocking on this thread's epoll.
@@ -811,6 +824,7 @@ impl Role {
             Role::Net => NET,
             Role::Vsock => VSOCK,
             Role::Entropy => ENTROPY,
+            Role::Mem => MEM,
         }
     }
 
@@ -830,6 +844,7 @@ impl Role {
                 Role::Net,
                 Role::Vsock,
                 Role::Entropy,
+                Role::Mem,
             ],
             Role::Reclaim => &[Role::Progress],
             _ => &[],
