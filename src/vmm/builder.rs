@@ -257,7 +257,12 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         machine.cpu_template,
         config.cpu_config.as_ref(),
     )?;
-    let memory = GuestMemory::new_with(&MemoryOptions::from(&config), &topology, Some(&vm))?;
+    let memory = GuestMemory::new_with_hotplug(
+        &MemoryOptions::from(&config),
+        &topology,
+        Some(&vm),
+        device_specs.hotplug.map(|h| h.memory_options()),
+    )?;
     // From here on, whatever is built goes into `parts`: an error return
     // drops it (the one teardown order), a shutdown hands it to reclaim.
     let mut parts = Teardown {

@@ -31,7 +31,7 @@ const MIB: u64 = 1 << 20;
 
 /// Longest a PLUG waits for a discard of its range before it is answered
 /// BUSY (the guest retries).
-pub const FENCE_DEADLINE: Duration = Duration::from_secs(2);
+pub const FENCE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Errors of the hotplug control.
 #[derive(Debug, thiserror::Error)]
