@@ -31,6 +31,7 @@ pub mod builder;
 pub mod device_opens;
 pub mod devices;
 pub mod hotplug;
+mod hotplug_actions;
 pub mod jobs;
 mod mmds;
 mod net_patch;
