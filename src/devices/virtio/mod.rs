@@ -119,6 +119,8 @@ pub trait VirtioInterrupt: Send + Sync {
 pub struct IrqTrigger {
     status: Arc<AtomicU32>,
     irq_evt: EventFd,
+    /// Told after each trigger: vCPUs waiting on port 0xf0c wake.
+    hub: std::sync::OnceLock<Arc<crate::devices::wake::WakeHub>>,
 }
 
 impl IrqTrigger {
@@ -127,7 +129,18 @@ impl IrqTrigger {
         IrqTrigger {
             status: Arc::new(AtomicU32::new(0)),
             irq_evt,
+            hub: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Notifies `hub` after each trigger (once; a second hub is ignored).
+    pub fn notify_hub(&self, hub: Arc<crate::devices::wake::WakeHub>) {
+        let _ = self.hub.set(hub);
+    }
+
+    /// The `InterruptStatus` cell itself, for the wake hub to watch.
+    pub fn status_cell(&self) -> Arc<AtomicU32> {
+        self.status.clone()
     }
 
     /// The eventfd to register as the irqfd.
@@ -158,6 +171,9 @@ impl VirtioInterrupt for IrqTrigger {
             VirtioInterruptType::Config => INT_CONFIG,
         };
         self.status.fetch_or(bit, Ordering::SeqCst);
+        if let Some(hub) = self.hub.get() {
+            hub.notify();
+        }
         self.irq_evt.write(1)
     }
 }
