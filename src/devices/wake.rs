@@ -13,14 +13,14 @@
 //! costs an atomic load when no vCPU waits.
 //!
 //! The hub knows each slot's `InterruptStatus` (registered by the device
-//! manager as it attaches the transports, [`WakeHub::watch`]); it holds no
-//! device and no guest memory.
+//! manager as it attaches the transports, `IrqTrigger::wake_on`, which
+//! calls [`WakeHub::watch`]); it holds no device and no guest memory.
+//!
+//! [`IrqTrigger`]: super::virtio::IrqTrigger
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
-
-use super::virtio::IrqTrigger;
 
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,15 +74,14 @@ impl WakeHub {
         Self::default()
     }
 
-    /// Makes `interrupt` (the transport in slot `slot`) notify this hub, and
-    /// lets vCPUs wait on its status.
-    pub fn watch(self: &Arc<Self>, slot: usize, interrupt: &IrqTrigger) {
-        interrupt.notify_hub(self.clone());
+    /// Lets vCPUs wait on `status`, the `InterruptStatus` of the transport
+    /// in slot `slot` (whose interrupt then notifies this hub).
+    pub fn watch(&self, slot: usize, status: Arc<AtomicU32>) {
         let mut slots = lock(&self.slots);
         if slots.len() <= slot {
             slots.resize(slot + 1, None);
         }
-        slots[slot] = Some(interrupt.status_cell());
+        slots[slot] = Some(status);
     }
 
     /// A device set an `InterruptStatus` bit: wakes the waiting vCPUs to
@@ -167,14 +166,14 @@ impl WakeHub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::virtio::{VirtioInterrupt, VirtioInterruptType};
+    use crate::devices::virtio::{IrqTrigger, VirtioInterrupt, VirtioInterruptType};
     use std::sync::atomic::AtomicBool;
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
     fn hub_with_device() -> (Arc<WakeHub>, Arc<IrqTrigger>) {
         let hub = Arc::new(WakeHub::new());
         let irq = Arc::new(IrqTrigger::new(EventFd::new(EFD_NONBLOCK).unwrap()));
-        hub.watch(1, &irq);
+        irq.wake_on(&hub, 1);
         (hub, irq)
     }
 

@@ -576,7 +576,7 @@ fn attach(
     let (queue_evts, irq) = clones(&transport)?;
     let interrupt = transport.interrupt().clone();
     let slot = mmio.add(Box::new(transport))?;
-    mmio.wake_hub().watch(slot.index(), &interrupt);
+    interrupt.wake_on(mmio.wake_hub(), slot.index());
     register(vm, slot, &queue_evts, &irq)?;
     let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
     Ok((slot, queue_evts, exit))

@@ -9,7 +9,7 @@ use vmm_sys_util::eventfd::EFD_NONBLOCK;
 fn control_and_device() -> (Arc<VcpuControl>, Arc<WakeHub>, Arc<IrqTrigger>) {
     let hub = Arc::new(WakeHub::new());
     let irq = Arc::new(IrqTrigger::new(EventFd::new(EFD_NONBLOCK).unwrap()));
-    hub.watch(0, &irq);
+    irq.wake_on(&hub, 0);
     let control = Arc::new(VcpuControl::new());
     control.watch_hub(&hub);
     (control, hub, irq)

@@ -133,14 +133,12 @@ impl IrqTrigger {
         }
     }
 
-    /// Notifies `hub` after each trigger (once; a second hub is ignored).
-    pub fn notify_hub(&self, hub: Arc<crate::devices::wake::WakeHub>) {
-        let _ = self.hub.set(hub);
-    }
-
-    /// The `InterruptStatus` cell itself, for the wake hub to watch.
-    pub fn status_cell(&self) -> Arc<AtomicU32> {
-        self.status.clone()
+    /// Lets vCPUs wait on this interrupt, the one of MMIO slot `slot`, in
+    /// `hub`, which is notified after each trigger (one hub: a second is
+    /// ignored).
+    pub fn wake_on(&self, hub: &Arc<crate::devices::wake::WakeHub>, slot: usize) {
+        hub.watch(slot, self.status.clone());
+        let _ = self.hub.set(hub.clone());
     }
 
     /// The eventfd to register as the irqfd.
