@@ -30,12 +30,27 @@ fn request_mib(sock: &Path, mib: u64) {
 /// `total_mib` (default block and slot sizes), the firmware with `args`,
 /// started; returns once the driver has set its devices up and waits.
 fn started(name: &str, total_mib: u64, args: &str) -> (Vmm, PathBuf) {
-    let (mut vmm, sock, _dir) = start_api(name, &[]);
+    started_on(name, 256, total_mib, args, &[])
+}
+
+/// `started` with `ram_mib` of RAM and teravm's `extra` flags; with
+/// `--sysfs-root` (a fake host), bound to no node.
+fn started_on(
+    name: &str,
+    ram_mib: u64,
+    total_mib: u64,
+    args: &str,
+    extra: &[&str],
+) -> (Vmm, PathBuf) {
+    let (mut vmm, sock, _dir) = start_api(name, extra);
     put_ok(
         &sock,
         "/machine-config",
-        r#"{"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "None"}"#,
+        &format!(r#"{{"vcpu_count": 1, "mem_size_mib": {ram_mib}, "huge_pages": "None"}}"#),
     );
+    if extra.contains(&"--sysfs-root") {
+        put_ok(&sock, "/memory", r#"{"numa_policy": "none"}"#);
+    }
     put_ok(
         &sock,
         "/hotplug/memory",
@@ -205,6 +220,58 @@ fn unplug_all_frees_what_is_left_in_one_request() {
     vmm.wait_line("teravm firmware: mem unplugged 256 MiB (0 MiB plugged)", T);
     plugged_until(&sock, 0);
     rss_falls_to(pid, half - (240 << 20), "after UNPLUG_ALL");
+    let lines = shutdown_ok(vmm, &sock);
+    assert_no_driver_error(&lines);
+}
+
+#[test]
+fn two_nodes_each_plug_their_part_and_their_own_workers_free_it() {
+    if !kvm_or_skip("virtio_mem_two_nodes") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("mem-nodes-sys");
+    let sysfs = fake_sysfs(&dir, 2);
+    let (mut vmm, sock) = started_on(
+        "mem-nodes",
+        2048,
+        1024,
+        "mem then=idle",
+        &["--sysfs-root", sysfs.to_str().unwrap()],
+    );
+    // One device per guest node: the driver said both.
+    let devices = vmm
+        .stdout
+        .iter()
+        .filter(|l| l.contains("teravm firmware: mem device at"))
+        .count();
+    assert_eq!(devices, 2, "{:?}", vmm.stdout);
+    let v = get(&sock, "/hotplug/memory");
+    let nodes = v["nodes"].as_array().expect("nodes").clone();
+    assert_eq!(nodes.len(), 2, "{v}");
+    request_mib(&sock, 1024);
+    vmm.wait_line(
+        "teravm firmware: mem plugged 1024 MiB (1024 MiB plugged)",
+        T,
+    );
+    let v = plugged_until(&sock, 1024);
+    for n in v["nodes"].as_array().unwrap() {
+        assert_eq!(u(n, "plugged_size_mib"), 512, "{v}");
+    }
+    request_mib(&sock, 0);
+    vmm.wait_line("teravm firmware: mem unplugged 1024 MiB (0 MiB plugged)", T);
+    plugged_until(&sock, 0);
+    // Each node's part freed by its own workers.
+    let deadline = Instant::now() + FREED_WITHIN;
+    loop {
+        let v = get(&sock, "/hotplug/memory");
+        let nodes = v["nodes"].as_array().unwrap();
+        if nodes.iter().all(|n| u(n, "discarded_bytes") >= 512 << 20) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "per-node discards: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let lines = shutdown_ok(vmm, &sock);
     assert_no_driver_error(&lines);
 }
