@@ -13,6 +13,7 @@ pub mod balloon;
 pub mod drives;
 pub mod entropy;
 pub mod firecracker;
+pub mod hotplug;
 pub mod net;
 pub mod serial;
 pub mod vsock;
@@ -99,6 +100,7 @@ pub use firecracker::{
     check_id, CpuTemplate, LogLevel, LoggerConfig, MachineConfigBody, MachineConfigPatch,
     MetricsConfig, UnsupportedSection, MAX_ID_LEN,
 };
+pub use hotplug::{HotplugConfigError, MemoryHotplugConfig, MemoryHotplugSizeUpdate};
 pub use net::{check_nets, MacAddr, MacAddrError, NetConfig, NetUpdate};
 pub use vsock::VsockConfig;
 
@@ -560,9 +562,14 @@ pub struct VmConfig {
     /// Firecracker's virtio-pmem devices: only empty.
     #[serde(default, skip_serializing)]
     pub pmem: UnsupportedSection,
-    /// Firecracker's memory hotplug (virtio-mem): only empty.
-    #[serde(rename = "memory-hotplug", default, skip_serializing)]
-    pub memory_hotplug: UnsupportedSection,
+    /// Firecracker's memory hotplug (virtio-mem): the region above RAM,
+    /// one device per guest node.
+    #[serde(
+        rename = "memory-hotplug",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub memory_hotplug: Option<MemoryHotplugConfig>,
 }
 
 impl VmConfig {
@@ -601,6 +608,12 @@ impl VmConfig {
 
     /// How many virtio devices the configuration asks for: the balloon,
     /// the drives, the network interfaces and the vsock (one GSI each).
+    ///
+    /// The memory-hotplug devices are not counted here: there is one per
+    /// guest node, and the guest nodes are known only at launch (with
+    /// `memory.host_nodes` absent, every host node with memory). The start
+    /// path that wires them counts them then, against
+    /// [`check_device_count`].
     pub fn device_count(&self) -> usize {
         usize::from(self.balloon.is_some())
             + self.drives.len()
@@ -652,7 +665,10 @@ impl VmConfig {
                 .map_err(|e| invalid("mmds-config", e.to_string()))?;
         }
         self.pmem.check("pmem")?;
-        self.memory_hotplug.check("memory-hotplug")?;
+        if let Some(h) = &self.memory_hotplug {
+            h.validate()
+                .map_err(|e| invalid("memory-hotplug", e.to_string()))?;
+        }
         self.entropy.map_or(Ok(()), |e| e.validate())
     }
 }

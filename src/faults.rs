@@ -70,6 +70,8 @@ pub const START_FAILS_AT_DRIVES: &str = "start-fails-at-drives";
 pub const START_FAILS_AT_NET: &str = "start-fails-at-net";
 /// Fails the start right after the vsock's thread started.
 pub const START_FAILS_AT_VSOCK: &str = "start-fails-at-vsock";
+/// Fails the start right after every virtio-mem device's thread started.
+pub const START_FAILS_AT_HOTPLUG: &str = "start-fails-at-hotplug";
 /// Fails the first start right after every device's thread started.
 pub const FIRST_START_FAILS_AFTER_DEVICES: &str = "first-start-fails-after-devices";
 

@@ -60,7 +60,7 @@ pub enum MetricsError {
 }
 
 /// API resources counted apart; every other path counts as `other`.
-const RESOURCES: [&str; 20] = [
+const RESOURCES: [&str; 21] = [
     "/",
     "/version",
     "/machine-config",
@@ -80,6 +80,7 @@ const RESOURCES: [&str; 20] = [
     "/snapshot",
     "/entropy",
     "/cpu-config",
+    "/hotplug/memory",
     "other",
 ];
 const METHODS: [&str; 4] = ["GET", "PUT", "PATCH", "other"];
@@ -378,6 +379,7 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
             ("machine_cfg", idx("/machine-config")),
             ("mmds", idx("/mmds")),
             ("vmm_version", idx("/version")),
+            ("hotplug_memory", idx("/hotplug/memory")),
         ], false),
         "put_api_requests": fc_group(put, &[
             ("actions", idx("/actions")),
@@ -390,12 +392,14 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
             ("network", idx("/network-interfaces")),
             ("mmds", idx("/mmds")),
             ("vsock", idx("/vsock")),
+            ("hotplug_memory", idx("/hotplug/memory")),
         ], true),
         "patch_api_requests": fc_group(patch, &[
             ("drive", idx("/drives")),
             ("network", idx("/network-interfaces")),
             ("machine_cfg", idx("/machine-config")),
             ("mmds", idx("/mmds")),
+            ("hotplug_memory", idx("/hotplug/memory")),
         ], true),
         "logger": {
             "missed_metrics_count": m.missed_lines.since_last_line(),
@@ -529,6 +533,11 @@ mod tests {
         assert_eq!(RESOURCES[resource_index("/balloon/statistics")], "/balloon");
         assert_eq!(RESOURCES[resource_index("/machine-configx")], "other");
         assert_eq!(RESOURCES[resource_index("/nope")], "other");
+        assert_eq!(
+            RESOURCES[resource_index("/hotplug/memory")],
+            "/hotplug/memory"
+        );
+        assert_eq!(RESOURCES[resource_index("/hotplug")], "other");
         assert_eq!(METHODS[method_index("DELETE")], "other");
     }
 

@@ -112,6 +112,14 @@ pub enum VmmAction {
     PutEntropy(crate::config::entropy::EntropyConfig),
     /// `PUT /serial` (before the start).
     PutSerial(crate::config::serial::SerialConfig),
+    /// `PUT /hotplug/memory` (already validated; before the start).
+    PutHotplugMemory(crate::config::MemoryHotplugConfig),
+    /// `PATCH /hotplug/memory`: the size the guest is asked to plug (once
+    /// running; checked against the region by the devices).
+    PatchHotplugMemory(crate::config::MemoryHotplugSizeUpdate),
+    /// `GET /hotplug/memory`: the region and what is plugged (once
+    /// running).
+    GetHotplugMemory,
 }
 
 /// The body of `PATCH /vm`.
@@ -171,6 +179,9 @@ impl VmmAction {
             VmmAction::PutCpuConfig(_) => ("PUT", "/cpu-config"),
             VmmAction::PutEntropy(_) => ("PUT", "/entropy"),
             VmmAction::PutSerial(_) => ("PUT", "/serial"),
+            VmmAction::PutHotplugMemory(_) => ("PUT", "/hotplug/memory"),
+            VmmAction::PatchHotplugMemory(_) => ("PATCH", "/hotplug/memory"),
+            VmmAction::GetHotplugMemory => ("GET", "/hotplug/memory"),
         }
     }
 }

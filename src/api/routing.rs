@@ -11,8 +11,7 @@
 //! Firecracker, or the answer is 400 ([`RouteError::BadId`]).
 //!
 //! Firecracker's resources for features teravm does not have
-//! (`/snapshot/*`, `/entropy`, `/cpu-config`, `/hotplug/memory`, `/serial`,
-//! `PATCH /vm`) answer 400 with a `fault_message` that names the missing
+//! (`/snapshot/*`) answer 400 with a `fault_message` that names the missing
 //! feature, so a Firecracker client's log says why. The balloon's free page hinting endpoints
 //! (`/balloon/hinting/*`) answer 400 with the reason teravm refuses hinting
 //! (the device's [`BalloonError::HintingNotSupported`]). Every request is
@@ -25,7 +24,7 @@ use super::action::{ReclaimMode, VmmAction};
 use crate::config::{
     check_id, BalloonConfig, BalloonStatsUpdate, BalloonUpdate, BootSource, ConfigError,
     DriveConfig, DriveUpdate, LoggerConfig, MachineConfig, MachineConfigPatch, MemoryConfig,
-    MetricsConfig, NetConfig, NetUpdate, ReclaimConfig, VsockConfig,
+    MemoryHotplugConfig, MetricsConfig, NetConfig, NetUpdate, ReclaimConfig, VsockConfig,
 };
 use crate::devices::virtio::balloon::BalloonError;
 
@@ -97,13 +96,7 @@ fn unsupported(_method: &str, path: &str) -> Option<&'static str> {
                 .strip_prefix(prefix)
                 .is_some_and(|rest| rest.starts_with('/'))
     };
-    Some(if under("/snapshot") {
-        "snapshots are"
-    } else if under("/hotplug") {
-        "memory hotplug is"
-    } else {
-        return None;
-    })
+    under("/snapshot").then_some("snapshots are")
 }
 
 /// The body of `PUT /actions`.
@@ -128,7 +121,7 @@ fn allowed(path: &str) -> Option<&'static str> {
     Some(match path {
         "/" | "/vm/config" | "/version" => "GET",
         "/memory" | "/reclaim" => "GET, PUT",
-        "/machine-config" | "/balloon" => "GET, PUT, PATCH",
+        "/machine-config" | "/balloon" | "/hotplug/memory" => "GET, PUT, PATCH",
         "/balloon/statistics" => "GET, PATCH",
         "/balloon/hinting/start" | "/balloon/hinting/stop" => "PATCH",
         "/balloon/hinting/status" => "GET",
@@ -258,6 +251,7 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 "/balloon" => VmmAction::GetBalloon,
                 "/balloon/statistics" => VmmAction::GetBalloonStatistics,
                 "/mmds" => VmmAction::GetMmds,
+                "/hotplug/memory" => VmmAction::GetHotplugMemory,
                 _ => return Err(not_allowed()),
             })
         }
@@ -340,6 +334,13 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 checked(c.validate())?;
                 Ok(VmmAction::PutSerial(c))
             }
+            "/hotplug/memory" => {
+                let c: MemoryHotplugConfig = section(body, "memory-hotplug")?;
+                c.validate().map_err(|e| {
+                    RouteError::BadBody(one_line(&format!("invalid memory-hotplug body: {e}")))
+                })?;
+                Ok(VmmAction::PutHotplugMemory(c))
+            }
             _ => Err(not_allowed()),
         },
         "PATCH" => match resource {
@@ -379,6 +380,10 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 Ok(VmmAction::PatchNetworkInterface(u))
             }
             "/mmds" => Ok(VmmAction::PatchMmds(mmds_body(body)?)),
+            "/hotplug/memory" => Ok(VmmAction::PatchHotplugMemory(section(
+                body,
+                "memory-hotplug",
+            )?)),
             _ => Err(not_allowed()),
         },
         _ => Err(not_allowed()),
@@ -512,3 +517,7 @@ mod balloon_tests;
 #[cfg(test)]
 #[path = "routing_device_tests.rs"]
 mod device_tests;
+
+#[cfg(test)]
+#[path = "routing_hotplug_tests.rs"]
+mod hotplug_tests;

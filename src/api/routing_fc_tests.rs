@@ -229,7 +229,6 @@ fn resources_of_features_teravm_lacks_name_the_feature() {
     let cases = [
         ("PUT", "/snapshot/create", "snapshots"),
         ("PUT", "/snapshot/load", "snapshots"),
-        ("PUT", "/hotplug/memory", "memory hotplug"),
     ];
     for (method, path, feature) in cases {
         let body = r#"{"state": "Paused"}"#;

@@ -177,10 +177,44 @@ fn firecracker_sections_are_accepted_when_empty() {
         c.mmds_config.map(|m| m.version),
         Some(crate::mmds::MmdsVersion::V2)
     );
-    let sections = [
-        ("memory-hotplug", r#"{"total_size_mib": 1024}"#),
-        ("pmem", r#"[{"id": "p0", "path_on_host": "/dev/null"}]"#),
-    ];
+    // memory-hotplug is taken (issue 27), with Firecracker's defaults and
+    // checks; a bad section is one line naming it.
+    let c = parse(r#"{"memory-hotplug": {"total_size_mib": 1024}}"#).unwrap();
+    assert_eq!(
+        c.memory_hotplug,
+        Some(MemoryHotplugConfig {
+            total_size_mib: 1024,
+            block_size_mib: 2,
+            slot_size_mib: 128
+        })
+    );
+    assert_eq!(
+        parse(r#"{"memory-hotplug": null}"#).unwrap().memory_hotplug,
+        None
+    );
+    for (bad, says) in [
+        (r#"{"total_size_mib": 1000}"#, "multiple of slot size"),
+        (
+            r#"{"total_size_mib": 1024, "block_size_mib": 3}"#,
+            "power of 2",
+        ),
+        (
+            r#"{"total_size_mib": 1024, "slot_size_mib": 64}"#,
+            "Slot size",
+        ),
+        (r#"{"total_size_mib": 4294967168}"#, "64 TiB"),
+        (r#"{}"#, "total_size_mib"),
+        (
+            r#"{"total_size_mib": 1024, "requested_size_mib": 0}"#,
+            "requested_size_mib",
+        ),
+    ] {
+        let e = parse(&format!(r#"{{"memory-hotplug": {bad}}}"#)).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains(says), "{bad}: {text}");
+        assert!(!text.contains('\n'), "{text}");
+    }
+    let sections = [("pmem", r#"[{"id": "p0", "path_on_host": "/dev/null"}]"#)];
     for (name, value) in sections {
         let e = parse(&format!(r#"{{"{name}": {value}}}"#)).unwrap_err();
         assert_eq!(e, ConfigError::NotSupported(name));

@@ -293,10 +293,11 @@ struct Translation {
 impl Table {
     fn new(memory: &GuestMemory, page_bytes: u64) -> Result<Table, DiscardError> {
         let mut entries = Vec::new();
-        let mut nodes: Vec<u32> = memory.slices().iter().map(|s| s.slice().node).collect();
+        let all = || memory.slices().iter().chain(memory.hotplug());
+        let mut nodes: Vec<u32> = all().map(|s| s.slice().node).collect();
         nodes.sort_unstable();
         nodes.dedup();
-        for s in memory.slices() {
+        for s in all() {
             let slice = s.slice();
             for host in s.free_ranges() {
                 let guest_addr = slice.guest_addr + (host.host_addr - s.host_addr()) as u64;

@@ -12,6 +12,9 @@ pub enum GuestMemoryError {
     /// Guest RAM cannot be split over the selected nodes.
     #[error("cannot place guest memory: {0}")]
     Plan(#[from] PlanError),
+    /// The hotplug region cannot be laid out.
+    #[error("memory hotplug: {0}")]
+    Hotplug(#[from] super::hotplug::HotplugLayoutError),
     /// No node of the topology has memory.
     #[error("no host node has memory")]
     NoNodes,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::admission;
 pub use super::error::GuestMemoryError;
 use super::gmem::{GuestMemfdSource, NumaBinding, PLACEMENT_SAMPLES};
+use super::hotplug::{hotplug_parts, HotplugOptions};
 use super::layout::ram_regions;
 use super::mapping::SliceMapping;
 use super::numa::{host_has_node, HostTopology};
@@ -76,7 +77,29 @@ impl GuestMemory {
         topology: &HostTopology,
         gmem: Option<&dyn GuestMemfdSource>,
     ) -> Result<GuestMemory, GuestMemoryError> {
+        GuestMemory::new_with_hotplug(opts, topology, gmem, None)
+    }
+
+    /// [`GuestMemory::new_with`], and the hotplug region of `hotplug`
+    /// (virtio-mem) mapped beside RAM the same way, one part per node of
+    /// RAM's slices ([`hotplug_parts`]): never populated, in no view and in
+    /// no memslot of [`GuestMemory::slots`] (its memslots are registered as
+    /// the guest plugs it, [`GuestMemory::hotplug_memslots`]), freed and
+    /// unmapped with RAM.
+    pub fn new_with_hotplug(
+        opts: &MemoryOptions,
+        topology: &HostTopology,
+        gmem: Option<&dyn GuestMemfdSource>,
+        hotplug: Option<HotplugOptions>,
+    ) -> Result<GuestMemory, GuestMemoryError> {
         let slices = GuestMemory::plan(opts, topology)?;
+        let parts = match hotplug {
+            Some(h) => {
+                let nodes: Vec<u32> = slices.iter().map(|s| s.node).collect();
+                hotplug_parts(&h, opts.mem_bytes, &nodes)?
+            }
+            None => Vec::new(),
+        };
         if opts.policy != NumaPolicy::None {
             // Asked of the kernel (get_mempolicy), so not in the plan, which
             // the event loop computes too.
@@ -103,6 +126,17 @@ impl GuestMemory {
                 gmem,
             )?);
         }
+        let mut hotplug = Vec::with_capacity(parts.len());
+        for (i, part) in parts.iter().enumerate() {
+            hotplug.push(SliceMapping::new(
+                part,
+                slices.len() + i,
+                opts.backing,
+                opts.page_size,
+                opts.policy,
+                gmem,
+            )?);
+        }
         if let Some(s) = mapped
             .iter()
             .find(|s| s.numa_binding() == NumaBinding::IgnoredByKernel)
@@ -114,6 +148,7 @@ impl GuestMemory {
         }
         let mappings = Arc::new(Mappings {
             slices: mapped,
+            hotplug,
             lease: Arc::new(()),
         });
         let view = GuestView::new(&mappings)?;
@@ -162,6 +197,52 @@ impl GuestMemory {
     /// The slices and their mappings, in guest address order.
     pub fn slices(&self) -> &[SliceMapping] {
         &self.mappings.slices
+    }
+
+    /// The hotplug region's parts and their mappings, in guest address
+    /// order (none without hotplug).
+    pub fn hotplug(&self) -> &[SliceMapping] {
+        &self.mappings.hotplug
+    }
+
+    /// The KVM memslots that map `[guest_addr, guest_addr + len)` of the
+    /// hotplug region: one, or one per guest_memfd stripe it crosses (a
+    /// memslot binds one file). Empty if the range is not inside one part.
+    pub fn hotplug_memslots(&self, guest_addr: u64, len: u64) -> Vec<GuestSlot<'_>> {
+        let Some(end) = guest_addr.checked_add(len) else {
+            return Vec::new();
+        };
+        let Some(part) = self.hotplug().iter().find(|p| {
+            let s = p.slice();
+            s.guest_addr <= guest_addr && end <= s.guest_addr + s.len
+        }) else {
+            return Vec::new();
+        };
+        let slice = part.slice();
+        let offset = guest_addr - slice.guest_addr;
+        let host_addr = part.host_addr() as u64;
+        if part.backing() != Backing::GuestMemfd {
+            return split_bound(&[(guest_addr, len, host_addr + offset, None)], MAX_SLOT_BYTES);
+        }
+        let mut ranges = Vec::new();
+        for stripe in part.stripes() {
+            let (lo, hi) = (
+                offset.max(stripe.offset),
+                (offset + len).min(stripe.offset + stripe.len),
+            );
+            if lo < hi {
+                ranges.push((
+                    slice.guest_addr + lo,
+                    hi - lo,
+                    host_addr + lo,
+                    Some(GmemBinding {
+                        fd: std::os::fd::AsFd::as_fd(&stripe.file),
+                        offset: lo - stripe.offset,
+                    }),
+                ));
+            }
+        }
+        split_bound(&ranges, MAX_SLOT_BYTES)
     }
 
     /// Guest RAM in bytes.
@@ -344,6 +425,7 @@ impl GuestMemory {
         let ranges: Vec<HostRange> = mappings
             .slices
             .iter()
+            .chain(&mappings.hotplug)
             .flat_map(|s| s.free_ranges())
             .collect();
         let mut opts = opts.clone();

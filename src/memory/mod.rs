@@ -23,6 +23,7 @@ pub mod discard;
 pub mod error;
 pub mod gmem;
 pub mod guest;
+pub mod hotplug;
 pub mod layout;
 pub mod mapping;
 pub mod numa;
@@ -43,6 +44,7 @@ pub use discard::{
 };
 pub use gmem::{GuestMemfdSource, GuestMemfdSupport, NumaBinding, Placement};
 pub use guest::{GuestMemory, GuestMemoryError};
+pub use hotplug::{HotplugLayoutError, HotplugOptions};
 pub use mapping::{SliceMapping, Stripe};
 pub use numa::{host_has_node, HostNode, HostTopology, NumaError};
 pub use options::{Backing, MemoryOptions, NumaPolicy, PageSize};

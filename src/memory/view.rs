@@ -22,6 +22,10 @@ use super::mapping::SliceMapping;
 #[derive(Debug)]
 pub(crate) struct Mappings {
     pub(crate) slices: Vec<SliceMapping>,
+    /// The hotplug region's parts (virtio-mem): mapped with RAM, freed and
+    /// unmapped with it, but in no view ([`GuestView`] covers RAM only) and
+    /// in memslots only while plugged.
+    pub(crate) hotplug: Vec<SliceMapping>,
     pub(crate) lease: Arc<()>,
 }
 
@@ -37,7 +41,9 @@ impl Mappings {
         let leased = self.leased();
         let mut reserved = 0;
         let mut failed = None;
-        for s in std::mem::take(&mut self.slices) {
+        let mut all = std::mem::take(&mut self.slices);
+        all.append(&mut self.hotplug);
+        for s in all {
             if leased {
                 reserved += s.slice().len;
                 if let Err(e) = s.reserve() {

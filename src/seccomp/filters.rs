@@ -525,6 +525,32 @@ const ENTROPY: &[Allow] = &[
     // guest's requests, as Firecracker's entropy device does.
 ];
 
+/// `virtio-mem{n}`: a virtio-mem device's requests (src/devices/virtio/mem)
+/// and its sink (src/vmm/hotplug.rs): a PLUG's memslots enter KVM here, an
+/// UNPLUG's leave it, and the unplugged blocks go to the discard pool,
+/// which frees small batches inline on this thread (`madvise(MADV_DONTNEED)`
+/// is in BASE; a hole punch for memfd and guest_memfd).
+const MEM: &[Allow] = &[
+    any(
+        libc::SYS_epoll_wait,
+        "wait for the queue, the wake and exit eventfds",
+    ),
+    any(libc::SYS_read, "clear the eventfds"),
+    one_of(
+        libc::SYS_ioctl,
+        1,
+        &[
+            named!(kvm::SET_USER_MEMORY_REGION),
+            named!(kvm::SET_USER_MEMORY_REGION2),
+        ],
+        "a plugged slot enters KVM (guest_memfd ones by REGION2), an emptied one leaves it",
+    ),
+    PUNCH_HOLE,
+    // write (the irqfd, the wake eventfd) and futex (the device's lock,
+    // held by the API and vCPU threads too; the PLUG fence's wait) are in
+    // BASE.
+];
+
 /// `virtio-vsock`: the vsock's packets, the host connections to
 /// `uds_path` (accepted) and the guest's to `<uds_path>_<port>` (made
 /// here), all non-blocking on this thread's epoll.
@@ -811,6 +837,7 @@ impl Role {
             Role::Net => NET,
             Role::Vsock => VSOCK,
             Role::Entropy => ENTROPY,
+            Role::Mem => MEM,
         }
     }
 
@@ -830,6 +857,7 @@ impl Role {
                 Role::Net,
                 Role::Vsock,
                 Role::Entropy,
+                Role::Mem,
             ],
             Role::Reclaim => &[Role::Progress],
             _ => &[],

@@ -82,11 +82,13 @@ pub enum Role {
     Vsock,
     /// `virtio-rng`: the entropy device's requests.
     Entropy,
+    /// `virtio-mem`: a virtio-mem device's plug and unplug requests.
+    Mem,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 16] = [
+    pub const ALL: [Role; 17] = [
         Role::Vmm,
         Role::Api,
         Role::ApiConnection,
@@ -103,6 +105,7 @@ impl Role {
         Role::Net,
         Role::Vsock,
         Role::Entropy,
+        Role::Mem,
     ];
 
     /// The role's name, as in the thread names and docs/seccomp.md.
@@ -124,6 +127,7 @@ impl Role {
             Role::Net => "virtio-net",
             Role::Vsock => "virtio-vsock",
             Role::Entropy => "virtio-rng",
+            Role::Mem => "virtio-mem",
         }
     }
 

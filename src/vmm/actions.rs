@@ -40,7 +40,7 @@ fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn refused(what: &str, state: VmState) -> ActionResult {
+pub(super) fn refused(what: &str, state: VmState) -> ActionResult {
     Err(VmmActionError::BadRequest(format!(
         "{what} is not allowed in state \"{}\"",
         state.as_str()
@@ -50,7 +50,7 @@ fn refused(what: &str, state: VmState) -> ActionResult {
 /// What Firecracker answers for the operations it allows only once the
 /// microVM runs (`FlushMetrics`, `PATCH /balloon`, `PATCH
 /// /balloon/statistics`): its `OperationNotSupportedPreBoot`.
-fn not_before_start(what: &str) -> ActionResult {
+pub(super) fn not_before_start(what: &str) -> ActionResult {
     Err(VmmActionError::BadRequest(format!(
         "{what}: the requested operation is not supported before starting the microVM"
     )))
@@ -367,6 +367,11 @@ impl Vmm {
                 config.stats_polling_interval_s = u.stats_polling_interval_s;
                 Ok(VmmData::Empty)
             }
+            // The region before the start, its size and status while running
+            // (`vmm::hotplug_actions`).
+            a @ (VmmAction::PutHotplugMemory(_)
+            | VmmAction::PatchHotplugMemory(_)
+            | VmmAction::GetHotplugMemory) => self.hotplug_action(a),
             VmmAction::PutDrive(_) => refused("adding a drive", state),
             VmmAction::PatchDrive(u) => {
                 if !self.config.drives.iter().any(|d| d.drive_id == u.drive_id) {
@@ -397,7 +402,8 @@ impl Vmm {
     /// The devices' metrics groups, while they run: Firecracker's `balloon`
     /// (with the discard pool's counters beside the device's),
     /// `block_<drive_id>` and their sum `block`, `net_<iface_id>` and their
-    /// sum `net`, and `vsock`.
+    /// sum `net`, `vsock`, `mmds`, `entropy`, and `memory_hotplug` (from
+    /// [`Hotplug::metrics_json`](super::hotplug::Hotplug::metrics_json)).
     fn device_metrics(&self) -> Vec<(String, Value)> {
         let mut groups = Vec::new();
         if let Phase::Running(m) = &self.phase {
@@ -446,6 +452,9 @@ impl Vmm {
             if let Some(r) = m.rng() {
                 let snap = lock(r).metrics().as_ref().clone();
                 groups.push(("entropy".into(), json(serde_json::to_value(snap))));
+            }
+            if let Some(h) = m.hotplug() {
+                groups.push(("memory_hotplug".into(), h.metrics_json()));
             }
         }
         groups

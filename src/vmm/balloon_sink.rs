@@ -1,5 +1,5 @@
-//! The balloon's sink: the ranges a running guest gives back (inflated
-//! pages, free page reports) go to the memory layer's per-node discard pool
+//! The balloon's sink, and virtio-mem's pool: the ranges a running guest
+//! gives back (inflated pages, free page reports, unplugged blocks) go to the memory layer's per-node discard pool
 //! ([`crate::memory::DiscardPool`]), which frees them in parallel on
 //! workers pinned to each node, with the reclaim executor's free path. The
 //! device layer knows nothing of nodes or host addresses; the memory layer
@@ -77,6 +77,30 @@ impl BalloonDiscard {
             if let Err(e) = pool.shutdown(deadline) {
                 log::error!("balloon discard pool: {e}");
             }
+        }
+    }
+
+    /// Waits until no discard overlapping `ranges` is in flight, or
+    /// `deadline`: false if one still was (the virtio-mem PLUG fence). A
+    /// pool shut down has nothing in flight.
+    pub fn wait_overlapping(&self, ranges: &[(u64, u64)], deadline: Instant) -> bool {
+        match self.lock().as_ref() {
+            Some(pool) => pool.wait_overlapping(ranges, deadline).is_ok(),
+            None => true,
+        }
+    }
+
+    /// Frees the guest ranges of one batch behind (virtio-mem UNPLUG),
+    /// `done` called with the outcome; a pool shut down frees nothing and
+    /// calls `done` with the ranges failed.
+    pub fn discard_ranges(&self, ranges: &[(u64, u64)], done: crate::memory::DiscardDone) {
+        match self.lock().as_ref() {
+            Some(pool) => pool.discard(ranges, done),
+            None => done(crate::memory::DiscardOutcome {
+                ranges: ranges.len() as u64,
+                failed: ranges.len() as u64,
+                ..Default::default()
+            }),
         }
     }
 

@@ -159,6 +159,11 @@ impl MicroVm {
         self.devices().and_then(|d| d.balloon.as_ref())
     }
 
+    /// The virtio-mem devices, if memory hotplug is configured.
+    pub fn hotplug(&self) -> Option<&crate::vmm::hotplug::Hotplug> {
+        self.devices().and_then(|d| d.hotplug.as_ref())
+    }
+
     /// The drives.
     pub fn blocks(&self) -> &[BlockDevice] {
         self.devices().map_or(&[], |d| &d.blocks)
@@ -252,7 +257,12 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         machine.cpu_template,
         config.cpu_config.as_ref(),
     )?;
-    let memory = GuestMemory::new_with(&MemoryOptions::from(&config), &topology, Some(&vm))?;
+    let memory = GuestMemory::new_with_hotplug(
+        &MemoryOptions::from(&config),
+        &topology,
+        Some(&vm),
+        device_specs.hotplug.map(|h| h.memory_options()),
+    )?;
     // From here on, whatever is built goes into `parts`: an error return
     // drops it (the one teardown order), a shutdown hands it to reclaim.
     let mut parts = Teardown {

@@ -33,6 +33,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::devices::mmio::MmioBusError;
 use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions};
 use crate::devices::virtio::block::{Block, BlockError, BlockOptions};
+use crate::devices::virtio::mem::{MemOptions, VirtioMem};
 use crate::devices::virtio::net::{Net, NetError, NetOptions, Tap};
 use crate::devices::virtio::rng::{Rng, RngError};
 use crate::devices::virtio::vsock::{Vsock, VsockError, VsockOptions};
@@ -43,6 +44,7 @@ use crate::seccomp::Role;
 use crate::vstate::vm::{Vm, VmError};
 
 use super::balloon_sink::BalloonDiscard;
+use super::hotplug::{Hotplug, HotplugDevice, HotplugSlots};
 
 /// Errors of building the devices.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +67,9 @@ pub enum DeviceError {
     /// The balloon's discard pool could not be started.
     #[error("balloon discard pool: {0}")]
     Discard(String),
+    /// A virtio-mem device or its sink could not be made.
+    #[error("memory hotplug: {0}")]
+    Hotplug(String),
     /// The vsock could not be made.
     #[error("vsock: {0}")]
     Vsock(#[from] VsockError),
@@ -155,6 +160,35 @@ pub struct DeviceSpecs {
     pub vsock: Option<VsockSpec>,
     /// The entropy device's rate limiter, if there is one.
     pub entropy: Option<crate::rate_limiter::RateLimiterConfig>,
+    /// Memory hotplug (virtio-mem), if configured.
+    pub hotplug: Option<HotplugSpec>,
+}
+
+/// Memory hotplug as the start builds it: the region's sizes and how many
+/// devices (one per node part) it makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HotplugSpec {
+    /// The region's size.
+    pub total_bytes: u64,
+    /// The block size.
+    pub block_bytes: u64,
+    /// The memslot size.
+    pub slot_bytes: u64,
+    /// The devices (node parts) it makes, known from the plan before the
+    /// memory exists (the Linux command line lists them).
+    pub parts: usize,
+    /// Log dirty pages in its memslots too (`track_dirty_pages`).
+    pub dirty_log: bool,
+}
+
+impl HotplugSpec {
+    /// The memory layer's view of it.
+    pub fn memory_options(&self) -> crate::memory::HotplugOptions {
+        crate::memory::HotplugOptions {
+            total_bytes: self.total_bytes,
+            slot_bytes: self.slot_bytes,
+        }
+    }
 }
 
 impl DeviceSpecs {
@@ -165,6 +199,7 @@ impl DeviceSpecs {
             + self.nets.len()
             + usize::from(self.vsock.is_some())
             + usize::from(self.entropy.is_some())
+            + self.hotplug.map_or(0, |h| h.parts)
     }
 
     /// The Linux command-line parameters that announce the devices (known
@@ -233,6 +268,8 @@ struct Running {
     threads: Vec<DeviceThread>,
     devices: Vec<Arc<Mutex<dyn VirtioDevice<GuestView>>>>,
     discard: Option<Arc<BalloonDiscard>>,
+    /// virtio-mem's memslots, released with the devices.
+    hotplug_slots: Option<Arc<HotplugSlots>>,
 }
 
 impl Running {
@@ -273,6 +310,9 @@ impl Running {
         for d in self.devices.drain(..) {
             lock(&d).reset();
         }
+        if let Some(slots) = self.hotplug_slots.take() {
+            slots.release();
+        }
         if let Some(pool) = self.discard.take() {
             pool.shutdown(deadline);
         }
@@ -301,6 +341,8 @@ pub struct Devices {
     pub vsock: Option<Arc<Mutex<Vsock<GuestView>>>>,
     /// The entropy device.
     pub rng: Option<Arc<Mutex<Rng<GuestView>>>>,
+    /// The virtio-mem devices, if memory hotplug is configured.
+    pub hotplug: Option<crate::vmm::hotplug::Hotplug>,
     running: Running,
 }
 
@@ -335,13 +377,14 @@ impl Devices {
         let mut running = Running::default();
         let mut mmio = crate::devices::MmioBus::default();
         let mut balloon = None;
-        if let Some(opts) = specs.balloon {
-            let page = memory.hugetlb_page_bytes().unwrap_or(4096);
-            let discard = Arc::new(
+        let page = memory.hugetlb_page_bytes().unwrap_or(4096);
+        if specs.balloon.is_some() || specs.hotplug.is_some() {
+            running.discard = Some(Arc::new(
                 BalloonDiscard::start(memory, topology, specs.discard_workers_per_node, page)
                     .map_err(DeviceError::Discard)?,
-            );
-            running.discard = Some(discard.clone());
+            ));
+        }
+        if let (Some(opts), Some(discard)) = (specs.balloon, running.discard.clone()) {
             let device = Arc::new(Mutex::new(Balloon::new(
                 opts,
                 memory.mem_bytes() >> 20,
@@ -502,8 +545,20 @@ impl Devices {
             Some(limiter) => Some(build_rng(&mut running, &mut mmio, vm, memory, limiter)?),
             None => None,
         };
+        let hotplug = match (&specs.hotplug, running.discard.clone()) {
+            (Some(spec), Some(discard)) => Some(build_hotplug(
+                &mut running,
+                &mut mmio,
+                vm,
+                memory,
+                spec,
+                discard,
+            )?),
+            _ => None,
+        };
         fault_at(crate::faults::FIRST_START_FAILS_AFTER_DEVICES)?;
         Ok(Devices {
+            hotplug,
             rng,
             vsock,
             nets,
@@ -563,6 +618,89 @@ fn build_rng(
     )?);
     log::info!("entropy device at {:#x} (GSI {})", slot.base, slot.gsi);
     Ok(device)
+}
+
+/// The virtio-mem devices, one per part of the hotplug region, attached,
+/// their threads started (in `running`), over one sink.
+fn build_hotplug(
+    running: &mut Running,
+    mmio: &mut crate::devices::MmioBus,
+    vm: &Vm,
+    memory: &GuestMemory,
+    spec: &HotplugSpec,
+    discard: Arc<BalloonDiscard>,
+) -> Result<Hotplug, DeviceError> {
+    let slots = Arc::new(
+        HotplugSlots::new(vm, memory, spec.slot_bytes, discard.clone(), spec.dirty_log)
+            .map_err(|e| DeviceError::Hotplug(e.to_string()))?,
+    );
+    running.hotplug_slots = Some(slots.clone());
+    // Guest node g is the g-th distinct host node of RAM in address order
+    // (as the SRAT numbers them).
+    let mut guest_nodes: Vec<u32> = Vec::new();
+    for s in memory.slices() {
+        if !guest_nodes.contains(&s.slice().node) {
+            guest_nodes.push(s.slice().node);
+        }
+    }
+    let mut devices = Vec::new();
+    for (i, part) in memory.hotplug().iter().enumerate() {
+        let p = part.slice();
+        let node_id = guest_nodes.iter().position(|&n| n == p.node).unwrap_or(0) as u16;
+        let opts = MemOptions {
+            region_addr: p.guest_addr,
+            region_bytes: p.len,
+            block_bytes: spec.block_bytes,
+            slot_bytes: spec.slot_bytes,
+            node_id,
+        };
+        let device = VirtioMem::new(opts, slots.clone())
+            .map_err(|e| DeviceError::Hotplug(e.to_string()))?;
+        slots.watch(device.shared_metrics());
+        let device = Arc::new(Mutex::new(device));
+        running.devices.push(device.clone());
+        let (slot, queue_evts, exit) = attach(mmio, vm, memory, device.clone())?;
+        let worker = VirtioMem::worker(
+            &device,
+            queue_evts,
+            exit.try_clone().map_err(DeviceError::EventFd)?,
+        )
+        .map_err(|e| DeviceError::Hotplug(e.to_string()))?;
+        running.threads.push(spawn(
+            format!("virtio-mem{i}"),
+            Role::Mem,
+            exit,
+            move || {
+                if let Err(e) = worker.run() {
+                    log::error!("virtio-mem{i}: {e}; the device stops");
+                }
+            },
+        )?);
+        log::info!(
+            "virtio-mem{i} at {:#x} (GSI {}): {} MiB at {:#x} on host node {} (guest node {node_id}), blocks of {} MiB, slots of {} MiB",
+            slot.base,
+            slot.gsi,
+            p.len >> 20,
+            p.guest_addr,
+            p.node,
+            spec.block_bytes >> 20,
+            spec.slot_bytes >> 20
+        );
+        devices.push(HotplugDevice {
+            device,
+            slot,
+            host_node: p.node,
+        });
+    }
+    fault_at(crate::faults::START_FAILS_AT_HOTPLUG)?;
+    Ok(Hotplug {
+        devices,
+        slots,
+        discard,
+        total_size_mib: (spec.total_bytes >> 20) as u32,
+        block_size_mib: (spec.block_bytes >> 20) as u32,
+        slot_size_mib: (spec.slot_bytes >> 20) as u32,
+    })
 }
 
 fn attach(

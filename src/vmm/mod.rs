@@ -30,6 +30,8 @@ pub mod balloon_sink;
 pub mod builder;
 pub mod device_opens;
 pub mod devices;
+pub mod hotplug;
+mod hotplug_actions;
 pub mod jobs;
 mod mmds;
 mod net_patch;

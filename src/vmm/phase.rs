@@ -287,6 +287,13 @@ impl Vmm {
         }
     }
 
+    /// Memory hotplug as the configuration asks for it, with the number of
+    /// node parts (devices) the plan gives it.
+    fn hotplug_spec(&self) -> Result<Option<super::devices::HotplugSpec>, String> {
+        // Wired to the config's `memory-hotplug` section next.
+        Ok(None)
+    }
+
     /// The devices the configuration asks for, with the files, taps and
     /// socket opened when they were put (one not open fails the start).
     pub(super) fn device_specs(&self) -> Result<super::devices::DeviceSpecs, String> {
@@ -305,6 +312,7 @@ impl Vmm {
                 .config
                 .entropy
                 .map(|e| e.rate_limiter.unwrap_or_default()),
+            hotplug: self.hotplug_spec()?,
         })
     }
 

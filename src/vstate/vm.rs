@@ -30,6 +30,9 @@ const KVM_TSS_ADDR: usize = 0xfffb_d000;
 /// Errors of the VM.
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
+    /// The VM fd could not be duplicated (for the memslots handle).
+    #[error("cannot duplicate the VM fd: {0}")]
+    DupVm(std::io::Error),
     /// `/dev/kvm` could not be opened.
     #[error("cannot open /dev/kvm: {0} (is KVM enabled, and may this user use it?)")]
     OpenKvm(kvm_ioctls::Error),
@@ -214,47 +217,8 @@ impl Vm {
             });
         }
         for (slot, s) in (0u32..).zip(slots) {
-            let log = if s.dirty_log {
-                KVM_MEM_LOG_DIRTY_PAGES
-            } else {
-                0
-            };
-            let done = match s.guest_memfd {
-                Some(file) => {
-                    let region = kvm_userspace_memory_region2 {
-                        slot,
-                        flags: KVM_MEM_GUEST_MEMFD | log,
-                        guest_phys_addr: s.guest_addr,
-                        memory_size: s.size,
-                        userspace_addr: s.host_addr,
-                        guest_memfd_offset: file.offset,
-                        guest_memfd: file.fd.as_raw_fd() as u32,
-                        ..Default::default()
-                    };
-                    // SAFETY: as below; the guest_memfd is borrowed from the
-                    // memory that owns it, and KVM takes the file's pages by
-                    // offset (the file pins the VM, not the other way round).
-                    unsafe { self.fd.set_user_memory_region2(region) }
-                }
-                None => {
-                    let region = kvm_userspace_memory_region {
-                        slot,
-                        flags: log,
-                        guest_phys_addr: s.guest_addr,
-                        memory_size: s.size,
-                        userspace_addr: s.host_addr,
-                    };
-                    // SAFETY: the caller guarantees the host range is a live
-                    // mapping of `size` bytes for as long as KVM may use it.
-                    unsafe { self.fd.set_user_memory_region(region) }
-                }
-            };
-            done.map_err(|source| VmError::SetUserMemoryRegion {
-                slot,
-                guest_addr: s.guest_addr,
-                size: s.size,
-                source,
-            })?;
+            // SAFETY: the caller's guarantee, for each slot.
+            unsafe { set_region(&self.fd, slot, s) }?;
         }
         Ok(())
     }
@@ -312,6 +276,30 @@ impl Vm {
             .map_err(|source| VmError::Ioeventfd { addr, source })
     }
 
+    /// A handle that adds and removes memslots while the VM runs (a
+    /// duplicate of the VM fd).
+    pub fn memslots(&self) -> Result<Memslots, VmError> {
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on our own open fd; the new fd is
+        // owned by the VmFd made from it below, and by nothing else.
+        let dup = unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(VmError::DupVm(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `dup` is a fresh fd of this VM that nothing else owns.
+        unsafe { self.kvm.create_vmfd_from_rawfd(dup) }
+            .map(|fd| Memslots { fd })
+            .map_err(|e| {
+                // SAFETY: no VmFd took it: ours to close.
+                unsafe { libc::close(dup) };
+                VmError::DupVm(std::io::Error::from_raw_os_error(e.errno()))
+            })
+    }
+
+    /// How many memslots KVM takes in all.
+    pub fn max_memslots(&self) -> usize {
+        self.kvm.get_nr_memslots()
+    }
+
     /// Whether the in-kernel irqchip was set up (irqfds need it).
     pub fn has_irqchip(&self) -> bool {
         self.irqchip
@@ -338,5 +326,101 @@ impl GuestMemfdSource for Vm {
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
         // SAFETY: `fd` was just returned by KVM for us and nothing else owns it.
         Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+    }
+}
+
+/// Registers memslot `slot` as `s` on `fd`.
+///
+/// # Safety
+///
+/// As [`Vm::register_memory`]: the host range must stay a live mapping for
+/// as long as KVM may use it.
+unsafe fn set_region(fd: &VmFd, slot: u32, s: &MemorySlot) -> Result<(), VmError> {
+    let log = if s.dirty_log {
+        KVM_MEM_LOG_DIRTY_PAGES
+    } else {
+        0
+    };
+    let done = match s.guest_memfd {
+        Some(file) => {
+            let region = kvm_userspace_memory_region2 {
+                slot,
+                flags: KVM_MEM_GUEST_MEMFD | log,
+                guest_phys_addr: s.guest_addr,
+                memory_size: s.size,
+                userspace_addr: s.host_addr,
+                guest_memfd_offset: file.offset,
+                guest_memfd: file.fd.as_raw_fd() as u32,
+                ..Default::default()
+            };
+            // SAFETY: as below; the guest_memfd is borrowed from the
+            // memory that owns it, and KVM takes the file's pages by
+            // offset (the file pins the VM, not the other way round).
+            unsafe { fd.set_user_memory_region2(region) }
+        }
+        None => {
+            let region = kvm_userspace_memory_region {
+                slot,
+                flags: log,
+                guest_phys_addr: s.guest_addr,
+                memory_size: s.size,
+                userspace_addr: s.host_addr,
+            };
+            // SAFETY: the caller guarantees the host range is a live
+            // mapping of `size` bytes for as long as KVM may use it.
+            unsafe { fd.set_user_memory_region(region) }
+        }
+    };
+    done.map_err(|source| VmError::SetUserMemoryRegion {
+        slot,
+        guest_addr: s.guest_addr,
+        size: s.size,
+        source,
+    })
+}
+
+/// The VM's memslots for memory attached while it runs (the hotplug
+/// region's, on a virtio-mem device's thread): a duplicate of the VM fd,
+/// so dropping it is all a device needs to let go of the VM. Removing a
+/// slot is safe (KVM stops using the range); adding one is not
+/// ([`Memslots::add`]).
+#[derive(Debug)]
+pub struct Memslots {
+    fd: VmFd,
+}
+
+impl Memslots {
+    /// Registers memslot `slot` as `s` (`KVM_SET_USER_MEMORY_REGION`, or
+    /// `..._REGION2` for guest_memfd).
+    ///
+    /// # Safety
+    ///
+    /// As [`Vm::register_memory`]: the host range must stay a live mapping
+    /// until the slot is removed, the VM is dropped or the range unmapped.
+    pub unsafe fn add(&self, slot: u32, s: &MemorySlot) -> Result<(), VmError> {
+        // SAFETY: the caller's guarantee.
+        unsafe { set_region(&self.fd, slot, s) }
+    }
+
+    /// Removes memslot `slot` (registered at `guest_addr`): afterwards a
+    /// guest access there is an MMIO exit.
+    pub fn remove(&self, slot: u32, guest_addr: u64) -> Result<(), VmError> {
+        let region = kvm_userspace_memory_region {
+            slot,
+            flags: 0,
+            guest_phys_addr: guest_addr,
+            memory_size: 0,
+            userspace_addr: 0,
+        };
+        // SAFETY: a size of 0 deletes the slot: KVM stops using its host
+        // range and touches no memory of ours.
+        unsafe { self.fd.set_user_memory_region(region) }.map_err(|source| {
+            VmError::SetUserMemoryRegion {
+                slot,
+                guest_addr,
+                size: 0,
+                source,
+            }
+        })
     }
 }

@@ -30,6 +30,10 @@ pub enum ActivateError {
     /// touch guest memory).
     #[error("the device's reset has not completed yet")]
     ResetInProgress,
+    /// The driver did not accept a feature the device needs (virtio-mem's
+    /// `VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE`).
+    #[error("the driver did not accept feature bit {0}, which the device needs")]
+    FeatureNotAcked(u32),
     /// An eventfd write failed.
     #[error("cannot signal the device thread: {0}")]
     Signal(std::io::Error),
@@ -94,16 +98,27 @@ impl<M: DeviceMemory> ActiveState<M> {
     }
 }
 
-/// Most bytes of a configuration space ([`ConfigSpace`]).
-pub const MAX_CONFIG_SPACE_BYTES: usize = 32;
+/// Most bytes of a configuration space ([`ConfigSpace`]): virtio-mem's 56
+/// are the most of teravm's devices.
+pub const MAX_CONFIG_SPACE_BYTES: usize = 64;
 
 /// A device's configuration space as the guest sees it now: a few bytes on
 /// the stack (the transport reads it on a vCPU thread, without
 /// allocating).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConfigSpace {
     bytes: [u8; MAX_CONFIG_SPACE_BYTES],
     len: usize,
+}
+
+/// An empty space (arrays past 32 bytes have no derived `Default`).
+impl Default for ConfigSpace {
+    fn default() -> ConfigSpace {
+        ConfigSpace {
+            bytes: [0; MAX_CONFIG_SPACE_BYTES],
+            len: 0,
+        }
+    }
 }
 
 impl ConfigSpace {

@@ -14,7 +14,7 @@
 //! - Interrupts: the transport's [`IrqTrigger`] sets `InterruptStatus` bits
 //!   and writes an [`EventFd`] (registered as an irqfd); devices see it as a
 //!   [`VirtioInterrupt`].
-//! - The devices: [`balloon`], [`block`], [`net`], [`vsock`], one folder
+//! - The devices: [`balloon`], [`block`], [`mem`], [`net`], [`vsock`], one folder
 //!   each. What they share is written once here: the [`VirtioDevice`] trait
 //!   with its default configuration-space access and the [`ActiveState`]
 //!   (guest memory view, queues, interrupt) a device holds while it runs
@@ -30,6 +30,7 @@
 pub mod balloon;
 pub mod block;
 pub mod device;
+pub mod mem;
 pub mod metrics;
 pub mod mmio;
 #[cfg(test)]

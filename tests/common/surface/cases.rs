@@ -235,18 +235,6 @@ fn unsupported_cases(w: &mut Walk) {
         ("PATCH", "/vm", r#"{"state": "Paused"}"#.into(), vec![]),
         (
             "PUT",
-            "/hotplug/memory",
-            r#"{"total_size_mib": 1024, "slot_size_mib": 128, "block_size_mib": 2}"#.into(),
-            vec![],
-        ),
-        (
-            "PATCH",
-            "/hotplug/memory",
-            r#"{"requested_size_mib": 256}"#.into(),
-            vec![],
-        ),
-        (
-            "PUT",
             "/serial",
             format!(r#"{{"serial_out_path": "{d}/serial.out"}}"#),
             vec![],
@@ -265,17 +253,13 @@ fn unsupported_cases(w: &mut Walk) {
         "/vm",
         Some(r#"{"state": "Resumed"}"#),
     ));
-    for path in ["/mmds", "/hotplug/memory"] {
-        let ep = format!("GET {path}");
-        w.case(req(&ep, "valid", "GET", path, None));
-    }
+    w.case(req("GET /mmds", "valid", "GET", "/mmds", None));
     for path in [
         "/mmds",
         "/snapshot/create",
         "/cpu-config",
         "/entropy",
         "/vm",
-        "/hotplug/memory",
         "/serial",
     ] {
         let ep = format!("DELETE {path}");
@@ -602,6 +586,7 @@ pub fn walk_phase(w: &mut Walk) {
     balloon_cases(w);
     device_cases(w);
     unsupported_cases(w);
+    super::hotplug_cases::hotplug_cases(w);
 }
 
 /// Firecracker's balloon; free page hinting is refused (its endpoints too).

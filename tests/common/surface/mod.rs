@@ -15,6 +15,7 @@
 #![allow(dead_code)]
 
 pub mod cases;
+pub mod hotplug_cases;
 
 use std::io::ErrorKind;
 use std::os::unix::ffi::OsStrExt;

@@ -1,0 +1,481 @@
+//! virtio-mem as the VMM drives it (`PATCH` and `GET /hotplug/memory`):
+//! one device per guest node, each over its node's part of the hotplug
+//! region ([`crate::memory::hotplug`]), its plugged blocks in memslots of
+//! `slot_size_mib` and its unplugged blocks freed behind by the per-node
+//! discard pool that the balloon shares.
+//!
+//! The sink ([`HotplugSlots`]) is the boundary between the device (which
+//! knows blocks and slots) and the memory and KVM layers (which know host
+//! addresses, files and memslot numbers). A PLUG waits first for any
+//! discard of its range still running (the fence: no discard ever zeroes a
+//! block the guest has plugged again), at most [`FENCE_DEADLINE`], and is
+//! answered BUSY past it; then the slots it needs enter KVM. An UNPLUG
+//! takes the slots it empties out of KVM first (so the guest cannot fault
+//! the pages back in while they are freed), then hands the ranges to the
+//! pool and returns at once.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::devices::virtio::mem::{HotplugSink, MemMetrics, PlugRefused, VirtioMem};
+use crate::devices::MmioSlot;
+use crate::memory::{GmemBinding, GuestMemory, GuestView};
+use crate::vstate::vm::{MemorySlot, Memslots, Vm, VmError};
+
+use super::balloon_sink::BalloonDiscard;
+
+const MIB: u64 = 1 << 20;
+
+/// Longest a PLUG waits for a discard of its range before it is answered
+/// BUSY (the guest retries).
+pub const FENCE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Errors of the hotplug control.
+#[derive(Debug, thiserror::Error)]
+pub enum HotplugError {
+    /// The requested size is above the region or not whole blocks.
+    #[error("requested_size_mib {requested_mib} is invalid: {reason}")]
+    InvalidSize {
+        /// What was asked.
+        requested_mib: u32,
+        /// Why it cannot be.
+        reason: String,
+    },
+    /// There are more memslots than KVM takes.
+    #[error("memory hotplug needs {needed} memslots and KVM takes {available}: use a larger slot_size_mib")]
+    TooManyMemslots {
+        /// RAM's and the region's.
+        needed: usize,
+        /// KVM's limit.
+        available: usize,
+    },
+    /// The VM's memslot handle could not be made.
+    #[error("memory hotplug: {0}")]
+    Vm(#[from] VmError),
+    /// A guest_memfd could not be duplicated for the sink.
+    #[error("memory hotplug: cannot duplicate a guest_memfd: {0}")]
+    Dup(std::io::Error),
+}
+
+/// One guest node's part of the hotplug region (`GET /hotplug/memory`'s
+/// `nodes`, teravm's addition).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct HotplugNodeStatus {
+    /// The host node whose memory backs the part (and its discard workers).
+    pub host_node: u32,
+    /// The guest node (the device's `node_id`).
+    pub guest_node: u16,
+    /// First guest physical address of the part.
+    pub guest_addr: u64,
+    /// Size of the part in MiB.
+    pub size_mib: u32,
+    /// MiB the guest has plugged in it.
+    pub plugged_size_mib: u32,
+    /// MiB asked of it.
+    pub requested_size_mib: u32,
+    /// Bytes the node's discard workers freed (balloon and hotplug alike).
+    pub discarded_bytes: u64,
+}
+
+/// `GET /hotplug/memory`: Firecracker's five fields, then teravm's.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct HotplugStatus {
+    /// The region's size in MiB.
+    pub total_size_mib: u32,
+    /// The block size in MiB.
+    pub block_size_mib: u32,
+    /// The memslot size in MiB.
+    pub slot_size_mib: u32,
+    /// MiB plugged, all nodes.
+    pub plugged_size_mib: u32,
+    /// MiB asked, all nodes.
+    pub requested_size_mib: u32,
+    /// Per node.
+    pub nodes: Vec<HotplugNodeStatus>,
+    /// Discards (balloon and hotplug) in flight now.
+    pub discards_in_flight: usize,
+}
+
+/// One KVM memslot of the region, owned (its guest_memfd duplicated), so
+/// the sink needs no borrow of the memory.
+#[derive(Debug)]
+struct OwnedSlot {
+    id: u32,
+    guest_addr: u64,
+    size: u64,
+    host_addr: u64,
+    file: Option<(OwnedFd, u64)>,
+}
+
+/// One slot of `slot_size_mib`: the memslots that map it (one, or one per
+/// guest_memfd stripe it crosses) and whether they are in KVM now.
+#[derive(Debug)]
+struct RegionSlot {
+    guest_addr: u64,
+    memslots: Vec<OwnedSlot>,
+    mapped: bool,
+}
+
+/// The sink of every virtio-mem device: the region's slots, the VM's
+/// memslot handle and the discard pool.
+pub struct HotplugSlots {
+    /// `None` once released (the devices are stopped): nothing is added
+    /// or removed after, and the VM fd's duplicate is closed.
+    state: Mutex<Option<(Memslots, Vec<RegionSlot>)>>,
+    discard: Arc<BalloonDiscard>,
+    dirty_log: bool,
+    /// Keeps the region's mappings alive while a memslot may point at them.
+    _view: GuestView,
+    /// Every device's metrics, for the discard failures.
+    metrics: Mutex<Vec<Arc<MemMetrics>>>,
+}
+
+impl std::fmt::Debug for HotplugSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HotplugSlots").finish_non_exhaustive()
+    }
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl HotplugSlots {
+    /// The slots of `memory`'s hotplug region in `slot_bytes`, numbered
+    /// after RAM's memslots, checked against KVM's limit.
+    pub fn new(
+        vm: &Vm,
+        memory: &GuestMemory,
+        slot_bytes: u64,
+        discard: Arc<BalloonDiscard>,
+        dirty_log: bool,
+    ) -> Result<HotplugSlots, HotplugError> {
+        let mut next = u32::try_from(memory.slots().len()).unwrap_or(u32::MAX);
+        let mut slots = Vec::new();
+        for part in memory.hotplug() {
+            let s = part.slice();
+            let mut addr = s.guest_addr;
+            while addr < s.guest_addr + s.len {
+                let mut memslots = Vec::new();
+                for m in memory.hotplug_memslots(addr, slot_bytes) {
+                    let file = match m.guest_memfd {
+                        Some(GmemBinding { fd, offset }) => Some((
+                            fd.as_fd().try_clone_to_owned().map_err(HotplugError::Dup)?,
+                            offset,
+                        )),
+                        None => None,
+                    };
+                    memslots.push(OwnedSlot {
+                        id: next,
+                        guest_addr: m.guest_addr,
+                        size: m.len,
+                        host_addr: m.host_addr,
+                        file,
+                    });
+                    next = next.saturating_add(1);
+                }
+                slots.push(RegionSlot {
+                    guest_addr: addr,
+                    memslots,
+                    mapped: false,
+                });
+                addr += slot_bytes;
+            }
+        }
+        let available = vm.max_memslots();
+        if next as usize > available {
+            return Err(HotplugError::TooManyMemslots {
+                needed: next as usize,
+                available,
+            });
+        }
+        Ok(HotplugSlots {
+            state: Mutex::new(Some((vm.memslots()?, slots))),
+            discard,
+            dirty_log,
+            _view: memory.view(),
+            metrics: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Lets go of the VM (its fd's duplicate) and of the slots: called
+    /// when the devices stop, before the VM is closed and memory reclaimed.
+    pub fn release(&self) {
+        lock(&self.state).take();
+    }
+
+    /// Counts discard failures on `metrics` too (each device's).
+    pub fn watch(&self, metrics: Arc<MemMetrics>) {
+        lock(&self.metrics).push(metrics);
+    }
+
+    fn add(&self, memslots: &Memslots, s: &OwnedSlot) -> Result<(), VmError> {
+        let slot = MemorySlot {
+            guest_addr: s.guest_addr,
+            size: s.size,
+            host_addr: s.host_addr,
+            guest_memfd: s.file.as_ref().map(|(fd, offset)| GmemBinding {
+                fd: fd.as_fd(),
+                offset: *offset,
+            }),
+            dirty_log: self.dirty_log,
+        };
+        // SAFETY: the range is part of the hotplug region's mapping, which
+        // `_view` keeps alive for as long as this sink exists; the sink is
+        // released (every slot's handle dropped) before the memory is
+        // reclaimed, and KVM follows an munmap through its MMU notifier.
+        unsafe { memslots.add(s.id, &slot) }
+    }
+}
+
+impl HotplugSink for HotplugSlots {
+    fn plug(&self, range: (u64, u64), map_slots: &[(u64, u64)]) -> Result<(), PlugRefused> {
+        if !self
+            .discard
+            .wait_overlapping(&[range], Instant::now() + FENCE_DEADLINE)
+        {
+            return Err(PlugRefused::Busy);
+        }
+        let mut state = lock(&self.state);
+        let Some((memslots, slots)) = state.as_mut() else {
+            return Err(PlugRefused::Failed("the VM is stopping".into()));
+        };
+        let mut added: Vec<usize> = Vec::new();
+        for &(addr, _) in map_slots {
+            let Some(i) = slots.iter().position(|s| s.guest_addr == addr) else {
+                continue;
+            };
+            if slots[i].mapped {
+                continue;
+            }
+            for (k, m) in slots[i].memslots.iter().enumerate() {
+                if let Err(e) = self.add(memslots, m) {
+                    // Take out what this request put in: the blocks stay
+                    // unplugged.
+                    for m in &slots[i].memslots[..k] {
+                        let _ = memslots.remove(m.id, m.guest_addr);
+                    }
+                    for &j in &added {
+                        for m in &slots[j].memslots {
+                            let _ = memslots.remove(m.id, m.guest_addr);
+                        }
+                        slots[j].mapped = false;
+                    }
+                    return Err(PlugRefused::Failed(e.to_string()));
+                }
+            }
+            slots[i].mapped = true;
+            added.push(i);
+        }
+        Ok(())
+    }
+
+    fn unplug(&self, ranges: &[(u64, u64)], unmap_slots: &[(u64, u64)]) {
+        {
+            let mut state = lock(&self.state);
+            let Some((memslots, slots)) = state.as_mut() else {
+                return;
+            };
+            for &(addr, _) in unmap_slots {
+                if let Some(s) = slots.iter_mut().find(|s| s.guest_addr == addr && s.mapped) {
+                    for m in &s.memslots {
+                        if let Err(e) = memslots.remove(m.id, m.guest_addr) {
+                            log::error!("virtio-mem: {e}");
+                        }
+                    }
+                    s.mapped = false;
+                }
+            }
+        }
+        let metrics = lock(&self.metrics).clone();
+        self.discard.discard_ranges(
+            ranges,
+            Box::new(move |outcome| {
+                if outcome.failed > 0 {
+                    for m in &metrics {
+                        m.unplug_discard_fails.inc();
+                    }
+                }
+            }),
+        );
+    }
+}
+
+/// One virtio-mem device as the VMM drives it.
+pub struct HotplugDevice {
+    /// The device (shared with its transport and its thread).
+    pub device: Arc<Mutex<VirtioMem<GuestView>>>,
+    /// Its slot on the MMIO bus.
+    pub slot: MmioSlot,
+    /// The host node backing its part.
+    pub host_node: u32,
+}
+
+/// The running microVM's virtio-mem devices.
+pub struct Hotplug {
+    /// In guest address order.
+    pub devices: Vec<HotplugDevice>,
+    /// Their sink.
+    pub slots: Arc<HotplugSlots>,
+    /// The pool the sink frees through.
+    pub discard: Arc<BalloonDiscard>,
+    /// The configured sizes.
+    pub total_size_mib: u32,
+    /// The block size.
+    pub block_size_mib: u32,
+    /// The slot size.
+    pub slot_size_mib: u32,
+}
+
+impl std::fmt::Debug for Hotplug {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hotplug")
+            .field("devices", &self.devices.len())
+            .field("total_size_mib", &self.total_size_mib)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `requested` blocks shared over parts of `parts` blocks, in proportion,
+/// the remainder one block each from the first part: never more than a
+/// part holds while `requested` is at most their sum.
+pub fn share_blocks(requested: u64, parts: &[u64]) -> Vec<u64> {
+    let total: u64 = parts.iter().sum();
+    if total == 0 {
+        return vec![0; parts.len()];
+    }
+    let mut out: Vec<u64> = parts
+        .iter()
+        .map(|&p| (u128::from(requested) * u128::from(p) / u128::from(total)) as u64)
+        .collect();
+    let mut left = requested.saturating_sub(out.iter().sum());
+    for (o, &p) in out.iter_mut().zip(parts) {
+        if left == 0 {
+            break;
+        }
+        if *o < p {
+            *o += 1;
+            left -= 1;
+        }
+    }
+    out
+}
+
+impl Hotplug {
+    /// Asks the guest for `requested_size_mib` in all (split over the nodes
+    /// in proportion to their parts, in whole blocks).
+    pub fn update(&self, requested_size_mib: u32) -> Result<(), HotplugError> {
+        let invalid = |reason: String| HotplugError::InvalidSize {
+            requested_mib: requested_size_mib,
+            reason,
+        };
+        if requested_size_mib > self.total_size_mib {
+            return Err(invalid(format!(
+                "above total_size_mib ({})",
+                self.total_size_mib
+            )));
+        }
+        if requested_size_mib % self.block_size_mib != 0 {
+            return Err(invalid(format!(
+                "not a multiple of block_size_mib ({})",
+                self.block_size_mib
+            )));
+        }
+        let block = u64::from(self.block_size_mib) * MIB;
+        let parts: Vec<u64> = self
+            .devices
+            .iter()
+            .map(|d| lock(&d.device).status().region_bytes / block)
+            .collect();
+        let shares = share_blocks(u64::from(requested_size_mib) * MIB / block, &parts);
+        for (d, blocks) in self.devices.iter().zip(shares) {
+            lock(&d.device)
+                .set_requested(blocks * block)
+                .map_err(|e| invalid(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The `memory_hotplug` group of a metrics line (Firecracker's
+    /// counter names, summed over the nodes' devices): written by
+    /// `Vmm::device_metrics` (src/vmm/actions.rs) while the microVM runs.
+    /// An empty object until the devices are wired.
+    pub fn metrics_json(&self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+
+    /// The state now.
+    pub fn status(&self) -> HotplugStatus {
+        let snapshot = self.discard.snapshot();
+        let per_node = |node: u32| {
+            snapshot
+                .as_ref()
+                .and_then(|s| s.per_node.iter().find(|n| n.node == node))
+                .map_or(0, |n| n.bytes)
+        };
+        let nodes: Vec<HotplugNodeStatus> = self
+            .devices
+            .iter()
+            .map(|d| {
+                let s = lock(&d.device).status();
+                HotplugNodeStatus {
+                    host_node: d.host_node,
+                    guest_node: s.node_id,
+                    guest_addr: s.region_addr,
+                    size_mib: (s.region_bytes / MIB) as u32,
+                    plugged_size_mib: (s.plugged_bytes / MIB) as u32,
+                    requested_size_mib: (s.requested_bytes / MIB) as u32,
+                    discarded_bytes: per_node(d.host_node),
+                }
+            })
+            .collect();
+        HotplugStatus {
+            total_size_mib: self.total_size_mib,
+            block_size_mib: self.block_size_mib,
+            slot_size_mib: self.slot_size_mib,
+            plugged_size_mib: nodes.iter().map(|n| n.plugged_size_mib).sum(),
+            requested_size_mib: nodes.iter().map(|n| n.requested_size_mib).sum(),
+            nodes,
+            discards_in_flight: snapshot.map_or(0, |s| s.in_flight_batches),
+        }
+    }
+
+    /// The `memory_hotplug` metrics group: the devices' counters, summed.
+    pub fn metrics_json(&self) -> serde_json::Value {
+        let mut sum = serde_json::Map::new();
+        for d in &self.devices {
+            let m = lock(&d.device).shared_metrics();
+            if let Ok(serde_json::Value::Object(o)) = serde_json::to_value(&*m) {
+                for (k, v) in o {
+                    let add = v.as_u64().unwrap_or(0);
+                    let e = sum.entry(k).or_insert(serde_json::Value::from(0u64));
+                    *e = serde_json::Value::from(e.as_u64().unwrap_or(0) + add);
+                }
+            }
+        }
+        serde_json::Value::Object(sum)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_blocks;
+
+    #[test]
+    fn blocks_are_shared_in_proportion_and_never_past_a_part() {
+        assert_eq!(share_blocks(0, &[64, 64]), vec![0, 0]);
+        assert_eq!(share_blocks(128, &[64, 64]), vec![64, 64]);
+        assert_eq!(share_blocks(3, &[64, 64]), vec![2, 1]);
+        assert_eq!(share_blocks(100, &[192, 64]), vec![75, 25]);
+        assert_eq!(share_blocks(7, &[1, 1, 5]), vec![1, 1, 5]);
+        assert_eq!(share_blocks(5, &[]), Vec::<u64>::new());
+        for r in 0..=12 {
+            let s = share_blocks(r, &[5, 3, 4]);
+            assert_eq!(s.iter().sum::<u64>(), r);
+            assert!(s.iter().zip([5, 3, 4]).all(|(a, b)| *a <= b));
+        }
+    }
+}
