@@ -620,6 +620,8 @@ impl VmConfig {
             + self.network_interfaces.len()
             + usize::from(self.vsock.is_some())
             + usize::from(self.entropy.is_some())
+            // One virtio-mem device per node part: at least one.
+            + usize::from(self.memory_hotplug.is_some())
     }
 
     /// Checks every section.

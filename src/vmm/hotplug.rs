@@ -399,14 +399,6 @@ impl Hotplug {
         Ok(())
     }
 
-    /// The `memory_hotplug` group of a metrics line (Firecracker's
-    /// counter names, summed over the nodes' devices): written by
-    /// `Vmm::device_metrics` (src/vmm/actions.rs) while the microVM runs.
-    /// An empty object until the devices are wired.
-    pub fn metrics_json(&self) -> serde_json::Value {
-        serde_json::json!({})
-    }
-
     /// The state now.
     pub fn status(&self) -> HotplugStatus {
         let snapshot = self.discard.snapshot();
@@ -443,7 +435,9 @@ impl Hotplug {
         }
     }
 
-    /// The `memory_hotplug` metrics group: the devices' counters, summed.
+    /// The `memory_hotplug` group of a metrics line (Firecracker's counter
+    /// names, summed over the nodes' devices): written by
+    /// `Vmm::device_metrics` (src/vmm/actions.rs) while the microVM runs.
     pub fn metrics_json(&self) -> serde_json::Value {
         let mut sum = serde_json::Map::new();
         for d in &self.devices {
