@@ -51,6 +51,11 @@
  *                       greeting, shut down
  *   net=echo            after touching, send one frame on the first
  *                       virtio-net, then echo every frame, MACs swapped
+ *   mem                 last, drive every virtio-mem device: follow each
+ *                       one's requested_size for ever by PLUG and UNPLUG
+ *                       requests of 128 MiB at most, touching what is
+ *                       plugged; mem=unplug-all: UNPLUG_ALL when the
+ *                       request drops to 0 (firmware/mem.S)
  *   Devices are driven in the order balloon, blk, vsock, net, each found by
  *   its DeviceID wherever it sits. With then=idle and an echo (vsock=echo:
  *   or net=echo) set up, vCPU 0 keeps serving (serve_loop) instead of
@@ -227,11 +232,11 @@
  *   0x7000 boot info, 0x8000 command line (the VMM's), 0x10000 this image
  *   (.text, .rodata, .data: options, driver state, the vsock connection
  *   table), then page aligned, not part of the image (.bss, firmware.ld
- *   keeps it below the stacks at 0x100000; about 0x13000-0x3c000 today;
+ *   keeps it below the stacks at 0x100000; about 0x14000-0xc0000 today;
  *   every byte is written before it is read):
- *     ring_area   10 pages, one per queue slot: 0-3 the balloon's (inflate,
+ *     ring_area   26 pages, one per queue slot: 0-3 the balloon's (inflate,
  *                 deflate, stats, reporting), 4 blk, 5-7 vsock rx, tx,
- *                 event, 8-9 net rx, tx; descriptors at +0 (16-byte
+ *                 event, 8-9 net rx, tx, 10-25 virtio-mem's; descriptors at +0 (16-byte
  *                 aligned, 64 x 16 bytes), available ring at +0x400
  *                 (2-aligned, 4 + 2 x 64), used ring at +0x800 (4-aligned,
  *                 4 + 8 x 64)
@@ -248,6 +253,8 @@
  *     net_txbuf   2 KiB, the frame being sent
  *     br_buf      64 KiB, blk-read='s requests (blk_read.S)
  *     mm_req, mm_resp, mm_token  1 KiB, 4 KiB, 256 bytes: mmds= (mmds.S)
+ *     mem_devs, mem_req, mem_resp, mem_pt  2 KiB, 24 and 16 bytes, 96
+ *                 pages of page tables for the hotplug region: mem (mem.S)
  *   0x100000 stacks (4 KiB per vCPU), 0x200000 page tables, BI_FW_END.
  */
 
@@ -354,7 +361,9 @@
         .set SLOT_VS_EV,      7
         .set SLOT_NET_RX,     8
         .set SLOT_NET_TX,     9
-        .set VQ_SLOTS,        10
+        .set SLOT_MEM0,       10        /* virtio-mem: SLOT_MEM0 + i (mem.S) */
+        .set MEM_MAX,         16
+        .set VQ_SLOTS,        SLOT_MEM0 + MEM_MAX
 /* virtio-blk */
         .set BLK_F_RO,        1 << 5
         .set BLK_F_FLUSH,     1 << 9
@@ -517,7 +526,9 @@ _start:
         mov     dx, PORT_UNKNOWN
 5:      out     dx, al
         jmp     5b
-4:      cmp     byte ptr [rip + opt_reset], 0
+4:      cmp     byte ptr [rip + opt_mem], 0
+        jne     mem_main                /* follows requested_size for ever */
+        cmp     byte ptr [rip + opt_reset], 0
         jne     9f
         lea     rsi, [rip + msg_idle]
         call    puts
@@ -692,6 +703,10 @@ parse_cmdline:
         call    match_key
         jc      .Lblk_read_val
         call    mm_parse_word           /* mmds=, mmds-addr=, mmds-ip= */
+        cmp     eax, 1
+        je      .Lword
+        ja      .Lbad
+        call    mem_parse_word          /* mem, mem=unplug-all (mem.S) */
         cmp     eax, 1
         je      .Lword
         ja      .Lbad
@@ -3267,3 +3282,4 @@ net_txbuf:      .skip NET_BUF
         .include "firmware/blk_read.S"
         .include "firmware/mmds.S"
         .include "firmware/mmds_frames.S"
+        .include "firmware/mem.S"

@@ -654,8 +654,8 @@ fn build_hotplug(
             slot_bytes: spec.slot_bytes,
             node_id,
         };
-        let device = VirtioMem::new(opts, slots.clone())
-            .map_err(|e| DeviceError::Hotplug(e.to_string()))?;
+        let device =
+            VirtioMem::new(opts, slots.clone()).map_err(|e| DeviceError::Hotplug(e.to_string()))?;
         slots.watch(device.shared_metrics());
         let device = Arc::new(Mutex::new(device));
         running.devices.push(device.clone());

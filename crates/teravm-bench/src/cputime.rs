@@ -12,7 +12,7 @@ pub struct CpuSplit {
     pub vcpu_s: f64,
     /// The discard workers.
     pub discard_s: f64,
-    /// The balloon device thread.
+    /// The device thread: the balloon's, or virtio-mem's (`virtio-mem{n}`).
     pub device_s: f64,
 }
 
@@ -30,7 +30,7 @@ fn role(comm: &str) -> Option<usize> {
         Some(0)
     } else if comm.starts_with("discard-n") {
         Some(1)
-    } else if comm == "balloon" {
+    } else if comm == "balloon" || comm.starts_with("virtio-mem") {
         Some(2)
     } else {
         None

@@ -18,6 +18,10 @@
 //!   `--size-gib` as free (free page reporting): `report-serial` (freed on
 //!   the balloon thread, one `madvise` per range, as Firecracker does) and
 //!   `report-teravm-<w>` (teravm's per-node discard pool);
+//!   and live unplug of virtio-mem memory the guest plugged and touched:
+//!   `unplug-serial` (freed on the device's thread before each answer, as
+//!   Firecracker does), `unplug-teravm-<w>` and `unplug-all-teravm-<w>`
+//!   (the guest sends UNPLUG_ALL) (`live_unplug`);
 //! - with `--peers`, the VMMs users run today beside teravm, each timed
 //!   from its stop until `waitpid`: preallocated (all guest RAM resident,
 //!   the guest never run): `qemu-prealloc-quit` (QMP `quit`) and
@@ -38,9 +42,9 @@
 //! ```text
 //! main    → cli
 //! cli     → args, child, runner
-//! runner  → args, child, firecracker, guest, held, live, model, mrelease,
-//!           peers, peers_text, report, stats, svg, vm
-//! live    → args, cputime, model, vm
+//! runner  → args, child, firecracker, guest, held, live, live_unplug,
+//!           model, mrelease, peers, peers_text, report, stats, svg, vm
+//! live, live_unplug → args, cputime, model, vm
 //! vm      → args, model, mrelease, resident
 //! peers   → args, firecracker, guest, model, qemu
 //! qemu    → guest, model, mrelease, qmp, resident
@@ -68,6 +72,7 @@ mod firecracker;
 mod guest;
 mod held;
 mod live;
+mod live_unplug;
 mod model;
 mod mrelease;
 mod peers;

@@ -238,6 +238,17 @@ pub enum Method {
     /// `--live`: the same, freed by teravm's per-node discard pool with `w`
     /// workers per node.
     ReportTeravm(u32),
+    /// `--live`: a running microVM's guest (the firmware's virtio-mem
+    /// driver) has plugged and touched `--size-gib`; the host asks for 0 and
+    /// the clock runs until `plugged_size_mib` is 0 and the resident size
+    /// has fallen (`live_unplug`); freed serially (`discard_workers_per_node`
+    /// 0: one `madvise` per UNPLUG before its answer, as Firecracker does).
+    UnplugSerial,
+    /// `--live`: the same, freed by teravm's per-node discard pool with `w`
+    /// workers per node.
+    UnplugTeravm(u32),
+    /// `--live`: the same, the guest sending UNPLUG_ALL (`mem=unplug-all`).
+    UnplugAllTeravm(u32),
 }
 
 impl Method {
@@ -249,10 +260,12 @@ impl Method {
             | Method::VmShutdown(w)
             | Method::VmAsync(w)
             | Method::ReportTeravm(w)
+            | Method::UnplugTeravm(w)
+            | Method::UnplugAllTeravm(w)
             | Method::VmPrealloc(w)
             | Method::VmGuestShutdown(w)
             | Method::VmGuestSigterm(w) => w,
-            Method::ReportSerial => 0,
+            Method::ReportSerial | Method::UnplugSerial => 0,
             _ => 1,
         }
     }
@@ -285,7 +298,24 @@ impl Method {
 
     /// Whether this is a live reclaim of a running microVM (`--live`).
     pub fn is_live(self) -> bool {
-        matches!(self, Method::ReportSerial | Method::ReportTeravm(_))
+        matches!(self, Method::ReportSerial | Method::ReportTeravm(_)) || self.is_unplug()
+    }
+
+    /// Whether this is a live unplug (virtio-mem) of a running microVM.
+    pub fn is_unplug(self) -> bool {
+        matches!(
+            self,
+            Method::UnplugSerial | Method::UnplugTeravm(_) | Method::UnplugAllTeravm(_)
+        )
+    }
+
+    /// The serial row a `--live` row is compared with (`vs serial`).
+    pub fn live_baseline(self) -> Option<Method> {
+        if self.is_unplug() {
+            Some(Method::UnplugSerial)
+        } else {
+            self.is_live().then_some(Method::ReportSerial)
+        }
     }
 
     /// Whether this runs a real teravm microVM (`--vm`, and the
@@ -331,7 +361,7 @@ impl Method {
         if case.pages == Pages::Thp {
             return Some("this kernel offers no huge pages for guest_memfd (4k only)");
         }
-        if self.is_live() {
+        if self.is_live() && !self.is_unplug() {
             return Some("the guest reads each reported page back, which allocates it again in a guest_memfd");
         }
         (!self.is_vm()).then_some(
@@ -378,6 +408,9 @@ impl fmt::Display for Method {
             Method::VmAsync(w) => write!(f, "vm-async-{w}"),
             Method::ReportSerial => f.write_str("report-serial"),
             Method::ReportTeravm(w) => write!(f, "report-teravm-{w}"),
+            Method::UnplugSerial => f.write_str("unplug-serial"),
+            Method::UnplugTeravm(w) => write!(f, "unplug-teravm-{w}"),
+            Method::UnplugAllTeravm(w) => write!(f, "unplug-all-teravm-{w}"),
         }
     }
 }

@@ -69,7 +69,7 @@ impl Baselines {
             munmap: median_of(Method::Munmap),
             exit: median_of(exit).filter(|_| !live),
             mrelease: median_of(mrelease).filter(|_| !live),
-            serial: median_of(Method::ReportSerial).filter(|_| live),
+            serial: method.live_baseline().and_then(&median_of),
             peers: Peer::ALL.map(|p| median_of(peer_baseline(method, p)).filter(|_| !live)),
         }
     }
@@ -197,7 +197,7 @@ pub struct Row {
     /// How many times faster than `mrelease` (`vm-mrelease` for a `--vm`
     /// method) in the same case.
     pub vs_mrelease: Option<f64>,
-    /// `--live` rows: how many times faster than `report-serial`.
+    /// `--live` rows: how many times faster than `report-serial` (`unplug-serial` for the unplug rows).
     pub vs_serial: Option<f64>,
     /// `--peers`: how many times faster than each peer's graceful stop
     /// (`qemu-prealloc-quit`, ...) in the same case, in the order of [`Peer::ALL`].
@@ -463,6 +463,13 @@ pub fn table(rows: &[Row], unavailable: &[Unavailable]) -> String {
              its first report to the last acknowledged; vs serial: report-serial's median \
              over this one; cpu: median CPU seconds of teravm's vCPU threads, discard \
              workers and balloon thread over the report (/proc/<pid>/task/*/stat)\n",
+        );
+    }
+    if rows.iter().any(|r| r.method.is_unplug()) {
+        out.push_str(
+            "unplug-* rows: a running guest has plugged and touched virtio-mem memory; timed \
+             from the host's PATCH to 0 until plugged_size_mib is 0 and the resident size has \
+             fallen; vs serial: unplug-serial's median over this one\n",
         );
     }
     if shown[VS_PEERS..].iter().any(|s| *s) {

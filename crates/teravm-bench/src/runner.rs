@@ -22,7 +22,7 @@ use crate::model::{
 use crate::mrelease::Reap;
 use crate::peers::{discover, discovery_line, driver_missing, peer_methods, supports};
 use crate::stats::median;
-use crate::{firecracker, guest, live, mrelease, peers, peers_text, report, svg, vm};
+use crate::{firecracker, guest, live, live_unplug, mrelease, peers, peers_text, report, svg, vm};
 
 /// How long one node's part of a teravm run took.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -195,6 +195,17 @@ fn measure(
                 .as_ref()
                 .ok_or_else(|| BenchError::Vm(format!("{method} needs --live")))?;
             let (seconds, l) = live::measure_live(method, case, args, teravm, *bind)?;
+            Ok(Measured {
+                live: Some(l),
+                ..Measured::seconds(seconds)
+            })
+        }
+        Method::UnplugSerial | Method::UnplugTeravm(_) | Method::UnplugAllTeravm(_) => {
+            let (teravm, bind) = bins
+                .teravm
+                .as_ref()
+                .ok_or_else(|| BenchError::Vm(format!("{method} needs --live")))?;
+            let (seconds, l) = live_unplug::measure_unplug(method, case, args, teravm, *bind)?;
             Ok(Measured {
                 live: Some(l),
                 ..Measured::seconds(seconds)
@@ -382,6 +393,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             bins.teravm = Some((vm::teravm_binary()?, host_binds(&host)));
         }
         methods.extend(live::live_methods(&args.workers));
+        methods.extend(live_unplug::unplug_methods(&args.workers));
     }
     let mut peers_line = None;
     if !args.peers.is_empty() {

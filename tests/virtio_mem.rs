@@ -1,0 +1,277 @@
+//! virtio-mem on the real binary and /dev/kvm with the default flags (issue
+//! 27): the built-in firmware's driver (`mem`, `mem=unplug-all`,
+//! firmware/mem.S) against teravm's device, driven by `PATCH
+//! /hotplug/memory`; what the guest unplugs goes back to the host through
+//! the per-node discard pool while the guest runs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::api::*;
+use common::*;
+use serde_json::Value;
+
+/// Unplugged memory leaves teravm's RSS within this.
+const FREED_WITHIN: Duration = Duration::from_secs(10);
+
+fn patch(sock: &Path, body: &str) -> (u16, String) {
+    common::client::request(sock, "PATCH", "/hotplug/memory", Some(body)).expect("the API answers")
+}
+
+/// `PATCH /hotplug/memory` with `requested_size_mib`, expecting 204.
+fn request_mib(sock: &Path, mib: u64) {
+    let (status, body) = patch(sock, &format!(r#"{{"requested_size_mib": {mib}}}"#));
+    assert_eq!(status, 204, "PATCH requested_size_mib {mib}: {body}");
+}
+
+/// teravm with an API socket: 1 vCPU, 256 MiB of RAM, a hotplug region of
+/// `total_mib` (default block and slot sizes), the firmware with `args`,
+/// started; returns once the driver has set its devices up and waits.
+fn started(name: &str, total_mib: u64, args: &str) -> (Vmm, PathBuf) {
+    started_on(name, 256, total_mib, args, &[])
+}
+
+/// `started` with `ram_mib` of RAM and teravm's `extra` flags; with
+/// `--sysfs-root` (a fake host), bound to no node.
+fn started_on(
+    name: &str,
+    ram_mib: u64,
+    total_mib: u64,
+    args: &str,
+    extra: &[&str],
+) -> (Vmm, PathBuf) {
+    let (mut vmm, sock, _dir) = start_api(name, extra);
+    put_ok(
+        &sock,
+        "/machine-config",
+        &format!(r#"{{"vcpu_count": 1, "mem_size_mib": {ram_mib}, "huge_pages": "None"}}"#),
+    );
+    if extra.contains(&"--sysfs-root") {
+        put_ok(&sock, "/memory", r#"{"numa_policy": "none"}"#);
+    }
+    put_ok(
+        &sock,
+        "/hotplug/memory",
+        &format!(r#"{{"total_size_mib": {total_mib}}}"#),
+    );
+    put_ok(
+        &sock,
+        "/boot-source",
+        &format!(r#"{{"boot_args": "{args}"}}"#),
+    );
+    let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(status, 204, "{body}");
+    vmm.wait_line("teravm firmware: mem device at", T);
+    vmm.wait_line("teravm firmware: idle", T);
+    (vmm, sock)
+}
+
+/// Polls `GET /hotplug/memory` until `plugged_size_mib` is `mib`; returns
+/// the last answer.
+fn plugged_until(sock: &Path, mib: u64) -> Value {
+    let deadline = Instant::now() + T;
+    loop {
+        let v = get(sock, "/hotplug/memory");
+        if v["plugged_size_mib"].as_u64() == Some(mib) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "plugged_size_mib never {mib}: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Polls teravm's RSS until it is at most `at_most`, for FREED_WITHIN;
+/// returns it.
+fn rss_falls_to(pid: u32, at_most: u64, what: &str) -> u64 {
+    let deadline = Instant::now() + FREED_WITHIN;
+    loop {
+        let rss = rss_bytes_of(pid);
+        if rss <= at_most {
+            return rss;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: RSS {} MiB, not down to {} MiB within {FREED_WITHIN:?}",
+            rss >> 20,
+            at_most >> 20
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// No line says the driver stopped.
+fn assert_no_driver_error(lines: &[String]) {
+    for l in lines {
+        assert!(
+            !l.contains("teravm firmware: mem dirty") && !l.contains("teravm firmware: mem error"),
+            "{l:?} in {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn plug_touches_unplug_frees_and_a_replug_reads_zeros() {
+    if !kvm_or_skip("virtio_mem_plug") {
+        return;
+    }
+    let _big = big_memory();
+    let (mut vmm, sock) = started("mem-plug", 1024, "mem then=idle");
+    let pid = vmm.child.id();
+    let v = get(&sock, "/hotplug/memory");
+    assert_eq!(u(&v, "total_size_mib"), 1024, "{v}");
+    assert_eq!(u(&v, "block_size_mib"), 2, "{v}");
+    assert_eq!(u(&v, "slot_size_mib"), 128, "{v}");
+    assert_eq!(u(&v, "plugged_size_mib"), 0, "{v}");
+    assert_eq!(u(&v, "requested_size_mib"), 0, "{v}");
+    let before = rss_bytes_of(pid);
+
+    // Plug: the guest touches every page of it.
+    request_mib(&sock, 512);
+    vmm.wait_line("teravm firmware: mem plugged 512 MiB (512 MiB plugged)", T);
+    let v = plugged_until(&sock, 512);
+    assert_eq!(u(&v, "requested_size_mib"), 512, "{v}");
+    let plugged = rss_bytes_of(pid);
+    assert!(
+        plugged >= before + (500 << 20),
+        "RSS {} MiB after plugging 512 MiB, {} MiB before",
+        plugged >> 20,
+        before >> 20
+    );
+
+    // Unplug: the host gets it back within seconds.
+    request_mib(&sock, 0);
+    vmm.wait_line("teravm firmware: mem unplugged 512 MiB (0 MiB plugged)", T);
+    plugged_until(&sock, 0);
+    rss_falls_to(pid, plugged - (480 << 20), "after unplugging 512 MiB");
+
+    // A replug reads zeros: the driver checks every page before it writes
+    // it and says `mem dirty` otherwise.
+    request_mib(&sock, 256);
+    vmm.wait_line("teravm firmware: mem plugged 256 MiB (256 MiB plugged)", T);
+    plugged_until(&sock, 256);
+    let lines = shutdown_ok(vmm, &sock);
+    assert_no_driver_error(&lines);
+}
+
+#[test]
+fn bad_targets_are_refused_and_change_nothing() {
+    if !kvm_or_skip("virtio_mem_bad") {
+        return;
+    }
+    let _big = big_memory();
+    let (mut vmm, sock) = started("mem-bad", 1024, "mem then=idle");
+    for body in [
+        r#"{"requested_size_mib": 2048}"#, // above total_size_mib
+        r#"{"requested_size_mib": 1026}"#, // above by one block
+        r#"{"requested_size_mib": 3}"#,    // not a multiple of the block size
+        r#"{"requested_size_mib": 129}"#,
+    ] {
+        let (status, reply) = patch(&sock, body);
+        assert_eq!(status, 400, "PATCH {body}: {reply}");
+        let msg = json(&reply)["fault_message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no fault_message in {reply}"))
+            .to_string();
+        assert!(!msg.is_empty(), "PATCH {body}: an empty fault_message");
+        // Alive, running, nothing requested.
+        assert_eq!(state(&sock), "Running");
+        let v = get(&sock, "/hotplug/memory");
+        assert_eq!(u(&v, "requested_size_mib"), 0, "after {body}: {v}");
+        assert_eq!(u(&v, "plugged_size_mib"), 0, "after {body}: {v}");
+    }
+    // A good target still works.
+    request_mib(&sock, 1024);
+    vmm.wait_line(
+        "teravm firmware: mem plugged 1024 MiB (1024 MiB plugged)",
+        T,
+    );
+    plugged_until(&sock, 1024);
+    let lines = shutdown_ok(vmm, &sock);
+    assert_no_driver_error(&lines);
+}
+
+#[test]
+fn unplug_all_frees_what_is_left_in_one_request() {
+    if !kvm_or_skip("virtio_mem_unplug_all") {
+        return;
+    }
+    let _big = big_memory();
+    let (mut vmm, sock) = started("mem-unplug-all", 1024, "mem=unplug-all then=idle");
+    let pid = vmm.child.id();
+    request_mib(&sock, 512);
+    vmm.wait_line("teravm firmware: mem plugged 512 MiB (512 MiB plugged)", T);
+    plugged_until(&sock, 512);
+    let plugged = rss_bytes_of(pid);
+    // Down but not to 0: UNPLUG from the top, as without unplug-all.
+    request_mib(&sock, 256);
+    vmm.wait_line(
+        "teravm firmware: mem unplugged 256 MiB (256 MiB plugged)",
+        T,
+    );
+    plugged_until(&sock, 256);
+    let half = rss_falls_to(pid, plugged - (240 << 20), "after unplugging 256 MiB");
+    // To 0: one UNPLUG_ALL.
+    request_mib(&sock, 0);
+    vmm.wait_line("teravm firmware: mem unplugged 256 MiB (0 MiB plugged)", T);
+    plugged_until(&sock, 0);
+    rss_falls_to(pid, half - (240 << 20), "after UNPLUG_ALL");
+    let lines = shutdown_ok(vmm, &sock);
+    assert_no_driver_error(&lines);
+}
+
+#[test]
+fn two_nodes_each_plug_their_part_and_their_own_workers_free_it() {
+    if !kvm_or_skip("virtio_mem_two_nodes") {
+        return;
+    }
+    let _big = big_memory();
+    let dir = temp_dir("mem-nodes-sys");
+    let sysfs = fake_sysfs(&dir, 2);
+    let (mut vmm, sock) = started_on(
+        "mem-nodes",
+        2048,
+        1024,
+        "mem then=idle",
+        &["--sysfs-root", sysfs.to_str().unwrap()],
+    );
+    // One device per guest node: the driver said both.
+    let devices = vmm
+        .stdout
+        .iter()
+        .filter(|l| l.contains("teravm firmware: mem device at"))
+        .count();
+    assert_eq!(devices, 2, "{:?}", vmm.stdout);
+    let v = get(&sock, "/hotplug/memory");
+    let nodes = v["nodes"].as_array().expect("nodes").clone();
+    assert_eq!(nodes.len(), 2, "{v}");
+    request_mib(&sock, 1024);
+    vmm.wait_line(
+        "teravm firmware: mem plugged 1024 MiB (1024 MiB plugged)",
+        T,
+    );
+    let v = plugged_until(&sock, 1024);
+    for n in v["nodes"].as_array().unwrap() {
+        assert_eq!(u(n, "plugged_size_mib"), 512, "{v}");
+    }
+    request_mib(&sock, 0);
+    vmm.wait_line("teravm firmware: mem unplugged 1024 MiB (0 MiB plugged)", T);
+    plugged_until(&sock, 0);
+    // Each node's part freed by its own workers.
+    let deadline = Instant::now() + FREED_WITHIN;
+    loop {
+        let v = get(&sock, "/hotplug/memory");
+        let nodes = v["nodes"].as_array().unwrap();
+        if nodes.iter().all(|n| u(n, "discarded_bytes") >= 512 << 20) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "per-node discards: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let lines = shutdown_ok(vmm, &sock);
+    assert_no_driver_error(&lines);
+}
