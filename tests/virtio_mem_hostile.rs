@@ -120,7 +120,10 @@ fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
         u(node, "size_mib") * MIB
     );
     assert!(device.contains(&region), "{device} lacks {region}");
-    assert!(device.contains(&format!("block {BLOCK_BYTES:#x}")), "{device}");
+    assert!(
+        device.contains(&format!("block {BLOCK_BYTES:#x}")),
+        "{device}"
+    );
     // Alive, running, nothing left plugged.
     assert_eq!(state(&sock), "Running");
     assert_eq!(u(&st, "plugged_size_mib"), 0, "{st}");
@@ -160,13 +163,8 @@ fn firecracker_answers_the_hostile_guest() {
     };
     let _big = big_memory();
     let dir = temp_dir("vmem-hostile-fc");
-    let launch = Launch::new(
-        Kind::Firecracker,
-        &bin,
-        &dir,
-        "vmem-hostile then=idle",
-    )
-    .mem_mib(RAM_MIB);
+    let launch =
+        Launch::new(Kind::Firecracker, &bin, &dir, "vmem-hostile then=idle").mem_mib(RAM_MIB);
     let mut config = launch.firecracker_config();
     config["memory-hotplug"] = serde_json::json!({
         "total_size_mib": TOTAL_MIB, "slot_size_mib": SLOT_MIB,
@@ -185,18 +183,20 @@ fn firecracker_answers_the_hostile_guest() {
         .arg(&log);
     let mut vmm = Vmm::spawn_command(cmd);
     wait_for_api(&sock, T);
+    // Firecracker refuses the target until the driver is up ("Device is
+    // not active"; teravm takes it at once); the guest waits for it.
+    vmm.wait_line("teravm guest: vmem device at ", T);
     let (s, b) = patch(
         &sock,
         "/hotplug/memory",
         &format!(r#"{{"requested_size_mib": {REQUESTED_MIB}}}"#),
     );
     assert_eq!(s, 204, "Firecracker PATCH /hotplug/memory: {b}");
-    vmm.wait_line("teravm guest: vmem device at ", T);
-    vmm.wait_line("teravm guest: vmem unplugged-read start", T);
+    vmm.wait_line("teravm guest: vmem reading unplugged memory", T);
     // Firecracker documents that a guest touching unplugged memory may
     // crash it: the lines after this one may never come. Take what comes
     // until the guest goes quiet or Firecracker exits.
-    let (lines, _) = vmm.drain(Duration::from_secs(10));
+    let (lines, _) = vmm.drain(Duration::from_secs(5));
     let exited = vmm.child.try_wait().unwrap();
     let res = results(&lines);
     let answer = |name: &str| res.iter().find(|(n, _)| n == name).map(|(_, r)| r.clone());

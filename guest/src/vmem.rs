@@ -12,7 +12,7 @@
 //! unplugged memory reads the region's last block, which then lies in a
 //! slot nothing was ever plugged into. That read comes last (Firecracker
 //! documents that a guest touching unplugged memory may crash it); the
-//! line `vmem unplugged-read start` comes before it. The request of an
+//! line `vmem reading unplugged memory` comes before it. The request of an
 //! unknown type is the last request sent (Firecracker leaves it
 //! unanswered).
 
@@ -256,7 +256,7 @@ pub fn run(options: &Options) {
         stuck: false,
     };
     checks(&mut d, &c);
-    say!("vmem unplugged-read start");
+    say!("vmem reading unplugged memory");
     let last = c.addr + c.region_size - c.block_size;
     unplugged_read(&mut d, last);
     if d.failed == 0 {

@@ -2,7 +2,10 @@
 //! window, 4 KiB each from [`MMIO_BASE`] in the 3–4 GiB gap, one GSI each
 //! from [`FIRST_GSI`], in the order they are added. A vCPU's MMIO exit
 //! reaches the device whose window holds the address ([`MmioBus::read`],
-//! [`MmioBus::write`]); an address no device claims reads `0xff`. What a
+//! [`MmioBus::write`]); an address no device claims reads `0xff`, except
+//! in a memory hotplug region ([`MmioBus::add_unplugged`]): memory never
+//! plugged, or unplugged, is in no memslot, and a guest touching it reads
+//! zeros, its writes ignored and counted. What a
 //! guest does wrong here is logged at most [`LOG_LINES_PER_SEC`] lines a
 //! second ([`LogLimiter`], the lines left out are counted in the next one):
 //! an unclaimed page once (up to [`UNKNOWN_PAGES_REMEMBERED`] distinct
@@ -13,6 +16,7 @@
 //! bus) no longer holds a device, nor the guest memory the device holds.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -165,11 +169,17 @@ pub struct MmioBus {
     /// Unclaimed pages already logged (at most [`UNKNOWN_PAGES_REMEMBERED`]).
     unknown_seen: Mutex<HashSet<u64>>,
     unknown_log: LogLimiter,
+    /// Hotplug regions `(start, len)`: what is not plugged reads zeros.
+    unplugged: Vec<(u64, u64)>,
+    /// Guest accesses to a hotplug region outside its memslots.
+    unplugged_accesses: AtomicU64,
 }
 
 impl Default for MmioBus {
     fn default() -> Self {
         MmioBus {
+            unplugged: Vec::new(),
+            unplugged_accesses: AtomicU64::new(0),
             devices: Vec::new(),
             unknown_seen: Mutex::new(HashSet::new()),
             unknown_log: LogLimiter::new(LOG_LINES_PER_SEC),
@@ -198,6 +208,31 @@ impl MmioBus {
         let slot = MmioSlot::nth(self.devices.len());
         self.devices.push(Mutex::new(Some(device)));
         Ok(slot)
+    }
+
+    /// Marks `[start, start + len)` as a memory hotplug region: an
+    /// access there that reaches the bus (the memory is in no memslot:
+    /// never plugged, or its slot unplugged) reads zeros and its writes
+    /// are ignored; both are counted ([`MmioBus::unplugged_accesses`]).
+    pub fn add_unplugged(&mut self, start: u64, len: u64) {
+        self.unplugged.push((start, len));
+    }
+
+    /// Guest accesses to hotplug memory outside its memslots so far.
+    pub fn unplugged_accesses(&self) -> u64 {
+        self.unplugged_accesses.load(Ordering::Relaxed)
+    }
+
+    /// Whether `addr` lies in a hotplug region; counts the access if so.
+    fn in_unplugged(&self, addr: u64) -> bool {
+        let hit = self
+            .unplugged
+            .iter()
+            .any(|&(start, len)| addr.checked_sub(start).is_some_and(|off| off < len));
+        if hit {
+            self.unplugged_accesses.fetch_add(1, Ordering::Relaxed);
+        }
+        hit
     }
 
     /// How many devices were added.
@@ -241,7 +276,8 @@ impl MmioBus {
         lock(&self.unknown_seen).len()
     }
 
-    /// A guest read at `addr`; `0xff` where no device is.
+    /// A guest read at `addr`; `0xff` where no device is, zeros in a
+    /// hotplug region.
     pub fn read(&self, addr: u64, data: &mut [u8]) {
         match self.find(addr) {
             Some((slot, offset)) => match lock(slot).as_mut() {
@@ -250,7 +286,7 @@ impl MmioBus {
             },
             None => {
                 self.unknown(addr, "read");
-                data.fill(0xff);
+                data.fill(if self.in_unplugged(addr) { 0 } else { 0xff });
             }
         }
     }
@@ -263,7 +299,10 @@ impl MmioBus {
                     d.mmio_write(offset, data);
                 }
             }
-            None => self.unknown(addr, "write"),
+            None => {
+                self.in_unplugged(addr);
+                self.unknown(addr, "write");
+            }
         }
     }
 
@@ -370,5 +409,24 @@ mod tests {
             bus.add(Box::new(Recorder(Arc::default()))),
             Err(MmioBusError::Full)
         );
+    }
+
+    #[test]
+    fn a_hotplug_region_reads_zeros_and_counts_what_the_guest_does() {
+        let mut bus = MmioBus::default();
+        bus.add_unplugged(1 << 32, 1 << 30);
+        let mut b = [0x11u8; 8];
+        bus.read((1 << 32) + (1 << 30) - 8, &mut b);
+        assert_eq!(b, [0; 8]);
+        bus.write(1 << 32, &[0x5a; 8]);
+        bus.read(1 << 32, &mut b);
+        assert_eq!(b, [0; 8]);
+        assert_eq!(bus.unplugged_accesses(), 3);
+        // Past the region, and below it: no device, all ones, not counted.
+        bus.read((1 << 32) + (1 << 30), &mut b);
+        assert_eq!(b, [0xff; 8]);
+        bus.read((1 << 32) - 8, &mut b);
+        assert_eq!(b, [0xff; 8]);
+        assert_eq!(bus.unplugged_accesses(), 3);
     }
 }

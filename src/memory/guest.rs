@@ -222,7 +222,10 @@ impl GuestMemory {
         let offset = guest_addr - slice.guest_addr;
         let host_addr = part.host_addr() as u64;
         if part.backing() != Backing::GuestMemfd {
-            return split_bound(&[(guest_addr, len, host_addr + offset, None)], MAX_SLOT_BYTES);
+            return split_bound(
+                &[(guest_addr, len, host_addr + offset, None)],
+                MAX_SLOT_BYTES,
+            );
         }
         let mut ranges = Vec::new();
         for stripe in part.stripes() {

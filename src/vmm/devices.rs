@@ -654,12 +654,14 @@ fn build_hotplug(
             slot_bytes: spec.slot_bytes,
             node_id,
         };
-        let device = VirtioMem::new(opts, slots.clone())
-            .map_err(|e| DeviceError::Hotplug(e.to_string()))?;
+        let device =
+            VirtioMem::new(opts, slots.clone()).map_err(|e| DeviceError::Hotplug(e.to_string()))?;
         slots.watch(device.shared_metrics());
         let device = Arc::new(Mutex::new(device));
         running.devices.push(device.clone());
         let (slot, queue_evts, exit) = attach(mmio, vm, memory, device.clone())?;
+        // What the guest touches outside the part's memslots reads zeros.
+        mmio.add_unplugged(p.guest_addr, p.len);
         let worker = VirtioMem::worker(
             &device,
             queue_evts,

@@ -299,8 +299,8 @@ impl Vmm {
             slot_bytes: mib(h.slot_size_mib),
         };
         let memory = crate::memory::MemoryOptions::from(&self.config);
-        let slices = crate::memory::GuestMemory::plan(&memory, &self.topology)
-            .map_err(|e| e.to_string())?;
+        let slices =
+            crate::memory::GuestMemory::plan(&memory, &self.topology).map_err(|e| e.to_string())?;
         let nodes: Vec<u32> = slices.iter().map(|s| s.node).collect();
         let parts = crate::memory::hotplug::hotplug_parts(&opts, memory.mem_bytes, &nodes)
             .map_err(|e| format!("memory hotplug: {e}"))?;
