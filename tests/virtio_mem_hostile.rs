@@ -75,7 +75,7 @@ fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
         return;
     }
     let _big = big_memory();
-    let (mut vmm, sock, _dir) = start_api("vmem-hostile", &[]);
+    let (mut vmm, sock, dir) = start_api("vmem-hostile", &[]);
     put_ok(
         &sock,
         "/machine-config",
@@ -90,6 +90,12 @@ fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
         &sock,
         "/hotplug/memory",
         &format!(r#"{{"total_size_mib": {TOTAL_MIB}, "slot_size_mib": {SLOT_MIB}}}"#),
+    );
+    let metrics = dir.join("metrics");
+    put_ok(
+        &sock,
+        "/metrics",
+        &format!(r#"{{"metrics_path": "{}"}}"#, metrics.display()),
     );
     let (s, b) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(s, 204, "{b}");
@@ -161,6 +167,13 @@ fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
         "RSS grew {} KiB ({rss_before} -> {rss_after})",
         grew >> 10
     );
+    // The guest's read, write and read of never-plugged memory: three
+    // accesses, counted.
+    let (s, b) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
+    assert_eq!(s, 204, "{b}");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let m = json(text.lines().last().unwrap())["memory_hotplug"].clone();
+    assert_eq!(u(&m, "unplugged_accesses"), 3, "{m}");
     shutdown_ok(vmm, &sock);
 }
 

@@ -17,7 +17,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::virtio::{DeviceMemory, MmioTransport};
@@ -172,14 +172,14 @@ pub struct MmioBus {
     /// Hotplug regions `(start, len)`: what is not plugged reads zeros.
     unplugged: Vec<(u64, u64)>,
     /// Guest accesses to a hotplug region outside its memslots.
-    unplugged_accesses: AtomicU64,
+    unplugged_accesses: Arc<AtomicU64>,
 }
 
 impl Default for MmioBus {
     fn default() -> Self {
         MmioBus {
             unplugged: Vec::new(),
-            unplugged_accesses: AtomicU64::new(0),
+            unplugged_accesses: Arc::new(AtomicU64::new(0)),
             devices: Vec::new(),
             unknown_seen: Mutex::new(HashSet::new()),
             unknown_log: LogLimiter::new(LOG_LINES_PER_SEC),
@@ -214,8 +214,10 @@ impl MmioBus {
     /// access there that reaches the bus (the memory is in no memslot:
     /// never plugged, or its slot unplugged) reads zeros and its writes
     /// are ignored; both are counted ([`MmioBus::unplugged_accesses`]).
-    pub fn add_unplugged(&mut self, start: u64, len: u64) {
+    /// Returns the count (one for all regions), for the metrics.
+    pub fn add_unplugged(&mut self, start: u64, len: u64) -> Arc<AtomicU64> {
         self.unplugged.push((start, len));
+        self.unplugged_accesses.clone()
     }
 
     /// Guest accesses to hotplug memory outside its memslots so far.
@@ -319,7 +321,6 @@ impl MmioBus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     type Writes = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
 
@@ -414,7 +415,7 @@ mod tests {
     #[test]
     fn a_hotplug_region_reads_zeros_and_counts_what_the_guest_does() {
         let mut bus = MmioBus::default();
-        bus.add_unplugged(1 << 32, 1 << 30);
+        let count = bus.add_unplugged(1 << 32, 1 << 30);
         let mut b = [0x11u8; 8];
         bus.read((1 << 32) + (1 << 30) - 8, &mut b);
         assert_eq!(b, [0; 8]);
@@ -428,5 +429,6 @@ mod tests {
         bus.read((1 << 32) - 8, &mut b);
         assert_eq!(b, [0xff; 8]);
         assert_eq!(bus.unplugged_accesses(), 3);
+        assert_eq!(count.load(Ordering::Relaxed), 3);
     }
 }
