@@ -69,6 +69,8 @@ pub struct Options {
     pub net_send: Option<(u32, u32)>,
     /// `rng=<bytes>`: read that many bytes from the first virtio-rng.
     pub rng: Option<u64>,
+    /// `vmem-hostile` (vmem.rs).
+    pub vmem_hostile: bool,
     /// The devices, in command-line order.
     pub devices: [Option<MmioDevice>; MAX_DEVICES],
     /// Words that were understood but had a bad value.
@@ -139,6 +141,7 @@ impl Options {
             tick_ms: None,
             net_send: None,
             rng: None,
+            vmem_hostile: false,
             devices: [None; MAX_DEVICES],
             bad: None,
         };
@@ -162,6 +165,7 @@ impl Options {
                     Err(_) => o.bad = Some("report="),
                 },
                 "blk" if value.is_empty() => o.blk = true,
+                "vmem-hostile" if value.is_empty() => o.vmem_hostile = true,
                 "blk-read" => match value.parse() {
                     Ok(mib) => o.blk_read_mib = Some(mib),
                     Err(_) => o.bad = Some("blk-read="),

@@ -23,6 +23,7 @@
 //!   tick=<ms>            print `tick <n>` every <ms> ms, forever
 //!   net-send=<N>x<bytes> after the hello, N frames of that size
 //!   rng=<bytes>          read that many bytes from the first virtio-rng
+//!   vmem-hostile         hostile requests to the first virtio-mem (vmem.rs)
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
 //! Devices are driven in the order balloon, blk, vsock, net, as the
 //! firmware drives them.
@@ -46,6 +47,7 @@ mod mem;
 mod mmds;
 mod net;
 mod rng;
+mod vmem;
 mod vsock;
 
 use alloc::boxed::Box;
@@ -124,6 +126,10 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     // HOOK rng: `rng=<bytes>` (rng.rs).
     if let Some(n) = options.rng {
         rng::run(&options, n);
+    }
+    // HOOK vmem: `vmem-hostile` (vmem.rs).
+    if options.vmem_hostile {
+        vmem::run(&options);
     }
     if options.reset {
         say!("reset");

@@ -142,6 +142,24 @@ pub fn map_high(info: &BootInfo) -> u64 {
     top
 }
 
+/// Maps `[start, end)` (at or above 4 GiB: a virtio-mem region above RAM)
+/// into the identity map as [`map_high`] maps RAM, whole GiBs at a time.
+/// False if the pool's pages ran out or the range begins below 4 GiB.
+pub fn map_range(start: u64, end: u64) -> bool {
+    if start < 4 * GIB {
+        return false;
+    }
+    let huge_1g = crate::io::has_1g_pages();
+    let mut at = start & !(GIB - 1);
+    while at < end {
+        if !map_gib(at, huge_1g) {
+            return false;
+        }
+        at += GIB;
+    }
+    true
+}
+
 /// Maps the GiB at `at` (4 GiB or above).
 fn map_gib(at: u64, huge_1g: bool) -> bool {
     let l4 = (at >> 39) as usize & 511;

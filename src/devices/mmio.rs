@@ -2,7 +2,10 @@
 //! window, 4 KiB each from [`MMIO_BASE`] in the 3–4 GiB gap, one GSI each
 //! from [`FIRST_GSI`], in the order they are added. A vCPU's MMIO exit
 //! reaches the device whose window holds the address ([`MmioBus::read`],
-//! [`MmioBus::write`]); an address no device claims reads `0xff`. What a
+//! [`MmioBus::write`]); an address no device claims reads `0xff`, except
+//! in a memory hotplug region ([`MmioBus::add_unplugged`]): memory never
+//! plugged, or unplugged, is in no memslot, and a guest touching it reads
+//! zeros, its writes ignored and counted. What a
 //! guest does wrong here is logged at most [`LOG_LINES_PER_SEC`] lines a
 //! second ([`LogLimiter`], the lines left out are counted in the next one):
 //! an unclaimed page once (up to [`UNKNOWN_PAGES_REMEMBERED`] distinct
@@ -13,6 +16,7 @@
 //! bus) no longer holds a device, nor the guest memory the device holds.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -173,12 +177,18 @@ pub struct MmioBus {
     unknown_log: LogLimiter,
     /// Where the devices' interrupts wake waiting vCPUs.
     wake: Arc<WakeHub>,
+    /// Hotplug regions `(start, len)`: what is not plugged reads zeros.
+    unplugged: Vec<(u64, u64)>,
+    /// Guest accesses to a hotplug region outside its memslots.
+    unplugged_accesses: Arc<AtomicU64>,
 }
 
 impl Default for MmioBus {
     fn default() -> Self {
         MmioBus {
             wake: Arc::new(WakeHub::new()),
+            unplugged: Vec::new(),
+            unplugged_accesses: Arc::new(AtomicU64::new(0)),
             devices: Vec::new(),
             unknown_seen: Mutex::new(HashSet::new()),
             unknown_log: LogLimiter::new(LOG_LINES_PER_SEC),
@@ -213,6 +223,33 @@ impl MmioBus {
     /// waiting on port 0xf0c sleep on it.
     pub fn wake_hub(&self) -> &Arc<WakeHub> {
         &self.wake
+    }
+
+    /// Marks `[start, start + len)` as a memory hotplug region: an
+    /// access there that reaches the bus (the memory is in no memslot:
+    /// never plugged, or its slot unplugged) reads zeros and its writes
+    /// are ignored; both are counted ([`MmioBus::unplugged_accesses`]).
+    /// Returns the count (one for all regions), for the metrics.
+    pub fn add_unplugged(&mut self, start: u64, len: u64) -> Arc<AtomicU64> {
+        self.unplugged.push((start, len));
+        self.unplugged_accesses.clone()
+    }
+
+    /// Guest accesses to hotplug memory outside its memslots so far.
+    pub fn unplugged_accesses(&self) -> u64 {
+        self.unplugged_accesses.load(Ordering::Relaxed)
+    }
+
+    /// Whether `addr` lies in a hotplug region; counts the access if so.
+    fn in_unplugged(&self, addr: u64) -> bool {
+        let hit = self
+            .unplugged
+            .iter()
+            .any(|&(start, len)| addr.checked_sub(start).is_some_and(|off| off < len));
+        if hit {
+            self.unplugged_accesses.fetch_add(1, Ordering::Relaxed);
+        }
+        hit
     }
 
     /// How many devices were added.
@@ -256,7 +293,8 @@ impl MmioBus {
         lock(&self.unknown_seen).len()
     }
 
-    /// A guest read at `addr`; `0xff` where no device is.
+    /// A guest read at `addr`; `0xff` where no device is, zeros in a
+    /// hotplug region.
     pub fn read(&self, addr: u64, data: &mut [u8]) {
         match self.find(addr) {
             Some((slot, offset)) => match lock(slot).as_mut() {
@@ -265,7 +303,7 @@ impl MmioBus {
             },
             None => {
                 self.unknown(addr, "read");
-                data.fill(0xff);
+                data.fill(if self.in_unplugged(addr) { 0 } else { 0xff });
             }
         }
     }
@@ -278,7 +316,10 @@ impl MmioBus {
                     d.mmio_write(offset, data);
                 }
             }
-            None => self.unknown(addr, "write"),
+            None => {
+                self.in_unplugged(addr);
+                self.unknown(addr, "write");
+            }
         }
     }
 
@@ -295,7 +336,6 @@ impl MmioBus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     type Writes = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
 
@@ -385,5 +425,25 @@ mod tests {
             bus.add(Box::new(Recorder(Arc::default()))),
             Err(MmioBusError::Full)
         );
+    }
+
+    #[test]
+    fn a_hotplug_region_reads_zeros_and_counts_what_the_guest_does() {
+        let mut bus = MmioBus::default();
+        let count = bus.add_unplugged(1 << 32, 1 << 30);
+        let mut b = [0x11u8; 8];
+        bus.read((1 << 32) + (1 << 30) - 8, &mut b);
+        assert_eq!(b, [0; 8]);
+        bus.write(1 << 32, &[0x5a; 8]);
+        bus.read(1 << 32, &mut b);
+        assert_eq!(b, [0; 8]);
+        assert_eq!(bus.unplugged_accesses(), 3);
+        // Past the region, and below it: no device, all ones, not counted.
+        bus.read((1 << 32) + (1 << 30), &mut b);
+        assert_eq!(b, [0xff; 8]);
+        bus.read((1 << 32) - 8, &mut b);
+        assert_eq!(b, [0xff; 8]);
+        assert_eq!(bus.unplugged_accesses(), 3);
+        assert_eq!(count.load(Ordering::Relaxed), 3);
     }
 }

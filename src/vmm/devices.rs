@@ -644,6 +644,7 @@ fn build_hotplug(
         }
     }
     let mut devices = Vec::new();
+    let mut unplugged_accesses = None;
     for (i, part) in memory.hotplug().iter().enumerate() {
         let p = part.slice();
         let node_id = guest_nodes.iter().position(|&n| n == p.node).unwrap_or(0) as u16;
@@ -660,6 +661,8 @@ fn build_hotplug(
         let device = Arc::new(Mutex::new(device));
         running.devices.push(device.clone());
         let (slot, queue_evts, exit) = attach(mmio, vm, memory, device.clone())?;
+        // What the guest touches outside the part's memslots reads zeros.
+        unplugged_accesses = Some(mmio.add_unplugged(p.guest_addr, p.len));
         let worker = VirtioMem::worker(
             &device,
             queue_evts,
@@ -700,6 +703,7 @@ fn build_hotplug(
         total_size_mib: (spec.total_bytes >> 20) as u32,
         block_size_mib: (spec.block_bytes >> 20) as u32,
         slot_size_mib: (spec.slot_bytes >> 20) as u32,
+        unplugged_accesses: unplugged_accesses.unwrap_or_default(),
     })
 }
 

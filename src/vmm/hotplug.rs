@@ -328,6 +328,9 @@ pub struct Hotplug {
     pub block_size_mib: u32,
     /// The slot size.
     pub slot_size_mib: u32,
+    /// Guest accesses to the region outside its memslots (the MMIO bus's
+    /// count: they read zeros).
+    pub unplugged_accesses: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Hotplug {
@@ -436,7 +439,8 @@ impl Hotplug {
     }
 
     /// The `memory_hotplug` group of a metrics line (Firecracker's counter
-    /// names, summed over the nodes' devices): written by
+    /// names, summed over the nodes' devices, and teravm's
+    /// `unplugged_accesses`): written by
     /// `Vmm::device_metrics` (src/vmm/actions.rs) while the microVM runs.
     pub fn metrics_json(&self) -> serde_json::Value {
         let mut sum = serde_json::Map::new();
@@ -450,6 +454,11 @@ impl Hotplug {
                 }
             }
         }
+        // teravm's addition: touches of memory not plugged (zeros).
+        let n = self
+            .unplugged_accesses
+            .load(std::sync::atomic::Ordering::Relaxed);
+        sum.insert("unplugged_accesses".into(), serde_json::Value::from(n));
         serde_json::Value::Object(sum)
     }
 }

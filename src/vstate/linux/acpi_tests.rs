@@ -239,7 +239,11 @@ fn the_hotplug_parts_are_hot_pluggable_memory_of_their_nodes() {
     // with no RAM (left out).
     add_hotplug(
         &mut nodes,
-        &[(base, GIB, 1), (base + GIB, GIB, 0), (base + 2 * GIB, GIB, 7)],
+        &[
+            (base, GIB, 1),
+            (base + GIB, GIB, 0),
+            (base + 2 * GIB, GIB, 7),
+        ],
     );
     assert_eq!(nodes[0].hotplug, vec![(base + GIB, GIB)]);
     assert_eq!(nodes[1].hotplug, vec![(base, GIB)]);
