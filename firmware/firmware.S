@@ -62,7 +62,16 @@
  *   parking; with then=reset everything one-shot is done, the echoes are set
  *   up, and the reset follows.
  *
- * The balloon driver (vCPU 0 only, polling: no interrupts at CPL3).
+ * Waiting (all drivers): code at CPL3 cannot `sti; hlt`, so a driver with
+ * nothing to do until its device signals writes the wait port instead
+ * (dev_wait: `out` 0xf0c, eax = the device's slot (base - 0xC000_1000) /
+ * 0x1000 | WAIT_MS << 16). teravm's vCPU thread sleeps until the device's
+ * InterruptStatus is non-zero, the timeout, or a stop/pause/Ctrl-Alt-Del;
+ * the driver then acknowledges InterruptStatus (read 0x060, write it to
+ * 0x064) and looks at its rings again. Queues are set up with interrupts
+ * on (avail flags 0) so the device raises them.
+ *
+ * The balloon driver (vCPU 0 only, no interrupts at CPL3: dev_wait).
  *   Discovery: virtio-mmio version 2 devices of 4 KiB from 0xC000_1000
  *   (slot i at 0xC000_1000 + i * 0x1000, 32 slots tried); the first with
  *   MagicValue "virt", Version 2 and DeviceID 5 is the balloon. The VMM maps
@@ -78,9 +87,9 @@
  *   (2 or 3) if REPORTING. Each is given min(QueueNumMax, 64) entries,
  *   rounded down to a power of two. The driver keeps one buffer in flight
  *   per queue, always heads it with descriptor 0, notifies every time
- *   (QueueNotify = the queue's index), sets VIRTQ_AVAIL_F_NO_INTERRUPT and
- *   polls the used ring's idx in memory (a pause loop; the clock port only
- *   every 4096 rounds, for a 20 s timeout).
+ *   (QueueNotify = the queue's index), leaves interrupts on and checks
+ *   the used ring's idx in memory, with a dev_wait between checks (and
+ *   the clock port after each, for a 20 s timeout).
  *   Balloon pages: balloon page j is touched page T-1-j, T = the touched
  *   pages (touch=), counted across the RAM regions above BI_FW_END as the
  *   touch loop counts them: the balloon takes the top of the touched RAM
@@ -112,9 +121,9 @@
  *   3 s pass (the clock port) and every qword is checked: "balloon
  *   <deflate|reset> pattern ok" or "... corrupt" (a late discard zeroed a
  *   page the guest had back).
- *   Serving (balloon, then=idle): vCPU 0 spins (pause) and every ~65536
- *   rounds checks the statsq's used idx (memory), num_pages (one MMIO
- *   exit) and the i8042 for a Ctrl-Alt-Del (one port exit); the other
+ *   Serving (balloon, then=idle): vCPU 0 waits on the balloon (dev_wait)
+ *   and after each wait checks the statsq's used idx (memory), num_pages
+ *   (one MMIO exit) and the i8042 for a Ctrl-Alt-Del (one port exit); the other
  *   vCPUs park as usual (with keep=writing they would rewrite balloon pages
  *   of their share: do not combine the two). A device given up (timeout)
  *   ends in the usual idle.
@@ -135,9 +144,9 @@
  * slots), resets it, accepts VERSION_1 (required) and the few features
  * below where offered, sets its queues up as the balloon's (min(QueueNumMax,
  * 64) entries, a power of two, rings in the queue slot's page,
- * NO_INTERRUPT), sets DRIVER_OK and checks the device took it (no
+ * interrupts on), sets DRIVER_OK and checks the device took it (no
  * DEVICE_NEEDS_RESET). Buffers are posted with a notification each; used
- * rings are polled in memory; one request or packet is sent at a time and
+ * rings are checked in memory between dev_waits; one request or packet is sent at a time and
  * waited for (VQ_TIMEOUT_MS, then "queue <i> timed out; device given up"
  * and FAILED). Descriptor chains put device-readable before device-
  * writable buffers and assume nothing about how the device splits them.
@@ -189,10 +198,12 @@
  *   33 bytes, not padded); then each frame received of at least 12 bytes
  *   is sent back with the two MACs swapped (the buffer posted again
  *   first); shorter ones are dropped.
- *   Serving (an echo set up, then=idle): vCPU 0 polls the vsock and net
- *   used rings every round (memory reads), and every SERVE_SPIN rounds
- *   serves the balloon (if `balloon`: statistics, num_pages) and looks at
- *   the i8042 for a Ctrl-Alt-Del (one port exit); once every device is
+ *   Serving (an echo set up, then=idle): vCPU 0 checks the vsock and net
+ *   used rings every round (memory reads), then serves the balloon (if
+ *   `balloon`: statistics, num_pages) and looks at the i8042 for a
+ *   Ctrl-Alt-Del (one port exit), then waits: dev_wait on the one device
+ *   served, or WAIT_SHARED_MS on the vsock (else net) when it serves
+ *   more than one (the port names one device); once every device is
  *   given up and there is no balloon, it parks.
  *   Lines ("teravm firmware: " then the device's name):
  *     blk device at 0x<base> features 0x<accepted> capacity <n> sectors
@@ -268,6 +279,7 @@
         .set PORT_CLOCK,      0xf00     /* in: u32 milliseconds since boot */
         .set PORT_PARK,       0xf04     /* out: block this vCPU until woken */
         .set PORT_ERROR,      0xf08     /* out: firmware error code */
+        .set PORT_WAIT,       0xf0c     /* out: wait for a device (dev_wait) */
         .set PORT_UNKNOWN,    0xf70     /* nothing there; for fault=ports */
 
         .set PAGE,            4096
@@ -289,6 +301,8 @@
         .set VM_QUEUE_NUM,    0x038
         .set VM_QUEUE_READY,  0x044
         .set VM_QUEUE_NOTIFY, 0x050
+        .set VM_INT_STATUS,   0x060
+        .set VM_INT_ACK,      0x064
         .set VM_STATUS,       0x070
         .set VM_DESC_LO,      0x080
         .set VM_DESC_HI,      0x084
@@ -334,7 +348,8 @@
         .set REPORT_DESCS,    32        /* descriptors per report, at most */
         .set REPORT_CHUNK,    4 << 20   /* bytes per report descriptor, at most */
         .set VQ_TIMEOUT_MS,   20000
-        .set SERVE_SPIN,      65536     /* pause rounds between device checks */
+        .set WAIT_MS,         100       /* one dev_wait at most */
+        .set WAIT_SHARED_MS,  1         /* one dev_wait while serving two */
         .set ST_NEEDS_RESET,  0x40
 /* The other devices (virtio 1.2, 5.1, 5.2, 5.10) and their queue slots. */
         .set VIRTIO_ID_NET,   1
@@ -973,10 +988,9 @@ balloon_serve:
         mov     dx, I8042_DATA
         in      al, dx
         jmp     reset
-1:      mov     ecx, SERVE_SPIN
-2:      pause
-        dec     ecx
-        jnz     2b
+1:      mov     rax, [rip + bl_base]
+        mov     ecx, WAIT_MS
+        call    dev_wait
         jmp     balloon_serve
 
 /* bcheck-deflate / bcheck-reset (see the top): rbx = the device. */
@@ -1058,7 +1072,9 @@ bl_check:
         mov     dx, PORT_CLOCK
         in      eax, dx
         mov     r13d, eax
-1:      pause
+1:      mov     rax, rbx
+        mov     ecx, WAIT_MS
+        call    dev_wait
         mov     dx, PORT_CLOCK
         in      eax, dx
         sub     eax, r13d
@@ -1192,7 +1208,7 @@ vq_setup:
         xor     eax, eax
         rep stosq                       /* a clean ring page */
         pop     rdi
-        mov     word ptr [rdi + VQ_AVAIL], AVAIL_F_NO_INTERRUPT
+        mov     word ptr [rdi + VQ_AVAIL], 0   /* interrupts on: dev_wait */
         mov     dword ptr [rbx + VM_QUEUE_SEL], r13d
         mov     eax, dword ptr [rbx + VM_QUEUE_READY]
         test    eax, eax
@@ -1781,22 +1797,21 @@ vq_pop:
 1:      stc
         ret
 
-/* Wait until slot r12 has a used element not taken yet: CF clear; or,
- * after VQ_TIMEOUT_MS, say "<tag> error queue <i> timed out; device given
- * up", set FAILED and CF. Clobbers rax, rcx, rdx, rdi, rsi, r8, r9. */
+/* Wait until slot r12 (of the device at rbx) has a used element not taken
+ * yet, dev_wait between looks: CF clear; or, after VQ_TIMEOUT_MS, say
+ * "<tag> error queue <i> timed out; device given up", set FAILED and CF.
+ * Clobbers rax, rcx, rdx, rdi, rsi, r8, r9. */
 vq_wait_any:
         call    vq_ptrs
         mov     dx, PORT_CLOCK
         in      eax, dx
         mov     r8d, eax
-        xor     r9d, r9d
 1:      movzx   eax, word ptr [rdi + VQ_USED + 2]
         cmp     ax, [rsi + VQS_USED]
         jne     2f
-        pause
-        inc     r9d
-        test    r9d, 0xfff
-        jnz     1b
+        mov     rax, rbx                /* the device: asleep until it signals */
+        mov     ecx, WAIT_MS
+        call    dev_wait
         mov     dx, PORT_CLOCK
         in      eax, dx
         sub     eax, r8d
@@ -1814,17 +1829,14 @@ vq_wait_any:
         ret
 
 /* Start a deadline of VQ_TIMEOUT_MS; deadline_passed: CF set once it has
- * passed (the clock port read every 4096 calls only). Clobber rax, rdx. */
+ * passed (the clock port read each call: the callers dev_wait between
+ * calls). Clobber rax, rdx. */
 deadline_start:
         mov     dx, PORT_CLOCK
         in      eax, dx
         mov     [rip + dl_t0], eax
-        mov     dword ptr [rip + dl_n], 0
         ret
 deadline_passed:
-        inc     dword ptr [rip + dl_n]
-        test    dword ptr [rip + dl_n], 0xfff
-        jnz     1f
         mov     dx, PORT_CLOCK
         in      eax, dx
         sub     eax, [rip + dl_t0]
@@ -1833,6 +1845,32 @@ deadline_passed:
         stc
         ret
 1:      clc
+        ret
+
+/* teravm's stand-in for `sti; hlt` (see the top): sleep until the device
+ * at rax (a virtio-mmio base; 0: none, then just `pause`) interrupts or ecx
+ * ms pass (1..65535), then acknowledge its InterruptStatus. On a VMM
+ * without the wait port the `out` does nothing and the caller polls.
+ * Clobbers rax, rcx, rdx. */
+dev_wait:
+        test    rax, rax
+        jz      2f
+        push    rbx
+        mov     rbx, rax
+        mov     eax, ebx
+        sub     eax, VIRTIO_MMIO_FIRST
+        shr     eax, 12                 /* the slot */
+        shl     ecx, 16
+        or      eax, ecx                /* the timeout */
+        mov     dx, PORT_WAIT
+        out     dx, eax
+        mov     eax, dword ptr [rbx + VM_INT_STATUS]
+        test    eax, eax
+        jz      1f
+        mov     dword ptr [rbx + VM_INT_ACK], eax
+1:      pop     rbx
+        ret
+2:      pause
         ret
 
 /* Print al as two lower-case hex digits. Clobbers rax, rcx, rdx. */
@@ -1869,9 +1907,9 @@ devices_start:
         call    mmds_run
 4:      ret
 
-/* vCPU 0 serving vsock=echo: and/or net=echo (then=idle): poll their used
- * rings every round; every SERVE_SPIN rounds serve the balloon (if
- * `balloon`) and look at the i8042 for a Ctrl-Alt-Del, as balloon_serve. */
+/* vCPU 0 serving vsock=echo: and/or net=echo (then=idle): look at their
+ * used rings, serve the balloon (if `balloon`) and look at the i8042 for a
+ * Ctrl-Alt-Del, as balloon_serve; then dev_wait (see the top). */
 serve_loop:
         mov     al, [rip + vs_live]
         or      al, [rip + net_live]
@@ -1891,12 +1929,32 @@ serve_loop:
         mov     dx, I8042_DATA
         in      al, dx
         jmp     reset
-2:      mov     dword ptr [rip + serve_spin], SERVE_SPIN
-3:      call    vs_poll
+2:      call    vs_poll
         call    net_poll
-        pause
-        dec     dword ptr [rip + serve_spin]
-        jnz     3b
+        /* Asleep until the device served signals; serving two or more
+         * (the port names one), WAIT_SHARED_MS on the vsock, else the net. */
+        xor     ecx, ecx
+        movzx   eax, byte ptr [rip + vs_live]
+        add     ecx, eax
+        movzx   eax, byte ptr [rip + net_live]
+        add     ecx, eax
+        cmp     byte ptr [rip + opt_balloon], 0
+        je      5f
+        cmp     qword ptr [rip + bl_base], 0
+        je      5f
+        inc     ecx
+5:      mov     edx, WAIT_MS
+        cmp     ecx, 1
+        mov     ecx, WAIT_SHARED_MS
+        cmove   ecx, edx
+        mov     rax, [rip + vs_base]
+        cmp     byte ptr [rip + vs_live], 0
+        jne     6f
+        mov     rax, [rip + net_base]
+        cmp     byte ptr [rip + net_live], 0
+        jne     6f
+        mov     rax, [rip + bl_base]
+6:      call    dev_wait
         jmp     serve_loop
 
 /* ------------------------------------------------------------------------
@@ -2662,6 +2720,12 @@ vs_tx:
 2:      stc
         ret
 
+/* dev_wait on the vsock, WAIT_MS at most. Clobbers rax, rcx, rdx. */
+vs_wait:
+        mov     rax, [rip + vs_base]
+        mov     ecx, WAIT_MS
+        jmp     dev_wait
+
 /* vsock=connect:<port>: connect to the host's port, send the greeting,
  * shut down, wait for the host's RST. Connection entry 0. */
 vs_connect:
@@ -2689,7 +2753,7 @@ vs_connect:
         je      .Lcon_done
         cmp     byte ptr [r13 + C_STATE], C_CONNECTING
         jne     2f
-        pause
+        call    vs_wait
         call    deadline_passed
         jnc     1b
         lea     rsi, [rip + msg_vs_con_timeout]
@@ -2723,7 +2787,7 @@ vs_connect:
         je      .Lcon_done
         cmp     byte ptr [r13 + C_STATE], C_OPEN
         jne     8f                      /* the host closed first */
-        pause
+        call    vs_wait
         call    deadline_passed
         jnc     4b
         lea     rsi, [rip + msg_vs_con_timeout]
@@ -2759,7 +2823,7 @@ vs_connect:
         mov     eax, 1                  /* the host shut down too: reset */
         call    vs_end
         jmp     .Lcon_sent
-10:     pause
+10:     call    vs_wait
         call    deadline_passed
         jnc     9b
         lea     rsi, [rip + msg_vs_no_rst]
@@ -3186,9 +3250,7 @@ vs_plen:        .long 0
 net_nrx:        .long 0
 net_len:        .long 0
 net_frames:     .long 0
-serve_spin:     .long 0
 dl_t0:          .long 0
-dl_n:           .long 0
 net_mac:        .byte 2, 0, 0, 0, 0, 1, 0, 0  /* without NET_F_MAC */
         .balign 64
 vs_conns:       .skip VS_CONNS * C_SIZE

@@ -438,13 +438,16 @@ mm_http:
         stc
         ret
 
-/* Handle the frames there are, then pause: CF set once the deadline has
- * passed or the device is gone. */
+/* Handle the frames there are, then sleep until the net device signals
+ * (dev_wait, WAIT_MS at most, well under MM_RETX_MS): CF set once the
+ * deadline has passed or the device is gone. */
 mm_turn:
         call    mm_rx
         cmp     byte ptr [rip + net_live], 0
         je      1f
-        pause
+        mov     rax, [rip + net_base]
+        mov     ecx, WAIT_MS
+        call    dev_wait
         call    mm_clock
         sub     eax, [rip + mm_t0]
         cmp     eax, MM_DEADLINE_MS
@@ -454,15 +457,12 @@ mm_turn:
 1:      stc
         ret
 
-/* eax = the clock, read from the port every 1024 calls only. */
+/* eax = the clock, read from the port each call (mm_turn sleeps between
+ * calls). */
 mm_clock:
-        inc     dword ptr [rip + mm_spin]
-        test    dword ptr [rip + mm_spin], 0x3ff
-        jnz     1f
         mov     dx, PORT_CLOCK
         in      eax, dx
         mov     [rip + mm_now], eax
-1:      mov     eax, [rip + mm_now]
         ret
 
 /* Something was just sent: mm_tx_t = now. mm_retx_due: CF set once
@@ -594,7 +594,6 @@ mm_dmac:        .skip 8
 mm_t0:          .long 0                 /* the word's start, ms */
 mm_now:         .long 0                 /* the clock last read */
 mm_tx_t:        .long 0                 /* the last (re)transmission */
-mm_spin:        .long 0
 mm_iss:         .long 0
 mm_snd_una:     .long 0
 mm_snd_nxt:     .long 0

@@ -21,8 +21,8 @@ cd "$(dirname "$0")"
 secs=${1:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
 CARGO_FUZZ_VERSION=0.13.2
-targets=(http_request api_route api_body config_file port_io virtio_mmio balloon_queues block_queues net_queues vsock_queues)
-declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_file]=json [port_io]= [virtio_mmio]= [balloon_queues]= [block_queues]= [net_queues]= [vsock_queues]=)
+targets=(http_request api_route api_body config_file port_io virtio_mmio balloon_queues block_queues net_queues vsock_queues virtio_mem)
+declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_file]=json [port_io]= [virtio_mmio]= [balloon_queues]= [block_queues]= [net_queues]= [vsock_queues]= [virtio_mem]=)
 # Longest input: past MAX_LINE_BYTES (8 KiB) for the HTTP parser, the default
 # (4 KiB, or the longest seed) for the JSON bodies and files, and 4 KiB (1024
 # accesses) for the port I/O bus, which has no dictionary; 8 KiB for the
@@ -30,7 +30,7 @@ declare -A dicts=([http_request]=http [api_route]=json [api_body]=json [config_f
 # some) and the balloon's queues (hundreds of descriptors and ring entries).
 # Their seeds replay as the fuzz crate's tests (fuzz/src/seeds.rs), run here
 # first: `cargo test --release --lib` in fuzz/.
-declare -A max_len=([http_request]=20000 [api_route]=4096 [api_body]=4096 [config_file]=4096 [port_io]=4096 [virtio_mmio]=8192 [balloon_queues]=8192 [block_queues]=8192 [net_queues]=8192 [vsock_queues]=8192)
+declare -A max_len=([http_request]=20000 [api_route]=4096 [api_body]=4096 [config_file]=4096 [port_io]=4096 [virtio_mmio]=8192 [balloon_queues]=8192 [block_queues]=8192 [net_queues]=8192 [vsock_queues]=8192 [virtio_mem]=8192)
 
 export RUSTC_BOOTSTRAP=1
 # -a: debug assertions and overflow checks on, so an arithmetic overflow panics.

@@ -276,3 +276,74 @@ fn too_many_worker_threads_in_all_are_refused_before_start() {
     assert!(stderr.contains("2048 threads"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
+
+#[test]
+fn a_bad_memory_hotplug_section_is_one_line_and_exit_1() {
+    if !kvm_or_skip("hotplug_section") {
+        return;
+    }
+    let dir = temp_dir("hotplug-section");
+    for (section, says) in [
+        (r#"{"total_size_mib": 1000}"#, "multiple of slot size"),
+        (
+            r#"{"total_size_mib": 1024, "block_size_mib": 3}"#,
+            "power of 2",
+        ),
+        (r#"{"total_size_mib": 4294967168}"#, "64 TiB"),
+        (
+            r#"{"total_size_mib": 1024, "requested_size_mib": 0}"#,
+            "requested_size_mib",
+        ),
+    ] {
+        let cfg = config_file(
+            &dir,
+            &config_json(
+                1,
+                64,
+                "then=reset",
+                &format!(r#", "memory-hotplug": {section}"#),
+            ),
+        );
+        let (code, stdout, stderr) = run(&["--config-file", cfg.to_str().unwrap(), "--no-api"], T);
+        assert_eq!(code, 1, "{section}: {stderr}");
+        assert!(stdout.is_empty(), "the guest ran: {stdout:?}");
+        assert!(
+            stderr.contains("memory-hotplug") || stderr.contains(says),
+            "{stderr}"
+        );
+        assert!(stderr.contains(says), "{section}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+    // A good one is taken with Firecracker's defaults and shown.
+    let sock = dir.join("api.sock");
+    let cfg = config_file(
+        &dir,
+        &config_json(
+            1,
+            64,
+            "then=idle",
+            r#", "memory-hotplug": {"total_size_mib": 1024}"#,
+        ),
+    );
+    let mut vmm = Vmm::spawn(&[
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--config-file",
+        cfg.to_str().unwrap(),
+        "--linger-ms",
+        "0",
+    ]);
+    vmm.wait_line("teravm firmware: idle", T);
+    let (status, body) = request(&sock, "GET", "/vm/config", None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["memory-hotplug"],
+        serde_json::json!({"total_size_mib": 1024, "block_size_mib": 2, "slot_size_mib": 128})
+    );
+    let (status, body) = put(&sock, "/hotplug/memory", r#"{"total_size_mib": 2048}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("not allowed in state"), "{body}");
+    assert_alive(&sock);
+    common::api::shutdown_ok(vmm, &sock);
+}

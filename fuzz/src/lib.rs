@@ -2,6 +2,7 @@
 //! they share. The device harnesses build guest memory and queues from the
 //! input, as Cloud Hypervisor's do, outside the shipped library:
 //! [`balloon`] (the balloon's queues and the virtio-mmio transport),
+//! [`mem`] (virtio-mem's queue),
 //! [`block`], [`net`], [`vsock`], over the ring builder in [`driver`].
 //! Their committed seeds replay as this crate's tests (`seeds`).
 //! Here: what must hold of every answer of `teravm::api::routing::route`,
@@ -10,6 +11,7 @@
 pub mod balloon;
 pub mod block;
 pub mod driver;
+pub mod mem;
 pub mod net;
 mod seeds;
 pub mod vsock;

@@ -123,6 +123,24 @@ fn vsock_queues_seeds_reach_the_guest() {
     assert_eq!(*seed(&got, "hostile"), HOSTILE_RX_PACKETS, "{got:?}");
 }
 
+#[test]
+fn virtio_mem_seeds_reach_the_sink() {
+    let got = replay("virtio_mem", crate::mem::virtio_mem);
+    // Sink calls each seed makes (plugs, busy and failed ones included,
+    // unplugs); the hostile seed's requests but its first are refused
+    // before the sink.
+    for (name, calls) in [
+        ("plug_unplug", 3),
+        ("slots", 5),
+        ("busy", 3),
+        ("hostile", 1),
+        ("reset_keeps", 3),
+        ("not_acked", 0),
+    ] {
+        assert_eq!(*seed(&got, name), calls, "{name}: {got:?}");
+    }
+}
+
 /// What the `hostile` vsock seed makes the device send to the guest
 /// (measured on this harness).
 const HOSTILE_RX_PACKETS: usize = 1;
@@ -142,4 +160,7 @@ fn the_harnesses_take_empty_and_short_inputs() {
     crate::net::net_queues(&[4; 300]);
     assert_eq!(crate::vsock::vsock_queues(&[]), 0);
     crate::vsock::vsock_queues(&[0xff; 300]);
+    assert_eq!(crate::mem::virtio_mem(&[]), 0);
+    crate::mem::virtio_mem(&[0xff; 300]);
+    crate::mem::virtio_mem(&[7; 300]);
 }

@@ -69,6 +69,9 @@ pub fn status(e: virtio_drivers::Error) -> &'static str {
 pub trait Serve {
     /// Handles what is pending; returns false once the device is given up.
     fn poll(&mut self) -> bool;
+    /// The device's MMIO window, which the serve loop waits on
+    /// ([`crate::io::wait_for`]) between rounds.
+    fn base(&self) -> u64;
 }
 
 static mut ACCEPTED: u64 = 0;

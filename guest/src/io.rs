@@ -11,6 +11,54 @@ pub const I8042_CMD: u16 = 0x64;
 /// nothing is there on other VMMs, so the write returns at once.
 pub const PORT_PARK: u16 = 0xf04;
 
+/// teravm's wait port (`out` of slot | timeout ms << 16: the vCPU sleeps
+/// until that virtio-mmio device interrupts); see [`wait_for`].
+pub const PORT_WAIT: u16 = 0xf0c;
+/// The first virtio-mmio window on teravm (and Firecracker): slot 0.
+const MMIO_FIRST: u64 = 0xC000_1000;
+/// The wait port's timeout in the guest's waits, ms.
+pub const WAIT_MS: u16 = 100;
+/// The timeout when a loop serves more than one device (the port names one).
+pub const WAIT_SHARED_MS: u16 = 1;
+
+/// Writes a u32 to `port`.
+pub fn outl(port: u16, value: u32) {
+    // SAFETY: as for `outb`.
+    unsafe {
+        asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags))
+    }
+}
+
+/// Nothing to do until the virtio-mmio device at `base` signals: the
+/// stand-in for `sti; hlt` of a Linux vCPU, which CPL3 cannot execute.
+/// On teravm the `out` to [`PORT_WAIT`] puts the vCPU thread to sleep
+/// until the device's InterruptStatus is non-zero, `ms` pass, or the VMM
+/// stops, pauses or wakes the vCPU; then the status is acknowledged
+/// (InterruptACK), as a Linux interrupt handler does, and the caller looks
+/// at its rings again. On QEMU and the real Firecracker port 0xf0c is
+/// unclaimed: the `out` does nothing and the caller's loop degrades to the
+/// polling it always did (a window outside teravm's slots just spins).
+pub fn wait_for(base: u64, ms: u16) {
+    let slot = base.wrapping_sub(MMIO_FIRST) / 0x1000;
+    if base < MMIO_FIRST || slot > 0xffff || !base.is_multiple_of(0x1000) {
+        core::hint::spin_loop();
+        return;
+    }
+    outl(PORT_WAIT, slot as u32 | u32::from(ms) << 16);
+    let status = (base + 0x60) as *const u32;
+    let ack = (base + 0x64) as *mut u32;
+    // SAFETY: `base` is a virtio-mmio window the VMM named on the command
+    // line, identity-mapped and uncached; InterruptStatus and InterruptACK
+    // are plain 32-bit registers the drivers' transports never cache, so
+    // acknowledging here does what `Transport::ack_interrupt` would.
+    unsafe {
+        let bits = core::ptr::read_volatile(status);
+        if bits != 0 {
+            core::ptr::write_volatile(ack, bits);
+        }
+    }
+}
+
 /// Writes a byte to `port`.
 pub fn outb(port: u16, value: u8) {
     // SAFETY: port I/O has no memory effects the compiler must know of;

@@ -137,17 +137,27 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
 /// watches for a Ctrl-Alt-Del; then parks.
 fn serve(devices: &mut [Box<dyn Serve>]) -> ! {
     let mut live: Vec<bool> = devices.iter().map(|_| true).collect();
-    let mut rounds = 0u32;
     loop {
         for (d, alive) in devices.iter_mut().zip(live.iter_mut()) {
             if *alive {
                 *alive = d.poll();
             }
         }
-        rounds = rounds.wrapping_add(1);
-        if rounds.is_multiple_of(4096) && io::ctrl_alt_del() {
+        if io::ctrl_alt_del() {
             say!("reset");
             io::reset();
+        }
+        // Asleep until the device signals (teravm; a spin elsewhere): with
+        // one device left the whole wait, with more a short one on the
+        // first (the port names one device).
+        let mut left = devices.iter().zip(&live).filter(|(_, &a)| a);
+        if let Some((first, _)) = left.next() {
+            let ms = if left.next().is_some() {
+                io::WAIT_SHARED_MS
+            } else {
+                io::WAIT_MS
+            };
+            io::wait_for(first.base(), ms);
         }
         if !live.iter().any(|&a| a) {
             // teravm blocks the vCPU here until it has something for it

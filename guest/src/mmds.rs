@@ -56,6 +56,8 @@ struct Nic {
     slot: [Option<usize>; QUEUE],
     tx: Vec<u8>,
     failed: Option<&'static str>,
+    /// The device's window (what the waits name).
+    base: u64,
 }
 
 struct RxToken(Vec<u8>);
@@ -107,7 +109,7 @@ impl Nic {
                 self.failed = Some("transmit timed out");
                 return;
             }
-            core::hint::spin_loop();
+            crate::io::wait_for(self.base, crate::io::WAIT_MS);
         }
         // SAFETY: the same buffer as given to `transmit_begin`.
         if let Err(e) = unsafe { self.dev.transmit_complete(token, &self.tx[..len]) } {
@@ -246,7 +248,9 @@ impl Stack {
             if deadline.passed() {
                 break Err("timed out");
             }
-            core::hint::spin_loop();
+            // Asleep until a frame or a used tx buffer (well under
+            // smoltcp's retransmission times).
+            crate::io::wait_for(self.nic.base, crate::io::WAIT_MS);
         };
         // Close and let the FIN go (bounded); then forget the socket.
         self.sockets.get_mut::<tcp::Socket>(handle).close();
@@ -272,6 +276,7 @@ fn stack(options: &Options) -> Option<Stack> {
         return None;
     };
     let offered = found.transport.read_device_features();
+    let base = found.base;
     let dev = match Dev::new(found.transport) {
         Ok(d) => d,
         Err(e) => {
@@ -290,6 +295,7 @@ fn stack(options: &Options) -> Option<Stack> {
         slot: [None; QUEUE],
         tx: vec![0u8; BUF],
         failed: None,
+        base,
     };
     for i in 0..NRX {
         if let Err(e) = nic.post(i) {

@@ -63,6 +63,8 @@ pub struct Net {
     echoed: u64,
     /// False once the device is given up.
     live: bool,
+    /// The device's window (what the waits name).
+    base: u64,
 }
 
 /// `aa:bb:cc:dd:ee:ff`.
@@ -114,6 +116,7 @@ pub fn start(options: &Options) -> Option<Box<dyn Serve>> {
         tx: Box::new([0u8; BUF]),
         echoed: 0,
         live: true,
+        base,
     });
     for i in 0..NRX {
         if let Err(e) = net.post(i) {
@@ -178,7 +181,7 @@ impl Net {
             if deadline.passed() {
                 return self.give_up("queue 1 timed out; device given up");
             }
-            core::hint::spin_loop();
+            crate::io::wait_for(self.base, crate::io::WAIT_MS);
         }
         // SAFETY: the same buffer as given to `transmit_begin`.
         match unsafe { self.dev.transmit_complete(token, &self.tx[..len]) } {
@@ -249,5 +252,9 @@ impl Serve for Net {
             }
         }
         self.live
+    }
+
+    fn base(&self) -> u64 {
+        self.base
     }
 }

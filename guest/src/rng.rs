@@ -91,7 +91,7 @@ pub fn run(options: &Options, want: u64) {
                 say!("rng error queue 0 timed out; device given up");
                 return;
             }
-            core::hint::spin_loop();
+            io::wait_for(found.base, io::WAIT_MS);
         }
         // SAFETY: the same buffer as given to `add`.
         let n = match unsafe { q.pop_used(token, &[], &mut [&mut buf[..ask]]) } {

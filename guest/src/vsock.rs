@@ -117,10 +117,11 @@ pub fn start(options: &Options) -> Option<Box<dyn Serve>> {
                 mgr,
                 conns: Vec::new(),
                 errors: 0,
+                base,
             }))
         }
         Vsock::Connect(port) => {
-            connect(&mut mgr, port);
+            connect(&mut mgr, base, port);
             // Dropping the driver would take the queues from a device that
             // still holds our rx buffers; it is left as it is instead.
             core::mem::forget(mgr);
@@ -144,6 +145,8 @@ pub struct Echo {
     mgr: Manager,
     conns: Vec<Conn>,
     errors: u32,
+    /// The device's window (what the waits name).
+    base: u64,
 }
 
 impl Echo {
@@ -265,6 +268,10 @@ impl Serve for Echo {
         }
         true
     }
+
+    fn base(&self) -> u64 {
+        self.base
+    }
 }
 
 /// What a wait of `vsock=connect:` ended with.
@@ -282,7 +289,12 @@ enum Wait {
 /// Polls until `done` says an event for our connection is the one waited
 /// for, the connection closes, or 20 s pass. Bytes the host sends are read
 /// and dropped.
-fn wait(mgr: &mut Manager, host: VsockAddr, done: impl Fn(&VsockEventType) -> bool) -> Wait {
+fn wait(
+    mgr: &mut Manager,
+    base: u64,
+    host: VsockAddr,
+    done: impl Fn(&VsockEventType) -> bool,
+) -> Wait {
     let deadline = Deadline::after_ms(WAIT_MS);
     let mut sink = [0u8; MAX_PACKET];
     loop {
@@ -307,7 +319,7 @@ fn wait(mgr: &mut Manager, host: VsockAddr, done: impl Fn(&VsockEventType) -> bo
                 if deadline.passed() {
                     return Wait::TimedOut;
                 }
-                core::hint::spin_loop();
+                crate::io::wait_for(base, crate::io::WAIT_MS);
             }
             Err(e) => {
                 say_error("connect ", e);
@@ -317,7 +329,7 @@ fn wait(mgr: &mut Manager, host: VsockAddr, done: impl Fn(&VsockEventType) -> bo
     }
 }
 
-fn connect(mgr: &mut Manager, port: u32) {
+fn connect(mgr: &mut Manager, base: u64, port: u32) {
     let host = VsockAddr {
         cid: VMADDR_CID_HOST,
         port,
@@ -325,7 +337,7 @@ fn connect(mgr: &mut Manager, port: u32) {
     if let Err(e) = mgr.connect(host, LOCAL_PORT) {
         return say_error("connect ", e);
     }
-    match wait(mgr, host, |t| *t == VsockEventType::Connected) {
+    match wait(mgr, base, host, |t| *t == VsockEventType::Connected) {
         Wait::Done => {}
         Wait::Closed => return say!("vsock connect refused"),
         Wait::TimedOut => return say!("vsock connect error timed out"),
@@ -336,7 +348,7 @@ fn connect(mgr: &mut Manager, port: u32) {
             Ok(()) => break,
             Err(Error::SocketDeviceError(SocketError::InsufficientBufferSpaceInPeer)) => {
                 // The crate has sent a CREDIT_REQUEST: wait for the update.
-                match wait(mgr, host, |t| *t == VsockEventType::CreditUpdate) {
+                match wait(mgr, base, host, |t| *t == VsockEventType::CreditUpdate) {
                     Wait::Done => {}
                     Wait::Closed => return say!("vsock connect error reset by the host"),
                     Wait::TimedOut => return say!("vsock connect error timed out"),
@@ -349,7 +361,7 @@ fn connect(mgr: &mut Manager, port: u32) {
     if let Err(e) = mgr.shutdown(host, LOCAL_PORT) {
         return say_error("connect ", e);
     }
-    match wait(mgr, host, |t| {
+    match wait(mgr, base, host, |t| {
         matches!(t, VsockEventType::Disconnected { .. })
     }) {
         Wait::Done | Wait::Closed => {}

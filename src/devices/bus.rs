@@ -13,6 +13,14 @@ pub enum BusEvent {
     Park,
     /// The firmware reported an error with this code.
     FirmwareError(u32),
+    /// The firmware waits for the virtio-mmio device in slot `slot` to
+    /// interrupt, `timeout_ms` at most ([`super::ports`], port 0xf0c).
+    WaitDevice {
+        /// The device's slot on the MMIO bus.
+        slot: u16,
+        /// Milliseconds at most (never 0).
+        timeout_ms: u16,
+    },
 }
 
 /// A device on the port I/O bus. `offset` is relative to the device's base.

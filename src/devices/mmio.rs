@@ -13,10 +13,11 @@
 //! bus) no longer holds a device, nor the guest memory the device holds.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::virtio::{DeviceMemory, MmioTransport};
+use super::wake::WakeHub;
 
 /// The first device's window: Firecracker's `MMIO_MEM_START` + 4 KiB.
 pub const MMIO_BASE: u64 = 0xC000_1000;
@@ -138,6 +139,11 @@ impl MmioSlot {
         }
     }
 
+    /// Its index on the bus (what the firmware's wait port names).
+    pub fn index(&self) -> usize {
+        ((self.base - MMIO_BASE) / MMIO_SLOT_BYTES) as usize
+    }
+
     /// The Linux command-line parameter that tells the guest of it
     /// (`virtio_mmio.device=4K@<addr>:<irq>`, as Firecracker writes it).
     pub fn cmdline_param(&self) -> String {
@@ -165,11 +171,14 @@ pub struct MmioBus {
     /// Unclaimed pages already logged (at most [`UNKNOWN_PAGES_REMEMBERED`]).
     unknown_seen: Mutex<HashSet<u64>>,
     unknown_log: LogLimiter,
+    /// Where the devices' interrupts wake waiting vCPUs.
+    wake: Arc<WakeHub>,
 }
 
 impl Default for MmioBus {
     fn default() -> Self {
         MmioBus {
+            wake: Arc::new(WakeHub::new()),
             devices: Vec::new(),
             unknown_seen: Mutex::new(HashSet::new()),
             unknown_log: LogLimiter::new(LOG_LINES_PER_SEC),
@@ -198,6 +207,12 @@ impl MmioBus {
         let slot = MmioSlot::nth(self.devices.len());
         self.devices.push(Mutex::new(Some(device)));
         Ok(slot)
+    }
+
+    /// The VM's wake hub: the transports' interrupts notify it, vCPUs
+    /// waiting on port 0xf0c sleep on it.
+    pub fn wake_hub(&self) -> &Arc<WakeHub> {
+        &self.wake
     }
 
     /// How many devices were added.

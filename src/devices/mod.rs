@@ -1,6 +1,6 @@
 //! Devices on the port I/O bus: COM1 (vm-superio), the i8042 reset line, and
-//! teravm's own firmware ports (clock, park, error). vCPU threads call the
-//! bus; devices answer in place and may return a [`BusEvent`] for the vCPU
+//! teravm's own firmware ports (clock, park, error, wait for a device:
+//! [`wake`]). vCPU threads call the bus; devices answer in place and may return a [`BusEvent`] for the vCPU
 //! loop to act on (a reset request, a park, a firmware error). The guest
 //! console's bytes leave through [`console`]: a bounded buffer drained by the
 //! `console` thread, so no device ever waits on the host.
@@ -12,6 +12,7 @@ pub mod mmio;
 pub mod ports;
 pub mod serial;
 pub mod virtio;
+pub mod wake;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -22,6 +23,7 @@ pub use i8042::I8042;
 pub use mmio::{MmioBus, MmioDevice, MmioSlot};
 pub use ports::FirmwarePorts;
 pub use serial::{SerialConsole, SerialIrq};
+pub use wake::{WaitEnd, WakeHub};
 
 /// The microVM's port I/O bus: COM1, the i8042 and the firmware's ports
 /// (clock counting from `boot`). The callers keep handles to the devices

@@ -352,8 +352,18 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
                 .map(|s| (s.slice().guest_addr, s.slice().len, s.slice().node))
                 .collect();
             slices.sort_unstable();
-            let (entry, map) =
-                linux::load(memory.view().mem(), &spec, &slices, machine.vcpu_count)?;
+            let hotplug: Vec<(u64, u64, u32)> = memory
+                .hotplug()
+                .iter()
+                .map(|s| (s.slice().guest_addr, s.slice().len, s.slice().node))
+                .collect();
+            let (entry, map) = linux::load(
+                memory.view().mem(),
+                &spec,
+                &slices,
+                &hotplug,
+                machine.vcpu_count,
+            )?;
             log::info!(
                 "kernel {} ({:?}) entered at {:#x} through {}; command line: {}",
                 kernel.display(),

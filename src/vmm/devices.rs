@@ -712,7 +712,9 @@ fn attach(
     let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
     let transport = MmioTransport::new(device, memory.view(), irq)?;
     let (queue_evts, irq) = clones(&transport)?;
+    let interrupt = transport.interrupt().clone();
     let slot = mmio.add(Box::new(transport))?;
+    interrupt.wake_on(mmio.wake_hub(), slot.index());
     register(vm, slot, &queue_evts, &irq)?;
     let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
     Ok((slot, queue_evts, exit))

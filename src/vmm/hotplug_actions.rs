@@ -3,9 +3,10 @@
 //! configuration, which the start path reads); the requested size and the
 //! status exist once the microVM runs, through its
 //! [`Hotplug`](super::hotplug::Hotplug). Before the start `PATCH` and
-//! `GET` answer Firecracker's `OperationNotSupportedPreBoot`.
+//! `GET` answer Firecracker's `OperationNotSupportedPreBoot`; once running
+//! without a region, 400 saying none is configured.
 
-use super::hotplug::Hotplug;
+use super::actions::{not_before_start, refused};
 use super::phase::Phase;
 use super::{VmState, Vmm};
 use crate::api::{ActionResult, VmmAction, VmmActionError, VmmData};
@@ -27,44 +28,33 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutHotplugMemory(_) => {
-                super::actions::refused("configuring memory hotplug (PUT /hotplug/memory)", state)
+                refused("configuring memory hotplug (PUT /hotplug/memory)", state)
             }
             VmmAction::PatchHotplugMemory(_) if not_started => {
-                super::actions::not_before_start("PATCH /hotplug/memory")
+                not_before_start("PATCH /hotplug/memory")
             }
-            VmmAction::GetHotplugMemory if not_started => {
-                super::actions::not_before_start("GET /hotplug/memory")
-            }
-            VmmAction::PatchHotplugMemory(u) => {
-                let hotplug = self.running_hotplug(state, "changing the hotplugged size")?;
-                hotplug
+            VmmAction::GetHotplugMemory if not_started => not_before_start("GET /hotplug/memory"),
+            VmmAction::PatchHotplugMemory(u) => match &self.phase {
+                Phase::Running(m) => m
+                    .hotplug()
+                    .ok_or_else(not_configured)?
                     .update(u.requested_size_mib)
                     .map(|()| VmmData::Empty)
-                    .map_err(|e| VmmActionError::BadRequest(e.to_string()))
-            }
-            VmmAction::GetHotplugMemory => {
-                let status = self
-                    .running_hotplug(state, "reading the hotplug status")?
-                    .status();
-                serde_json::to_value(status)
-                    .map(VmmData::Json)
-                    .map_err(|e| VmmActionError::Internal(e.to_string()))
-            }
+                    .map_err(|e| VmmActionError::BadRequest(e.to_string())),
+                _ => refused("changing the hotplugged size", state),
+            },
+            VmmAction::GetHotplugMemory => match &self.phase {
+                Phase::Running(m) => {
+                    serde_json::to_value(m.hotplug().ok_or_else(not_configured)?.status())
+                        .map(VmmData::Json)
+                        .map_err(|e| VmmActionError::Internal(e.to_string()))
+                }
+                _ => refused("reading the hotplug status", state),
+            },
             other => Err(VmmActionError::Internal(format!(
                 "{:?} reached hotplug_action",
                 other.method_and_path()
             ))),
-        }
-    }
-
-    /// The running microVM's virtio-mem devices: 400 when not running, or
-    /// when no region was configured.
-    fn running_hotplug(&self, state: VmState, what: &str) -> Result<&Hotplug, VmmActionError> {
-        match &self.phase {
-            Phase::Running(m) => m.hotplug().ok_or_else(not_configured),
-            _ => Err(super::actions::refused(what, state)
-                .err()
-                .unwrap_or_else(not_configured)),
         }
     }
 }

@@ -23,7 +23,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 use super::boot::{initial_regs, setup_sregs, BootLayout};
 use super::linux::LinuxEntry;
 use super::template::CpuSetup;
-use crate::devices::{BusEvent, Buses};
+use crate::devices::{BusEvent, Buses, WaitEnd, WakeHub};
 use crate::memory::GuestLease;
 
 /// Offset from `SIGRTMIN` of the signal that kicks a vCPU out of `KVM_RUN`.
@@ -96,6 +96,15 @@ pub enum ExitAction {
     Continue,
     /// Block until woken or stopped, then enter again.
     Park,
+    /// Sleep until the device in MMIO slot `slot` interrupts, `timeout`
+    /// passes, or the vCPU is stopped, paused or woken; then enter again
+    /// (the firmware's wait port, [`crate::devices::ports`]).
+    WaitDevice {
+        /// The device's slot on the MMIO bus.
+        slot: u16,
+        /// How long at most.
+        timeout: Duration,
+    },
     /// End this vCPU and tell the VMM.
     Stop(VcpuEvent),
 }
@@ -107,6 +116,10 @@ pub fn handle_exit(index: u8, exit: VcpuExit<'_>, bus: &Buses) -> ExitAction {
         VcpuExit::IoOut(port, data) => match bus.pio.write(port, data) {
             None => ExitAction::Continue,
             Some(BusEvent::Park) => ExitAction::Park,
+            Some(BusEvent::WaitDevice { slot, timeout_ms }) => ExitAction::WaitDevice {
+                slot,
+                timeout: Duration::from_millis(u64::from(timeout_ms)),
+            },
             Some(BusEvent::Reset) => ExitAction::Stop(VcpuEvent::Reset { index }),
             Some(BusEvent::FirmwareError(code)) => {
                 ExitAction::Stop(VcpuEvent::FirmwareError { index, code })
@@ -150,6 +163,9 @@ pub struct VcpuControl {
     wake: Condvar,
     /// `PATCH /vm` Paused / Resumed.
     pause: super::pause::PauseGate,
+    /// The wake hub the vCPUs wait on (port 0xf0c), kicked with every
+    /// stop, pause and wake; set by the first vCPU that runs.
+    hub: Mutex<Option<Arc<WakeHub>>>,
 }
 
 impl VcpuControl {
@@ -170,6 +186,45 @@ impl VcpuControl {
             self.wake.notify_all();
         }
         self.pause.wake();
+        self.kick_waits();
+    }
+
+    /// Ends the device waits in progress (they look at the flags again).
+    fn kick_waits(&self) {
+        if let Some(hub) = self.hub.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            hub.kick();
+        }
+    }
+
+    /// The wake hub the vCPUs wait on: kicked by stop, pause and wake.
+    fn watch_hub(&self, hub: &Arc<WakeHub>) {
+        let mut h = self.hub.lock().unwrap_or_else(|p| p.into_inner());
+        if h.is_none() {
+            *h = Some(hub.clone());
+        }
+    }
+
+    /// Sleeps until the device in `slot` interrupts, `timeout`, or a stop,
+    /// pause or wake (the firmware's wait port). Out of the guest meanwhile,
+    /// as a parked vCPU is. The hub must be the one [`Self::watch_hub`] set.
+    fn wait_device(&self, hub: &WakeHub, slot: u16, timeout: Duration) -> WaitEnd {
+        let generation = *self
+            .wake_generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let woken = || {
+            self.stop_requested()
+                || self.pause.is_paused()
+                || *self
+                    .wake_generation
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    != generation
+        };
+        self.pause.out_of_guest(true);
+        let end = hub.wait(usize::from(slot), timeout, woken);
+        self.pause.out_of_guest(false);
+        end
     }
 
     /// The pause gate the vCPUs wait at.
@@ -191,6 +246,8 @@ impl VcpuControl {
             .unwrap_or_else(|p| p.into_inner());
         *generation += 1;
         self.wake.notify_all();
+        drop(generation);
+        self.kick_waits();
     }
 
     /// Parks until a wake this vCPU has not seen yet (`seen` is the wake
@@ -450,6 +507,7 @@ impl Vcpus {
     /// `timeout`. Idempotent.
     pub fn pause(&self, timeout: Duration) -> bool {
         self.control.pause.set(true);
+        self.control.kick_waits();
         for h in &self.handles {
             h.kick();
         }
@@ -516,6 +574,7 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &Buses, control: &VcpuControl) -> Op
     let inject_panic = index == 0 && crate::faults::injected("vcpu-panic");
     let ignore_stop = index == 1 && crate::faults::injected(crate::faults::VCPU_IGNORES_STOP);
     let mut seen_wake = 0;
+    control.watch_hub(bus.mmio.wake_hub());
     let event = loop {
         if control.stop_requested() && !ignore_stop {
             break None;
@@ -531,6 +590,9 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &Buses, control: &VcpuControl) -> Op
                 }
                 ExitAction::Continue => {}
                 ExitAction::Park => control.park(&mut seen_wake),
+                ExitAction::WaitDevice { slot, timeout } => {
+                    control.wait_device(bus.mmio.wake_hub(), slot, timeout);
+                }
                 ExitAction::Stop(event) => break Some(with_internal_details(&mut fd, event)),
             },
             Err(e) if e.errno() == libc::EINTR => fd.set_kvm_immediate_exit(0),
@@ -613,6 +675,10 @@ fn with_internal_details(fd: &mut VcpuFd, event: VcpuEvent) -> VcpuEvent {
         reason: format!("{reason}: {details}"),
     }
 }
+
+#[cfg(test)]
+#[path = "wait_tests.rs"]
+mod wait_tests;
 
 #[cfg(test)]
 mod tests {

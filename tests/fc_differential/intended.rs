@@ -150,6 +150,15 @@ pub static INTENDED: &[Intended] = &[
          the guest physical address space); Firecracker takes it and fails the InstanceStart",
         None,
     ),
+    row(
+        A,
+        "PATCH /hotplug/memory",
+        "valid",
+        "kinder: teravm takes a target as soon as the microVM runs and the guest's driver reads \
+         it when it comes up; Firecracker refuses every PATCH until the driver has activated \
+         the device (\"Device is not active\"), which the walk's guest never does",
+        None,
+    ),
 ];
 
 const fn row(

@@ -18,6 +18,11 @@
 //! size, and teravm's resident size drops by it (sampled every
 //! millisecond from start: the lowest after the peak, since memfd pages
 //! the guest reads back are allocated again).
+//! Beside the time, each run reads the CPU time of teravm's vCPU threads,
+//! discard workers and balloon thread over the report ([`crate::cputime`]:
+//! from the firmware's device line, right before its first chain, to its
+//! `report took` line): a guest that waits for its acknowledgements asleep
+//! (the wait port) leaves the cores to the workers.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +31,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::args::Args;
+use crate::cputime::Ticks;
 use crate::model::{backing_name, BenchError, Case, Live, Method, Pages};
 use crate::vm::chunk_field;
 use crate::vm::{spawn, vm_err};
@@ -35,6 +41,8 @@ use teravm_client::http::request;
 pub const TOOK_PREFIX: &str = "teravm firmware: balloon report took ";
 /// The firmware's line after its read-back.
 pub const REPORTED_PREFIX: &str = "teravm firmware: balloon reported ";
+/// The firmware's line right before its report starts.
+const DEVICE_PREFIX: &str = "teravm firmware: balloon device at ";
 /// The firmware's balloon errors.
 const ERROR_PREFIX: &str = "teravm firmware: balloon error";
 /// Guest RAM beyond what is reported (the firmware's own, below it).
@@ -187,8 +195,12 @@ pub fn measure_live(
     };
     let config = live_config(case, args, discard_workers, bind);
     let mut vm = spawn(teravm, &config, &args.sysfs_root, 5000)?;
-    let sampler = Sampler::start(vm.child.id());
+    let pid = vm.child.id();
+    let sampler = Sampler::start(pid);
+    vm.wait_line_unless(DEVICE_PREFIX, &[ERROR_PREFIX])?;
+    let ticks0 = Ticks::of(pid);
     let took = vm.wait_line_unless(TOOK_PREFIX, &[ERROR_PREFIX])?;
+    let cpu = Ticks::of(pid).since(&ticks0);
     let took_ms = parse_took_ms(&took).ok_or_else(|| vm_err(format!("cannot read {took:?}")))?;
     let reported = vm.wait_line_unless(REPORTED_PREFIX, &[ERROR_PREFIX])?;
     let (sampled_peak, rss_after) = sampler.finish();
@@ -235,6 +247,7 @@ pub fn measure_live(
             discarded_bytes: discarded,
             rss_before_bytes: rss_before,
             rss_after_bytes: rss_after,
+            cpu,
         },
     ))
 }

@@ -180,6 +180,7 @@ pub fn measure_unplug(
     // RAM and teravm's own pages move a little meanwhile.
     let low_enough = rss_before.saturating_sub(size) + (size / 64).max(16 << 20);
 
+    let ticks0 = crate::cputime::Ticks::of(pid);
     let t0 = Instant::now();
     request_mib(&vm, 0)?;
     let mut unplugged = false;
@@ -201,6 +202,7 @@ pub fn measure_unplug(
         std::thread::sleep(Duration::from_millis(1));
     };
     let seconds = end.duration_since(t0).as_secs_f64();
+    let cpu = crate::cputime::Ticks::of(pid).since(&ticks0);
     let rss_after = rollup_rss_bytes(pid).unwrap_or(0);
     let line = vm.wait_line_unless(UNPLUGGED_PREFIX, &FAIL)?;
     if parse_round(&line, UNPLUGGED_PREFIX) != Some((mib, 0)) {
@@ -231,6 +233,7 @@ pub fn measure_unplug(
             discarded_bytes: discarded,
             rss_before_bytes: rss_before,
             rss_after_bytes: rss_after,
+            cpu,
         },
     ))
 }

@@ -44,7 +44,7 @@
 //! cli     → args, child, runner
 //! runner  → args, child, firecracker, guest, held, live, live_unplug,
 //!           model, mrelease, peers, peers_text, report, stats, svg, vm
-//! live, live_unplug → args, model, vm
+//! live, live_unplug → args, cputime, model, vm
 //! vm      → args, model, mrelease, resident
 //! peers   → args, firecracker, guest, model, qemu
 //! qemu    → guest, model, mrelease, qmp, resident
@@ -54,7 +54,8 @@
 //! held    → args, model          args → model          mrelease → model
 //! report  → model, stats         svg  → model, report
 //! peers_text → model, report, stats                    resident → model
-//! qmp, stats → nothing here
+//! model   → cputime
+//! cputime, qmp, stats → nothing here
 //! ```
 //!
 //! The HTTP client, the parsers of `/proc` and of teravm's output and the
@@ -66,6 +67,7 @@
 mod args;
 mod child;
 mod cli;
+mod cputime;
 mod firecracker;
 mod guest;
 mod held;

@@ -495,6 +495,9 @@ pub struct Live {
     /// Its lowest resident size sampled once reporting began (memfd pages
     /// the guest reads back are allocated again, so the end is not it).
     pub rss_after_bytes: u64,
+    /// CPU time of teravm's vCPU, discard and balloon threads from the
+    /// balloon's device line (the report starts) to the report's end.
+    pub cpu: crate::cputime::CpuSplit,
 }
 
 /// The names of a shutdown's phases in teravm's sync `Shutdown` reply

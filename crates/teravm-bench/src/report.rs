@@ -8,6 +8,7 @@
 
 use std::fmt::Write as _;
 
+use crate::cputime::CpuSplit;
 use crate::model::{backing_name, Case, Method, Peer, Sample, Stop, Unavailable, PHASE_NAMES};
 use crate::stats::{gib_per_s, median, percentile, speedup, Summary};
 
@@ -16,7 +17,8 @@ use crate::stats::{gib_per_s, median, percentile, speedup, Summary};
 pub const CSV_HEADER: &str = "method,pages,backing,size_gib,workers,chunk_mib,run,seconds,\
 vs_munmap,vs_exit,vs_mrelease,reply_ms,reply_p50_ms,reply_p99_ms,reply_max_ms,\
 stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms,vs_serial,discard_mib_per_s,discarded_mib,rss_before_mib,rss_after_mib,\
-vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms,touched_mib";
+vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms,touched_mib,\
+vcpu_cpu_s,discard_cpu_s,device_cpu_s";
 
 /// The row a method's `vs <peer>` is against: the peer's graceful stop of
 /// the same kind (with the test guest for a guest row, preallocated for the
@@ -156,6 +158,12 @@ pub fn csv(samples: &[Sample]) -> String {
         let _ = write!(out, ",{}", opt(s.populate_ms, 1));
         let touched = s.touched_mib.map(|m| m.to_string()).unwrap_or_default();
         let _ = write!(out, ",{touched}");
+        let cpu = s
+            .live
+            .map(|l| [l.cpu.vcpu_s, l.cpu.discard_s, l.cpu.device_s]);
+        for i in 0..3 {
+            let _ = write!(out, ",{}", opt(cpu.map(|c| c[i]), 3));
+        }
         out.push('\n');
     }
     out
@@ -194,6 +202,9 @@ pub struct Row {
     /// `--peers`: how many times faster than each peer's graceful stop
     /// (`qemu-prealloc-quit`, ...) in the same case, in the order of [`Peer::ALL`].
     pub vs_peers: [Option<f64>; Peer::ALL.len()],
+    /// `--live` rows: the median CPU seconds of the vCPU threads, the
+    /// discard workers and the balloon thread over the report.
+    pub cpu: Option<CpuSplit>,
 }
 
 impl Row {
@@ -241,7 +252,14 @@ pub fn rows(samples: &[Sample]) -> Vec<Row> {
             let [vs_munmap, vs_exit, vs_mrelease, vs_serial] = [0, 1, 2, 3].map(|i| ratios[i]);
             let mut vs_peers = [None; Peer::ALL.len()];
             vs_peers.copy_from_slice(&ratios[4..]);
+            let cpus: Vec<CpuSplit> = in_case
+                .iter()
+                .filter(|s| s.method == method)
+                .filter_map(|s| s.live.map(|l| l.cpu))
+                .collect();
+            let cpu = median_cpu(&cpus);
             out.push(Row {
+                cpu,
                 case,
                 method,
                 size_gib,
@@ -257,12 +275,34 @@ pub fn rows(samples: &[Sample]) -> Vec<Row> {
     out
 }
 
+/// The median of each role's CPU seconds; None for no runs.
+fn median_cpu(cpus: &[CpuSplit]) -> Option<CpuSplit> {
+    let of = |f: fn(&CpuSplit) -> f64| median(&cpus.iter().map(f).collect::<Vec<_>>());
+    Some(CpuSplit {
+        vcpu_s: of(|c| c.vcpu_s)?,
+        discard_s: of(|c| c.discard_s)?,
+        device_s: of(|c| c.device_s)?,
+    })
+}
+
+fn cpu_text(c: Option<CpuSplit>) -> String {
+    c.map_or_else(
+        || "-".to_string(),
+        |c| format!("{:.2}/{:.2}/{:.2}", c.vcpu_s, c.discard_s, c.device_s),
+    )
+}
+
 fn ratio_text(r: Option<f64>) -> String {
     r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x"))
 }
 
-/// The table's columns: 12, then one per peer.
-const COLUMNS: usize = 12 + Peer::ALL.len();
+/// The table's columns: 13, then one per peer.
+const COLUMNS: usize = 13 + Peer::ALL.len();
+/// Where `cpu` is, and the columns after it.
+const CPU: usize = 7;
+const VS_MUNMAP: usize = 9;
+const VS_SERIAL: usize = 12;
+const VS_PEERS: usize = 13;
 
 const TABLE_HEADER: [&str; COLUMNS] = [
     "method",
@@ -272,6 +312,7 @@ const TABLE_HEADER: [&str; COLUMNS] = [
     "workers",
     "median s",
     "min-max s",
+    "cpu vcpu/discard/dev s",
     "GiB/s",
     "vs munmap",
     "vs exit",
@@ -298,6 +339,7 @@ fn row_cells(r: &Row) -> [String; COLUMNS] {
         workers,
         format!("{:.3}", r.summary.median_s),
         format!("{:.3}-{:.3}", r.summary.min_s, r.summary.max_s),
+        cpu_text(r.cpu),
         r.gib_per_s().map_or("-".to_string(), |g| format!("{g:.2}")),
         ratio_text(r.vs_munmap),
         ratio_text(r.vs_exit),
@@ -332,10 +374,11 @@ fn shown_columns(rows: &[Row]) -> [bool; COLUMNS] {
             .iter()
             .any(Option::is_some)
     });
-    shown[8..11].fill(any_baseline);
-    shown[11] = rows.iter().any(|r| r.method.is_live());
+    shown[VS_MUNMAP..VS_SERIAL].fill(any_baseline);
+    shown[VS_SERIAL] = rows.iter().any(|r| r.method.is_live());
+    shown[CPU] = shown[VS_SERIAL];
     for peer in Peer::ALL {
-        shown[12 + peer.index()] = rows
+        shown[VS_PEERS + peer.index()] = rows
             .iter()
             .any(|r| matches!(r.method, Method::Peer(p, _) | Method::PeerGuest(p, _) if p == peer));
     }
@@ -407,18 +450,19 @@ pub fn table(rows: &[Row], unavailable: &[Unavailable]) -> String {
         push_line(&cells);
     }
     // Said only where those columns are (not with --peers-only).
-    if shown[8..11].iter().any(|s| *s) {
+    if shown[VS_MUNMAP..VS_SERIAL].iter().any(|s| *s) {
         out.push_str(
             "vs X: median time of X over this median, from the same run (above 1: faster than X); \
              for vm-* rows, exit and mrelease are vm-kill and vm-mrelease; \
              workers are per NUMA node\n",
         );
     }
-    if shown[11] {
+    if shown[VS_SERIAL] {
         out.push_str(
             "report-* rows: a running guest reports its memory free, timed by the guest from \
              its first report to the last acknowledged; vs serial: report-serial's median \
-             over this one\n",
+             over this one; cpu: median CPU seconds of teravm's vCPU threads, discard \
+             workers and balloon thread over the report (/proc/<pid>/task/*/stat)\n",
         );
     }
     if rows.iter().any(|r| r.method.is_unplug()) {
@@ -428,7 +472,7 @@ pub fn table(rows: &[Row], unavailable: &[Unavailable]) -> String {
              fallen; vs serial: unplug-serial's median over this one\n",
         );
     }
-    if shown[12..].iter().any(|s| *s) {
+    if shown[VS_PEERS..].iter().any(|s| *s) {
         out.push_str(
             "vs <peer>: median time of the peer's graceful stop of the same kind over this \
              median, same case (guest rows: qemu-guest-quit, firecracker-guest-ctrlaltdel; \
@@ -563,7 +607,7 @@ pub fn live_text(samples: &[Sample]) -> String {
             .collect();
         methods.sort();
         methods.dedup();
-        for method in methods {
+        for &method in &methods {
             let lives: Vec<_> = samples
                 .iter()
                 .filter(|s| s.case == case && s.method == method)
@@ -579,18 +623,50 @@ pub fn live_text(samples: &[Sample]) -> String {
                      its resident size at the peak and lowest after reporting):\n",
                 );
             }
+            let cpu = median_cpu(&lives.iter().map(|l| l.cpu).collect::<Vec<_>>());
             let _ = writeln!(
                 out,
                 "  {method} {case}: discard {:.0} MiB/s, {:.0} MiB discarded, \
-                 RSS {:.0} -> {:.0} MiB",
+                 RSS {:.0} -> {:.0} MiB, cpu vcpu/discard/dev {} s",
                 med(&|l| l.discard_bytes_per_s),
                 med(&|l| l.discarded_bytes),
                 med(&|l| l.rss_before_bytes),
                 med(&|l| l.rss_after_bytes),
+                cpu_text(cpu),
             );
+        }
+        if let Some(line) = quiet_line(samples, case).filter(|_| !methods.is_empty()) {
+            out.push_str(&line);
         }
     }
     out
+}
+
+/// How quiet the host was during a `--live` round: the in-process
+/// `teravm-<w>` (the most workers that ran) against one `munmap`, from the
+/// same run (about 1.9x at 2 workers on a quiet 2-core host; near 1x, the
+/// cores were busy with something else). None where either did not run.
+fn quiet_line(samples: &[Sample], case: Case) -> Option<String> {
+    let median_of = |m: Method| {
+        let v: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.case == case && s.method == m)
+            .map(|s| s.seconds)
+            .collect();
+        median(&v)
+    };
+    let w = samples
+        .iter()
+        .filter(|s| s.case == case)
+        .filter_map(|s| match s.method {
+            Method::Teravm(w) => Some(w),
+            _ => None,
+        })
+        .max()?;
+    let ratio = speedup(median_of(Method::Munmap)?, median_of(Method::Teravm(w))?)?;
+    Some(format!(
+        "  same run, in process {case}: teravm-{w} {ratio:.2}x munmap (how quiet the host was)\n"
+    ))
 }
 
 #[cfg(test)]

@@ -63,19 +63,19 @@ fn csv_has_the_header_and_one_row_per_run() {
     assert_eq!(lines.len(), 1 + 10);
     assert_eq!(
         lines[1],
-        "munmap,4k,anonymous,8,1,,1,2.000000,1.0000,1.2500,0.5000,,,,,,,,,,,,,,,,,,,,"
+        "munmap,4k,anonymous,8,1,,1,2.000000,1.0000,1.2500,0.5000,,,,,,,,,,,,,,,,,,,,,,,"
     );
     assert_eq!(
         lines[4],
-        "teravm-2,4k,anonymous,8,2,1024,1,0.500000,4.0000,5.0000,2.0000,,,,,,,,,,,,,,,,,,,,"
+        "teravm-2,4k,anonymous,8,2,1024,1,0.500000,4.0000,5.0000,2.0000,,,,,,,,,,,,,,,,,,,,,,,"
     );
     // No exit or mrelease in the THP case: empty ratios, not 4k's.
     assert_eq!(
         lines[10],
-        "teravm-1,thp,anonymous,8,1,1024,1,0.100000,2.0000,,,,,,,,,,,,,,,,,,,,,,"
+        "teravm-1,thp,anonymous,8,1,1024,1,0.100000,2.0000,,,,,,,,,,,,,,,,,,,,,,,,,"
     );
     for line in &lines {
-        assert_eq!(line.split(',').count(), 31, "{line}");
+        assert_eq!(line.split(',').count(), 34, "{line}");
     }
 }
 
@@ -113,6 +113,11 @@ fn live_samples() -> Vec<Sample> {
             discarded_bytes: 8 << 30,
             rss_before_bytes: 9 << 30,
             rss_after_bytes: 1 << 30,
+            cpu: crate::cputime::CpuSplit {
+                vcpu_s: seconds / 10.0,
+                discard_s: seconds,
+                device_s: 0.0,
+            },
         });
         v.push(s);
     }
@@ -160,6 +165,19 @@ fn live_rows_are_compared_with_serial_only() {
         text.contains("report-serial 4k anonymous: discard 16384 MiB/s, 8192 MiB discarded, RSS 9216 -> 1024 MiB"),
         "{text}"
     );
+    // The CPU split beside the time, and how quiet the host was.
+    assert!(
+        text.contains("report-teravm-2 4k anonymous: discard 16384 MiB/s, 8192 MiB discarded, RSS 9216 -> 1024 MiB, cpu vcpu/discard/dev 0.05/0.50/0.00 s"),
+        "{text}"
+    );
+    assert!(
+        text.contains("same run, in process 4k anonymous: teravm-"),
+        "{text}"
+    );
+    assert!(table.contains("cpu vcpu/discard/dev s"), "{table}");
+    assert!(line.contains("0.05/0.50/0.00"), "{line}");
+    let t = row("report-teravm-2,");
+    assert_eq!(t[t.len() - 3..], ["0.050", "0.500", "0.000"]);
     assert_eq!(live_text(&samples()), "");
 }
 
@@ -319,16 +337,16 @@ fn peer_rows_are_compared_with_the_peers_graceful_stop() {
             .collect::<Vec<_>>()
     };
     // vs_qemu, vs_firecracker, vs_cloud_hypervisor, resident_mib, huge_mib,
-    // populate_ms, touched_mib.
+    // populate_ms, touched_mib, then the CPU times of --live rows.
     assert_eq!(
         &row("vm-prealloc-teravm-2,")[24..],
-        ["1.5000", "", "", "8300.0", "0.0", "", ""]
+        ["1.5000", "", "", "8300.0", "0.0", "", "", "", "", ""]
     );
     assert_eq!(&row("qemu-prealloc-kill,")[4..6], ["1", ""]);
     assert_eq!(&row("qemu-prealloc-quit,")[24..25], ["1.0000"]);
     assert_eq!(
         &row("vm-teravm-2,")[24..],
-        ["2.0000", "", "", "", "", "", ""]
+        ["2.0000", "", "", "", "", "", "", "", "", ""]
     );
 
     let rows = rows(&samples);
@@ -437,7 +455,7 @@ fn guest_rows_are_compared_with_the_peers_guest_rows() {
         .lines()
         .find(|l| l.starts_with("vm-guest-sigterm-2,"))
         .unwrap();
-    assert!(line.ends_with(",8170"), "{line}");
+    assert!(line.ends_with(",8170,,,"), "{line}");
 }
 
 #[test]

@@ -16,7 +16,8 @@ const CSV_HEADER: &str = "method,pages,backing,size_gib,workers,chunk_mib,run,se
 vs_munmap,vs_exit,vs_mrelease,reply_ms,reply_p50_ms,reply_p99_ms,reply_max_ms,\
 stop_vcpus_ms,close_vm_ms,reclaim_ms,unmap_ms,\
 vs_serial,discard_mib_per_s,discarded_mib,rss_before_mib,rss_after_mib,\
-vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms,touched_mib";
+vs_qemu,vs_firecracker,vs_cloud_hypervisor,resident_mib,huge_mib,populate_ms,touched_mib,\
+vcpu_cpu_s,discard_cpu_s,device_cpu_s";
 
 /// The CSV's rows, each checked: every column there, a positive time, the
 /// size and run asked for.
@@ -27,7 +28,7 @@ fn csv_rows(text: &str) -> Vec<Vec<String>> {
         .map(|l| l.split(',').map(str::to_string).collect())
         .collect();
     for row in &rows {
-        assert_eq!(row.len(), 31, "{row:?}");
+        assert_eq!(row.len(), 34, "{row:?}");
         let seconds: f64 = row[7].parse().unwrap();
         assert!(seconds > 0.0, "{row:?}");
         assert_eq!((row[3].as_str(), row[6].as_str()), ("1", "1"), "{row:?}");
@@ -234,6 +235,11 @@ fn live_runs_a_guest_that_reports_its_memory_free() {
         assert!(num(r, 20) > 0.0, "{r:?}");
         assert_eq!(num(r, 21), 1024.0, "{r:?}");
         assert!(num(r, 22) - num(r, 23) >= 900.0, "{r:?}");
+        // The CPU time of the vCPU and discard threads over the report.
+        assert!(num(r, 31) >= 0.0 && num(r, 32) >= 0.0, "{r:?}");
+        if method != "report-serial" {
+            assert!(num(r, 32) > 0.0, "the discard workers freed the GiB: {r:?}");
+        }
         assert!(
             stdout.lines().any(|l| l.starts_with(&format!("{method} "))),
             "no table row {method} in\n{stdout}"
@@ -244,6 +250,8 @@ fn live_runs_a_guest_that_reports_its_memory_free() {
         "{stdout}"
     );
     assert!(stdout.contains("live reclaim"), "{stdout}");
+    assert!(stdout.contains("cpu vcpu/discard/dev"), "{stdout}");
+    assert!(stdout.contains("same run, in process"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -23,9 +23,11 @@
 //!   it, it is refilled and added again.
 //! - `report=<MiB>`: see [`report`].
 //!
-//! The guest polls: every queue has VIRTQ_AVAIL_F_NO_INTERRUPT set and the
-//! used rings are read in memory; a wait is bounded (20 s), after which the
-//! device is given up (Status FAILED).
+//! The guest has no interrupts at CPL3: the used rings are read in memory,
+//! and between looks the vCPU waits on teravm's wait port for the device's
+//! interrupt ([`io::wait_for`]; a spin on other VMMs), acknowledging it
+//! after, so the queues leave interrupts on; a wait is bounded (20 s),
+//! after which the device is given up (Status FAILED).
 
 mod pages;
 mod report;
@@ -100,6 +102,8 @@ struct Batch {
 /// The driver's state.
 pub struct Balloon {
     t: GuestTransport,
+    /// The device's window (what the waits name).
+    base: u64,
     inflateq: Queue,
     deflateq: Queue,
     /// The statsq and the token of the buffer the device holds.
@@ -186,6 +190,7 @@ impl Balloon {
                 let ram_total = info.ram[..info.nram].iter().map(|r| r.end - r.start).sum();
                 let mut b = Balloon {
                     t,
+                    base: found.base,
                     inflateq,
                     deflateq,
                     statsq: statsq.map(|q| (q, None)),
@@ -260,7 +265,8 @@ impl Balloon {
         }
         let queue = |t: &mut GuestTransport, i: u16| {
             let mut q = Queue::new(t, i, false, false).map_err(|_| InitError::Queue(i))?;
-            q.set_dev_notify(false);
+            // Interrupts on (the default): the waits sleep until one.
+            q.set_dev_notify(true);
             Ok::<Queue, InitError>(q)
         };
         let inflateq = queue(t, 0)?;
@@ -475,7 +481,7 @@ impl Balloon {
     fn follow_once(&mut self) {
         while !self.dead && !self.follow_step(true) {
             self.serve_stats();
-            core::hint::spin_loop();
+            io::wait_for(self.base, io::WAIT_MS);
         }
     }
 }
@@ -493,5 +499,9 @@ impl Serve for Balloon {
         }
         self.follow_step(fresh);
         !self.dead
+    }
+
+    fn base(&self) -> u64 {
+        self.base
     }
 }

@@ -89,7 +89,8 @@ impl Balloon {
                     self.reportq = Some((qi, q));
                     return;
                 }
-                core::hint::spin_loop();
+                // Asleep until the device has used the chain.
+                crate::io::wait_for(self.base, crate::io::WAIT_MS);
             }
             // SAFETY: the same buffers that were added with this token.
             let _ = unsafe { q.pop_used(token, &[], &mut bufs) };

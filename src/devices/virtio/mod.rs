@@ -120,6 +120,8 @@ pub trait VirtioInterrupt: Send + Sync {
 pub struct IrqTrigger {
     status: Arc<AtomicU32>,
     irq_evt: EventFd,
+    /// Told after each trigger: vCPUs waiting on port 0xf0c wake.
+    hub: std::sync::OnceLock<Arc<crate::devices::wake::WakeHub>>,
 }
 
 impl IrqTrigger {
@@ -128,7 +130,16 @@ impl IrqTrigger {
         IrqTrigger {
             status: Arc::new(AtomicU32::new(0)),
             irq_evt,
+            hub: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Lets vCPUs wait on this interrupt, the one of MMIO slot `slot`, in
+    /// `hub`, which is notified after each trigger (one hub: a second is
+    /// ignored).
+    pub fn wake_on(&self, hub: &Arc<crate::devices::wake::WakeHub>, slot: usize) {
+        hub.watch(slot, self.status.clone());
+        let _ = self.hub.set(hub.clone());
     }
 
     /// The eventfd to register as the irqfd.
@@ -159,6 +170,9 @@ impl VirtioInterrupt for IrqTrigger {
             VirtioInterruptType::Config => INT_CONFIG,
         };
         self.status.fetch_or(bit, Ordering::SeqCst);
+        if let Some(hub) = self.hub.get() {
+            hub.notify();
+        }
         self.irq_evt.write(1)
     }
 }

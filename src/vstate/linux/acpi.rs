@@ -40,6 +40,8 @@ const MADT_LAPIC_NMI: u8 = 4;
 const SRAT_CPU: u8 = 0;
 const SRAT_MEMORY: u8 = 1;
 const ENABLED: u32 = 1;
+/// SRAT memory affinity: the range may be hot-plugged.
+const HOT_PLUGGABLE: u32 = 2;
 
 /// Errors of the ACPI tables.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -65,6 +67,9 @@ pub struct GuestNode {
     pub host_node: u32,
     /// Its guest RAM ranges `(guest_addr, len)`, in address order.
     pub ranges: Vec<(u64, u64)>,
+    /// Its parts of the hotplug region (virtio-mem), listed hot-pluggable
+    /// so the guest knows their node before any block is plugged.
+    pub hotplug: Vec<(u64, u64)>,
 }
 
 /// The guest nodes of RAM `slices` (`(guest_addr, len, host_node)`, sorted by
@@ -78,10 +83,22 @@ pub fn guest_nodes(slices: &[(u64, u64, u32)]) -> Vec<GuestNode> {
             None => nodes.push(GuestNode {
                 host_node: host,
                 ranges: vec![(addr, len)],
+                hotplug: Vec::new(),
             }),
         }
     }
     nodes
+}
+
+/// Adds the hotplug region's `parts` (`(guest_addr, len, host_node)`) to
+/// the nodes of their host nodes (a part whose host node holds no RAM is
+/// left out: it has no guest node).
+pub fn add_hotplug(nodes: &mut [GuestNode], parts: &[(u64, u64, u32)]) {
+    for &(addr, len, host) in parts {
+        if let Some(n) = nodes.iter_mut().find(|n| n.host_node == host) {
+            n.hotplug.push((addr, len));
+        }
+    }
 }
 
 /// The guest node (proximity domain) of vCPU `vcpu` among `nodes` nodes.
@@ -153,7 +170,8 @@ pub fn madt(vcpus: usize) -> Result<Vec<u8>, AcpiError> {
 }
 
 /// The SRAT: each vCPU's LAPIC in its node ([`vcpu_node`]), then each
-/// node's RAM ranges in its node.
+/// node's RAM ranges in its node, then its hotplug parts (enabled and
+/// hot-pluggable, as QEMU lists virtio-mem's region).
 pub fn srat(nodes: &[GuestNode], vcpus: usize) -> Result<Vec<u8>, AcpiError> {
     if nodes.is_empty() {
         return Err(AcpiError::NoNodes);
@@ -170,14 +188,16 @@ pub fn srat(nodes: &[GuestNode], vcpus: usize) -> Result<Vec<u8>, AcpiError> {
         b.extend(0u32.to_le_bytes()); // clock domain
     }
     for (pxm, node) in nodes.iter().enumerate() {
-        for &(addr, len) in &node.ranges {
+        let ram = node.ranges.iter().map(|&r| (r, ENABLED));
+        let hotplug = node.hotplug.iter().map(|&r| (r, ENABLED | HOT_PLUGGABLE));
+        for ((addr, len), flags) in ram.chain(hotplug) {
             b.extend([SRAT_MEMORY, 40]);
             b.extend((pxm as u32).to_le_bytes());
             b.extend([0u8; 2]);
             b.extend(addr.to_le_bytes()); // base, low then high dword
             b.extend(len.to_le_bytes()); // length, low then high dword
             b.extend([0u8; 4]);
-            b.extend(ENABLED.to_le_bytes());
+            b.extend(flags.to_le_bytes());
             b.extend([0u8; 8]);
         }
     }

@@ -229,3 +229,33 @@ fn the_largest_guest_fits_the_area() {
     assert!(block.len() <= ACPI_MAX, "{}", block.len());
     walk(&block);
 }
+
+#[test]
+fn the_hotplug_parts_are_hot_pluggable_memory_of_their_nodes() {
+    let s = slices(8 * GIB, &[0, 1]);
+    let mut nodes = guest_nodes(&s);
+    let base = 9 * GIB;
+    // Node 1's part first in the region, node 0's next, and one of a node
+    // with no RAM (left out).
+    add_hotplug(
+        &mut nodes,
+        &[(base, GIB, 1), (base + GIB, GIB, 0), (base + 2 * GIB, GIB, 7)],
+    );
+    assert_eq!(nodes[0].hotplug, vec![(base + GIB, GIB)]);
+    assert_eq!(nodes[1].hotplug, vec![(base, GIB)]);
+    let t = srat(&nodes, 2).unwrap();
+    assert_eq!(sum(&t), 0);
+    let mut e = &t[48..];
+    let mut hot = Vec::new();
+    while !e.is_empty() {
+        let len = e[1] as usize;
+        if e[0] == 1 && u32_at(e, 28) == 3 {
+            hot.push((u32_at(e, 2), u64_at(e, 8), u64_at(e, 16)));
+        } else if e[0] == 1 {
+            assert_eq!(u32_at(e, 28), 1, "RAM: enabled, not hot-pluggable");
+            assert!(u64_at(e, 8) < base, "RAM below the region");
+        }
+        e = &e[len..];
+    }
+    assert_eq!(hot, vec![(0, base + GIB, GIB), (1, base, GIB)]);
+}

@@ -58,7 +58,7 @@ fn elf_with_initrd() {
     let i = d.join("initrd");
     std::fs::write(&i, vec![0x5a; 5000]).unwrap();
     let m = mem(128 * MIB);
-    let (entry, map) = load(&m, &spec(k, Some(i)), &[(0, 128 * MIB, 0)], 2).unwrap();
+    let (entry, map) = load(&m, &spec(k, Some(i)), &[(0, 128 * MIB, 0)], &[], 2).unwrap();
     assert_eq!(entry.entry, 0x100_0000);
     assert_eq!(entry.format, KernelFormat::Elf);
     assert_eq!(entry.vcpus, 2);
@@ -102,7 +102,7 @@ fn bzimage_keeps_its_header_and_enters_at_0x200() {
     img[0x400..].fill(0x90);
     std::fs::write(&k, &img).unwrap();
     let m = mem(128 * MIB);
-    let (entry, _) = load(&m, &spec(k, None), &[(0, 128 * MIB, 0)], 1).unwrap();
+    let (entry, _) = load(&m, &spec(k, None), &[(0, 128 * MIB, 0)], &[], 1).unwrap();
     assert_eq!(entry.format, KernelFormat::BzImage);
     assert_eq!(entry.entry, HIMEM_START + 0x200);
     let zp: linux_loader::loader::bootparam::boot_params =
@@ -124,7 +124,7 @@ fn load_errors() {
     // put; load checks the descriptor's bytes again).
     let text = d.join("text");
     std::fs::write(&text, b"#!/bin/sh\n").unwrap();
-    let e = load(&m, &spec(text, None), &[(0, 64 * MIB, 0)], 1).unwrap_err();
+    let e = load(&m, &spec(text, None), &[(0, 64 * MIB, 0)], &[], 1).unwrap_err();
     assert!(
         matches!(e, LinuxError::Image(ImageError::UnknownFormat { .. })),
         "{e}"
@@ -133,7 +133,7 @@ fn load_errors() {
     let k = d.join("vmlinux");
     std::fs::write(&k, tiny_elf(&[0xf4; 16])).unwrap();
     let small = mem(8 * MIB);
-    let e = load(&small, &spec(k.clone(), None), &[(0, 8 * MIB, 0)], 1).unwrap_err();
+    let e = load(&small, &spec(k.clone(), None), &[(0, 8 * MIB, 0)], &[], 1).unwrap_err();
     assert!(matches!(e, LinuxError::Load { .. }), "{e}");
     // An initrd too big for the RAM above the kernel.
     let i = d.join("initrd");
@@ -141,7 +141,7 @@ fn load_errors() {
         .unwrap()
         .set_len(60 * MIB)
         .unwrap();
-    let e = load(&m, &spec(k.clone(), Some(i)), &[(0, 64 * MIB, 0)], 1).unwrap_err();
+    let e = load(&m, &spec(k.clone(), Some(i)), &[(0, 64 * MIB, 0)], &[], 1).unwrap_err();
     assert!(
         matches!(e, LinuxError::Params(ParamsError::InitrdDoesNotFit { .. })),
         "{e}"
@@ -149,7 +149,7 @@ fn load_errors() {
     // A command line longer than the kernel takes.
     let mut long = spec(k, None);
     long.cmdline = "x".repeat(3000);
-    let e = load(&m, &long, &[(0, 64 * MIB, 0)], 1).unwrap_err();
+    let e = load(&m, &long, &[(0, 64 * MIB, 0)], &[], 1).unwrap_err();
     assert!(
         matches!(e, LinuxError::Params(ParamsError::CmdlineTooLong { .. })),
         "{e}"

@@ -192,16 +192,20 @@ pub struct LinuxEntry {
 /// command line, the MP table, the ACPI tables and the low tables. `slices`
 /// are the guest RAM slices `(guest_addr, len, host_node)`, sorted; the
 /// e820 map and the guest NUMA nodes ([`acpi::guest_nodes`]) are built
-/// from them, with the host's distances between the nodes.
+/// from them, with the host's distances between the nodes; the hotplug
+/// region's `hotplug` parts (same shape) join their nodes in the SRAT only
+/// (virtio-mem memory is in no e820 entry: the driver adds it).
 pub fn load<M: GuestMemoryBackend>(
     mem: &M,
     spec: &KernelSpec,
     slices: &[(u64, u64, u32)],
+    hotplug: &[(u64, u64, u32)],
     vcpus: u8,
 ) -> Result<(LinuxEntry, Vec<E820Entry>), LinuxError> {
     let ranges: Vec<(u64, u64)> = slices.iter().map(|&(a, l, _)| (a, l)).collect();
     let map = e820_map(&ranges)?;
-    let nodes = acpi::guest_nodes(slices);
+    let mut nodes = acpi::guest_nodes(slices);
+    acpi::add_hotplug(&mut nodes, hotplug);
     let acpi_tables = acpi::tables(
         usize::from(vcpus),
         &nodes,

@@ -106,7 +106,7 @@ fn an_elf_with_a_pvh_note_is_entered_there_with_its_start_info() {
     let i = d.join("initrd");
     std::fs::write(&i, vec![0x5a; 5000]).unwrap();
     let m = mem(128 * MIB);
-    let (entry, map) = load(&m, &spec(k, Some(i)), &[(0, 128 * MIB, 0)], 2).unwrap();
+    let (entry, map) = load(&m, &spec(k, Some(i)), &[(0, 128 * MIB, 0)], &[], 2).unwrap();
     assert_eq!(entry.protocol, BootProtocol::Pvh);
     assert_eq!(entry.entry, u64::from(PVH_ENTRY));
     assert_eq!(entry.format, KernelFormat::Elf);
@@ -162,7 +162,7 @@ fn without_an_initrd_there_is_no_module() {
     let k = d.join("vmlinux");
     std::fs::write(&k, pvh_elf()).unwrap();
     let m = mem(64 * MIB);
-    let (entry, _) = load(&m, &spec(k, None), &[(0, 64 * MIB, 0)], 1).unwrap();
+    let (entry, _) = load(&m, &spec(k, None), &[(0, 64 * MIB, 0)], &[], 1).unwrap();
     assert_eq!(entry.protocol, BootProtocol::Pvh);
     let info: hvm_start_info = read(&m, pvh::START_INFO_ADDR);
     assert_eq!((info.nr_modules, info.modlist_paddr), (0, 0));
@@ -182,7 +182,7 @@ fn an_elf_without_the_xen_note_keeps_the_64_bit_entry() {
     .concat();
     let k = d.join("vmlinux");
     std::fs::write(&k, elf(&[0xf4; 0x100], &notes)).unwrap();
-    let (entry, _) = load(&m, &spec(k, None), &[(0, 64 * MIB, 0)], 1).unwrap();
+    let (entry, _) = load(&m, &spec(k, None), &[(0, 64 * MIB, 0)], &[], 1).unwrap();
     assert_eq!(entry.protocol, BootProtocol::Linux64);
     assert_eq!(entry.entry, LOAD_ADDR);
     let zp: linux_loader::loader::bootparam::boot_params = read(&m, ZERO_PAGE_ADDR);
