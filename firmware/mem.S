@@ -24,8 +24,9 @@
  * block size. While plugged < target: PLUG of [cur, cur + n) with cur =
  * addr + plugged and n up to the next MEM_CHUNK boundary (128 MiB, Linux's
  * memory block; the block size if larger) and not past target; then every
- * 4 KiB page of it is read (its first qword must be 0: else "mem dirty" and
- * the driver stops changing), written (its own address) and read back.
+ * 4 KiB page of it has its first qword exchanged for its own address (the
+ * old value must be 0: else "mem dirty" and the driver stops changing) and
+ * read back.
  * While plugged > target: UNPLUG of the top down to the MEM_CHUNK boundary
  * below the top, and not below target; with mem=unplug-all and a target of
  * 0, one UNPLUG_ALL instead. One request at a time, devices in index order,
@@ -709,14 +710,17 @@ mem_pt_alloc:
 
 /* Check, write and read back every 4 KiB page of [rdi, rdi + rsi): CF
  * clear; CF set at the first page not zero before ("mem dirty") or not
- * reading back what was written (said, stopped). */
+ * reading back what was written (said, stopped). The check and the write
+ * are one xchg: a fresh page then takes one write fault in the host, where
+ * a read first would map the zero page and fault again on the write. */
 mem_touch:
         mov     rcx, rsi
         shr     rcx, 12
         jz      2f
-1:      cmp     qword ptr [rdi], 0
-        jne     .Lmt_dirty
-        mov     [rdi], rdi
+1:      mov     rax, rdi
+        xchg    [rdi], rax              /* one write access: one fault, not two */
+        test    rax, rax
+        jnz     .Lmt_dirty
         cmp     [rdi], rdi
         jne     .Lmt_back
         add     rdi, PAGE
