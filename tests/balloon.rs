@@ -1,5 +1,5 @@
 //! The balloon on the real binary and /dev/kvm with the default flags
-//! (issue 17): the built-in firmware's polling driver (`balloon`,
+//! (issue 17): the built-in firmware's driver (`balloon`,
 //! `report=<MiB>`) against teravm's virtio-mmio balloon, freed by the
 //! per-node discard pool while the guest runs.
 

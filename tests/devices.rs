@@ -1,5 +1,5 @@
 //! Block, net and vsock on the real binary and /dev/kvm with the default
-//! flags (issue 18): the built-in firmware's polling drivers (`blk`,
+//! flags (issue 18): the built-in firmware's drivers (`blk`,
 //! `net=echo`, `vsock=echo:<port>`, `vsock=connect:<port>`) against
 //! teravm's virtio-mmio devices, configured over the API as Firecracker's
 //! clients do.

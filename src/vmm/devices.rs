@@ -11,7 +11,9 @@
 //! datamatch (a guest write reaches the device thread without an exit; an
 //! MMIO exit to the same register writes the same eventfd); the interrupt
 //! eventfd as an irqfd on the device's GSI when the VM has an irqchip (the
-//! firmware, which has none, polls); and one device thread with its own
+//! firmware, which has none, sleeps on the wait port instead: the
+//! transport's interrupt wakes it through the bus's wake hub,
+//! [`crate::devices::wake`]); and one device thread with its own
 //! seccomp role that does the queue work, never a vCPU and never the event
 //! loop.
 //!
