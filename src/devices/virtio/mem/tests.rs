@@ -495,18 +495,33 @@ fn a_reset_keeps_the_blocks() {
     drop(q);
 }
 
-#[test]
-fn the_lock_is_free_while_a_plug_waits_for_the_sink() {
-    let mut rig = Rig::new(SLOT);
+/// Posts a PLUG of two blocks and runs the worker on its own thread until
+/// it is inside the sink's `plug`, held there until `go` is sent; returns
+/// the chain's index, `go` and the worker's thread.
+fn plug_held_in_sink(
+    rig: &mut Rig,
+    q: &MockSplitQueue<'_, GuestMemoryMmap<()>>,
+) -> (
+    u16,
+    std::sync::mpsc::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
     let (entered_tx, entered) = channel();
     let (go, go_rx) = channel();
     *rig.sink.gate.lock().unwrap() = Some((entered_tx, go_rx));
-    let mem = rig.arc.clone();
-    let q = rig.start(&mem);
-    let i = rig.post(&q, req(PLUG, REGION, 2));
+    let i = rig.post(q, req(PLUG, REGION, 2));
     let worker = MemWorker::new(&rig.dev);
     let t = std::thread::spawn(move || worker.process_queue());
     entered.recv_timeout(Duration::from_secs(30)).unwrap();
+    (i, go, t)
+}
+
+#[test]
+fn the_lock_is_free_while_a_plug_waits_for_the_sink() {
+    let mut rig = Rig::new(SLOT);
+    let mem = rig.arc.clone();
+    let q = rig.start(&mem);
+    let (i, go, t) = plug_held_in_sink(&mut rig, &q);
     // The worker is inside the sink: the API and a vCPU get the lock.
     {
         let mut d = rig.dev.try_lock().expect("no lock held during the sink");
@@ -527,15 +542,9 @@ fn the_lock_is_free_while_a_plug_waits_for_the_sink() {
 #[test]
 fn a_plug_done_across_a_reset_is_kept_but_not_answered() {
     let mut rig = Rig::new(SLOT);
-    let (entered_tx, entered) = channel();
-    let (go, go_rx) = channel();
-    *rig.sink.gate.lock().unwrap() = Some((entered_tx, go_rx));
     let mem = rig.arc.clone();
     let q = rig.start(&mem);
-    let i = rig.post(&q, req(PLUG, REGION, 2));
-    let worker = MemWorker::new(&rig.dev);
-    let t = std::thread::spawn(move || worker.process_queue());
-    entered.recv_timeout(Duration::from_secs(30)).unwrap();
+    let (i, go, t) = plug_held_in_sink(&mut rig, &q);
     rig.dev.lock().unwrap().reset();
     go.send(()).unwrap();
     t.join().unwrap();
