@@ -19,6 +19,9 @@ use crate::rate_limiter::RateLimiterConfig;
 
 /// Longest TAP device name, in bytes: `IFNAMSIZ` less the NUL.
 pub const MAX_HOST_DEV_NAME_LEN: usize = 15;
+/// The longest macvtap device path `host_dev_name` may be (`PATH_MAX` less
+/// the NUL).
+pub const MAX_HOST_DEV_PATH_LEN: usize = 4095;
 /// Smallest MTU offered to the guest (IPv4's minimum, as Firecracker).
 pub const MIN_MTU: u16 = 68;
 
@@ -123,7 +126,8 @@ pub struct NetConfig {
     /// The interface's id: 1 to [`super::MAX_ID_LEN`] ASCII letters, digits
     /// and `_`; the last path segment of `PUT /network-interfaces/{id}`.
     pub iface_id: String,
-    /// The host TAP device (1 to [`MAX_HOST_DEV_NAME_LEN`] bytes).
+    /// The host TAP device (1 to [`MAX_HOST_DEV_NAME_LEN`] bytes), or the
+    /// absolute path of a macvtap or ipvtap device node (`/dev/tapN`).
     pub host_dev_name: String,
     /// The guest's MAC address; absent: the guest driver picks one.
     #[serde(
@@ -178,8 +182,25 @@ fn check_limiters(
 }
 
 /// A TAP name as Linux takes it (`dev_valid_name`): 1 to 15 bytes, not `.`
-/// or `..`, no `/`, `:`, whitespace or NUL.
+/// or `..`, no `/`, `:`, whitespace or NUL; or the absolute path of a
+/// macvtap or ipvtap character device (`/dev/tap<ifindex>`, as flintlock
+/// names one), at most [`MAX_HOST_DEV_PATH_LEN`] bytes without NUL or
+/// whitespace (what it is, is checked when it is opened).
 fn check_host_dev_name(name: &str) -> Result<(), ConfigError> {
+    if name.starts_with('/') {
+        if name.len() > MAX_HOST_DEV_PATH_LEN
+            || name.chars().any(|c| c == '\0' || c.is_whitespace())
+        {
+            return Err(invalid(
+                "network-interfaces.host_dev_name",
+                format!(
+                    "{name:?} is not a device path (at most {MAX_HOST_DEV_PATH_LEN} bytes, \
+                     no NUL or whitespace)"
+                ),
+            ));
+        }
+        return Ok(());
+    }
     let bad = name.is_empty()
         || name.len() > MAX_HOST_DEV_NAME_LEN
         || name == "."
@@ -191,8 +212,8 @@ fn check_host_dev_name(name: &str) -> Result<(), ConfigError> {
         return Err(invalid(
             "network-interfaces.host_dev_name",
             format!(
-                "{name:?} is not a network device name (1..={MAX_HOST_DEV_NAME_LEN} bytes, \
-                 not . or .., no '/', ':' or whitespace)"
+                "{name:?} is neither a network device name (1..={MAX_HOST_DEV_NAME_LEN} bytes, \
+                 not . or .., no '/', ':' or whitespace) nor a macvtap device's absolute path"
             ),
         ));
     }

@@ -136,6 +136,10 @@ fn validation_names_the_field_and_the_reason() {
             "network-interfaces.host_dev_name",
         ),
         (
+            r#"{"iface_id": "eth0", "host_dev_name": "/dev/tap 5"}"#,
+            "network-interfaces.host_dev_name",
+        ),
+        (
             r#"{"iface_id": "eth0", "host_dev_name": ".."}"#,
             "network-interfaces.host_dev_name",
         ),

@@ -77,9 +77,11 @@ const ARRAY: &str = "safer: teravm takes a custom CPU template only as a JSON ob
 const CID: &str = "safer: teravm refuses the guest CIDs the vsock spec reserves (0 the \
                    hypervisor, 1 local, 2 the host) and u32::MAX";
 const UDS_EMPTY: &str = "safer: teravm refuses an empty uds_path; Firecracker accepts it";
-const HINTING: &str = "teravm refuses free page hinting on purpose (it returns no memory to \
-                       the host by itself; free page reporting does); the rows after start \
-                       follow: Firecracker's last balloon has hinting and no statistics";
+const HINTING: &str = "safer: teravm refuses free page hinting: a guest takes hinted pages back \
+                       without telling the device (Linux's shrinker does), so a discard still in \
+                       flight could zero a page in use; free page reporting, which the guest \
+                       waits on, gives the same memory back. The rows after start follow: \
+                       Firecracker's last balloon has hinting and no statistics";
 const NO_DRIVER: &str = "the test guest does not drive the balloon: Firecracker refuses a \
                          target before the driver activates the device, teravm records it and \
                          tells the driver when it comes";

@@ -27,6 +27,7 @@
 pub mod device;
 #[cfg(test)]
 mod limits_tests;
+pub mod macvtap;
 pub mod metrics;
 pub mod mmds;
 pub mod queues;
@@ -116,6 +117,15 @@ pub enum NetError {
         "the tap device {0:?} does not exist; create it first (ip tuntap add dev {0} mode tap)"
     )]
     TapMissing(String),
+    /// A `host_dev_name` path that is not a macvtap or ipvtap device node,
+    /// or one that could not be opened.
+    #[error("host device {path:?} {why}")]
+    Macvtap {
+        /// The path asked for.
+        path: String,
+        /// What it is not, or why it could not be opened.
+        why: String,
+    },
     /// `/dev/net/tun` could not be opened.
     #[error("cannot open /dev/net/tun for tap {name:?}: {source}")]
     TunOpen {

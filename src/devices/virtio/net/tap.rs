@@ -1,4 +1,5 @@
-//! The host side of the network device: a tap opened by name, and the
+//! The host side of the network device: a tap opened by name (or a
+//! macvtap's node by path, [`super::macvtap`]), and the
 //! [`NetBackend`] trait the device's thread reads and writes frames through
 //! (a tap in production, a recording backend in tests and fuzzing).
 //!
@@ -94,18 +95,23 @@ fn interface_exists(name: &str) -> std::io::Result<bool> {
 /// namespace) with a 12-byte virtio-net header and no offloads; the device
 /// sets the offloads when the guest has acked them. A tap that does not
 /// exist is [`NetError::TapMissing`] (root could create one by opening it;
-/// teravm never does).
+/// teravm never does). An absolute path is a macvtap or ipvtap device node
+/// ([`super::macvtap`]), opened as a tap.
 pub fn open_tap(name: &str) -> Result<Tap, NetError> {
+    if name.starts_with('/') {
+        return super::macvtap::open_macvtap(name);
+    }
     check_name(name)?;
-    let ioctl_err = |what, source| NetError::TapIoctl {
-        name: name.to_string(),
-        what,
-        source,
-    };
     match interface_exists(name) {
         Ok(true) => {}
         Ok(false) => return Err(NetError::TapMissing(name.to_string())),
-        Err(e) => return Err(ioctl_err("SIOCGIFINDEX", e)),
+        Err(e) => {
+            return Err(NetError::TapIoctl {
+                name: name.to_string(),
+                what: "SIOCGIFINDEX",
+                source: e,
+            })
+        }
     }
     let file = OpenOptions::new()
         .read(true)
@@ -116,15 +122,28 @@ pub fn open_tap(name: &str) -> Result<Tap, NetError> {
             name: name.to_string(),
             source,
         })?;
-    let mut req = IfReq::named(name);
+    attach(file, name, name.to_string())
+}
+
+/// Makes `file` a tap: `TUNSETIFF` (`ifr_name` the interface for
+/// `/dev/net/tun`; a macvtap's fd ignores it and takes only the flags),
+/// the 12-byte header, no offloads. `name` is what errors and
+/// [`Tap::name`] say.
+pub(super) fn attach(file: File, ifr_name: &str, name: String) -> Result<Tap, NetError> {
+    let ioctl_err = |what, source| NetError::TapIoctl {
+        name: name.clone(),
+        what,
+        source,
+    };
+    let mut req = IfReq::named(ifr_name);
     let flags = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as i16;
     req.data[..2].copy_from_slice(&flags.to_ne_bytes());
     // SAFETY: TUNSETIFF reads an ifreq (name and flags) from `req` and may
     // write the name back; `req` is a live buffer of ifreq's size. `file`
-    // is the tun control device.
+    // is the tun control device or a macvtap's node.
     if unsafe { ioctl_with_mut_ref(&file, libc::TUNSETIFF as _, &mut req) } < 0 {
         return Err(NetError::TapAttach {
-            name: name.to_string(),
+            name,
             source: std::io::Error::last_os_error(),
         });
     }
@@ -139,7 +158,7 @@ pub fn open_tap(name: &str) -> Result<Tap, NetError> {
     }
     let mut tap = Tap {
         file,
-        name: name.to_string(),
+        name: name.clone(),
     };
     // A tap used before may keep offloads the next guest has not acked.
     tap.set_offload(0)
