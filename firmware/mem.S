@@ -54,10 +54,11 @@
  * Page tables: the region lies above RAM, where the VMM's identity map
  * (src/vstate/boot.rs: PML4 at PAGE_TABLES_ADDR, 2 MiB pages) has nothing.
  * Before a PLUG the driver maps the gigabytes it covers, identity, user,
- * writable: a 1 GiB page in the PDPT where the CPU has them (CPUID
- * 0x80000001 EDX bit 26), else a page directory of 2 MiB pages; a PML4
- * entry with no PDPT gets one. The tables come from mem_pt (MEM_PT_PAGES
- * pages: with 1 GiB pages one per 512 GiB, else one per GiB). Only
+ * writable: a page directory of 2 MiB pages per GiB; a PML4 entry with
+ * no PDPT gets one. Never 1 GiB pages: on a PVM host CPUID at CPL3 may run
+ * on the host CPU and say it has them while the KVM the guest runs on
+ * does not (the PS bit is then reserved: a fault, a triple fault here).
+ * The tables come from mem_pt (MEM_PT_PAGES pages, one per GiB). Only
  * not-present entries are written, so no TLB entry is ever stale (CPL3
  * cannot invalidate) and the existing mapping of RAM is not touched.
  *
@@ -142,16 +143,6 @@ mem_parse_word:
 mem_main:
         lea     rax, [rip + tag_mem]
         mov     [rip + dev_tag], rax
-        push    rbx
-        mov     eax, 0x80000000
-        cpuid
-        cmp     eax, 0x80000001
-        jb      1f
-        mov     eax, 0x80000001
-        cpuid
-        bt      edx, 26                 /* 1 GiB pages */
-        setc    byte ptr [rip + mem_gb]
-1:      pop     rbx
         call    mem_probe_all
         cmp     dword ptr [rip + mem_n], 0
         jne     2f
@@ -648,11 +639,7 @@ mem_map:
         mov     rax, r12
         shl     rax, 30
         or      rax, MEM_PTE_LARGE
-        cmp     byte ptr [rip + mem_gb], 0
-        je      3f
-        mov     [rdx], rax              /* a 1 GiB page */
-        jmp     4f
-3:      mov     rcx, rax
+        mov     rcx, rax
         call    mem_pt_alloc            /* a page directory */
         jc      .Lmp_fail
         xor     r8d, r8d
@@ -779,7 +766,6 @@ mem_pt_used:    .long 0                 /* pages of mem_pt taken */
 opt_mem:        .byte 0
 opt_mem_all:    .byte 0                 /* mem=unplug-all */
 mem_stopped:    .byte 0                 /* an error: change nothing more */
-mem_gb:         .byte 0                 /* 1 GiB pages */
 
         .bss
         .balign 64

@@ -556,8 +556,14 @@ pub struct VmConfig {
     /// Firecracker's entropy device (virtio-rng).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<entropy::EntropyConfig>,
-    /// Firecracker's custom CPU template (`PUT /cpu-config`), inline.
-    #[serde(rename = "cpu-config", default, skip_serializing)]
+    /// Firecracker's custom CPU template (`PUT /cpu-config`), inline or
+    /// the path of its JSON file.
+    #[serde(
+        rename = "cpu-config",
+        default,
+        skip_serializing,
+        deserialize_with = "firecracker::cpu_config_inline_or_path"
+    )]
     pub cpu_config: Option<crate::vstate::template::CustomTemplate>,
     /// Firecracker's virtio-pmem devices: only empty.
     #[serde(default, skip_serializing)]

@@ -156,17 +156,44 @@ fn cpuid(leaf: u32) -> (u32, u32, u32, u32) {
     (r.eax, r.ebx, r.ecx, r.edx)
 }
 
-/// Whether the CPU has 1 GiB pages (CPUID 0x8000_0001 EDX bit 26).
-pub fn has_1g_pages() -> bool {
-    cpuid(0x8000_0000).0 >= 0x8000_0001 && cpuid(0x8000_0001).3 & (1 << 26) != 0
-}
-
 static mut TSC_KHZ: u64 = 0;
 
+/// The PIT's input clock, Hz.
+const PIT_HZ: u64 = 1_193_182;
+/// Channel 2's count: about 50 ms.
+const PIT_COUNT: u64 = 59_659;
+
+/// The TSC's kHz counted against the PIT's channel 2 (mode 0, gate on,
+/// speaker off) until its output (port 0x61 bit 5) goes high; `None` when
+/// it never does within about 4 G cycles (no PIT) or the count is absurd.
+fn pit_tsc_khz() -> Option<u64> {
+    let gate = inb(0x61);
+    outb(0x61, (gate & !0x02) | 0x01);
+    outb(0x43, 0xb0); // channel 2, low then high byte, mode 0, binary
+    outb(0x42, PIT_COUNT as u8);
+    outb(0x42, (PIT_COUNT >> 8) as u8);
+    let t0 = rdtsc();
+    let mut t1 = t0;
+    while inb(0x61) & 0x20 == 0 {
+        t1 = rdtsc();
+        if t1.wrapping_sub(t0) > 1 << 32 {
+            outb(0x61, gate);
+            return None;
+        }
+    }
+    outb(0x61, gate);
+    let khz = t1.wrapping_sub(t0) * PIT_HZ / PIT_COUNT / 1000;
+    // 100 MHz to 10 GHz, or it was no PIT.
+    (100_000..=10_000_000).contains(&khz).then_some(khz)
+}
+
 /// Finds the TSC frequency: KVM's leaf 0x4000_0010 (EAX = kHz) where the
-/// VMM gives it, then CPUID 0x15 (crystal ratio), then 0x16 (base MHz),
-/// else 2 GHz is assumed. Clock readings only bound waits and label
-/// timings, so an estimate does.
+/// VMM gives it, then CPUID 0x15 (crystal ratio), then a count of the PIT's
+/// channel 2 (as Linux's `pit_calibrate_tsc`: teravm, Firecracker and QEMU
+/// all have KVM's PIT with its port 0x61), then 0x16 (base MHz), else 2 GHz
+/// is assumed. Where CPUID at CPL3 runs on the host CPU (a PVM host without
+/// CPUID faulting), the leaves are the host's: an AMD host has no 0x15, so
+/// the PIT gives the rate that `blk-read=` and `rng=` times are read by.
 pub fn init_clock() {
     let khz = (|| {
         let (max_hv, ..) = cpuid(0x4000_0000);
@@ -182,6 +209,9 @@ pub fn init_clock() {
             if den != 0 && num != 0 && crystal != 0 {
                 return u64::from(crystal) * u64::from(num) / u64::from(den) / 1000;
             }
+        }
+        if let Some(k) = pit_tsc_khz() {
+            return k;
         }
         if max >= 0x16 {
             let (mhz, ..) = cpuid(0x16);

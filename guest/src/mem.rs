@@ -101,9 +101,11 @@ const PRESENT_RW_USER: u64 = 0x7;
 const HUGE: u64 = 0x80;
 const GIB: u64 = 1 << 30;
 const TWO_MIB: u64 = 2 << 20;
-/// Page-table pages for RAM above 4 GiB: with 1 GiB pages each maps 512
-/// GiB (a PDPT); else each maps 1 GiB (a page directory).
-const POOL_PAGES: usize = 64;
+/// Page-table pages for RAM above 4 GiB: a page directory maps 1 GiB, a
+/// PDPT is one per 512 GiB. Never 1 GiB pages: on a PVM host CPUID at
+/// CPL3 may run on the host CPU and offer them while the KVM the guest
+/// runs on does not (the PS bit is then reserved: a triple fault).
+const POOL_PAGES: usize = 256;
 
 #[repr(C, align(4096))]
 struct Pool([[u64; 512]; POOL_PAGES]);
@@ -123,16 +125,14 @@ fn pool_page() -> Option<*mut u64> {
     }
 }
 
-/// Maps the RAM above 4 GiB into the identity map (1 GiB pages where the
-/// CPU has them, else 2 MiB). Returns the highest address mapped; RAM
+/// Maps the RAM above 4 GiB into the identity map (2 MiB pages). Returns the highest address mapped; RAM
 /// beyond it (past what the pool's pages can map) is left out.
 pub fn map_high(info: &BootInfo) -> u64 {
-    let huge_1g = crate::io::has_1g_pages();
     let mut top = 4 * GIB;
     for r in &info.ram[..info.nram] {
         let mut at = r.start.max(4 * GIB) & !(GIB - 1);
         while at < r.end {
-            if !map_gib(at, huge_1g) {
+            if !map_gib(at) {
                 return top;
             }
             at += GIB;
@@ -149,10 +149,9 @@ pub fn map_range(start: u64, end: u64) -> bool {
     if start < 4 * GIB {
         return false;
     }
-    let huge_1g = crate::io::has_1g_pages();
     let mut at = start & !(GIB - 1);
     while at < end {
-        if !map_gib(at, huge_1g) {
+        if !map_gib(at) {
             return false;
         }
         at += GIB;
@@ -161,7 +160,7 @@ pub fn map_range(start: u64, end: u64) -> bool {
 }
 
 /// Maps the GiB at `at` (4 GiB or above).
-fn map_gib(at: u64, huge_1g: bool) -> bool {
+fn map_gib(at: u64) -> bool {
     let l4 = (at >> 39) as usize & 511;
     let l3 = (at >> 30) as usize & 511;
     // SAFETY: the page tables are in the image and user-writable; entries
@@ -180,18 +179,14 @@ fn map_gib(at: u64, huge_1g: bool) -> bool {
         if read_volatile(pdpt.add(l3)) & 1 != 0 {
             return true;
         }
-        if huge_1g {
-            write_volatile(pdpt.add(l3), at | PRESENT_RW_USER | HUGE);
-        } else {
-            let Some(pd) = pool_page() else { return false };
-            for i in 0..512u64 {
-                write_volatile(
-                    pd.add(i as usize),
-                    (at + i * TWO_MIB) | PRESENT_RW_USER | HUGE,
-                );
-            }
-            write_volatile(pdpt.add(l3), pd as u64 | PRESENT_RW_USER);
+        let Some(pd) = pool_page() else { return false };
+        for i in 0..512u64 {
+            write_volatile(
+                pd.add(i as usize),
+                (at + i * TWO_MIB) | PRESENT_RW_USER | HUGE,
+            );
         }
+        write_volatile(pdpt.add(l3), pd as u64 | PRESENT_RW_USER);
     }
     true
 }

@@ -543,3 +543,29 @@ fn device_sections_are_checked_and_named() {
         assert!(e.to_string().contains(needle), "{section} {value}: {e}");
     }
 }
+
+#[test]
+fn cpu_config_is_taken_inline_or_from_a_file_as_firecracker_takes_it() {
+    let template = r#"{"cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0x0", "flags": 0,
+        "modifiers": [{"register": "ecx", "bitmap": "0bxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx0"}]}]}"#;
+    let inline = parse(&format!(r#"{{"cpu-config": {template}}}"#)).unwrap();
+    assert!(inline.cpu_config.is_some());
+    let dir = std::env::temp_dir().join(format!("teravm-cpu-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("t.json");
+    std::fs::write(&file, template).unwrap();
+    let by_path = parse(&format!(r#"{{"cpu-config": "{}"}}"#, file.display())).unwrap();
+    assert_eq!(by_path.cpu_config, inline.cpu_config);
+    assert!(parse(r#"{"cpu-config": null}"#)
+        .unwrap()
+        .cpu_config
+        .is_none());
+    let missing = dir.join("none.json");
+    let e = parse(&format!(r#"{{"cpu-config": "{}"}}"#, missing.display())).unwrap_err();
+    assert!(e.to_string().contains("cpu-config: cannot read"), "{e}");
+    std::fs::write(&file, "{not json").unwrap();
+    let e = parse(&format!(r#"{{"cpu-config": "{}"}}"#, file.display())).unwrap_err();
+    assert!(e.to_string().contains("cpu-config \""), "{e}");
+    assert!(!e.to_string().contains('\n'), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -165,7 +165,9 @@ pub fn qemu_guest_args(
         "-machine",
         "microvm,x-option-roms=off,rtc=off,acpi=off,accel=kvm,memory-backend=ram",
         "-cpu",
-        "host",
+        // arch-capabilities off: QEMU 7.2 sets MSR 0x10a, which KVM on
+        // an AMD PVM host refuses (an assertion kills QEMU at start).
+        "host,arch-capabilities=off",
         "-smp",
         &VCPUS.to_string(),
         "-m",

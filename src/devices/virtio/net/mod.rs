@@ -6,7 +6,7 @@
 //! ([`device::limits`]).
 //!
 //! What it owns, and how its threads talk:
-//! - [`tap::open_tap`] opens a tap by name (`IFF_TAP | IFF_NO_PI |
+//! - [`open_tap`] opens a tap by name (or a macvtap node by path) (`IFF_TAP | IFF_NO_PI |
 //!   IFF_VNET_HDR`, a 12-byte header, no offloads yet). It is separate from
 //!   the device so that the VMM opens it where it opens files, and a
 //!   missing tap is an error naming it before any device exists.
@@ -41,7 +41,18 @@ mod tests;
 
 pub use device::{Net, NetOptions};
 pub use metrics::NetMetrics;
-pub use tap::{open_tap, NetBackend, Tap};
+pub use tap::{NetBackend, Tap};
+
+/// Opens a network interface's host side: a tap by name
+/// ([`tap::open_named`]), or a macvtap or ipvtap node by absolute path
+/// ([`macvtap::open_macvtap`]), as `host_dev_name` says.
+pub fn open_tap(host_dev_name: &str) -> Result<Tap, NetError> {
+    if host_dev_name.starts_with('/') {
+        macvtap::open_macvtap(host_dev_name)
+    } else {
+        tap::open_named(host_dev_name)
+    }
+}
 
 /// The virtio device ID of a network card.
 pub const VIRTIO_ID_NET: u32 = virtio_bindings::virtio_ids::VIRTIO_ID_NET;

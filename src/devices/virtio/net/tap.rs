@@ -3,7 +3,7 @@
 //! [`NetBackend`] trait the device's thread reads and writes frames through
 //! (a tap in production, a recording backend in tests and fuzzing).
 //!
-//! Syscalls of [`open_tap`] (the VMM's files thread): `socket` + `ioctl
+//! Syscalls of [`open_named`] (the VMM's files thread): `socket` + `ioctl
 //! SIOCGIFINDEX` + `close` (does the interface exist?), `openat
 //! /dev/net/tun`, `ioctl TUNSETIFF`, `ioctl TUNSETVNETHDRSZ`, `ioctl
 //! TUNSETOFFLOAD` (0). Of a [`Tap`] on the device's thread: `read`, `write`,
@@ -95,12 +95,8 @@ fn interface_exists(name: &str) -> std::io::Result<bool> {
 /// namespace) with a 12-byte virtio-net header and no offloads; the device
 /// sets the offloads when the guest has acked them. A tap that does not
 /// exist is [`NetError::TapMissing`] (root could create one by opening it;
-/// teravm never does). An absolute path is a macvtap or ipvtap device node
-/// ([`super::macvtap`]), opened as a tap.
-pub fn open_tap(name: &str) -> Result<Tap, NetError> {
-    if name.starts_with('/') {
-        return super::macvtap::open_macvtap(name);
-    }
+/// teravm never does).
+pub fn open_named(name: &str) -> Result<Tap, NetError> {
     check_name(name)?;
     match interface_exists(name) {
         Ok(true) => {}
@@ -257,7 +253,7 @@ mod tests {
 
     #[test]
     fn a_missing_tap_is_named() {
-        let e = open_tap("tvnosuch0").unwrap_err();
+        let e = open_named("tvnosuch0").unwrap_err();
         assert!(matches!(e, NetError::TapMissing(_)), "{e}");
         assert!(e.to_string().contains("\"tvnosuch0\""), "{e}");
     }
