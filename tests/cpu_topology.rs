@@ -34,8 +34,7 @@ fn bins(test: &str) -> Option<PathBuf> {
 
 /// This process's own CPUID (the host's, as a host program reads it).
 fn host_cpuid(leaf: u32, sub: u32) -> [u32; 4] {
-    // SAFETY: CPUID is always there on x86_64 and only reads registers.
-    let r = unsafe { std::arch::x86_64::__cpuid_count(leaf, sub) };
+    let r = std::arch::x86_64::__cpuid_count(leaf, sub);
     [r.eax, r.ebx, r.ecx, r.edx]
 }
 
