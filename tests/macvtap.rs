@@ -16,8 +16,7 @@ mod common;
 use std::process::Command;
 
 use common::api::*;
-use common::guests::Guest;
-use common::netns::{next_frame, packet_socket_on, Netns};
+use common::netns::{next_frame, packet_socket_on, start_on, Netns};
 use common::*;
 
 /// `ip -n NS args...` succeeded.
@@ -76,31 +75,13 @@ fn a_macvtap_node_by_path_carries_the_guests_frames() {
     assert!(ok, "mknod {} c {major} {minor}", node.display());
 
     let fd = packet_socket_on(&ns, "d0");
-    let sock = dir.join("api.sock");
-    let mut cmd = ns.command(teravm());
-    cmd.arg("--api-sock").arg(&sock);
-    let mut vmm = Vmm::spawn_command(cmd);
-    wait_for_api(&sock, T);
-    put_ok(
-        &sock,
-        "/machine-config",
-        r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
+    let (mut vmm, sock) = start_on(
+        &ns,
+        &dir,
+        node.to_str().unwrap(),
+        r#", "guest_mac": "06:00:ac:10:00:02""#,
+        "net-send=3x1000 then=idle",
     );
-    put_ok(
-        &sock,
-        "/network-interfaces/eth0",
-        &format!(
-            r#"{{"iface_id": "eth0", "host_dev_name": "{}", "guest_mac": "06:00:ac:10:00:02"}}"#,
-            node.display()
-        ),
-    );
-    put_ok(
-        &sock,
-        "/boot-source",
-        &Guest::TestGuest.boot_source("net-send=3x1000 then=idle"),
-    );
-    let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
-    assert_eq!(status, 204, "{body}");
     let frame = next_frame(&fd, T).expect("a guest frame out of the dummy");
     assert_eq!(frame[6..12], [6, 0, 0xac, 0x10, 0, 2], "{frame:02x?}");
     vmm.wait_line("teravm guest: net sent 3 frames of 1000 bytes", T);

@@ -9,12 +9,10 @@ mod common;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use common::api::*;
-use common::guests::Guest;
-use common::netns::{next_frame, packet_socket, Netns};
+use common::netns::{next_frame, packet_socket, start_on, Netns};
 use common::*;
 
 const MAC: &str = "06:00:ac:10:00:02";
@@ -26,31 +24,13 @@ const WIRE: f64 = (FRAME + 12) as f64;
 /// teravm in `ns` with eth0 on its tap0 (`iface` extra fields), the test
 /// guest running `args`: (teravm, API socket).
 fn start(ns: &Netns, dir: &Path, iface: &str, args: &str) -> (Vmm, std::path::PathBuf) {
-    let sock = dir.join("api.sock");
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &ns.name, teravm(), "--api-sock"])
-        .arg(&sock);
-    let vmm = Vmm::spawn_command(cmd);
-    wait_for_api(&sock, T);
-    put_ok(
-        &sock,
-        "/machine-config",
-        r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
-    );
-    put_ok(
-        &sock,
-        "/metrics",
-        &format!(r#"{{"metrics_path": "{}"}}"#, dir.join("metrics").display()),
-    );
-    put_ok(
-        &sock,
-        "/network-interfaces/eth0",
-        &format!(r#"{{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "{MAC}"{iface}}}"#),
-    );
-    put_ok(&sock, "/boot-source", &Guest::TestGuest.boot_source(args));
-    let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
-    assert_eq!(status, 204, "{body}");
-    (vmm, sock)
+    start_on(
+        ns,
+        dir,
+        "tap0",
+        &format!(r#", "guest_mac": "{MAC}"{iface}"#),
+        args,
+    )
 }
 
 /// The `net_eth0` metrics group after a flush.

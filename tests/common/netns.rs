@@ -124,3 +124,41 @@ pub fn next_frame(fd: &OwnedFd, timeout: Duration) -> Option<Vec<u8>> {
     }
     None
 }
+
+/// teravm in `ns` (128 MiB, metrics in `dir/metrics`) with eth0 on
+/// `host_dev_name` (`iface`: more fields, each after a comma), the test
+/// guest running `args`, started: (teravm, API socket).
+pub fn start_on(
+    ns: &Netns,
+    dir: &std::path::Path,
+    host_dev_name: &str,
+    iface: &str,
+    args: &str,
+) -> (super::Vmm, std::path::PathBuf) {
+    use super::api::{action, put_ok, T};
+    let sock = dir.join("api.sock");
+    let mut cmd = ns.command(super::teravm());
+    cmd.arg("--api-sock").arg(&sock);
+    let vmm = super::Vmm::spawn_command(cmd);
+    super::wait_for_api(&sock, T);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
+    );
+    put_ok(
+        &sock,
+        "/metrics",
+        &format!(r#"{{"metrics_path": "{}"}}"#, dir.join("metrics").display()),
+    );
+    put_ok(
+        &sock,
+        "/network-interfaces/eth0",
+        &format!(r#"{{"iface_id": "eth0", "host_dev_name": "{host_dev_name}"{iface}}}"#),
+    );
+    let boot = super::guests::Guest::TestGuest.boot_source(args);
+    put_ok(&sock, "/boot-source", &boot);
+    let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(status, 204, "{body}");
+    (vmm, sock)
+}
