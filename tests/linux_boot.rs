@@ -170,12 +170,29 @@ fn default_cmdline_reaches_the_kernel() {
 }
 
 /// teravm `pid`'s memory (`/proc/pid/mem`) and the host address of its
-/// lowest guest RAM: the largest read-write mapping of at most `ram_bytes`.
+/// lowest guest RAM: the largest read-write mapping of at most `ram_bytes`,
+/// waited for (within [`EARLY`]) when teravm has not mapped it yet.
 fn guest_ram(pid: u32, ram_bytes: u64) -> (std::fs::File, u64) {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    // The guest's low RAM: the largest rw mapping no bigger than the guest.
-    let base = maps
-        .lines()
+    let deadline = std::time::Instant::now() + EARLY;
+    loop {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        match lowest_ram(&maps, ram_bytes) {
+            Some(base) => {
+                let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+                return (mem, base);
+            }
+            None if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None => panic!("no guest RAM mapping in {maps}"),
+        }
+    }
+}
+
+/// The guest's low RAM in `maps`: the largest rw mapping of at least 64 MiB
+/// and no bigger than the guest.
+fn lowest_ram(maps: &str, ram_bytes: u64) -> Option<u64> {
+    maps.lines()
         .filter_map(|l| {
             let (range, rest) = l.split_once(' ')?;
             let (a, b) = range.split_once('-')?;
@@ -188,9 +205,6 @@ fn guest_ram(pid: u32, ram_bytes: u64) -> (std::fs::File, u64) {
         })
         .max()
         .map(|(_, a)| a)
-        .unwrap_or_else(|| panic!("no guest RAM mapping in {maps}"));
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    (mem, base)
 }
 
 /// The kernel command line in the guest memory of teravm `pid` (whose
