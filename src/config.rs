@@ -94,6 +94,20 @@ pub fn check_worker_threads(workers_per_node: u32, nodes: usize) -> Result<(), C
 /// stops `--config-file /dev/zero` from filling memory).
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 
+/// A file's text, at most [`MAX_CONFIG_FILE_BYTES`] of UTF-8 (the config
+/// file, and a `cpu-config` it names); `Err` says why not.
+pub(crate) fn read_text(path: &Path) -> Result<String, String> {
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(format!("larger than {MAX_CONFIG_FILE_BYTES} bytes"));
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".into())
+}
+
 pub use balloon::{check_balloon_target, BalloonConfig, BalloonStatsUpdate, BalloonUpdate};
 pub use drives::{check_drives, CacheType, DriveConfig, DriveUpdate, IoEngine};
 pub use firecracker::{
@@ -594,21 +608,10 @@ impl VmConfig {
     /// Reads (at most [`MAX_CONFIG_FILE_BYTES`]), parses and validates a
     /// config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let read_err = |reason: String| ConfigError::Read {
+        let text = read_text(path).map_err(|reason| ConfigError::Read {
             path: path.to_path_buf(),
             reason,
-        };
-        let file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
-        let mut bytes = Vec::new();
-        file.take(MAX_CONFIG_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| read_err(e.to_string()))?;
-        if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
-            return Err(read_err(format!(
-                "larger than {MAX_CONFIG_FILE_BYTES} bytes"
-            )));
-        }
-        let text = String::from_utf8(bytes).map_err(|_| read_err("not UTF-8 text".into()))?;
+        })?;
         Self::from_json(&text, path)
     }
 

@@ -319,30 +319,17 @@ impl UnsupportedSection {
 
 /// The config file's `cpu-config`, as Firecracker takes it
 /// (`CustomCpuTemplateOrPath`): the custom template inline, or the path of a
-/// JSON file holding it (read here, at most
+/// JSON file holding it (read here as the config file is read, at most
 /// [`super::MAX_CONFIG_FILE_BYTES`]).
 pub fn cpu_config_inline_or_path<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<crate::vstate::template::CustomTemplate>, D::Error> {
     use serde::de::Error;
-    use std::io::Read;
     let value = match serde_json::Value::deserialize(d)? {
         serde_json::Value::Null => return Ok(None),
         serde_json::Value::String(path) => {
-            let read =
-                |e: String| D::Error::custom(format!("cpu-config: cannot read {path:?}: {e}"));
-            let file = std::fs::File::open(&path).map_err(|e| read(e.to_string()))?;
-            let mut bytes = Vec::new();
-            file.take(super::MAX_CONFIG_FILE_BYTES + 1)
-                .read_to_end(&mut bytes)
-                .map_err(|e| read(e.to_string()))?;
-            if bytes.len() as u64 > super::MAX_CONFIG_FILE_BYTES {
-                return Err(read(format!(
-                    "larger than {} bytes",
-                    super::MAX_CONFIG_FILE_BYTES
-                )));
-            }
-            let text = String::from_utf8(bytes).map_err(|_| read("not UTF-8 text".into()))?;
+            let text = super::read_text(std::path::Path::new(&path))
+                .map_err(|e| D::Error::custom(format!("cpu-config: cannot read {path:?}: {e}")))?;
             serde_json::from_str(&text)
                 .map_err(|e| D::Error::custom(format!("cpu-config {path:?}: {e}")))?
         }
