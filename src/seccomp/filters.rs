@@ -79,6 +79,8 @@ pub(crate) mod kvm {
     pub const IOEVENTFD: u64 = kvm_ioc(IOC_WRITE, 0x79, size_of::<kvm_ioeventfd>());
     /// `KVM_CREATE_PIT2` (Linux guests).
     pub const CREATE_PIT2: u64 = kvm_ioc(IOC_WRITE, 0x77, size_of::<kvm_pit_config>());
+    /// `KVM_REINJECT_CONTROL` (the `pit` thread: PIT reinjection off).
+    pub const REINJECT_CONTROL: u64 = crate::vstate::vm::KVM_REINJECT_CONTROL;
     /// `KVM_SET_MSRS` (Linux guests' boot MSRs).
     pub const SET_MSRS: u64 = kvm_ioc(IOC_WRITE, 0x89, size_of::<kvm_msrs>());
     /// `KVM_GET_LAPIC` (Linux guests).
@@ -667,13 +669,14 @@ const START: &[Allow] = &[
             named!(kvm::IRQFD),
             named!(kvm::IOEVENTFD),
             named!(kvm::CREATE_PIT2),
+            named!(kvm::REINJECT_CONTROL),
             named!(kvm::SET_MSRS),
             named!(kvm::GET_LAPIC),
             named!(kvm::SET_LAPIC),
             named!(libc::TCGETS),
             named!(libc::FIONBIO),
         ],
-        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT, the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener",
+        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT (the `pit` thread it spawns turns the PIT's reinjection off), the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener",
     ),
     mmap_no_exec("guest memory, memfd and guest_memfd slices, each vCPU's kvm_run; one page of a guest_memfd again, to ask for its policy"),
     any(libc::SYS_memfd_create, "memfd backing"),
