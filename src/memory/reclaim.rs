@@ -204,10 +204,23 @@ pub struct ReclaimOptions {
 }
 
 impl ReclaimOptions {
-    /// The chunk a reclaim of `ranges` takes: the one given, or the default
-    /// for the node with the most bytes among `ranges`.
+    /// The chunk a reclaim of `ranges` takes: the one given; else, for
+    /// memory files (memfd, hugetlb, guest_memfd), their largest stripe (a
+    /// file a chunk), and for anonymous memory the default for the node
+    /// with the most bytes among `ranges`.
     pub fn chunk_bytes_for(&self, ranges: &[HostRange]) -> u64 {
         self.chunk_bytes.unwrap_or_else(|| {
+            // Memory files are freed a whole stripe (one file) a chunk, so
+            // that no two workers punch holes in one file at once (its
+            // inode lock: `mapping::MEMFD_STRIPE_BYTES` says why); a
+            // slice has at most 32 of them, at least 8 from 1 GiB up.
+            if !ranges.is_empty()
+                && ranges
+                    .iter()
+                    .all(|r| !matches!(r.method, FreeMethod::DontNeed))
+            {
+                return ranges.iter().map(|r| r.len).max().unwrap_or(0);
+            }
             let mut per_node: Vec<(u32, u64)> = Vec::new();
             for r in ranges {
                 match per_node.iter_mut().find(|(n, _)| *n == r.node) {
@@ -313,6 +326,7 @@ pub(crate) unsafe fn execute_with(
     if opts.chunk_bytes == Some(0) {
         return Err(ReclaimError::InvalidOptions("chunk_bytes is 0".into()));
     }
+    no_recency(ranges);
     let page = sys::page_size() as u64;
     let chunk_bytes = opts
         .chunk_bytes_for(ranges)
@@ -408,6 +422,36 @@ pub(crate) unsafe fn execute_with(
             failures,
             report: Box::new(report),
         })
+    }
+}
+
+/// Tells the kernel that the file-backed ranges' accesses carry no
+/// recency (`MADV_RANDOM`, whose `VM_RAND_READ` makes `vma_has_recency`
+/// false), once, before their chunks are freed. Unmapping a file page
+/// whose PTE is young otherwise marks it accessed first
+/// (`zap_present_ptes` -> `folio_mark_accessed`): it moves to the active
+/// LRU list under the node's LRU lock, which the workers then contend on,
+/// only to be freed a moment later. Measured here, 4 GiB of touched 4 KiB
+/// memfd pages: one worker 0.80 s -> 0.66 s, two 0.57 s -> 0.45 s
+/// (1.36x -> 1.8x one `munmap`). Anonymous memory never takes that path,
+/// and a running guest's mappings keep their recency (the kernel's reclaim
+/// ages them by it): only a reclaim, whose memory goes anyway, asks.
+/// Advice only: a kernel that refuses it frees as before.
+fn no_recency(ranges: &[HostRange]) {
+    for r in ranges {
+        if matches!(r.method, FreeMethod::DontNeed) {
+            continue;
+        }
+        // SAFETY: `r` is a live mapping the caller gave us to free (the
+        // executor's contract); MADV_RANDOM changes only how the kernel
+        // treats its accesses, never its contents.
+        if let Err(e) = unsafe { sys::madvise(r.host_addr, r.len as usize, libc::MADV_RANDOM) } {
+            log::debug!(
+                "madvise(MADV_RANDOM) of {:#x}+{:#x}: {e}",
+                r.host_addr,
+                r.len
+            );
+        }
     }
 }
 

@@ -730,6 +730,12 @@ const START: &[Allow] = &[
 /// lives on) and signals the event loop.
 const RECLAIM: &[Allow] = &[
     any(libc::SYS_mincore, "resident bytes of each chunk"),
+    one_of(
+        libc::SYS_madvise,
+        2,
+        &[named!(libc::MADV_RANDOM)],
+        "file-backed slices lose their recency before they are freed (no LRU activation while unmapping)",
+    ),
     any(
         SYS_CACHESTAT,
         "allocated bytes of each guest_memfd chunk (its page cache)",

@@ -271,13 +271,19 @@ impl Method {
     }
 
     /// The chunk, in MiB, the method frees `size_gib` in: `--chunk-mib`, or
-    /// teravm's default for that size and the method's workers (the bench's
-    /// guests are on one node, or bound to none); `None` where it frees in
-    /// no chunks.
-    pub fn chunk_mib(self, chunk_mib: Option<u64>, size_gib: u64) -> Option<u64> {
+    /// teravm's default for that size, backing and the method's workers
+    /// (the bench's guests are on one node, or bound to none): a memory
+    /// file's stripe, or for anonymous memory the rule of
+    /// `plan::default_chunk_bytes`; `None` where it frees in no chunks.
+    pub fn chunk_mib(self, chunk_mib: Option<u64>, size_gib: u64, backing: Backing) -> Option<u64> {
         self.uses_chunks().then(|| {
-            chunk_mib.unwrap_or_else(|| {
-                teravm::memory::plan::default_chunk_bytes(size_gib << 30, self.workers()) >> 20
+            chunk_mib.unwrap_or_else(|| match backing {
+                Backing::Anonymous => {
+                    teravm::memory::plan::default_chunk_bytes(size_gib << 30, self.workers()) >> 20
+                }
+                Backing::Memfd | Backing::GuestMemfd => {
+                    teravm::memory::mapping::stripe_bytes(size_gib << 30, 0) >> 20
+                }
             })
         })
     }

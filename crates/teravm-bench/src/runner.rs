@@ -454,7 +454,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     case,
                     method,
                     size_gib: args.size_gib,
-                    chunk_mib: method.chunk_mib(args.chunk_mib, args.size_gib),
+                    chunk_mib: method.chunk_mib(args.chunk_mib, args.size_gib, case.backing),
                     run,
                     seconds: m.seconds,
                     reply_ms: m.reply_ms,
