@@ -51,7 +51,7 @@ fn shutdown_sync(sock: &Path) -> Value {
 
 #[test]
 fn the_firmware_runs_on_guest_memfd_and_reclaim_empties_and_closes_its_files() {
-    if !kvm_or_skip("gmem_firmware") {
+    if !kvm_or_skip("gmem_firmware") || !gmem_or_not_possible("gmem_firmware") {
         return;
     }
     let _big = big_memory();
@@ -109,7 +109,7 @@ fn the_firmware_runs_on_guest_memfd_and_reclaim_empties_and_closes_its_files() {
 
 #[test]
 fn two_fake_nodes_get_their_own_files_and_reclaim_frees_both() {
-    if !kvm_or_skip("gmem_two_nodes") {
+    if !kvm_or_skip("gmem_two_nodes") || !gmem_or_not_possible("gmem_two_nodes") {
         return;
     }
     let _big = big_memory();
@@ -147,7 +147,7 @@ fn two_fake_nodes_get_their_own_files_and_reclaim_frees_both() {
 
 #[test]
 fn populate_allocates_the_files_without_mapping_them_and_checks_where_pages_are() {
-    if !kvm_or_skip("gmem_populate") {
+    if !kvm_or_skip("gmem_populate") || !gmem_or_not_possible("gmem_populate") {
         return;
     }
     let _big = big_memory();
@@ -191,7 +191,7 @@ fn populate_allocates_the_files_without_mapping_them_and_checks_where_pages_are(
 
 #[test]
 fn an_inflated_balloon_punches_its_pages_out_of_the_guest_memfds() {
-    if !kvm_or_skip("gmem_balloon") {
+    if !kvm_or_skip("gmem_balloon") || !gmem_or_not_possible("gmem_balloon") {
         return;
     }
     let _big = big_memory();
@@ -302,7 +302,7 @@ fn a_kernel_without_the_mmap_flag_is_refused_with_what_it_lacks() {
 
 #[test]
 fn hugetlb_pages_with_guest_memfd_are_refused_in_either_order() {
-    if !kvm_or_skip("gmem_hugetlb") {
+    if !kvm_or_skip("gmem_hugetlb") || !gmem_or_not_possible("gmem_hugetlb") {
         return;
     }
     let (_vmm, sock, _dir) = start_api("gmem-hugetlb", &[]);
@@ -363,7 +363,7 @@ fn hugetlb_pages_with_guest_memfd_are_refused_in_either_order() {
 
 #[test]
 fn a_config_file_runs_the_firmware_on_guest_memfd_to_its_reset() {
-    if !kvm_or_skip("gmem_config_file") {
+    if !kvm_or_skip("gmem_config_file") || !gmem_or_not_possible("gmem_config_file") {
         return;
     }
     let _big = big_memory();

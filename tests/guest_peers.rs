@@ -212,7 +212,7 @@ fn qemu_vsock_unavailable(test: &str) -> bool {
     match vhost_vsock() {
         Ok(()) => false,
         Err(why) => {
-            eprintln!("NOT POSSIBLE HERE {test}: {why}");
+            not_possible(test, why);
             true
         }
     }

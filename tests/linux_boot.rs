@@ -550,6 +550,9 @@ fn a_kernel_on_guest_memfd_runs_as_far_as_on_anonymous_memory() {
     let Some(kernel) = kernel_or_skip("linux_gmem", "vmlinux") else {
         return;
     };
+    if !common::gmem_or_not_possible("linux_gmem") {
+        return;
+    }
     let _one_kernel_at_a_time = common::big_memory();
     let dir = temp_dir("linux-gmem");
     let args = "console=ttyS0 earlyprintk=serial reboot=k panic=1 pci=off nomodule";

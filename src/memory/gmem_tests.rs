@@ -16,9 +16,33 @@ use crate::vstate::vm::Vm;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
+/// The VM, where this host's KVM has guest_memfd as teravm needs it;
+/// where it lacks it, `NOT POSSIBLE HERE` with what it lacks (appended to
+/// `$TERAVM_NOT_POSSIBLE` too, for `.ci/run`'s closing count), not a
+/// failure: no install makes a kernel feature appear.
 fn vm() -> Option<Vm> {
     match Vm::new() {
-        Ok(vm) => Some(vm),
+        Ok(vm) => match crate::vstate::vm::KvmDevice::open().map(|d| d.guest_memfd_support()) {
+            Ok(support) => match support.check() {
+                Ok(()) => Some(vm),
+                Err(why) => {
+                    let line = format!("NOT POSSIBLE HERE: memory::gmem::kvm_tests: {why}");
+                    eprintln!("{line}");
+                    if let Some(path) = std::env::var_os("TERAVM_NOT_POSSIBLE") {
+                        use std::io::Write;
+                        if let Ok(mut f) = std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(path)
+                        {
+                            let _ = writeln!(f, "{line}");
+                        }
+                    }
+                    None
+                }
+            },
+            Err(e) => panic!("/dev/kvm opened once, not twice: {e}"),
+        },
         Err(e) => {
             if std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true")) {
                 panic!("a KVM test cannot run in CI (CI=true): {e}");

@@ -80,7 +80,7 @@ pub(crate) mod kvm {
     /// `KVM_CREATE_PIT2` (Linux guests).
     pub const CREATE_PIT2: u64 = kvm_ioc(IOC_WRITE, 0x77, size_of::<kvm_pit_config>());
     /// `KVM_REINJECT_CONTROL` (the `pit` thread: PIT reinjection off).
-    pub const REINJECT_CONTROL: u64 = crate::vstate::vm::KVM_REINJECT_CONTROL;
+    pub const REINJECT_CONTROL: u64 = kvm_ioc(IOC_NONE, 0x71, 0);
     /// `KVM_SET_MSRS` (Linux guests' boot MSRs).
     pub const SET_MSRS: u64 = kvm_ioc(IOC_WRITE, 0x89, size_of::<kvm_msrs>());
     /// `KVM_GET_LAPIC` (Linux guests).
