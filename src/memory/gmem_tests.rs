@@ -26,18 +26,7 @@ fn vm() -> Option<Vm> {
             Ok(support) => match support.check() {
                 Ok(()) => Some(vm),
                 Err(why) => {
-                    let line = format!("NOT POSSIBLE HERE: memory::gmem::kvm_tests: {why}");
-                    eprintln!("{line}");
-                    if let Some(path) = std::env::var_os("TERAVM_NOT_POSSIBLE") {
-                        use std::io::Write;
-                        if let Ok(mut f) = std::fs::OpenOptions::new()
-                            .create(true)
-                            .append(true)
-                            .open(path)
-                        {
-                            let _ = writeln!(f, "{line}");
-                        }
-                    }
+                    teravm_client::not_possible("memory::gmem::kvm_tests", why);
                     None
                 }
             },

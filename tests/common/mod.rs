@@ -96,27 +96,9 @@ pub fn skip(test: &str, reason: impl std::fmt::Display) {
     eprintln!("SKIPPED {test}: {reason}");
 }
 
-/// Says that `test` cannot check what it is for on this host, because of
-/// a property of the host itself (its kernel lacks a feature, its CPU
-/// runs guest CPUID natively), not of a missing install: prints
-/// `NOT POSSIBLE HERE: test: why` and, where `TERAVM_NOT_POSSIBLE` names
-/// a file (`.ci/run` sets it), appends the line there, so that the run's
-/// closing count lists it. Not a failure, in CI either: no install step
-/// could make it possible.
-pub fn not_possible(test: &str, why: impl std::fmt::Display) {
-    let line = format!("NOT POSSIBLE HERE: {test}: {why}");
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("TERAVM_NOT_POSSIBLE") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(f, "{line}");
-        }
-    }
-}
+/// `teravm_client::not_possible`: a host property says `NOT POSSIBLE
+/// HERE` (listed by `.ci/run`), not a failure.
+pub use teravm_client::not_possible;
 
 /// Whether this host's KVM backs guest RAM with guest_memfd as teravm
 /// needs it (asked of `/dev/kvm`, as teravm asks); where not, says so
