@@ -561,3 +561,84 @@ fn accounting_share() {
         );
     }
 }
+
+/// The `VmFlags` of the mapping that starts at `addr`, from
+/// `/proc/self/smaps`.
+fn vm_flags(addr: usize) -> Vec<String> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let start = format!("{addr:x}-");
+    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
+    assert!(lines.next().is_some(), "no mapping at {addr:#x}");
+    let flags = lines
+        .find_map(|l| l.strip_prefix("VmFlags:"))
+        .expect("a VmFlags line");
+    flags.split_whitespace().map(str::to_string).collect()
+}
+
+#[test]
+fn memory_files_lose_their_recency_before_they_are_freed_and_anonymous_memory_keeps_it() {
+    // The kernel's name for VM_RAND_READ in smaps is "rr": without it, the
+    // zap of each young page of a file activates it on the LRU first.
+    let f = Map::memfd(16 * MIB);
+    let a = Map::anon(16 * MIB);
+    f.touch();
+    a.touch();
+    assert!(!vm_flags(f.addr).contains(&"rr".to_string()));
+    let progress = ReclaimProgress::new();
+    // SAFETY: our own mappings, not used during the call.
+    let r = unsafe {
+        execute(
+            &[f.range(0), a.range(0)],
+            &opts(2, 4 * MIB, true),
+            &real_topology(),
+            &progress,
+        )
+    }
+    .unwrap();
+    assert_freed(&[&f, &a], &r, 32 * MIB as u64);
+    assert!(
+        vm_flags(f.addr).contains(&"rr".to_string()),
+        "{:?}",
+        vm_flags(f.addr)
+    );
+    assert!(
+        !vm_flags(a.addr).contains(&"rr".to_string()),
+        "{:?}",
+        vm_flags(a.addr)
+    );
+}
+
+#[test]
+fn the_default_chunk_of_memory_files_is_their_largest_stripe() {
+    let o = ReclaimOptions {
+        chunk_bytes: None,
+        ..opts(2, 0, true)
+    };
+    let file = |len: u64| HostRange {
+        node: 0,
+        host_addr: 0,
+        len,
+        method: FreeMethod::PunchHole {
+            fd: -1,
+            file_offset: 0,
+        },
+    };
+    // Stripes of 128 MiB and a shorter last one: one file a chunk.
+    let stripes = [
+        file(128 * MIB as u64),
+        file(128 * MIB as u64),
+        file(64 * MIB as u64),
+    ];
+    assert_eq!(o.chunk_bytes_for(&stripes), 128 * MIB as u64);
+    // Anonymous memory: the guest-sized default (4 chunks a worker).
+    let anon = HostRange {
+        method: FreeMethod::DontNeed,
+        ..file(1 << 30)
+    };
+    assert_eq!(o.chunk_bytes_for(&[anon]), (1 << 30) / 8);
+    // A chunk given is used as given.
+    assert_eq!(
+        opts(2, 4 * MIB, true).chunk_bytes_for(&stripes),
+        4 * MIB as u64
+    );
+}
