@@ -83,9 +83,10 @@ pub fn connect_nonblocking(path: &Path) -> io::Result<UnixStream> {
 }
 
 /// Creates the listening socket at `path`, mode 0600, non-blocking:
-/// refuses a path that exists and is not a stale socket (a symlink, a file,
-/// a socket something still listens on); a stale socket (connect refused)
-/// is replaced. Never follows a symlink at `path`.
+/// refuses any name that exists (a symlink, a file, a socket, stale or
+/// not), as Firecracker's `bind` does; like Firecracker, teravm leaves its
+/// socket behind at exit, so a second run on the same `uds_path` removes
+/// it first. Never follows a symlink at `path`.
 pub fn bind_uds(path: &Path) -> Result<UnixListener, VsockError> {
     let bad = |why| VsockError::BadPath(path.to_path_buf(), why);
     let (addr, len) = sockaddr(path)
