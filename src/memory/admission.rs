@@ -75,6 +75,8 @@ pub struct HostMemory {
     pub cgroup: Option<CgroupRoom>,
     /// `MemAvailable` of the host, in bytes.
     pub mem_available: Option<u64>,
+    /// `MemTotal` of the host, in bytes.
+    pub mem_total: Option<u64>,
     /// For a hugetlb page size: the free pages and the file they came from.
     pub free_huge_pages: Option<(u64, PathBuf)>,
 }
@@ -105,9 +107,13 @@ impl HostMemory {
         let cgroup_text =
             std::fs::read_to_string(roots.proc.join("self/cgroup")).unwrap_or_default();
         let cgroup = tightest_cgroup(&cgroup_text, &roots.sys.join("fs/cgroup"));
-        let mem_available = std::fs::read_to_string(roots.proc.join("meminfo"))
-            .ok()
-            .and_then(|t| meminfo_bytes(&t, "MemAvailable"));
+        let meminfo = std::fs::read_to_string(roots.proc.join("meminfo")).ok();
+        let mem_available = meminfo
+            .as_deref()
+            .and_then(|t| meminfo_bytes(t, "MemAvailable"));
+        let mem_total = meminfo
+            .as_deref()
+            .and_then(|t| meminfo_bytes(t, "MemTotal"));
         let free_huge_pages = hugetlb_page.and_then(|page| {
             let path = roots.sys.join(format!(
                 "kernel/mm/hugepages/hugepages-{}kB/free_hugepages",
@@ -119,6 +125,7 @@ impl HostMemory {
         HostMemory {
             cgroup,
             mem_available,
+            mem_total,
             free_huge_pages,
         }
     }
@@ -200,10 +207,38 @@ pub fn tightest_cgroup(proc_self_cgroup: &str, cgroup_root: &Path) -> Option<Cgr
 /// admits or refuses the guest.
 pub fn check(opts: &MemoryOptions) -> Result<(), AdmissionError> {
     let hugetlb = opts.page_size.hugetlb_bytes();
-    if !opts.populate && hugetlb.is_none() {
-        return Ok(());
+    let host = HostMemory::read(&Roots::default(), hugetlb);
+    if let Some(warning) = sparse_warning(opts, &host) {
+        log::warn!("{warning}");
     }
-    admit(opts, &HostMemory::read(&Roots::default(), hugetlb))
+    admit(opts, &host)
+}
+
+/// What to say, once at start, of a guest that is admitted only because
+/// its memory is sparse (not populated, not hugetlb: `MAP_NORESERVE`)
+/// while it is larger than the tightest memory cgroup's limit or than the
+/// host's memory: it runs until it touches more than there is, and then
+/// the OOM killer, not teravm, decides.
+pub fn sparse_warning(opts: &MemoryOptions, host: &HostMemory) -> Option<String> {
+    if opts.populate || opts.page_size.hugetlb_bytes().is_some() {
+        return None;
+    }
+    let need = opts.mem_bytes;
+    let (what, have) = match (&host.cgroup, host.mem_total) {
+        (Some(c), _) if need > c.limit => (
+            format!("the memory cgroup {}'s limit", c.dir.display()),
+            c.limit,
+        ),
+        (_, Some(total)) if need > total => ("this host's memory (MemTotal)".to_string(), total),
+        _ => return None,
+    };
+    Some(format!(
+        "the guest's {} MiB exceed {what} ({} MiB): it starts because its memory is sparse \
+         (mapped MAP_NORESERVE, populate off), and a guest that touches more than that is \
+         OOM-killed with teravm",
+        need / MIB,
+        have / MIB
+    ))
 }
 
 /// The rule, over figures already read: a hugetlb guest needs that many free
@@ -281,6 +316,7 @@ mod tests {
                 usage: 100 * MIB,
             }),
             mem_available: Some(8 * GIB),
+            mem_total: Some(16 * GIB),
             free_huge_pages: Some((
                 3,
                 "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages".into(),
@@ -335,6 +371,49 @@ mod tests {
             ..MemoryOptions::default()
         };
         assert_eq!(admit(&few, &host), Ok(()));
+    }
+
+    #[test]
+    fn a_sparse_guest_larger_than_the_cgroup_or_the_host_is_said_once() {
+        let cg = HostMemory {
+            cgroup: Some(CgroupRoom {
+                dir: "/sys/fs/cgroup/x".into(),
+                limit: 4 * GIB,
+                usage: 0,
+            }),
+            mem_available: Some(8 * GIB),
+            mem_total: Some(16 * GIB),
+            free_huge_pages: None,
+        };
+        let w = sparse_warning(&opts(8, PageSize::Small, false), &cg).unwrap();
+        assert!(
+            w.contains("8192 MiB") && w.contains("/sys/fs/cgroup/x's limit (4096 MiB)"),
+            "{w}"
+        );
+        assert!(!w.contains('\n'));
+        let host = HostMemory {
+            cgroup: None,
+            ..cg.clone()
+        };
+        let w = sparse_warning(&opts(1024, PageSize::Transparent, false), &host).unwrap();
+        assert!(w.contains("MemTotal) (16384 MiB)"), "{w}");
+        // Within both, populated (admission decides) or hugetlb: nothing.
+        assert_eq!(sparse_warning(&opts(2, PageSize::Small, false), &cg), None);
+        assert_eq!(sparse_warning(&opts(8, PageSize::Small, true), &cg), None);
+        assert_eq!(
+            sparse_warning(&opts(32, PageSize::Huge2M, false), &host),
+            None
+        );
+        // A limit above the host: the host's memory is what is exceeded.
+        let loose = HostMemory {
+            cgroup: Some(CgroupRoom {
+                limit: 64 * GIB,
+                ..cg.cgroup.clone().unwrap()
+            }),
+            ..cg.clone()
+        };
+        let w = sparse_warning(&opts(32, PageSize::Small, false), &loose).unwrap();
+        assert!(w.contains("MemTotal"), "{w}");
     }
 
     #[test]
