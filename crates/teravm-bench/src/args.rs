@@ -65,10 +65,13 @@ pub struct Args {
     /// Also measure end to end against a real teravm microVM.
     #[arg(long)]
     pub vm: bool,
-    /// Also measure live reclaim: a running microVM's guest reports
+    /// Also measure live reclaim of a running microVM: its guest reports
     /// --size-gib as free (virtio-balloon free page reporting), freed
-    /// serially (report-serial, as Firecracker) and by teravm's per-node
-    /// pool at each --workers count (`report-teravm-<w>`).
+    /// serially (`report-serial`, as Firecracker) and by teravm's per-node
+    /// pool at each --workers count (`report-teravm-<w>`); and it plugs
+    /// --size-gib of virtio-mem memory that the host then unplugs, freed
+    /// serially (`unplug-serial`) and by the pool (`unplug-teravm-<w>`,
+    /// `unplug-all-teravm-<w>` for the guest's UNPLUG_ALL).
     #[arg(long)]
     pub live: bool,
     /// Also run the VMMs users run today beside teravm, comma-separated:
