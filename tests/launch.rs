@@ -117,12 +117,8 @@ fn terabyte_sparse_guest_launches_and_shuts_down() {
     );
     // Larger than this host (unless it has over 1 TiB): said once, at start.
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let total_kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    if total_kib < 1 << 30 {
+    let total = teravm::memory::admission::meminfo_bytes(&meminfo, "MemTotal").unwrap();
+    if total < 1 << 40 {
         let said = stderr
             .lines()
             .filter(|l| l.contains("the guest's 1048576 MiB exceed"))

@@ -22,15 +22,12 @@ const GIB: u64 = 1 << 30;
 /// failure: no install makes a kernel feature appear.
 fn vm() -> Option<Vm> {
     match Vm::new() {
-        Ok(vm) => match crate::vstate::vm::KvmDevice::open().map(|d| d.guest_memfd_support()) {
-            Ok(support) => match support.check() {
-                Ok(()) => Some(vm),
-                Err(why) => {
-                    teravm_client::not_possible("memory::gmem::kvm_tests", why);
-                    None
-                }
-            },
-            Err(e) => panic!("/dev/kvm opened once, not twice: {e}"),
+        Ok(vm) => match Vm::guest_memfd_available() {
+            Ok(()) => Some(vm),
+            Err(why) => {
+                teravm_client::not_possible("memory::gmem::kvm_tests", why);
+                None
+            }
         },
         Err(e) => {
             if std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true")) {

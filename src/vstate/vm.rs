@@ -219,6 +219,16 @@ impl Vm {
         Kvm::new().map(|_| ()).map_err(VmError::OpenKvm)
     }
 
+    /// Whether this host's KVM backs guest RAM with guest_memfd as teravm
+    /// needs it (the same check a `guest_memfd` backing gets at PUT), or
+    /// what it lacks, in words (tests say `NOT POSSIBLE HERE` with it).
+    pub fn guest_memfd_available() -> Result<(), String> {
+        KvmDevice::open()
+            .map_err(|e| e.to_string())?
+            .guest_memfd_support()
+            .check()
+    }
+
     /// Registers guest RAM, one memslot per mapping.
     ///
     /// # Safety

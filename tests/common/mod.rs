@@ -104,11 +104,7 @@ pub use teravm_client::not_possible;
 /// needs it (asked of `/dev/kvm`, as teravm asks); where not, says so
 /// ([`not_possible`]) and the test returns.
 pub fn gmem_or_not_possible(test: &str) -> bool {
-    let support = teravm::vstate::vm::KvmDevice::open()
-        .map(|d| d.guest_memfd_support())
-        .map_err(|e| e.to_string())
-        .and_then(|s| s.check());
-    match support {
+    match teravm::vstate::vm::Vm::guest_memfd_available() {
         Ok(()) => true,
         Err(why) => {
             not_possible(test, why);
