@@ -19,7 +19,8 @@
 //!
 //! - `slow-discard`: every discard of the balloon's pool (and of any later
 //!   live-memory device) waits 2 s before it frees
-//!   ([`SLOW_DISCARD_DELAY`], per part, on whichever thread frees it; a
+//!   ([`SLOW_DISCARD_DELAY`], per part, on whichever thread frees it, and
+//!   once more before a virtio-mem UNPLUG's emptied slots leave KVM; a
 //!   pool that stops ends the wait and frees nothing). A guest must not get
 //!   a page back while such a discard can still reach it, and no vCPU, API
 //!   request or shutdown may wait behind one.

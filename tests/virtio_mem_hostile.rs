@@ -177,6 +177,123 @@ fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
     shutdown_ok(vmm, &sock);
 }
 
+/// A guest that touches what it unplugged as soon as the UNPLUG is
+/// answered (`vmem-touch-unplugged`): the emptied slot leaves KVM on a
+/// discard worker after the answer, before its blocks are freed, so
+/// whatever the guest touched before the slot left is freed with the rest
+/// (teravm's resident size falls by all of it) and what it touched after
+/// is MMIO (counted, read as zeros). Run as it comes, and under
+/// `slow-discard`, where the slot stays in KVM 2 s after the answer: the
+/// guest then touches every page inside it, and they must still all go.
+#[test]
+fn a_guest_touching_what_it_unplugged_keeps_nothing_and_reaches_nothing() {
+    if !kvm_or_skip("vmem_touch_unplugged") {
+        return;
+    }
+    touch_unplugged(None);
+    touch_unplugged(Some("slow-discard"));
+}
+
+fn touch_unplugged(fault: Option<&str>) {
+    let _big = big_memory();
+    // One slot (the smallest Firecracker takes), all of it plugged: the
+    // UNPLUG empties it.
+    const PLUG_MIB: u64 = SLOT_MIB;
+    const REGION_MIB: u64 = 2 * SLOT_MIB;
+    let dir = temp_dir("vmem-touch");
+    let sock = dir.join("api.sock");
+    let env: Vec<(&str, &str)> = fault
+        .map(|f| ("TERAVM_FAULT_INJECT", f))
+        .into_iter()
+        .collect();
+    let mut vmm = Vmm::spawn_env(&["--api-sock", sock.to_str().unwrap()], &env);
+    wait_for_api(&sock, T);
+    put_ok(
+        &sock,
+        "/machine-config",
+        &format!(r#"{{"vcpu_count": 1, "mem_size_mib": {RAM_MIB}}}"#),
+    );
+    put_ok(
+        &sock,
+        "/boot-source",
+        &Guest::TestGuest.boot_source("vmem-touch-unplugged then=idle"),
+    );
+    put_ok(
+        &sock,
+        "/hotplug/memory",
+        &format!(r#"{{"total_size_mib": {REGION_MIB}, "slot_size_mib": {PLUG_MIB}}}"#),
+    );
+    let metrics = dir.join("metrics");
+    put_ok(
+        &sock,
+        "/metrics",
+        &format!(r#"{{"metrics_path": "{}"}}"#, metrics.display()),
+    );
+    let (s, b) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(s, 204, "{b}");
+    let requested = format!(r#"{{"requested_size_mib": {PLUG_MIB}}}"#);
+    let (s, b) = patch(&sock, "/hotplug/memory", &requested);
+    assert_eq!(s, 204, "{b}");
+    let plugged = vmm.wait_line("teravm guest: vmem touch-unplugged plugged ", T);
+    assert!(
+        plugged.ends_with(&format!(" {}", PLUG_MIB * MIB)),
+        "{plugged}"
+    );
+    let rss_plugged = vmm.rss_bytes();
+    let (s, b) = patch(&sock, "/hotplug/memory", r#"{"requested_size_mib": 0}"#);
+    assert_eq!(s, 204, "{b}");
+    let done = vmm.wait_line("teravm guest: vmem touch-unplugged done ", T);
+    let words: Vec<&str> = done.split_whitespace().collect();
+    let (kept, pages): (u64, u64) = (words[5].parse().unwrap(), words[7].parse().unwrap());
+    assert_eq!(pages, PLUG_MIB * MIB / 4096, "{done}");
+    let deadline = std::time::Instant::now() + T;
+    while u(&get(&sock, "/hotplug/memory"), "discards_in_flight") != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "discards still running"
+        );
+        std::thread::yield_now();
+    }
+    // Every page of the block is gone from teravm, those the guest wrote
+    // behind the answer included (a free before the slot left would let
+    // the guest's next round fault them back in, and they would stay).
+    let rss_after = vmm.rss_bytes();
+    eprintln!(
+        "teravm ({fault:?}): {kept} of {pages} pages touched before the slot left; RSS {} -> {} MiB",
+        rss_plugged >> 20,
+        rss_after >> 20
+    );
+    assert!(
+        done.ends_with(" 0 refaulted"),
+        "a page was freed while the guest could still reach it: {done}"
+    );
+    if fault.is_some() {
+        assert_eq!(
+            kept, pages,
+            "the slot left KVM before its slow discard: {done}"
+        );
+        assert!(!done.contains(" 1 rounds"), "{done}");
+    }
+    assert!(
+        rss_after + PLUG_MIB * MIB <= rss_plugged + 4 * MIB,
+        "RSS {rss_plugged} -> {rss_after}: the unplugged block was not all freed ({done})"
+    );
+    // What the guest touched after the slot left was MMIO: each such page's
+    // read (zeros: not kept) was counted.
+    let (s, b) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
+    assert_eq!(s, 204, "{b}");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let m = json(text.lines().last().unwrap())["memory_hotplug"].clone();
+    assert!(
+        u(&m, "unplugged_accesses") >= pages - kept,
+        "{} pages read back zeros, {m}",
+        pages - kept
+    );
+    assert_eq!(u(&get(&sock, "/hotplug/memory"), "plugged_size_mib"), 0);
+    assert_eq!(state(&sock), "Running");
+    shutdown_ok(vmm, &sock);
+}
+
 /// The same guest on Firecracker (main, with virtio-mem): its answers,
 /// checked against what differs where it documents it.
 #[test]

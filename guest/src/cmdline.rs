@@ -71,6 +71,12 @@ pub struct Options {
     pub rng: Option<u64>,
     /// `vmem-hostile` (vmem.rs).
     pub vmem_hostile: bool,
+    /// `vmem-touch-unplugged` (vmem.rs).
+    pub vmem_touch_unplugged: bool,
+    /// `bcheck-linux-reset` (balloon/check.rs).
+    pub bcheck_linux_reset: bool,
+    /// `balloon-no-tell` (balloon/check.rs).
+    pub balloon_no_tell: bool,
     /// The devices, in command-line order.
     pub devices: [Option<MmioDevice>; MAX_DEVICES],
     /// Words that were understood but had a bad value.
@@ -142,6 +148,9 @@ impl Options {
             net_send: None,
             rng: None,
             vmem_hostile: false,
+            vmem_touch_unplugged: false,
+            bcheck_linux_reset: false,
+            balloon_no_tell: false,
             devices: [None; MAX_DEVICES],
             bad: None,
         };
@@ -166,6 +175,9 @@ impl Options {
                 },
                 "blk" if value.is_empty() => o.blk = true,
                 "vmem-hostile" if value.is_empty() => o.vmem_hostile = true,
+                "vmem-touch-unplugged" if value.is_empty() => o.vmem_touch_unplugged = true,
+                "bcheck-linux-reset" if value.is_empty() => o.bcheck_linux_reset = true,
+                "balloon-no-tell" if value.is_empty() => o.balloon_no_tell = true,
                 "blk-read" => match value.parse() {
                     Ok(mib) => o.blk_read_mib = Some(mib),
                     Err(_) => o.bad = Some("blk-read="),

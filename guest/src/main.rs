@@ -24,6 +24,10 @@
 //!   net-send=<N>x<bytes> after the hello, N frames of that size
 //!   rng=<bytes>          read that many bytes from the first virtio-rng
 //!   vmem-hostile         hostile requests to the first virtio-mem (vmem.rs)
+//!   bcheck-linux-reset   balloon: reset as Linux does, reuse at once
+//!   balloon-no-tell      balloon without MUST_TELL_HOST: deflate, reuse
+//!   vmem-touch-unplugged plug what the host asks, unplug it when asked
+//!                        for 0, and touch it at once after the answer
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
 //! Devices are driven in the order balloon, blk, vsock, net, as the
 //! firmware drives them.
@@ -130,6 +134,9 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     // HOOK vmem: `vmem-hostile` (vmem.rs).
     if options.vmem_hostile {
         vmem::run(&options);
+    }
+    if options.vmem_touch_unplugged {
+        vmem::touch_unplugged(&options);
     }
     if options.reset {
         say!("reset");

@@ -15,6 +15,17 @@
 //! line `vmem reading unplugged memory` comes before it. The request of an
 //! unknown type is the last request sent (Firecracker leaves it
 //! unanswered).
+//!
+//! `vmem-touch-unplugged`: plugs the first `requested_size` of the region
+//! in one PLUG, writes every page, says `vmem touch-unplugged plugged
+//! <bytes>`, waits until the host asks for 0, unplugs it all in one
+//! UNPLUG and, as soon as the answer comes, writes and reads every page of
+//! it again (a guest that breaks `UNPLUGGED_INACCESSIBLE`), round after
+//! round while any page reads back what was written (still in a memslot),
+//! then says `vmem touch-unplugged done <kept> of <pages> pages kept,
+//! <rounds> rounds, <refaulted> refaulted` (`<kept>`: of the first round;
+//! `<refaulted>`: pages that read zero in a later round yet kept its write,
+//! freed while still in a memslot).
 
 use core::ptr::{read_volatile, write_volatile};
 
@@ -112,6 +123,8 @@ fn init(t: &mut GuestTransport) -> Result<Queue, &'static str> {
 
 /// The driver: its transport, queue, and the count of checks.
 struct Driver {
+    /// The device's MMIO base.
+    base: u64,
     t: GuestTransport,
     q: Queue,
     req: Box<[u8; 24]>,
@@ -203,23 +216,12 @@ impl Driver {
 
 /// `vmem-hostile`.
 pub fn run(options: &Options) {
-    let Some(found) = find(options, DeviceType::Memory, 0) else {
-        say!("vmem error no device");
+    let Some((mut d, c)) = open(options, "vmem-hostile") else {
         return;
     };
-    let mut t = found.transport;
-    let q = match init(&mut t) {
-        Ok(q) => q,
-        Err(why) => {
-            t.set_status(DeviceStatus::FAILED);
-            say!("vmem error {}", why);
-            return;
-        }
-    };
-    let mut c = config(&t);
     say!(
         "vmem device at {:#x} block {:#x} node {} region {:#x}+{:#x} usable {:#x} plugged {:#x} requested {:#x}",
-        found.base,
+        d.base,
         c.block_size,
         c.node_id,
         c.addr,
@@ -233,27 +235,8 @@ pub fn run(options: &Options) {
         return;
     }
     // The host asks for two blocks; wait for it (it may PATCH after boot).
-    let deadline = Deadline::after_ms(60_000);
-    while c.requested_size < 2 * c.block_size {
-        if deadline.passed() {
-            say!("vmem error requested_size stayed {:#x}", c.requested_size);
-            return;
-        }
-        core::hint::spin_loop();
-        c = config(&t);
-    }
-    if !mem::map_range(c.addr, c.addr + c.region_size) {
-        say!("vmem error cannot map the region");
+    let Some(c) = wait_requested(&d, |r| r >= 2 * c.block_size) else {
         return;
-    }
-    let mut d = Driver {
-        t,
-        q,
-        req: Box::new([0; 24]),
-        resp: Box::new([0; 10]),
-        checks: 0,
-        failed: 0,
-        stuck: false,
     };
     checks(&mut d, &c);
     say!("vmem reading unplugged memory");
@@ -264,6 +247,121 @@ pub fn run(options: &Options) {
     } else {
         say!("vmem-hostile done {} checks {} failed", d.checks, d.failed);
     }
+}
+
+/// The device set up, its config, and a driver; None (said) if not.
+fn open(options: &Options, what: &str) -> Option<(Driver, Config)> {
+    let Some(found) = find(options, DeviceType::Memory, 0) else {
+        say!("vmem error no device");
+        return None;
+    };
+    let mut t = found.transport;
+    let q = match init(&mut t) {
+        Ok(q) => q,
+        Err(why) => {
+            t.set_status(DeviceStatus::FAILED);
+            say!("vmem error {}", why);
+            return None;
+        }
+    };
+    let c = config(&t);
+    if !mem::map_range(c.addr, c.addr + c.region_size) {
+        say!("vmem error cannot map the region for {}", what);
+        return None;
+    }
+    let d = Driver {
+        base: found.base,
+        t,
+        q,
+        req: Box::new([0; 24]),
+        resp: Box::new([0; 10]),
+        checks: 0,
+        failed: 0,
+        stuck: false,
+    };
+    Some((d, c))
+}
+
+/// Waits until `ok(requested_size)`, at most 60 s; the config then.
+fn wait_requested(d: &Driver, ok: impl Fn(u64) -> bool) -> Option<Config> {
+    let deadline = Deadline::after_ms(60_000);
+    loop {
+        let c = config(&d.t);
+        if ok(c.requested_size) {
+            return Some(c);
+        }
+        if deadline.passed() {
+            say!("vmem error requested_size stayed {:#x}", c.requested_size);
+            return None;
+        }
+        core::hint::spin_loop();
+    }
+}
+
+/// `vmem-touch-unplugged` (see the top).
+pub fn touch_unplugged(options: &Options) {
+    let Some((mut d, c)) = open(options, "vmem-touch-unplugged") else {
+        return;
+    };
+    let b = c.block_size.max(1);
+    let Some(c) = wait_requested(&d, |r| r >= b) else {
+        return;
+    };
+    let blocks = u16::try_from(c.requested_size / b).unwrap_or(u16::MAX);
+    let (a, bytes) = (c.addr, u64::from(blocks) * b);
+    if d.send(PLUG, a, blocks) != Ok((ACK, 0)) {
+        say!("vmem error plug of {} blocks refused", blocks);
+        return;
+    }
+    for off in (0..bytes).step_by(4096) {
+        // SAFETY: plugged just now, identity-mapped by `open`.
+        unsafe { write_volatile((a + off) as *mut u64, !(a + off)) };
+    }
+    say!("vmem touch-unplugged plugged {}", bytes);
+    if wait_requested(&d, |r| r == 0).is_none() {
+        return;
+    }
+    if d.send(UNPLUG, a, blocks) != Ok((ACK, 0)) {
+        say!("vmem error unplug of {} blocks refused", blocks);
+        return;
+    }
+    // At once, and again while any page still reads back what was written
+    // (the slot is still in KVM), for at most 30 s: whatever the device
+    // frees while the guest can still fault a page back in would stay.
+    let deadline = Deadline::after_ms(30_000);
+    let (mut first, mut rounds, mut refaulted) = (None, 0u64, 0u64);
+    loop {
+        rounds += 1;
+        let mut kept = 0u64;
+        for off in (0..bytes).step_by(4096) {
+            let p = (a + off) as *mut u64;
+            // SAFETY: mapped by `open`; the VMM answers a page outside its
+            // memslots (unplugged memory) as MMIO.
+            let before = unsafe { read_volatile(p) };
+            // SAFETY: as above.
+            unsafe { write_volatile(p, a + off + rounds) };
+            // SAFETY: as above.
+            if unsafe { read_volatile(p) } == a + off + rounds {
+                kept += 1;
+                // Zero before the write, yet the write stayed: the page
+                // was freed while still in a memslot, and came back.
+                if rounds > 1 && before == 0 {
+                    refaulted += 1;
+                }
+            }
+        }
+        first.get_or_insert(kept);
+        if kept == 0 || deadline.passed() {
+            break;
+        }
+    }
+    say!(
+        "vmem touch-unplugged done {} of {} pages kept, {} rounds, {} refaulted",
+        first.unwrap_or(0),
+        bytes / 4096,
+        rounds,
+        refaulted
+    );
 }
 
 /// The requests, in order; the plugged block is the region's first.

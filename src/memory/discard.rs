@@ -83,6 +83,12 @@ pub type WorkerStartHook = Arc<dyn Fn(&str) + Send + Sync>;
 /// (or failed); on the caller's thread or on a worker's.
 pub type DiscardDone = Box<dyn FnOnce(DiscardOutcome) + Send>;
 
+/// Run once before any part of its batch is freed, off the caller's
+/// thread where the batch goes to the workers ([`DiscardPool::discard_after`]):
+/// virtio-mem takes an emptied slot out of KVM here, so the guest cannot
+/// fault a page back in behind the free.
+pub type DiscardPrelude = Box<dyn FnOnce() + Send>;
+
 /// Errors of the discard pool.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscardError {
@@ -535,15 +541,24 @@ impl Drop for Part {
     }
 }
 
-/// One node's queue of parts.
+/// What a worker takes from its queue: a part to free, or a batch's
+/// prelude to run before its parts are dispatched. Dropped unrun (a
+/// shutdown), a prelude's parts end as failed and its closure is not
+/// called.
+enum Job {
+    Part(Part),
+    Prelude(DiscardPrelude, Vec<Part>),
+}
+
+/// One node's queue of jobs.
 #[derive(Default)]
 struct NodeQueue {
-    parts: Mutex<VecDeque<Part>>,
+    parts: Mutex<VecDeque<Job>>,
     ready: Condvar,
 }
 
 impl NodeQueue {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Part>> {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Job>> {
         self.parts.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -629,11 +644,39 @@ impl Shared {
         }
     }
 
-    /// A worker's loop: take parts of queue `q` until the pool stops.
+    /// Runs a batch's prelude, after `delay_before_free` as a part waits
+    /// (a slow discard is slow from its first step); not at all once the
+    /// pool stops (its parts then end as not freed).
+    fn prelude(&self, before: DiscardPrelude) {
+        if (self.delay_before_free.is_zero() || self.delay())
+            && !self.stopping.load(Ordering::Acquire)
+        {
+            before();
+        }
+    }
+
+    /// Pushes each part onto its node's queue, or frees it here where the
+    /// queue is full or the pool stopping.
+    fn dispatch(&self, parts: Vec<Part>) {
+        for part in parts {
+            let queue = &self.queues[self.table.node_index(&part.piece)];
+            let mut q = queue.lock();
+            if q.len() < self.queue_depth && !self.stopping.load(Ordering::Acquire) {
+                q.push_back(Job::Part(part));
+                drop(q);
+                queue.ready.notify_one();
+            } else {
+                drop(q);
+                self.free(part, false);
+            }
+        }
+    }
+
+    /// A worker's loop: take jobs of queue `q` until the pool stops.
     fn work(&self, q: usize) {
         let queue = &self.queues[q];
         loop {
-            let part = {
+            let job = {
                 let mut parts = queue.lock();
                 loop {
                     if self.stopping.load(Ordering::Acquire) {
@@ -645,10 +688,17 @@ impl Shared {
                     parts = queue.ready.wait(parts).unwrap_or_else(|e| e.into_inner());
                 }
             };
-            // A panic (in a batch's `done`) ends that part as failed, from
-            // its drop guard; the worker carries on.
-            let freed = std::panic::catch_unwind(AssertUnwindSafe(|| self.free(part, true)));
-            if let Err(payload) = freed {
+            // A panic (in a batch's `done`, a prelude) ends that part (or
+            // the prelude's parts) as failed, from its drop guard; the
+            // worker carries on.
+            let ran = std::panic::catch_unwind(AssertUnwindSafe(|| match job {
+                Job::Part(part) => self.free(part, true),
+                Job::Prelude(before, parts) => {
+                    self.prelude(before);
+                    self.dispatch(parts);
+                }
+            }));
+            if let Err(payload) = ran {
                 log::error!(
                     "discard worker panicked: {}",
                     crate::util::panic_text(&*payload)
@@ -665,7 +715,7 @@ impl Shared {
             self.halted.notify_all();
         }
         for q in &self.queues {
-            let left: Vec<Part> = q.lock().drain(..).collect();
+            let left: Vec<Job> = q.lock().drain(..).collect();
             q.ready.notify_all();
             if !left.is_empty() {
                 log::debug!(
@@ -848,6 +898,34 @@ impl DiscardPool {
     /// Until `done` is called, [`DiscardPool::wait_overlapping`] waits for
     /// this batch.
     pub fn discard(&self, ranges: &[(u64, u64)], done: DiscardDone) {
+        self.submit(ranges, &[], None, done);
+    }
+
+    /// As [`DiscardPool::discard`], but `before` runs first, once, and no
+    /// part is freed until it has returned: on a worker of the first
+    /// part's node where the batch goes to the workers (so the caller
+    /// returns at once), else on the caller's thread. Until `done` is
+    /// called, [`DiscardPool::wait_overlapping`] waits for the batch's
+    /// ranges and for `fence` too (what `before` changes: virtio-mem's
+    /// emptied slots). At a shutdown a prelude not yet run is dropped
+    /// unrun and its parts end as not freed.
+    pub fn discard_after(
+        &self,
+        ranges: &[(u64, u64)],
+        fence: &[(u64, u64)],
+        before: DiscardPrelude,
+        done: DiscardDone,
+    ) {
+        self.submit(ranges, fence, Some(before), done);
+    }
+
+    fn submit(
+        &self,
+        ranges: &[(u64, u64)],
+        fence: &[(u64, u64)],
+        before: Option<DiscardPrelude>,
+        done: DiscardDone,
+    ) {
         let shared = self.shared();
         let table = &shared.table;
         let t = table.translate(ranges);
@@ -866,14 +944,18 @@ impl DiscardPool {
             unaligned_bytes: t.unaligned_bytes,
         };
         if t.pieces.is_empty() {
+            if let Some(before) = before {
+                shared.prelude(before);
+            }
             done(outcome);
             return;
         }
         let total: u64 = t.pieces.iter().map(|p| p.len).sum();
         let mut guest: Vec<(u64, u64)> = t.pieces.iter().map(|p| table.guest_range(p)).collect();
-        if table.serial {
-            // Pieces in the order given: listed sorted and merged, as
-            // `overlaps` needs.
+        if table.serial || !fence.is_empty() {
+            // Listed sorted and merged, as `overlaps` needs (serial pieces
+            // come in the order given; the fence is the caller's).
+            guest.extend_from_slice(fence);
             guest = sorted_merged(guest);
         }
         let id = shared.in_flight.register(guest);
@@ -886,27 +968,39 @@ impl DiscardPool {
             done: Mutex::new(Some(done)),
             in_flight: shared.in_flight.clone(),
         });
-        let inline = table.serial || total < shared.inline_threshold_bytes;
-        for piece in t.pieces {
-            let part = Part {
+        let first_node = table.node_index(&t.pieces[0]);
+        let parts: Vec<Part> = t
+            .pieces
+            .into_iter()
+            .map(|piece| Part {
                 piece,
                 batch: batch.clone(),
                 ended: false,
-            };
-            if inline {
-                shared.free(part, false);
-                continue;
+            })
+            .collect();
+        if table.serial || total < shared.inline_threshold_bytes {
+            if let Some(before) = before {
+                shared.prelude(before);
             }
-            let queue = &shared.queues[table.node_index(&piece)];
-            let mut parts = queue.lock();
-            if parts.len() < shared.queue_depth && !shared.stopping.load(Ordering::Acquire) {
-                parts.push_back(part);
-                drop(parts);
-                queue.ready.notify_one();
-            } else {
-                drop(parts);
+            for part in parts {
                 shared.free(part, false);
             }
+            return;
+        }
+        let Some(before) = before else {
+            shared.dispatch(parts);
+            return;
+        };
+        let queue = &shared.queues[first_node];
+        let mut q = queue.lock();
+        if q.len() < shared.queue_depth && !shared.stopping.load(Ordering::Acquire) {
+            q.push_back(Job::Prelude(before, parts));
+            drop(q);
+            queue.ready.notify_one();
+        } else {
+            drop(q);
+            shared.prelude(before);
+            shared.dispatch(parts);
         }
     }
 

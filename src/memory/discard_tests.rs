@@ -663,3 +663,82 @@ fn a_slow_discard_frees_after_its_delay_and_a_cancel_ends_it_unfreed() {
     pool.shutdown(Instant::now() + PATIENCE).unwrap();
     assert!(t.elapsed() < delay, "{:?}", t.elapsed());
 }
+
+#[test]
+fn a_prelude_runs_on_a_worker_before_any_part_and_its_fence_holds_until_done() {
+    let topo = real();
+    let m = memory(64, Backing::Anonymous, &topo);
+    touch(&m, 0, 32 << 20);
+    let (opts, release) = held_workers();
+    let pool = start(&m, &topo, opts);
+    let (tx, rx) = mpsc::channel();
+    // What the prelude saw: its thread, and whether the batch's pages were
+    // still there (nothing freed before it).
+    let (ptx, prx) = mpsc::channel();
+    let view = m.view();
+    pool.discard_after(
+        &[(0, 16 << 20)],
+        // The fence: a range the batch does not free (an emptied slot).
+        &[(16 << 20, 16 << 20)],
+        Box::new(move || {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            let untouched = (0..16u64 << 20)
+                .step_by(4096)
+                .all(|a| view.read_obj::<u64>(GuestAddress(a)).unwrap() == 0xdead_beef);
+            ptx.send((name, untouched)).unwrap();
+        }),
+        Box::new(move |o| tx.send(o).unwrap()),
+    );
+    // The caller returned with the workers held: the prelude has not run.
+    assert!(prx.try_recv().is_err(), "the prelude ran on the caller");
+    let soon = Instant::now() + Duration::from_millis(20);
+    assert!(
+        pool.wait_overlapping(&[(20 << 20, 4096)], soon).is_err(),
+        "the fence covers a range the batch does not free"
+    );
+    pool.wait_overlapping(&[(32 << 20, 4 << 20)], Instant::now())
+        .unwrap();
+    release.send(()).unwrap();
+    let (thread, untouched) = prx.recv_timeout(PATIENCE).unwrap();
+    assert!(thread.starts_with("discard-"), "{thread}");
+    assert!(untouched, "a part was freed before the prelude ran");
+    assert_eq!(rx.recv_timeout(PATIENCE).unwrap().bytes_freed, 16 << 20);
+    pool.wait_overlapping(&[(20 << 20, 4096)], Instant::now() + PATIENCE)
+        .unwrap();
+    assert!(reads_zero(&m, 0, 16 << 20));
+    assert_eq!(resident(&m, 16 << 20, 16 << 20), 16 << 20, "the fence only");
+    // Serial, or a batch below the inline threshold: the prelude runs on
+    // the caller, before the free.
+    let (ptx, prx) = mpsc::channel();
+    let view = m.view();
+    pool.discard_after(
+        &[(16 << 20, 64 * KIB)],
+        &[],
+        Box::new(move || {
+            let kept = view.read_obj::<u64>(GuestAddress(16 << 20)).unwrap() == 0xdead_beef;
+            ptx.send(kept).unwrap();
+        }),
+        Box::new(|_| ()),
+    );
+    assert_eq!(prx.try_recv(), Ok(true), "inline, before the free");
+    assert!(reads_zero(&m, 16 << 20, 64 * KIB));
+    // A prelude queued at a shutdown is dropped unrun; its batch ends.
+    let (opts, _held) = held_workers();
+    let pool2 = start(&m, &topo, opts);
+    let (tx, rx) = mpsc::channel();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    pool2.discard_after(
+        &[(24 << 20, 4 << 20)],
+        &[],
+        Box::new(move || r.store(true, Ordering::SeqCst)),
+        Box::new(move |o| tx.send(o).unwrap()),
+    );
+    pool2.cancel();
+    let o = rx.recv_timeout(PATIENCE).unwrap();
+    assert_eq!((o.bytes_freed, o.failed), (0, 1));
+    assert!(!ran.load(Ordering::SeqCst));
+    drop(_held);
+    pool2.shutdown(Instant::now() + PATIENCE).unwrap();
+    pool.shutdown(Instant::now() + PATIENCE).unwrap();
+}

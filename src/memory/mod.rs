@@ -39,8 +39,8 @@ mod workers;
 
 pub use admission::AdmissionError;
 pub use discard::{
-    DiscardDone, DiscardError, DiscardOptions, DiscardOutcome, DiscardPool, DiscardSnapshot,
-    NodeDiscard,
+    DiscardDone, DiscardError, DiscardOptions, DiscardOutcome, DiscardPool, DiscardPrelude,
+    DiscardSnapshot, NodeDiscard,
 };
 pub use gmem::{GuestMemfdSource, GuestMemfdSupport, NumaBinding, Placement};
 pub use guest::{GuestMemory, GuestMemoryError};

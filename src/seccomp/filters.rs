@@ -454,8 +454,21 @@ const BALLOON: &[Allow] = &[
 
 /// `discard-n{node}-{i}`: frees the ranges of its node's queue, pinned to
 /// the node's CPUs before its filter: `madvise(MADV_DONTNEED)` (BASE) or a
-/// hole punch; waits on its queue (futex, BASE).
-const DISCARD: &[Allow] = &[PUNCH_HOLE];
+/// hole punch; waits on its queue (futex, BASE). Before it frees a
+/// virtio-mem UNPLUG that emptied slots, it takes them out of KVM (the
+/// UNPLUG was answered at once; src/vmm/hotplug.rs).
+const DISCARD: &[Allow] = &[
+    PUNCH_HOLE,
+    one_of(
+        libc::SYS_ioctl,
+        1,
+        &[
+            named!(kvm::SET_USER_MEMORY_REGION),
+            named!(kvm::SET_USER_MEMORY_REGION2),
+        ],
+        "an UNPLUG's emptied slot leaves KVM before its blocks are freed (guest_memfd ones by REGION2)",
+    ),
+];
 
 /// `virtio-blk{n}`: a drive's queue work and its file's I/O, on its own
 /// thread (a file that stalls stops this device only). The file was opened
@@ -545,7 +558,7 @@ const MEM: &[Allow] = &[
             named!(kvm::SET_USER_MEMORY_REGION),
             named!(kvm::SET_USER_MEMORY_REGION2),
         ],
-        "a plugged slot enters KVM (guest_memfd ones by REGION2), an emptied one leaves it",
+        "a plugged slot enters KVM (guest_memfd ones by REGION2); an emptied one leaves it here when the pool is serial or the batch small (else on a discard worker)",
     ),
     PUNCH_HOLE,
     // write (the irqfd, the wake eventfd) and futex (the device's lock,

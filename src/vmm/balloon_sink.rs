@@ -104,6 +104,28 @@ impl BalloonDiscard {
         }
     }
 
+    /// As [`BalloonDiscard::discard_ranges`], `before` run first, on a
+    /// worker, and the fence held over `fence` too
+    /// ([`crate::memory::DiscardPool::discard_after`]): virtio-mem's
+    /// UNPLUG, whose emptied slots leave KVM in `before`. A pool shut down
+    /// runs neither (the VM is stopping).
+    pub fn discard_ranges_after(
+        &self,
+        ranges: &[(u64, u64)],
+        fence: &[(u64, u64)],
+        before: crate::memory::DiscardPrelude,
+        done: crate::memory::DiscardDone,
+    ) {
+        match self.lock().as_ref() {
+            Some(pool) => pool.discard_after(ranges, fence, before, done),
+            None => done(crate::memory::DiscardOutcome {
+                ranges: ranges.len() as u64,
+                failed: ranges.len() as u64,
+                ..Default::default()
+            }),
+        }
+    }
+
     /// The pool's counters (zeros once shut down).
     pub fn snapshot(&self) -> Option<DiscardSnapshot> {
         self.lock().as_ref().map(DiscardPool::snapshot)

@@ -10,12 +10,17 @@
 //! discard of its range still running (the fence: no discard ever zeroes a
 //! block the guest has plugged again), at most [`FENCE_DEADLINE`], and is
 //! answered BUSY past it; then the slots it needs enter KVM. An UNPLUG
-//! takes the slots it empties out of KVM first (so the guest cannot fault
-//! the pages back in while they are freed), then hands the ranges to the
-//! pool and returns at once.
+//! hands its ranges to the pool and returns at once (the guest has its
+//! answer); the pool takes the slots it empties out of KVM first, on a
+//! worker, and frees the ranges only after (so a guest that touches a
+//! block it unplugged faults nothing back in behind the free: KVM's memslot
+//! deletion zaps the slot's mappings and waits out every vCPU that may
+//! hold it before it returns, and an access after is an MMIO exit that
+//! reads zeros). The fence covers the emptied slots too, so a PLUG into
+//! one waits until it has left KVM before it enters again.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -108,23 +113,30 @@ struct OwnedSlot {
     size: u64,
     host_addr: u64,
     file: Option<(OwnedFd, u64)>,
+    /// In KVM now: added and not (successfully) removed since. A removal
+    /// that fails leaves it set, so the slot is neither added twice nor
+    /// taken for gone while the guest can still reach it.
+    in_kvm: bool,
 }
 
 /// One slot of `slot_size_mib`: the memslots that map it (one, or one per
-/// guest_memfd stripe it crosses) and whether they are in KVM now.
+/// guest_memfd stripe it crosses).
 #[derive(Debug)]
 struct RegionSlot {
     guest_addr: u64,
     memslots: Vec<OwnedSlot>,
-    mapped: bool,
 }
+
+/// The memslot handle and the slots; `None` once released.
+type SlotState = Option<(Memslots, Vec<RegionSlot>)>;
 
 /// The sink of every virtio-mem device: the region's slots, the VM's
 /// memslot handle and the discard pool.
 pub struct HotplugSlots {
     /// `None` once released (the devices are stopped): nothing is added
-    /// or removed after, and the VM fd's duplicate is closed.
-    state: Mutex<Option<(Memslots, Vec<RegionSlot>)>>,
+    /// or removed after, and the VM fd's duplicate is closed. Shared with
+    /// the UNPLUG preludes that the pool's workers run.
+    state: Arc<Mutex<SlotState>>,
     discard: Arc<BalloonDiscard>,
     dirty_log: bool,
     /// Keeps the region's mappings alive while a memslot may point at them.
@@ -139,8 +151,33 @@ impl std::fmt::Debug for HotplugSlots {
     }
 }
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Takes the slots at `unmap_slots` out of KVM (each memslot still in it);
+/// a removal that fails is logged and left in. Returns how many failed.
+fn remove_slots(state: &Mutex<SlotState>, unmap_slots: &[(u64, u64)]) -> usize {
+    let mut state = lock(state);
+    let Some((memslots, slots)) = state.as_mut() else {
+        return 0;
+    };
+    let mut failed = 0;
+    for &(addr, _) in unmap_slots {
+        let Some(s) = slots.iter_mut().find(|s| s.guest_addr == addr) else {
+            continue;
+        };
+        for m in s.memslots.iter_mut().filter(|m| m.in_kvm) {
+            match memslots.remove(m.id, m.guest_addr) {
+                Ok(()) => m.in_kvm = false,
+                Err(e) => {
+                    failed += 1;
+                    log::error!("virtio-mem: {e}; the slot stays in KVM");
+                }
+            }
+        }
+    }
+    failed
 }
 
 impl HotplugSlots {
@@ -174,13 +211,13 @@ impl HotplugSlots {
                         size: m.len,
                         host_addr: m.host_addr,
                         file,
+                        in_kvm: false,
                     });
                     next = next.saturating_add(1);
                 }
                 slots.push(RegionSlot {
                     guest_addr: addr,
                     memslots,
-                    mapped: false,
                 });
                 addr += slot_bytes;
             }
@@ -193,7 +230,7 @@ impl HotplugSlots {
             });
         }
         Ok(HotplugSlots {
-            state: Mutex::new(Some((vm.memslots()?, slots))),
+            state: Arc::new(Mutex::new(Some((vm.memslots()?, slots)))),
             discard,
             dirty_log,
             _view: memory.view(),
@@ -243,63 +280,55 @@ impl HotplugSink for HotplugSlots {
         let Some((memslots, slots)) = state.as_mut() else {
             return Err(PlugRefused::Failed("the VM is stopping".into()));
         };
-        let mut added: Vec<usize> = Vec::new();
+        // (slot, memslot) this request put in, taken out again if a later
+        // one fails: the blocks stay unplugged.
+        let mut added: Vec<(usize, usize)> = Vec::new();
         for &(addr, _) in map_slots {
             let Some(i) = slots.iter().position(|s| s.guest_addr == addr) else {
                 continue;
             };
-            if slots[i].mapped {
-                continue;
-            }
-            for (k, m) in slots[i].memslots.iter().enumerate() {
-                if let Err(e) = self.add(memslots, m) {
-                    // Take out what this request put in: the blocks stay
-                    // unplugged.
-                    for m in &slots[i].memslots[..k] {
-                        let _ = memslots.remove(m.id, m.guest_addr);
-                    }
-                    for &j in &added {
-                        for m in &slots[j].memslots {
-                            let _ = memslots.remove(m.id, m.guest_addr);
+            for k in 0..slots[i].memslots.len() {
+                if slots[i].memslots[k].in_kvm {
+                    continue;
+                }
+                if let Err(e) = self.add(memslots, &slots[i].memslots[k]) {
+                    for &(i, k) in &added {
+                        let m: &mut OwnedSlot = &mut slots[i].memslots[k];
+                        if memslots.remove(m.id, m.guest_addr).is_ok() {
+                            m.in_kvm = false;
                         }
-                        slots[j].mapped = false;
                     }
                     return Err(PlugRefused::Failed(e.to_string()));
                 }
+                slots[i].memslots[k].in_kvm = true;
+                added.push((i, k));
             }
-            slots[i].mapped = true;
-            added.push(i);
         }
         Ok(())
     }
 
     fn unplug(&self, ranges: &[(u64, u64)], unmap_slots: &[(u64, u64)]) {
-        {
-            let mut state = lock(&self.state);
-            let Some((memslots, slots)) = state.as_mut() else {
-                return;
-            };
-            for &(addr, _) in unmap_slots {
-                if let Some(s) = slots.iter_mut().find(|s| s.guest_addr == addr && s.mapped) {
-                    for m in &s.memslots {
-                        if let Err(e) = memslots.remove(m.id, m.guest_addr) {
-                            log::error!("virtio-mem: {e}");
-                        }
-                    }
-                    s.mapped = false;
+        let metrics = lock(&self.metrics).clone();
+        let done: crate::memory::DiscardDone = Box::new(move |outcome| {
+            if outcome.failed > 0 {
+                for m in &metrics {
+                    m.unplug_discard_fails.inc();
                 }
             }
+        });
+        if unmap_slots.is_empty() {
+            self.discard.discard_ranges(ranges, done);
+            return;
         }
-        let metrics = lock(&self.metrics).clone();
-        self.discard.discard_ranges(
+        let state = self.state.clone();
+        let emptied = unmap_slots.to_vec();
+        self.discard.discard_ranges_after(
             ranges,
-            Box::new(move |outcome| {
-                if outcome.failed > 0 {
-                    for m in &metrics {
-                        m.unplug_discard_fails.inc();
-                    }
-                }
+            unmap_slots,
+            Box::new(move || {
+                remove_slots(&state, &emptied);
             }),
+            done,
         );
     }
 }
