@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::virtio::{DeviceMemory, MmioTransport};
+use super::virtio::fence::RESET_WAIT;
+use super::virtio::{DeviceMemory, MmioTransport, ResetFence};
 use super::wake::WakeHub;
 
 /// The first device's window: Firecracker's `MMIO_MEM_START` + 4 KiB.
@@ -102,8 +103,9 @@ fn held_back(n: u64) -> String {
 pub trait MmioDevice: Send {
     /// A guest read: fill `data`.
     fn mmio_read(&mut self, offset: u64, data: &mut [u8]);
-    /// A guest write of `data`.
-    fn mmio_write(&mut self, offset: u64, data: &[u8]);
+    /// A guest write of `data`; what the vCPU must wait for before the
+    /// write returns to the guest, with no lock held (a reset's fence).
+    fn mmio_write(&mut self, offset: u64, data: &[u8]) -> Option<Arc<ResetFence>>;
 }
 
 impl<M: DeviceMemory> MmioDevice for MmioTransport<M> {
@@ -116,12 +118,13 @@ impl<M: DeviceMemory> MmioDevice for MmioTransport<M> {
         }
     }
 
-    fn mmio_write(&mut self, offset: u64, data: &[u8]) {
+    fn mmio_write(&mut self, offset: u64, data: &[u8]) -> Option<Arc<ResetFence>> {
         if let Err(e) = self.write(offset, data) {
             if let Some(n) = TRANSPORT_LOG.allow(Instant::now()) {
                 log::debug!("virtio-mmio write at {offset:#x}: {e}{}", held_back(n));
             }
         }
+        self.take_reset_wait()
     }
 }
 
@@ -308,12 +311,21 @@ impl MmioBus {
         }
     }
 
-    /// A guest write at `addr`; ignored where no device is.
+    /// A guest write at `addr`; ignored where no device is. A reset that
+    /// left work in flight returns only once it ended (or at
+    /// [`RESET_WAIT`]), waited for here with the slot's lock let go.
     pub fn write(&self, addr: u64, data: &[u8]) {
         match self.find(addr) {
             Some((slot, offset)) => {
-                if let Some(d) = lock(slot).as_mut() {
-                    d.mmio_write(offset, data);
+                let wait = lock(slot).as_mut().and_then(|d| d.mmio_write(offset, data));
+                if let Some(fence) = wait {
+                    if !fence.wait(Instant::now() + RESET_WAIT) {
+                        log::warn!(
+                            "a device reset at {addr:#x} returns to the guest after {RESET_WAIT:?} \
+                             with {} discard(s) still in flight",
+                            fence.pending()
+                        );
+                    }
                 }
             }
             None => {
@@ -345,8 +357,9 @@ mod tests {
         fn mmio_read(&mut self, offset: u64, data: &mut [u8]) {
             data.fill(offset as u8);
         }
-        fn mmio_write(&mut self, offset: u64, data: &[u8]) {
+        fn mmio_write(&mut self, offset: u64, data: &[u8]) -> Option<Arc<ResetFence>> {
             lock(&self.0).push((offset, data.to_vec()));
+            None
         }
     }
 

@@ -571,6 +571,22 @@ impl Devices {
         })
     }
 
+    /// Ends every wait of a vCPU in a device's reset fence
+    /// ([`crate::devices::virtio::ResetFence`]), now and later: the first
+    /// step of a shutdown, before the vCPUs are stopped, so none of them
+    /// waits behind a discard the shutdown is about to cancel anyway.
+    pub fn cancel_waits(&self) {
+        for d in &self.running.devices {
+            if let Some(fence) = d
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .reset_fence()
+            {
+                fence.cancel();
+            }
+        }
+    }
+
     /// Stops the device threads (waiting until `deadline` at most), takes
     /// every device off the bus and resets it, and stops the discard pool:
     /// afterwards no device holds guest memory. Idempotent.

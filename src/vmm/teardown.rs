@@ -64,6 +64,9 @@ impl Teardown {
     pub fn stop(&mut self, console_wait: Duration) -> StopReport {
         let mut report = StopReport::default();
         let t = Instant::now();
+        if let Some(devices) = &self.devices {
+            devices.cancel_waits();
+        }
         if let Some(mut vcpus) = self.vcpus.take() {
             report.vcpus = vcpus.stop(VCPU_STOP_TIMEOUT);
         }

@@ -22,6 +22,7 @@
 //!   (MEMTOT, MEMFREE, AVAIL) stays on the statsq; each time the device uses
 //!   it, it is refilled and added again.
 //! - `report=<MiB>`: see [`report`].
+//! - `bcheck-linux-reset`, `balloon-no-tell`: see [`check`].
 //!
 //! The guest has no interrupts at CPL3: the used rings are read in memory,
 //! and between looks the vCPU waits on teravm's wait port for the device's
@@ -29,6 +30,7 @@
 //! after, so the queues leave interrupts on; a wait is bounded (20 s),
 //! after which the device is given up (Status FAILED).
 
+mod check;
 mod pages;
 mod report;
 
@@ -140,12 +142,28 @@ pub fn hook(
     touched: u64,
     serving: &mut Vec<Box<dyn Serve>>,
 ) {
-    if !options.balloon && options.report_mib == 0 {
+    let check = options.bcheck_linux_reset || options.balloon_no_tell;
+    if !options.balloon && options.report_mib == 0 && !check {
         return;
     }
-    let Some(mut b) = Balloon::start(options, info, mapped, touched) else {
+    let accept = if options.balloon_no_tell {
+        ACCEPTED & !F_MUST_TELL_HOST
+    } else {
+        ACCEPTED
+    };
+    let Some(mut b) = Balloon::start(options, info, mapped, touched, accept) else {
         return;
     };
+    if check {
+        if options.bcheck_linux_reset {
+            b.linux_reset();
+        } else {
+            b.no_tell();
+        }
+        // The device keeps the rings: they must stay.
+        core::mem::forget(b);
+        return;
+    }
     if options.report_mib != 0 {
         b.report(options.report_mib);
     }
@@ -172,13 +190,19 @@ enum InitError {
 impl Balloon {
     /// Finds the first balloon and initialises it (3.1.1). Says the device
     /// line, or the error.
-    fn start(options: &Options, info: &BootInfo, mapped: u64, touched: u64) -> Option<Balloon> {
+    fn start(
+        options: &Options,
+        info: &BootInfo,
+        mapped: u64,
+        touched: u64,
+        accept: u64,
+    ) -> Option<Balloon> {
         let Some(found) = find(options, DeviceType::MemoryBalloon, 0) else {
             say!("balloon error no device");
             return None;
         };
         let mut t = found.transport;
-        match Balloon::init(&mut t) {
+        match Balloon::init(&mut t, accept) {
             Ok((features, inflateq, deflateq, statsq, reportq)) => {
                 say!(
                     "balloon device at {:#x} features {:#x}",
@@ -218,7 +242,10 @@ impl Balloon {
                     InitError::Reset => say!("balloon error device reset did not complete"),
                     InitError::NoVersion1 => say!("balloon error device does not offer VERSION_1"),
                     InitError::FeaturesRefused => {
-                        say!("balloon error device refused the features (FEATURES_OK)")
+                        say!("balloon error device refused the features (FEATURES_OK)");
+                        if accept & F_MUST_TELL_HOST == 0 {
+                            say!("balloon no-tell refused");
+                        }
                     }
                     InitError::Queue(i) => {
                         say!(
@@ -240,6 +267,7 @@ impl Balloon {
     #[allow(clippy::type_complexity)]
     fn init(
         t: &mut GuestTransport,
+        accept: u64,
     ) -> Result<(u64, Queue, Queue, Option<Queue>, Option<(u16, Queue)>), InitError> {
         t.set_status(DeviceStatus::empty());
         // 2.4.1: a reset is complete once Status reads 0.
@@ -256,7 +284,7 @@ impl Balloon {
         if offered & F_VERSION_1 == 0 {
             return Err(InitError::NoVersion1);
         }
-        let features = offered & ACCEPTED;
+        let features = offered & accept;
         t.write_driver_features(features);
         let ok = DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER | DeviceStatus::FEATURES_OK;
         t.set_status(ok);
@@ -385,40 +413,98 @@ impl Balloon {
         }
     }
 
+    /// Pops the batch in flight if the device has used it (and writes
+    /// `actual`): `Some(true)`; `Some(false)` if it timed out (the device
+    /// is given up) or none is in flight; `None` while it is in flight.
+    fn poll_batch(&mut self) -> Option<bool> {
+        let Some(b) = &self.batch else {
+            return Some(false);
+        };
+        let (inflate, count, token) = (b.inflate, b.count, b.token);
+        let q = if inflate {
+            &self.inflateq
+        } else {
+            &self.deflateq
+        };
+        if !q.can_pop() {
+            if b.deadline.passed() {
+                self.give_up(if inflate { 0 } else { 1 });
+                return Some(false);
+            }
+            return None;
+        }
+        let bytes = pfn_bytes(&self.pfns, count);
+        let q = if inflate {
+            &mut self.inflateq
+        } else {
+            &mut self.deflateq
+        };
+        // SAFETY: the same buffer that was added with this token.
+        let _ = unsafe { q.pop_used(token, &[bytes], &mut []) };
+        self.batch = None;
+        self.actual = if inflate {
+            self.actual + count
+        } else {
+            self.actual - count
+        };
+        let _ = self.t.write_config_space(CFG_ACTUAL, self.actual);
+        Some(true)
+    }
+
+    /// Waits for the batch in flight (see [`Self::poll_batch`]): whether
+    /// the device used it.
+    fn finish_batch(&mut self) -> bool {
+        loop {
+            match self.poll_batch() {
+                Some(used) => return used,
+                None => io::wait_for(self.base, io::WAIT_MS),
+            }
+        }
+    }
+
+    /// Posts one inflate (or deflate) buffer of `pfns` (at most [`BATCH`]);
+    /// false (said, the device given up) if it cannot be added.
+    fn post(&mut self, inflate: bool, pfns: &[u32]) -> bool {
+        let count = pfns.len().min(BATCH);
+        self.pfns[..count].copy_from_slice(&pfns[..count]);
+        let bytes = pfn_bytes(&self.pfns, count as u32);
+        let q = if inflate {
+            &mut self.inflateq
+        } else {
+            &mut self.deflateq
+        };
+        // SAFETY: `pfns` is boxed, owned by self and not written again
+        // until the device has used this buffer (one batch in flight).
+        let token = match unsafe { q.add(&[bytes], &mut []) } {
+            Ok(tk) => tk,
+            Err(e) => {
+                say!("balloon error {}", crate::devices::status(e));
+                self.dead = true;
+                return false;
+            }
+        };
+        if q.should_notify() {
+            self.t.notify(if inflate { 0 } else { 1 });
+        }
+        self.batch = Some(Batch {
+            inflate,
+            count: count as u32,
+            token,
+            deadline: Deadline::after_ms(TIMEOUT_MS),
+        });
+        true
+    }
+
     /// One non-blocking step of following `num_pages`: finishes the batch
     /// in flight if the device used it, else (if none is in flight) posts
     /// the next one. `fresh`: read `num_pages` again (it is always read
     /// after a batch completes). Returns whether the balloon has settled.
     fn follow_step(&mut self, mut fresh: bool) -> bool {
-        if let Some(b) = &self.batch {
-            let (inflate, count, token) = (b.inflate, b.count, b.token);
-            let q = if inflate {
-                &self.inflateq
-            } else {
-                &self.deflateq
-            };
-            if !q.can_pop() {
-                if b.deadline.passed() {
-                    self.give_up(if inflate { 0 } else { 1 });
-                }
-                return false;
+        if self.batch.is_some() {
+            match self.poll_batch() {
+                Some(true) => fresh = true,
+                _ => return false,
             }
-            let bytes = pfn_bytes(&self.pfns, count);
-            let q = if inflate {
-                &mut self.inflateq
-            } else {
-                &mut self.deflateq
-            };
-            // SAFETY: the same buffer that was added with this token.
-            let _ = unsafe { q.pop_used(token, &[bytes], &mut []) };
-            self.batch = None;
-            self.actual = if inflate {
-                self.actual + count
-            } else {
-                self.actual - count
-            };
-            let _ = self.t.write_config_space(CFG_ACTUAL, self.actual);
-            fresh = true;
         }
         let target = if fresh {
             self.read_target()
@@ -445,34 +531,11 @@ impl Balloon {
         } else {
             self.actual - count
         };
+        let mut pfns = [0u32; BATCH];
         for k in 0..count {
-            self.pfns[k as usize] = self.touched.balloon_pfn(u64::from(first + k));
+            pfns[k as usize] = self.touched.balloon_pfn(u64::from(first + k));
         }
-        let bytes = pfn_bytes(&self.pfns, count);
-        let q = if inflate {
-            &mut self.inflateq
-        } else {
-            &mut self.deflateq
-        };
-        // SAFETY: `pfns` is boxed, owned by self and not written again
-        // until the device has used this buffer (one batch in flight).
-        let token = match unsafe { q.add(&[bytes], &mut []) } {
-            Ok(tk) => tk,
-            Err(e) => {
-                say!("balloon error {}", crate::devices::status(e));
-                self.dead = true;
-                return false;
-            }
-        };
-        if q.should_notify() {
-            self.t.notify(if inflate { 0 } else { 1 });
-        }
-        self.batch = Some(Batch {
-            inflate,
-            count,
-            token,
-            deadline: Deadline::after_ms(TIMEOUT_MS),
-        });
+        self.post(inflate, &pfns[..count as usize]);
         false
     }
 

@@ -273,4 +273,11 @@ pub trait VirtioDevice<M: DeviceMemory>: Send {
     fn reset_in_progress(&mut self) -> bool {
         false
     }
+    /// What a reset that left work in flight ([`VirtioDevice::reset_in_progress`])
+    /// waits for before the Status write returns to the guest (a driver
+    /// that never polls Status, as Linux's): `None` for a device whose
+    /// reset completes at once.
+    fn reset_fence(&self) -> Option<std::sync::Arc<super::ResetFence>> {
+        None
+    }
 }

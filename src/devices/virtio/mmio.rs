@@ -245,6 +245,9 @@ pub struct MmioTransport<M: DeviceMemory> {
     /// The status before the last reset: what Status reads until the device
     /// says the reset completed ([`VirtioDevice::reset_in_progress`]).
     status_before_reset: u32,
+    /// Set by a reset that left work in flight: what the bus waits for,
+    /// off the lock, before the Status write returns to the guest.
+    reset_wait: Option<Arc<super::ResetFence>>,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for MmioTransport<M> {
@@ -299,6 +302,7 @@ impl<M: DeviceMemory> MmioTransport<M> {
             driver_features_beyond: false,
             queue_sel: 0,
             status_before_reset: 0,
+            reset_wait: None,
         })
     }
 
@@ -489,9 +493,21 @@ impl<M: DeviceMemory> MmioTransport<M> {
         Ok(())
     }
 
+    /// The fence a reset just left behind, if any: the caller waits on it
+    /// with no lock held ([`crate::devices::mmio::MmioBus::write`]).
+    pub fn take_reset_wait(&mut self) -> Option<Arc<super::ResetFence>> {
+        self.reset_wait.take()
+    }
+
     fn write_status(&mut self, v: u32) -> Result<(), MmioError> {
         if v == 0 {
             self.reset();
+            let mut d = lock(&self.device);
+            self.reset_wait = if d.reset_in_progress() {
+                d.reset_fence()
+            } else {
+                None
+            };
             return Ok(());
         }
         if self.status == 0 && lock(&self.device).reset_in_progress() {

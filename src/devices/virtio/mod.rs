@@ -30,6 +30,7 @@
 pub mod balloon;
 pub mod block;
 pub mod device;
+pub mod fence;
 pub mod mem;
 pub mod metrics;
 pub mod mmio;
@@ -53,6 +54,7 @@ pub use device::{
     read_config_space, ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceOffer,
     VirtioDevice,
 };
+pub use fence::ResetFence;
 pub use metrics::Counter;
 pub use mmio::{MmioError, MmioTransport};
 pub use worker::{Pending, QueueHandler, Wake, Worker, WorkerError};

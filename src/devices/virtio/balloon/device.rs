@@ -16,7 +16,7 @@ use super::sink::{Completion, DiscardAck, DiscardKind, DiscardSink, SinkWork};
 use super::stats::BalloonStats;
 use super::{BalloonError, CONFIG_SPACE_BYTES, PAGES_PER_MIB, QUEUE_SIZE, VIRTIO_ID_BALLOON};
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigSpace, DeviceMemory, DeviceOffer, VirtioDevice,
+    ActivateError, ActiveState, ConfigSpace, DeviceMemory, DeviceOffer, ResetFence, VirtioDevice,
     VirtioInterrupt, VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
 };
 
@@ -82,6 +82,9 @@ pub(super) struct Active<M: DeviceMemory> {
     pub next_stats_at: Option<Instant>,
     /// Queues with work left over from a bounded pass.
     pub pending: Vec<bool>,
+    /// The driver accepted MUST_TELL_HOST (else an inflate is answered
+    /// only once its pages are freed).
+    pub must_tell: bool,
 }
 
 /// A batch handed to the sink and not yet completed: its ranges (sorted,
@@ -122,6 +125,9 @@ pub struct Balloon<M: DeviceMemory> {
     pub(super) completion_tx: Sender<Completion>,
     pub(super) completion_rx: Receiver<Completion>,
     pub(super) wake: Arc<Wake>,
+    /// Every ack from its making to its completion: what a reset waits for
+    /// (a driver that never polls Status, as Linux's).
+    pub(super) fence: Arc<ResetFence>,
     /// Batches at the sink, across resets (at most
     /// [`super::MAX_INFLIGHT_BATCHES`]: a reset is not complete until they
     /// end, so a new activation starts with none).
@@ -197,6 +203,7 @@ impl<M: DeviceMemory> Balloon<M> {
             completion_tx,
             completion_rx,
             wake: Arc::new(Wake::new().map_err(BalloonError::EventFd)?),
+            fence: Arc::new(ResetFence::default()),
             in_flight: Vec::new(),
             next_batch: 0,
             parked: Vec::new(),
@@ -351,6 +358,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
 
     fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError> {
         let layout = QueueLayout::of(active.acked_features);
+        let must_tell = active.acked_features & MUST_TELL_HOST != 0;
         let needed = [
             Some(layout.inflate),
             Some(layout.deflate),
@@ -386,6 +394,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
             // Buffers added before DRIVER_OK (Linux adds the statistics
             // buffer then): look at every queue once.
             pending: vec![true; n],
+            must_tell,
         });
         self.wake.again(&[]).map_err(ActivateError::Signal)
     }
@@ -406,5 +415,9 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
     fn reset_in_progress(&mut self) -> bool {
         self.drain_completions();
         self.active.is_none() && !self.in_flight.is_empty()
+    }
+
+    fn reset_fence(&self) -> Option<Arc<ResetFence>> {
+        Some(self.fence.clone())
     }
 }

@@ -278,7 +278,12 @@ impl<M: DeviceMemory> Balloon<M> {
             ranges: r.len() as u64,
             freed: false,
         };
-        let ack = DiscardAck::new(c, self.completion_tx.clone(), self.wake.clone());
+        let ack = DiscardAck::new(
+            c,
+            self.completion_tx.clone(),
+            self.wake.clone(),
+            self.fence.clone(),
+        );
         self.outbox.push((kind, r, ack));
     }
 
@@ -334,15 +339,27 @@ impl<M: DeviceMemory> Balloon<M> {
         let (heads, ranges, pages) = self.take_pfn_chains(q);
         self.metrics.inflate_count.add(heads.len() as u64);
         self.metrics.inflated_pages.add(pages);
-        // Inflated pages are the device's once the guest listed them: the
-        // chains go back at once, the pages are freed behind.
-        if let Some(a) = self.active.as_mut() {
-            let ok = Self::return_chains(a, q, &heads);
-            Self::count_fail(&self.metrics, ok);
-        }
         let kept = self.clip(&ranges);
-        if !kept.is_empty() {
-            self.send_to_sink(DiscardKind::Inflate, q, Vec::new(), kept);
+        let must_tell = self.active.as_ref().is_some_and(|a| a.must_tell);
+        if must_tell || kept.is_empty() {
+            // Inflated pages are the device's once the guest listed them,
+            // and a driver that accepted MUST_TELL_HOST takes none back
+            // before its deflate is answered (which waits for their
+            // discard): the chains go back at once, the pages are freed
+            // behind.
+            if let Some(a) = self.active.as_mut() {
+                let ok = Self::return_chains(a, q, &heads);
+                Self::count_fail(&self.metrics, ok);
+            }
+            if !kept.is_empty() {
+                self.send_to_sink(DiscardKind::Inflate, q, Vec::new(), kept);
+            }
+        } else {
+            // Without MUST_TELL_HOST the driver may reuse a page it
+            // deflates before the deflate is answered (virtio 1.2,
+            // 5.5.6.1): the inflate is answered only once its pages are
+            // freed, as a report is, so no discard of them is left to run.
+            self.send_to_sink(DiscardKind::Inflate, q, heads, kept);
         }
     }
 

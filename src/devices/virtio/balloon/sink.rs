@@ -20,7 +20,7 @@
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
-use crate::devices::virtio::Wake;
+use crate::devices::virtio::{ResetFence, Wake};
 
 use super::ranges::GuestRange;
 
@@ -91,12 +91,22 @@ pub(crate) struct Completion {
 #[derive(Debug)]
 pub struct DiscardAck {
     done: Option<(Completion, Sender<Completion>, Arc<Wake>)>,
+    /// Counts the ack from its making to its completion: a reset waits
+    /// for it ([`ResetFence`]).
+    fence: Arc<ResetFence>,
 }
 
 impl DiscardAck {
-    pub(crate) fn new(c: Completion, tx: Sender<Completion>, wake: Arc<Wake>) -> DiscardAck {
+    pub(crate) fn new(
+        c: Completion,
+        tx: Sender<Completion>,
+        wake: Arc<Wake>,
+        fence: Arc<ResetFence>,
+    ) -> DiscardAck {
+        fence.begin();
         DiscardAck {
             done: Some((c, tx, wake)),
+            fence,
         }
     }
 
@@ -122,6 +132,8 @@ impl DiscardAck {
             if tx.send(c).is_ok() {
                 let _ = wake.again(&[]);
             }
+            // The discard has ended: a reset waiting for it may return.
+            self.fence.end();
         }
     }
 }

@@ -159,6 +159,9 @@ fn m(b: &Balloon<Mem>) -> BalloonMetrics {
 }
 
 const V1: u64 = VIRTIO_F_VERSION_1;
+/// What a Linux driver accepts besides: MUST_TELL_HOST (inflates answered
+/// at once, freed behind).
+const TELL: u64 = V1 | features::MUST_TELL_HOST;
 
 fn opts() -> BalloonOptions {
     BalloonOptions {
@@ -224,7 +227,7 @@ fn target_config_space_and_generation() {
     assert_eq!(u32::from_le_bytes(c[0..4].try_into().unwrap()), 100 * 256);
     let g = r.b.config_generation();
     let mem = r.mem.clone();
-    let _qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let _qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     r.b.set_target(50).unwrap();
     assert_ne!(r.b.config_generation(), g);
     assert_eq!(
@@ -248,7 +251,7 @@ fn target_config_space_and_generation() {
 fn inflate_then_deflate() {
     let mut r = balloon(opts(), PAGE, false);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     inflate(&mut r, &mem, &qs, &[0x102, 0x100, 0x101, 0x200, 0x100]);
     assert_eq!(used(&qs[0]), 1, "inflate acknowledged at once");
     assert_eq!(
@@ -282,7 +285,7 @@ fn inflate_then_deflate() {
 fn reported_ranges_acknowledged_only_once_freed() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     let w = VRING_DESC_F_WRITE | VRING_DESC_F_NEXT;
     qs[3]
         .add_desc_chains(
@@ -331,7 +334,7 @@ fn reported_ranges_acknowledged_only_once_freed() {
 fn statistics_buffer_held_until_the_next_update() {
     let mut r = balloon(opts(), PAGE, false);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     let mut buf = Vec::new();
     for (tag, v) in [(4u16, 1000u64), (5, 4000), (6, 2000)] {
         buf.extend_from_slice(&tag.to_le_bytes());
@@ -367,7 +370,7 @@ fn statistics_buffer_held_until_the_next_update() {
 fn hostile_pfns_and_ranges_never_leave_ram() {
     let mut r = balloon(opts(), PAGE, false);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     let gap = (3 * GIB / PAGE) as u32;
     let top = ((HIGH + HIGH_LEN) / PAGE) as u32;
     add_pfns(
@@ -427,7 +430,7 @@ fn hostile_pfns_and_ranges_never_leave_ram() {
 fn hostile_descriptors_loops_write_only_outside_ram() {
     let mut r = balloon(opts(), PAGE, false);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 16);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 16);
     mem.write_slice(&9u32.to_le_bytes(), GuestAddress(BUF))
         .unwrap();
     let n = VRING_DESC_F_NEXT;
@@ -480,7 +483,7 @@ fn hostile_descriptors_loops_write_only_outside_ram() {
 fn reset_in_the_middle_drops_stale_completions() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     qs[3]
         .add_desc_chains(&[desc(16 * MIB, MIB as u32, VRING_DESC_F_WRITE, 0)], 0)
         .unwrap();
@@ -493,7 +496,7 @@ fn reset_in_the_middle_drops_stale_completions() {
     assert_eq!(used(&qs[3]), 0, "no write to the old rings after reset");
     // Start again: new rings, same flows.
     let mem2 = r.mem.clone();
-    let qs2 = start(&mut r, &mem2, V1 | REPORTING, 256);
+    let qs2 = start(&mut r, &mem2, TELL | REPORTING, 256);
     assert_eq!(r.b.layout().unwrap().reporting, Some(2));
     qs2[2]
         .add_desc_chains(&[desc(16 * MIB, MIB as u32, VRING_DESC_F_WRITE, 0)], 0)
@@ -508,7 +511,7 @@ fn reset_in_the_middle_drops_stale_completions() {
 fn bounded_work_per_pass_and_in_flight() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     for i in 0..100u16 {
         add_pfns(
             &mem,
@@ -552,7 +555,7 @@ fn huge_pages_discarded_whole_only() {
     let huge = 2 * MIB;
     let mut r = balloon(opts(), huge, false);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     // 512 PFNs from 2 MiB: one whole huge page; 511 from 4 MiB: none.
     let whole: Vec<u32> = (512..1024).collect();
     add_pfns(&mem, &qs[0], 0, BUF, &whole);
@@ -572,7 +575,7 @@ fn worker_thread_serves_queues_until_exit() {
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
     let mut r = balloon(opts(), PAGE, false);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     let Rig { b, sink, .. } = r;
     let r = Rig2 { sink };
     let b = Arc::new(Mutex::new(b));
@@ -600,7 +603,7 @@ fn worker_thread_serves_queues_until_exit() {
 fn a_deflate_waits_for_the_discard_of_its_pages_however_long() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     inflate(&mut r, &mem, &qs, &[0x100, 0x101, 0x102]);
     assert_eq!(used(&qs[0]), 1, "inflate acknowledged at once");
     assert_eq!(r.b.batches_in_flight(), 1);
@@ -635,7 +638,7 @@ fn a_deflated_page_inside_a_huge_page_being_freed_waits_too() {
     let huge = 2 * MIB;
     let mut r = balloon(opts(), huge, true);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     let first = (huge / PAGE) as u32;
     let pfns: Vec<u32> = (first..first + 512).collect();
     add_pfns(&mem, &qs[0], 0, BUF, &pfns);
@@ -654,7 +657,7 @@ fn a_deflated_page_inside_a_huge_page_being_freed_waits_too() {
 fn parked_deflates_are_bounded_and_the_rest_waits_in_the_ring() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     inflate(&mut r, &mem, &qs, &[0x100]);
     let n = MAX_PARKED_DEFLATES as u16 + 3;
     for i in 0..n {
@@ -678,7 +681,7 @@ fn parked_deflates_are_bounded_and_the_rest_waits_in_the_ring() {
 fn a_report_goes_back_only_once_no_other_discard_covers_it() {
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     // A (hostile) guest inflates a page, then reports the MiB around it.
     inflate(&mut r, &mem, &qs, &[(16 * MIB / PAGE) as u32 + 3]);
     qs[3]
@@ -701,7 +704,7 @@ fn a_reset_completes_only_once_the_discards_in_flight_end() {
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     inflate(&mut r, &mem, &qs, &[0x100]);
     let Rig { b, sink, .. } = r;
     let b = Arc::new(Mutex::new(b));
@@ -714,6 +717,14 @@ fn a_reset_completes_only_once_the_discards_in_flight_end() {
     };
     // The driver resets (a reboot, kexec) while the discard runs.
     t.write(regs::STATUS, &0u32.to_le_bytes()).unwrap();
+    // What the bus waits on before the write returns to a driver that
+    // never polls Status (Linux's vm_reset).
+    let fence = t
+        .take_reset_wait()
+        .expect("a reset with a discard in flight is fenced");
+    assert_eq!(fence.pending(), 1);
+    assert!(!fence.wait(Instant::now()));
+    assert!(t.take_reset_wait().is_none(), "handed out once");
     assert!(!b.lock().unwrap().is_active());
     assert_ne!(status(&t), 0, "the reset is not complete yet");
     assert!(
@@ -723,13 +734,14 @@ fn a_reset_completes_only_once_the_discards_in_flight_end() {
     assert_ne!(status(&t), 0);
     assert_eq!(used(&qs[0]), 1);
     sink.held.lock().unwrap().pop().unwrap().freed();
+    assert!(fence.wait(Instant::now()), "the vCPU goes on once it ended");
     assert_eq!(status(&t), 0, "complete once the discard ended");
     t.write(regs::STATUS, &1u32.to_le_bytes()).unwrap();
     assert_eq!(status(&t), 1);
     // And the device itself refuses an activation while fenced.
     let mut r = balloon(opts(), PAGE, true);
     let mem = r.mem.clone();
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     inflate(&mut r, &mem, &qs, &[0x100]);
     r.b.reset();
     assert!(r.b.reset_in_progress());
@@ -779,7 +791,7 @@ fn a_slow_discard_never_holds_the_balloons_lock() {
         sink: Arc::default(),
         irq: Arc::default(),
     };
-    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    let qs = start(&mut r, &mem, TELL | STATS_VQ | REPORTING, 256);
     let b = Arc::new(Mutex::new(r.b));
     let (evts, clones) = queue_evts(4);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
@@ -803,4 +815,26 @@ fn a_slow_discard_never_holds_the_balloons_lock() {
     go.send(()).unwrap();
     exit.write(1).unwrap();
     t.join().unwrap().unwrap();
+}
+
+#[test]
+fn without_must_tell_host_an_inflate_is_answered_only_once_freed() {
+    let mut r = balloon(opts(), PAGE, true);
+    let mem = r.mem.clone();
+    let qs = start(&mut r, &mem, V1 | STATS_VQ | REPORTING, 256);
+    inflate(&mut r, &mem, &qs, &[0x100, 0x101]);
+    assert_eq!(
+        used(&qs[0]),
+        0,
+        "held: the driver may reuse what it deflates"
+    );
+    assert_eq!(r.b.batches_in_flight(), 1);
+    r.sink.held.lock().unwrap().pop().unwrap().freed();
+    wake(&mut r.b);
+    assert_eq!(used(&qs[0]), 1, "answered once freed");
+    assert_eq!(r.b.batches_in_flight(), 0);
+    // A reset in between: no fence left once nothing is in flight.
+    r.b.reset();
+    assert!(!r.b.reset_in_progress());
+    assert_eq!(r.b.reset_fence().unwrap().pending(), 0);
 }
