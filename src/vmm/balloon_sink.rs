@@ -66,13 +66,30 @@ impl BalloonDiscard {
         }
     }
 
-    /// Stops the workers and lets go of guest memory (before reclaim).
+    /// Stops the workers and lets go of guest memory (before reclaim). A
+    /// device thread the stop gave up on may still hold the pool (an inline
+    /// discard, a fence wait): past `deadline` the pool is cancelled and
+    /// left to it (its workers end; the memory view they share is let go
+    /// when that thread does), never waited for.
     pub fn shutdown(&self, deadline: Instant) {
-        let pool = self
-            .pool
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let pool = loop {
+            match self.pool.try_write() {
+                Ok(mut g) => break g.take(),
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner().take(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if Instant::now() >= deadline {
+                        self.cancel();
+                        log::error!(
+                            "the discard pool is still in use at the stop's deadline; cancelled \
+                             and left to the thread that holds it"
+                        );
+                        return;
+                    }
+                    // std's RwLock has no timed lock.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        };
         if let Some(pool) = pool {
             if let Err(e) = pool.shutdown(deadline) {
                 log::error!("balloon discard pool: {e}");

@@ -28,7 +28,7 @@
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -310,7 +310,15 @@ impl Running {
     /// holds guest memory.
     fn release(&mut self, deadline: Instant) {
         for d in self.devices.drain(..) {
-            lock(&d).reset();
+            // A device thread the stop gave up on may hold the lock (stuck
+            // in the kernel): that device is left as it is, not waited for.
+            match lock_by(&d, deadline) {
+                Some(mut g) => g.reset(),
+                None => log::error!(
+                    "a device's lock is still held at the stop's deadline; its reset is left \
+                     to its thread"
+                ),
+            }
         }
         if let Some(slots) = self.hotplug_slots.take() {
             slots.release();
@@ -350,6 +358,27 @@ pub struct Devices {
 
 fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How often [`lock_by`] tries again.
+const LOCK_RETRY: Duration = Duration::from_millis(1);
+
+/// `m`'s lock, or `None` if it is still held at `deadline` (std's mutex has
+/// no timed lock: tried again every [`LOCK_RETRY`]; only a teardown that
+/// must not hang behind a stuck thread uses it).
+fn lock_by<T: ?Sized>(m: &Mutex<T>, deadline: Instant) -> Option<std::sync::MutexGuard<'_, T>> {
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if Instant::now() >= deadline {
+                    return None;
+                }
+                std::thread::sleep(LOCK_RETRY);
+            }
+        }
+    }
 }
 
 /// With the fault `start-fails-at-<step>` (or, after the last step,
