@@ -436,11 +436,31 @@ impl<M: DeviceMemory> VirtioMem<M> {
         }
     }
 
-    /// The sink answered a PLUG: commits its blocks if it was done (even
-    /// after a reset: the sink has mapped them) and answers the chain if
-    /// its activation still runs.
-    pub fn finish_plug(&mut self, p: PendingPlug, result: Result<(), PlugRefused>) {
+    /// The sink answered a PLUG: commits its blocks if it was done and
+    /// answers the chain. A PLUG whose activation a reset ended meanwhile is
+    /// dropped: nothing is committed, and where the sink had mapped slots
+    /// for it, the unplug that takes them out again is returned (for the
+    /// caller to hand to the sink with no lock held).
+    pub fn finish_plug(
+        &mut self,
+        p: PendingPlug,
+        result: Result<(), PlugRefused>,
+    ) -> Option<PendingUnplug> {
         let m = self.metrics.clone();
+        if p.epoch != self.epoch {
+            // A reset came while the sink worked (the fence can take
+            // seconds): the driver that asked is gone and no answer will
+            // reach it, so nothing is committed. The slots the sink put in
+            // for it go out again (the caller hands them back).
+            m.plug_fails.inc();
+            return result.is_ok().then(|| PendingUnplug {
+                head: p.head,
+                resp_addr: p.resp_addr,
+                epoch: p.epoch,
+                ranges: vec![p.range],
+                unmap_slots: p.map_slots,
+            });
+        }
         let resp_type = match result {
             Ok(()) => {
                 self.blocks.set(p.first, p.blocks, true);
@@ -457,9 +477,8 @@ impl<M: DeviceMemory> VirtioMem<M> {
                 VIRTIO_MEM_RESP_ERROR
             }
         };
-        if p.epoch == self.epoch {
-            self.respond(p.head, p.resp_addr, resp_type, 0);
-        }
+        self.respond(p.head, p.resp_addr, resp_type, 0);
+        None
     }
 
     /// The sink took an unplug's ranges: answers the chain ACK if its

@@ -540,7 +540,7 @@ fn the_lock_is_free_while_a_plug_waits_for_the_sink() {
 }
 
 #[test]
-fn a_plug_done_across_a_reset_is_kept_but_not_answered() {
+fn a_plug_done_across_a_reset_is_dropped_and_its_slot_taken_out_again() {
     let mut rig = Rig::new(SLOT);
     let mem = rig.arc.clone();
     let q = rig.start(&mem);
@@ -548,11 +548,19 @@ fn a_plug_done_across_a_reset_is_kept_but_not_answered() {
     rig.dev.lock().unwrap().reset();
     go.send(()).unwrap();
     t.join().unwrap();
-    // The sink mapped the slot: the blocks are plugged; the old chain is
-    // not answered.
-    assert_eq!(rig.status().plugged_bytes, 2 * BLOCK);
+    // The driver that asked is gone: nothing is committed, the old chain is
+    // not answered, and the slot the sink mapped for it goes out again.
+    assert_eq!(rig.status().plugged_bytes, 0);
     assert_eq!(q.used().idx().load(), 0);
     assert_eq!(rig.resp(i), (0xffff, 0xffff));
+    let calls = rig.sink.calls.lock().unwrap();
+    assert_eq!(
+        calls[..],
+        [
+            Call::Plug((REGION, 2 * BLOCK), vec![(REGION, SLOT)]),
+            Call::Unplug(vec![(REGION, 2 * BLOCK)], vec![(REGION, SLOT)]),
+        ]
+    );
 }
 
 #[test]

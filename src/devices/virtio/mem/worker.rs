@@ -82,7 +82,11 @@ impl<M: DeviceMemory> MemWorker<M> {
                     d.flush_used();
                     drop(d);
                     let result = self.sink.plug(p.range, &p.map_slots);
-                    lock(&self.device).finish_plug(p, result);
+                    let undo = lock(&self.device).finish_plug(p, result);
+                    // A PLUG that crossed a reset: its slots go out again.
+                    if let Some(u) = undo {
+                        self.sink.unplug(&u.ranges, &u.unmap_slots);
+                    }
                 }
                 Step::Unplug(u) => {
                     d.flush_used();
