@@ -61,6 +61,32 @@ pub fn check_backing_pages(
     }
 }
 
+/// Refuses a virtio-mem block smaller than the hugetlb page backing the
+/// guest: an UNPLUG of one block would free no whole huge page, so the
+/// memory would stay while the guest believes it gave it back.
+pub fn check_hotplug_pages(
+    machine: &MachineConfig,
+    hotplug: Option<&MemoryHotplugConfig>,
+) -> Result<(), ConfigError> {
+    let (Some(h), Some(page)) = (hotplug, machine.huge_pages.hugetlb_page_bytes()) else {
+        return Ok(());
+    };
+    if u64::from(h.block_size_mib) << 20 >= page {
+        return Ok(());
+    }
+    Err(invalid(
+        "memory-hotplug.block_size_mib",
+        format!(
+            "block_size_mib {} is below machine-config.huge_pages' {} MiB pages: an unplugged \
+             block would free no whole huge page; use block_size_mib of at least {} or other \
+             huge_pages",
+            h.block_size_mib,
+            page >> 20,
+            page >> 20
+        ),
+    ))
+}
+
 /// Whether this kernel's KVM can back guest RAM with guest_memfd, for a
 /// `memory` section that asks for it: a clear error naming what is missing.
 pub fn check_guest_memfd(
@@ -680,6 +706,7 @@ impl VmConfig {
             h.validate()
                 .map_err(|e| invalid("memory-hotplug", e.to_string()))?;
         }
+        check_hotplug_pages(&self.machine_config, self.memory_hotplug.as_ref())?;
         self.entropy.map_or(Ok(()), |e| e.validate())
     }
 }

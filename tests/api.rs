@@ -496,3 +496,53 @@ fn wrong_state_actions_name_the_state() {
     vmm.signal(libc::SIGTERM); // ends the linger early
     exits_ok(vmm);
 }
+
+/// A virtio-mem block smaller than the hugetlb page: refused with a 400
+/// naming both, whichever of the two sections comes second, and nothing
+/// changed; a block of the page's size is taken.
+#[test]
+fn a_hotplug_block_below_the_huge_page_is_a_400_naming_both() {
+    let (mut vmm, sock, _dir) = start_api("hotplug-huge-block", &[]);
+    let gib_pages = r#"{"vcpu_count": 1, "mem_size_mib": 2048, "huge_pages": "1G"}"#;
+    let small_block = r#"{"total_size_mib": 4096, "block_size_mib": 2, "slot_size_mib": 1024}"#;
+    let names_both = |body: &str| {
+        let f = json(body)["fault_message"].as_str().unwrap_or("").to_string();
+        assert!(
+            f.contains("block_size_mib 2") && f.contains("1024 MiB") && f.contains("huge_pages"),
+            "{body}"
+        );
+    };
+    put_ok(&sock, "/machine-config", gib_pages);
+    let (s, b) = put(&sock, "/hotplug/memory", small_block);
+    assert_eq!(s, 400, "{b}");
+    names_both(&b);
+    let (s, b) = request(&sock, "GET", "/vm/config", None).unwrap();
+    assert_eq!(s, 200, "{b}");
+    assert!(json(&b)["memory-hotplug"].is_null(), "nothing changed: {b}");
+    // The other order: the machine config is refused.
+    put_ok(&sock, "/machine-config", r#"{"vcpu_count": 1, "mem_size_mib": 2048}"#);
+    put_ok(&sock, "/hotplug/memory", small_block);
+    let (s, b) = put(&sock, "/machine-config", gib_pages);
+    assert_eq!(s, 400, "{b}");
+    names_both(&b);
+    let (s, b) = request(
+        &sock,
+        "PATCH",
+        "/machine-config",
+        Some(r#"{"huge_pages": "1G"}"#),
+    )
+    .unwrap();
+    assert_eq!(s, 400, "{b}");
+    names_both(&b);
+    // A block of the huge page's size is fine.
+    put_ok(
+        &sock,
+        "/hotplug/memory",
+        r#"{"total_size_mib": 4096, "block_size_mib": 1024, "slot_size_mib": 1024}"#,
+    );
+    put_ok(&sock, "/machine-config", gib_pages);
+    assert_eq!(state(&sock), "Not started");
+    vmm.signal(libc::SIGTERM);
+    let (code, _, stderr) = vmm.wait(T);
+    assert_eq!(code, 0, "{stderr}");
+}

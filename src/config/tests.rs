@@ -569,3 +569,24 @@ fn cpu_config_is_taken_inline_or_from_a_file_as_firecracker_takes_it() {
     assert!(!e.to_string().contains('\n'), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_hotplug_block_below_the_huge_page_is_refused_naming_both() {
+    let with = |pages: &str, block: u32| {
+        parse(&format!(
+            r#"{{"machine-config": {{"vcpu_count": 1, "mem_size_mib": 2048, "huge_pages": "{pages}"}},
+                "memory-hotplug": {{"total_size_mib": 4096, "block_size_mib": {block}, "slot_size_mib": 1024}}}}"#
+        ))
+    };
+    let e = with("1G", 2).unwrap_err().to_string();
+    assert!(
+        e.contains("block_size_mib 2") && e.contains("1024 MiB") && e.contains("huge_pages"),
+        "{e}"
+    );
+    with("1G", 1024).unwrap();
+    with("2M", 2).unwrap();
+    with("None", 2).unwrap();
+    let m: MachineConfig =
+        serde_json::from_str(r#"{"vcpu_count":1,"mem_size_mib":2048,"huge_pages":"1G"}"#).unwrap();
+    assert!(super::check_hotplug_pages(&m, None).is_ok());
+}

@@ -212,12 +212,16 @@ impl Vmm {
             VmmAction::GetMachineConfig => to_json(&self.config.machine_config),
             VmmAction::PutMachineConfig(m) if not_started => {
                 crate::config::check_backing_pages(&m, &self.config.memory).map_err(bad)?;
+                crate::config::check_hotplug_pages(&m, self.config.memory_hotplug.as_ref())
+                    .map_err(bad)?;
                 self.config.machine_config = m;
                 Ok(VmmData::Empty)
             }
             VmmAction::PatchMachineConfig(p) if not_started => {
                 let m = p.apply(&self.config.machine_config).map_err(bad)?;
                 crate::config::check_backing_pages(&m, &self.config.memory).map_err(bad)?;
+                crate::config::check_hotplug_pages(&m, self.config.memory_hotplug.as_ref())
+                    .map_err(bad)?;
                 self.config.machine_config = m;
                 Ok(VmmData::Empty)
             }

@@ -24,6 +24,8 @@ impl Vmm {
         let not_started = state == VmState::NotStarted;
         match action {
             VmmAction::PutHotplugMemory(c) if not_started => {
+                crate::config::check_hotplug_pages(&self.config.machine_config, Some(&c))
+                    .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
                 self.config.memory_hotplug = Some(c);
                 Ok(VmmData::Empty)
             }
