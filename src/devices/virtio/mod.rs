@@ -29,6 +29,7 @@
 
 pub mod balloon;
 pub mod block;
+pub mod chains;
 pub mod device;
 pub mod fence;
 pub mod mem;

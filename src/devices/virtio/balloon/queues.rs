@@ -198,7 +198,11 @@ impl<M: DeviceMemory> Balloon<M> {
         let queue: &mut Queue = &mut a.queues[q];
         let mut taken = 0;
         while taken < MAX_CHAINS_PER_PASS {
-            let Some(chain) = queue.pop_descriptor_chain(&*a.mem) else {
+            let Some(chain) = crate::devices::virtio::chains::pop_direct(
+                queue,
+                &*a.mem,
+                &self.metrics.event_fails,
+            ) else {
                 return;
             };
             each(&*a.mem, chain);

@@ -298,7 +298,11 @@ impl<M: DeviceMemory> BlockWorker<M> {
         let Some((epoch, a)) = ring.as_mut() else {
             return Popped::Nothing;
         };
-        let Some(chain) = a.queues[0].pop_descriptor_chain(&*a.mem) else {
+        let Some(chain) = crate::devices::virtio::chains::pop_direct(
+            &mut a.queues[0],
+            &*a.mem,
+            &self.shared.metrics.invalid_reqs_count,
+        ) else {
             return Popped::Nothing;
         };
         let parsed = parse(

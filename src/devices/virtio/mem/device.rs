@@ -324,7 +324,11 @@ impl<M: DeviceMemory> VirtioMem<M> {
         let Some(a) = self.active.as_mut() else {
             return Step::Idle;
         };
-        let Some(chain) = a.queues[0].pop_descriptor_chain(&*a.mem) else {
+        let Some(chain) = crate::devices::virtio::chains::pop_direct(
+            &mut a.queues[0],
+            &*a.mem,
+            &self.metrics.queue_event_fails,
+        ) else {
             return Step::Idle;
         };
         let req = match request::parse(&*a.mem, chain) {

@@ -206,7 +206,11 @@ impl<M: DeviceMemory> Net<M> {
         );
         let (mut taken, mut used) = (0usize, false);
         let end = self.wake.pass(TX_INDEX, MAX_FRAMES_PER_PASS, || {
-            let Some(chain) = a.queues[TX_INDEX].pop_descriptor_chain(&*a.mem) else {
+            let Some(chain) = crate::devices::virtio::chains::pop_direct(
+                &mut a.queues[TX_INDEX],
+                &*a.mem,
+                &m.tx_fails,
+            ) else {
                 return false;
             };
             taken += 1;
@@ -280,7 +284,11 @@ impl<M: DeviceMemory> Net<M> {
             if (!mrg && !held.is_empty()) || held.len() >= full {
                 return Room::TooBig;
             }
-            let Some(chain) = a.queues[RX_INDEX].pop_descriptor_chain(&*a.mem) else {
+            let Some(chain) = crate::devices::virtio::chains::pop_direct(
+                &mut a.queues[RX_INDEX],
+                &*a.mem,
+                &m.rx_fails,
+            ) else {
                 return Room::Wait;
             };
             match check_rx_chain(&*a.mem, chain) {

@@ -153,7 +153,11 @@ impl<M: DeviceMemory> Rng<M> {
         let (limiter, buf) = (&mut self.limiter, &mut self.buf);
         let mut used = false;
         let end = self.wake.pass(0, MAX_CHAINS_PER_PASS, || {
-            let Some(chain) = a.queues[0].pop_descriptor_chain(&*a.mem) else {
+            let Some(chain) = crate::devices::virtio::chains::pop_direct(
+                &mut a.queues[0],
+                &*a.mem,
+                &m.entropy_event_fails,
+            ) else {
                 return false;
             };
             m.entropy_event_count.inc();

@@ -244,7 +244,11 @@ impl<M: DeviceMemory> Vsock<M> {
                 stalled = true;
                 return false;
             }
-            let Some(chain) = a.queues[TXQ].pop_descriptor_chain(&*a.mem) else {
+            let Some(chain) = crate::devices::virtio::chains::pop_direct(
+                &mut a.queues[TXQ],
+                &*a.mem,
+                &m.tx_queue_event_fails,
+            ) else {
                 return false;
             };
             let head = chain.head_index();
@@ -296,7 +300,11 @@ impl<M: DeviceMemory> Vsock<M> {
             if !muxer.has_rx() {
                 return false;
             }
-            let Some(chain) = a.queues[RXQ].pop_descriptor_chain(&*a.mem) else {
+            let Some(chain) = crate::devices::virtio::chains::pop_direct(
+                &mut a.queues[RXQ],
+                &*a.mem,
+                &m.rx_queue_event_fails,
+            ) else {
                 return false;
             };
             let head = chain.head_index();
