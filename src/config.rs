@@ -721,9 +721,9 @@ pub fn check_device_count(count: usize) -> Result<(), ConfigError> {
         return Err(ConfigError::InvalidField {
             field: "devices",
             reason: format!(
-                "{count} devices (balloon, drives, network interfaces and vsock together) but a \
-                 guest has interrupt lines for {MAX_DEVICES} at most (GSI {} to {}, as in \
-                 Firecracker)",
+                "{count} devices (balloon, drives, network interfaces, vsock, entropy and one \
+                 virtio-mem per guest node together) but a guest has interrupt lines for \
+                 {MAX_DEVICES} at most (GSI {} to {}, as in Firecracker)",
                 crate::devices::mmio::FIRST_GSI,
                 crate::devices::mmio::LAST_GSI
             ),

@@ -366,3 +366,46 @@ fn a_device_past_the_last_gsi_is_refused_at_put() {
     let lines: Vec<&str> = stderr.lines().filter(|l| l.contains(limit)).collect();
     assert_eq!(lines.len(), 1, "one line naming the limit: {stderr}");
 }
+
+/// virtio-mem takes one interrupt line per guest node: on a fake host of
+/// two nodes, 18 drives and a hotplug region are 20 devices, refused at
+/// `PUT /hotplug/memory` (nothing changed); on one node they are 19, taken.
+#[test]
+fn virtio_mem_counts_one_device_per_node_at_put() {
+    let limit = "19 at most (GSI 5 to 23";
+    for (nodes, fits) in [(2, false), (1, true)] {
+        let dir = temp_dir(&format!("gsi-vmem-{nodes}"));
+        let sysfs = fake_sysfs(&dir, nodes);
+        let (vmm, sock, _d) = start_api(
+            &format!("gsi-vmem-api-{nodes}"),
+            &["--sysfs-root", sysfs.to_str().unwrap()],
+        );
+        put_ok(&sock, "/memory", r#"{"numa_policy": "none"}"#);
+        for i in 0..18 {
+            let path = dir.join(format!("disk{i}.img"));
+            std::fs::write(&path, vec![0u8; 4096]).unwrap();
+            put_ok(
+                &sock,
+                &format!("/drives/d{i}"),
+                &format!(
+                    r#"{{"drive_id": "d{i}", "path_on_host": "{}", "is_root_device": false, "is_read_only": true}}"#,
+                    path.display()
+                ),
+            );
+        }
+        let (status, body) = put(&sock, "/hotplug/memory", r#"{"total_size_mib": 1024}"#);
+        let config = get(&sock, "/vm/config");
+        if fits {
+            assert_eq!(status, 204, "{body}");
+            assert!(!config["memory-hotplug"].is_null(), "{config}");
+        } else {
+            assert_fault(status, &body, 400, limit);
+            assert!(body.contains("20 devices"), "{body}");
+            assert!(
+                config["memory-hotplug"].is_null(),
+                "nothing changed: {config}"
+            );
+        }
+        drop(vmm);
+    }
+}

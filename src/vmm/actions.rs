@@ -334,7 +334,7 @@ impl Vmm {
             VmmAction::PutBalloon(b) if not_started => {
                 check_balloon_target(b.amount_mib, self.config.machine_config.mem_size_mib)
                     .map_err(bad)?;
-                check_count_with(&self.config, |c| c.balloon = Some(b)).map_err(bad)?;
+                check_count_with(&self.config, &self.topology, |c| c.balloon = Some(b)).map_err(bad)?;
                 self.config.balloon = Some(b);
                 Ok(VmmData::Empty)
             }
@@ -394,7 +394,7 @@ impl Vmm {
             | VmmAction::PatchMmds(_)
             | VmmAction::PutMmdsConfig(_)) => self.mmds_action(a),
             VmmAction::PutEntropy(e) if not_started => {
-                check_count_with(&self.config, |c| c.entropy = Some(e)).map_err(bad)?;
+                check_count_with(&self.config, &self.topology, |c| c.entropy = Some(e)).map_err(bad)?;
                 self.config.entropy = Some(e);
                 Ok(VmmData::Empty)
             }

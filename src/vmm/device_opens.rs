@@ -81,15 +81,42 @@ pub fn with_net(nets: &[NetConfig], n: NetConfig) -> Result<Vec<NetConfig>, Stri
     Ok(next)
 }
 
+/// The virtio-mem devices `config` gets on `topology`: one per guest node
+/// part of its hotplug region (as the start will plan them), 0 without a
+/// region, 1 where the plan cannot be made yet (the start then says why).
+pub fn hotplug_devices(
+    config: &crate::config::VmConfig,
+    topology: &crate::memory::HostTopology,
+) -> usize {
+    let Some(h) = &config.memory_hotplug else {
+        return 0;
+    };
+    let opts = crate::memory::HotplugOptions {
+        total_bytes: u64::from(h.total_size_mib) << 20,
+        slot_bytes: u64::from(h.slot_size_mib) << 20,
+    };
+    let memory = crate::memory::MemoryOptions::from(config);
+    let Ok(slices) = crate::memory::GuestMemory::plan(&memory, topology) else {
+        return 1;
+    };
+    let nodes: Vec<u32> = slices.iter().map(|s| s.node).collect();
+    crate::memory::hotplug::hotplug_parts(&opts, memory.mem_bytes, &nodes)
+        .map_or(1, |p| p.len().max(1))
+}
+
 /// Refuses a change to `config` that would give the microVM more devices
-/// than a guest has interrupt lines for ([`crate::config::MAX_DEVICES`]).
+/// than a guest has interrupt lines for ([`crate::config::MAX_DEVICES`]),
+/// counting virtio-mem as the devices `topology` gives it.
 pub fn check_count_with(
     config: &crate::config::VmConfig,
+    topology: &crate::memory::HostTopology,
     change: impl FnOnce(&mut crate::config::VmConfig),
 ) -> Result<(), String> {
     let mut next = config.clone();
     change(&mut next);
-    crate::config::check_device_count(next.device_count()).map_err(|e| e.to_string())
+    let count = next.device_count() - usize::from(next.memory_hotplug.is_some())
+        + hotplug_devices(&next, topology);
+    crate::config::check_device_count(count).map_err(|e| e.to_string())
 }
 
 impl DeviceResources {

@@ -344,6 +344,9 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     // Before any thread exists, so that every thread inherits the mask.
     let signals = ShutdownSignals::new()?;
     let topology = HostTopology::from_sysfs(&opts.sysfs_root)?;
+    // A config file's devices, virtio-mem counted per guest node on this
+    // host (its own validation counts it as one: it knows no host).
+    device_opens::check_count_with(&config, &topology, |_| {}).map_err(VmmError::Device)?;
     let serial_file = match &opts.serial_file {
         Some(path) => Some(
             opts.files

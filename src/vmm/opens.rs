@@ -286,7 +286,7 @@ impl Vmm {
             },
             (Pending::Drive(d), Opening::Files(Ok(files))) => match files.into_iter().next() {
                 Some(o) => match with_drive(&self.config.drives, d.clone()).and_then(|next| {
-                    check_count_with(&self.config, |c| c.drives.clone_from(&next))?;
+                    check_count_with(&self.config, &self.topology, |c| c.drives.clone_from(&next))?;
                     Ok(next)
                 }) {
                     Ok(next) => {
@@ -310,7 +310,9 @@ impl Vmm {
             }
             (Pending::Net(n), Opening::Tap(Ok(tap))) => {
                 match with_net(&self.config.network_interfaces, n.clone()).and_then(|next| {
-                    check_count_with(&self.config, |c| c.network_interfaces.clone_from(&next))?;
+                    check_count_with(&self.config, &self.topology, |c| {
+                        c.network_interfaces.clone_from(&next)
+                    })?;
                     Ok(next)
                 }) {
                     Ok(next) => {
@@ -324,7 +326,8 @@ impl Vmm {
                 }
             }
             (Pending::Vsock(v), Opening::Listener(Ok(l))) => {
-                match check_count_with(&self.config, |c| c.vsock = Some(v.clone())) {
+                match check_count_with(&self.config, &self.topology, |c| c.vsock = Some(v.clone()))
+                {
                     Ok(()) => {
                         self.config.vsock = Some(v);
                         self.resources.vsock = Some(Arc::new(l));
