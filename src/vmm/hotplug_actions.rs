@@ -27,7 +27,7 @@ impl Vmm {
                 crate::config::check_hotplug_pages(&self.config.machine_config, Some(&c))
                     .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
                 super::device_opens::check_count_with(&self.config, &self.topology, |n| {
-                    n.memory_hotplug = Some(c.clone())
+                    n.memory_hotplug = Some(c)
                 })
                 .map_err(VmmActionError::BadRequest)?;
                 self.config.memory_hotplug = Some(c);
