@@ -59,7 +59,9 @@ pub fn guest_binary() -> Result<PathBuf, String> {
         Ok(above)
     } else {
         Err(format!(
-            "no test guest at {} (cargo build --release builds it)",
+            "no test guest at {} (cargo build --release builds it as \
+             target/release/teravm-guest; cargo install does not install it: copy it beside \
+             the bench)",
             guest.display()
         ))
     }
