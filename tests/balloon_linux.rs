@@ -32,14 +32,11 @@ const AMOUNT_MIB: u64 = 4;
 /// (`balloon <what> pattern ...` or `balloon no-tell refused`) and the time
 /// from the start to it.
 fn run(name: &str, word: &str, what: &str, fault: Option<&str>) -> (String, Duration) {
-    let dir = temp_dir(name);
-    let sock = dir.join("api.sock");
     let env: Vec<(&str, &str)> = fault
         .map(|f| ("TERAVM_FAULT_INJECT", f))
         .into_iter()
         .collect();
-    let mut vmm = Vmm::spawn_env(&["--api-sock", sock.to_str().unwrap()], &env);
-    wait_for_api(&sock, T);
+    let (mut vmm, sock, _dir) = start_api_env(name, &[], &env);
     put_ok(
         &sock,
         "/machine-config",

@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::api::*;
@@ -69,6 +69,36 @@ fn results(lines: &[String]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Configures the test guest with `word`, RAM_MIB of RAM, a hotplug region
+/// of `total_mib` in slots of `slot_mib` and a metrics file, and starts it;
+/// returns the metrics file.
+fn boot(sock: &Path, dir: &Path, word: &str, total_mib: u64, slot_mib: u64) -> PathBuf {
+    put_ok(
+        sock,
+        "/machine-config",
+        &format!(r#"{{"vcpu_count": 1, "mem_size_mib": {RAM_MIB}}}"#),
+    );
+    put_ok(
+        sock,
+        "/boot-source",
+        &Guest::TestGuest.boot_source(&format!("{word} then=idle")),
+    );
+    put_ok(
+        sock,
+        "/hotplug/memory",
+        &format!(r#"{{"total_size_mib": {total_mib}, "slot_size_mib": {slot_mib}}}"#),
+    );
+    let metrics = dir.join("metrics");
+    put_ok(
+        sock,
+        "/metrics",
+        &format!(r#"{{"metrics_path": "{}"}}"#, metrics.display()),
+    );
+    let (s, b) = action(sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(s, 204, "{b}");
+    metrics
+}
+
 #[test]
 fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
     if !kvm_or_skip("vmem_hostile") {
@@ -76,29 +106,7 @@ fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
     }
     let _big = big_memory();
     let (mut vmm, sock, dir) = start_api("vmem-hostile", &[]);
-    put_ok(
-        &sock,
-        "/machine-config",
-        &format!(r#"{{"vcpu_count": 1, "mem_size_mib": {RAM_MIB}}}"#),
-    );
-    put_ok(
-        &sock,
-        "/boot-source",
-        &Guest::TestGuest.boot_source("vmem-hostile then=idle"),
-    );
-    put_ok(
-        &sock,
-        "/hotplug/memory",
-        &format!(r#"{{"total_size_mib": {TOTAL_MIB}, "slot_size_mib": {SLOT_MIB}}}"#),
-    );
-    let metrics = dir.join("metrics");
-    put_ok(
-        &sock,
-        "/metrics",
-        &format!(r#"{{"metrics_path": "{}"}}"#, metrics.display()),
-    );
-    let (s, b) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
-    assert_eq!(s, 204, "{b}");
+    let metrics = boot(&sock, &dir, "vmem-hostile", TOTAL_MIB, SLOT_MIB);
     // teravm takes the target as soon as it runs, the driver up or not.
     let (s, b) = patch(
         &sock,
@@ -200,37 +208,12 @@ fn touch_unplugged(fault: Option<&str>) {
     // UNPLUG empties it.
     const PLUG_MIB: u64 = SLOT_MIB;
     const REGION_MIB: u64 = 2 * SLOT_MIB;
-    let dir = temp_dir("vmem-touch");
-    let sock = dir.join("api.sock");
     let env: Vec<(&str, &str)> = fault
         .map(|f| ("TERAVM_FAULT_INJECT", f))
         .into_iter()
         .collect();
-    let mut vmm = Vmm::spawn_env(&["--api-sock", sock.to_str().unwrap()], &env);
-    wait_for_api(&sock, T);
-    put_ok(
-        &sock,
-        "/machine-config",
-        &format!(r#"{{"vcpu_count": 1, "mem_size_mib": {RAM_MIB}}}"#),
-    );
-    put_ok(
-        &sock,
-        "/boot-source",
-        &Guest::TestGuest.boot_source("vmem-touch-unplugged then=idle"),
-    );
-    put_ok(
-        &sock,
-        "/hotplug/memory",
-        &format!(r#"{{"total_size_mib": {REGION_MIB}, "slot_size_mib": {PLUG_MIB}}}"#),
-    );
-    let metrics = dir.join("metrics");
-    put_ok(
-        &sock,
-        "/metrics",
-        &format!(r#"{{"metrics_path": "{}"}}"#, metrics.display()),
-    );
-    let (s, b) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
-    assert_eq!(s, 204, "{b}");
+    let (mut vmm, sock, dir) = start_api_env("vmem-touch", &[], &env);
+    let metrics = boot(&sock, &dir, "vmem-touch-unplugged", REGION_MIB, PLUG_MIB);
     let requested = format!(r#"{{"requested_size_mib": {PLUG_MIB}}}"#);
     let (s, b) = patch(&sock, "/hotplug/memory", &requested);
     assert_eq!(s, 204, "{b}");

@@ -14,11 +14,16 @@ pub const MIB: u64 = 1 << 20;
 /// Starts teravm with an API socket in a fresh temp dir; returns once the
 /// API answers.
 pub fn start_api(name: &str, extra: &[&str]) -> (Vmm, PathBuf, PathBuf) {
+    start_api_env(name, extra, &[])
+}
+
+/// [`start_api`] with `env` set for teravm (a fault to inject).
+pub fn start_api_env(name: &str, extra: &[&str], env: &[(&str, &str)]) -> (Vmm, PathBuf, PathBuf) {
     let dir = temp_dir(name);
     let sock = dir.join("api.sock");
     let mut args = vec!["--api-sock", sock.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let vmm = Vmm::spawn(&args);
+    let vmm = Vmm::spawn_env(&args, env);
     wait_for_api(&sock, T);
     (vmm, sock, dir)
 }
