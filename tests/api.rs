@@ -502,7 +502,7 @@ fn wrong_state_actions_name_the_state() {
 /// changed; a block of the page's size is taken.
 #[test]
 fn a_hotplug_block_below_the_huge_page_is_a_400_naming_both() {
-    let (mut vmm, sock, _dir) = start_api("hotplug-huge-block", &[]);
+    let (vmm, sock, _dir) = start_api("hotplug-huge-block", &[]);
     let gib_pages = r#"{"vcpu_count": 1, "mem_size_mib": 2048, "huge_pages": "1G"}"#;
     let small_block = r#"{"total_size_mib": 4096, "block_size_mib": 2, "slot_size_mib": 1024}"#;
     let names_both = |body: &str| {
