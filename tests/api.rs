@@ -506,7 +506,10 @@ fn a_hotplug_block_below_the_huge_page_is_a_400_naming_both() {
     let gib_pages = r#"{"vcpu_count": 1, "mem_size_mib": 2048, "huge_pages": "1G"}"#;
     let small_block = r#"{"total_size_mib": 4096, "block_size_mib": 2, "slot_size_mib": 1024}"#;
     let names_both = |body: &str| {
-        let f = json(body)["fault_message"].as_str().unwrap_or("").to_string();
+        let f = json(body)["fault_message"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         assert!(
             f.contains("block_size_mib 2") && f.contains("1024 MiB") && f.contains("huge_pages"),
             "{body}"
@@ -520,7 +523,11 @@ fn a_hotplug_block_below_the_huge_page_is_a_400_naming_both() {
     assert_eq!(s, 200, "{b}");
     assert!(json(&b)["memory-hotplug"].is_null(), "nothing changed: {b}");
     // The other order: the machine config is refused.
-    put_ok(&sock, "/machine-config", r#"{"vcpu_count": 1, "mem_size_mib": 2048}"#);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 2048}"#,
+    );
     put_ok(&sock, "/hotplug/memory", small_block);
     let (s, b) = put(&sock, "/machine-config", gib_pages);
     assert_eq!(s, 400, "{b}");

@@ -76,7 +76,12 @@ fn result(mut wait: impl FnMut(&str) -> String, bytes: u64) -> (Vec<u8>, u64) {
         assert_eq!(words[4], got.len().to_string(), "a gap before {line}");
         got.extend(from_hex(words[5]).unwrap_or_else(|| panic!("not hex: {line}")));
     }
-    assert_eq!(got.len() as u64, bytes, "the guest printed {} bytes", got.len());
+    assert_eq!(
+        got.len() as u64,
+        bytes,
+        "the guest printed {} bytes",
+        got.len()
+    );
     assert_eq!(to_hex(&got[..16]), first, "the first 16 bytes");
     looks_random(&got);
     (got, ms)
@@ -119,7 +124,10 @@ fn looks_random(bytes: &[u8]) {
         .iter()
         .map(|&c| (c as f64 - expected).powi(2) / expected)
         .sum();
-    eprintln!("{} bytes: chi-square {chi2:.0} (255 degrees of freedom)", bytes.len());
+    eprintln!(
+        "{} bytes: chi-square {chi2:.0} (255 degrees of freedom)",
+        bytes.len()
+    );
     assert!(
         chi2 < 400.0,
         "{} bytes are not spread as random bytes are: chi-square {chi2:.0}, counts {count:?}",

@@ -403,7 +403,9 @@ pub fn output_within(mut cmd: Command, timeout: Duration) -> (i32, String, Strin
             let _ = child.wait();
             let out: Vec<String> = out.try_iter().collect();
             let err: Vec<String> = err.try_iter().collect();
-            panic!("{what} did not exit within {timeout:?} (killed); stdout: {out:?}; stderr: {err:?}");
+            panic!(
+                "{what} did not exit within {timeout:?} (killed); stdout: {out:?}; stderr: {err:?}"
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
