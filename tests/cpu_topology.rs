@@ -203,13 +203,11 @@ fn static_templates_refused_where_firecracker_refuses_them() {
         fcfg["boot-source"]["boot_args"] = "then=reset".into();
         let fpath = fdir.join("fc.json");
         std::fs::write(&fpath, fcfg.to_string()).unwrap();
-        let fc_run = std::process::Command::new(&fc)
-            .args(["--no-api", "--config-file", fpath.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let fc_code = fc_run.status.code().unwrap_or(-1);
-        let fc_err = String::from_utf8_lossy(&fc_run.stderr).into_owned()
-            + &String::from_utf8_lossy(&fc_run.stdout);
+        let mut fc_cmd = std::process::Command::new(&fc);
+        fc_cmd.args(["--no-api", "--config-file", fpath.to_str().unwrap()]);
+        // Within T: a Firecracker that boots and never exits fails the test.
+        let (fc_code, fc_out, fc_err) = output_within(fc_cmd, T);
+        let fc_err = fc_err + "\n" + &fc_out;
         let fc_booted = fc_err.contains("teravm guest: reset");
         let booted = out.iter().any(|l| l.contains("teravm guest: reset"));
         eprintln!("{template}: teravm {code} {err:?}; Firecracker {fc_code} {fc_err:?}");

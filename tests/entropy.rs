@@ -1,7 +1,10 @@
 //! The entropy device (virtio-rng) on the real binary and /dev/kvm with the
-//! default flags, driven by the test guest's `rng=<bytes>`; the same guest
-//! on the real Firecracker. The guest gets its bytes, two runs differ, and a
-//! rate limiter holds the guest's reads to its rate within 20%.
+//! default flags, driven by the test guest's `rng=<bytes> rng-dump`; the
+//! same guest on the real Firecracker. The guest gets its bytes (every one
+//! of them, as the guest prints them, is looked at: no 4 KiB block is all
+//! zero, no two blocks are alike, the byte values are spread as random
+//! bytes' are), two runs differ, and a rate limiter holds the guest's reads
+//! to its rate within 20%.
 
 mod common;
 
@@ -13,9 +16,9 @@ use common::peers::{Kind, Launch};
 use common::*;
 
 /// teravm with the entropy device (`entropy` body) and the test guest
-/// reading `bytes`: (the bytes' first 16 in hex, the ms the guest took,
-/// the `entropy` metrics group).
-fn teravm_reads(name: &str, entropy: &str, bytes: u64) -> (String, u64, serde_json::Value) {
+/// reading `bytes`: (the bytes, the ms the guest took, the `entropy`
+/// metrics group).
+fn teravm_reads(name: &str, entropy: &str, bytes: u64) -> (Vec<u8>, u64, serde_json::Value) {
     let dir = temp_dir(name);
     let sock = dir.join("api.sock");
     let mut vmm = Vmm::spawn(&["--api-sock", sock.to_str().unwrap()]);
@@ -35,11 +38,11 @@ fn teravm_reads(name: &str, entropy: &str, bytes: u64) -> (String, u64, serde_js
     put_ok(
         &sock,
         "/boot-source",
-        &Guest::TestGuest.boot_source(&format!("rng={bytes} then=idle")),
+        &Guest::TestGuest.boot_source(&format!("rng={bytes} rng-dump then=idle")),
     );
     let (s, b) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
     assert_eq!(s, 204, "{b}");
-    let (hex, ms) = result(|n| vmm.wait_line(n, T), bytes);
+    let (got, ms) = result(|n| vmm.wait_line(n, T), bytes);
     // After the start the device cannot be changed.
     let (s, b) = put(&sock, "/entropy", "{}");
     assert_fault(s, &b, 400, "not allowed");
@@ -51,18 +54,85 @@ fn teravm_reads(name: &str, entropy: &str, bytes: u64) -> (String, u64, serde_js
     assert_eq!(s, 200, "{b}");
     let (code, _, stderr) = vmm.wait(T);
     assert_eq!(code, 0, "{stderr}");
-    (hex, ms, m)
+    (got, ms, m)
 }
 
-/// The guest's `rng` lines: (first 16 bytes in hex, ms taken).
-fn result(mut wait: impl FnMut(&str) -> String, bytes: u64) -> (String, u64) {
+/// The guest's `rng` lines: (the bytes it read, as its `rng data` lines
+/// print them, checked; ms taken).
+fn result(mut wait: impl FnMut(&str) -> String, bytes: u64) -> (Vec<u8>, u64) {
     let line = wait(&format!("teravm guest: rng {bytes} bytes "));
-    let hex = line.rsplit(' ').next().unwrap().to_string();
-    assert_eq!(hex.len(), 32, "{line}");
-    assert_ne!(hex, "0".repeat(32), "{line}");
+    let first = line.rsplit(' ').next().unwrap().to_string();
+    assert_eq!(first.len(), 32, "{line}");
     let took = wait("teravm guest: rng took ");
     let ms = took.split(' ').nth(4).unwrap().parse().unwrap();
-    (hex, ms)
+    let mut got = Vec::new();
+    loop {
+        let line = wait("teravm guest: rng data ");
+        let words: Vec<&str> = line.split(' ').collect();
+        if words[4] == "end" {
+            assert_eq!(words[5], got.len().to_string(), "{line}");
+            break;
+        }
+        assert_eq!(words[4], got.len().to_string(), "a gap before {line}");
+        got.extend(from_hex(words[5]).unwrap_or_else(|| panic!("not hex: {line}")));
+    }
+    assert_eq!(
+        got.len() as u64,
+        bytes,
+        "the guest printed {} bytes",
+        got.len()
+    );
+    assert_eq!(to_hex(&got[..16]), first, "the first 16 bytes");
+    looks_random(&got);
+    (got, ms)
+}
+
+fn from_hex(s: &str) -> Option<Vec<u8>> {
+    if s.is_empty() || s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
+        .collect()
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Every byte: no 4 KiB block all zero, no two blocks alike, and the
+/// values spread as random bytes' are (Pearson's chi-square over the 256
+/// values, 255 degrees of freedom: mean 255, deviation 22.6; 400 is more
+/// than 6 deviations off, which random bytes do not reach).
+fn looks_random(bytes: &[u8]) {
+    let mut seen = std::collections::HashMap::new();
+    for (i, block) in bytes.chunks(4096).enumerate() {
+        assert!(
+            block.iter().any(|&b| b != 0),
+            "block {i} (of 4 KiB) is all zero"
+        );
+        if let Some(j) = seen.insert(block, i) {
+            panic!("blocks {j} and {i} (of 4 KiB) are the same bytes");
+        }
+    }
+    let mut count = [0u64; 256];
+    for &b in bytes {
+        count[usize::from(b)] += 1;
+    }
+    let expected = bytes.len() as f64 / 256.0;
+    let chi2: f64 = count
+        .iter()
+        .map(|&c| (c as f64 - expected).powi(2) / expected)
+        .sum();
+    eprintln!(
+        "{} bytes: chi-square {chi2:.0} (255 degrees of freedom)",
+        bytes.len()
+    );
+    assert!(
+        chi2 < 400.0,
+        "{} bytes are not spread as random bytes are: chi-square {chi2:.0}, counts {count:?}",
+        bytes.len()
+    );
 }
 
 fn kvm_and_guest(test: &str) -> bool {
@@ -131,14 +201,14 @@ fn firecracker_reads(
     dir: &Path,
     limiter: serde_json::Value,
     bytes: u64,
-) -> (String, u64) {
+) -> (Vec<u8>, u64) {
     let bin = firecracker(test).unwrap();
     std::fs::create_dir_all(dir).unwrap();
     let mut peer = Launch::new(
         Kind::Firecracker,
         &bin,
         dir,
-        &format!("rng={bytes} then=idle"),
+        &format!("rng={bytes} rng-dump then=idle"),
     )
     .entropy(limiter)
     .start();

@@ -69,13 +69,21 @@ impl Teravm {
         }
     }
 
-    /// Every tick already written, the last one's n.
-    fn last_tick(&self) -> Option<u64> {
+    /// Every tick already written, the last one's n: lines are taken until
+    /// none comes for 200 ms. A guest that was not paused never goes quiet,
+    /// so lines still coming `within` after the call are a failure.
+    fn last_tick(&self, within: Duration) -> Option<u64> {
+        let deadline = Instant::now() + within;
         let mut last = None;
         while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
             if let Some(n) = l.strip_prefix("teravm guest: tick ") {
                 last = Some(n.parse().unwrap());
             }
+            assert!(
+                Instant::now() < deadline,
+                "the console still writes {within:?} after the pause's 204 \
+                 (last tick {last:?}, last line {l:?}): the vCPUs did not stop"
+            );
         }
         last
     }
@@ -134,7 +142,7 @@ fn pause(vm: &Teravm, sock: &Path, seen: u64) -> u64 {
     assert_eq!(s, 204, "{b}");
     assert_eq!(state(sock), "Paused");
     // What was written before the vCPUs left the guest still drains.
-    let last = vm.last_tick().unwrap_or(seen);
+    let last = vm.last_tick(Duration::from_secs(5)).unwrap_or(seen);
     // Then nothing: a guest that ran would print 50 ticks in this window.
     assert_eq!(
         vm.tick(Duration::from_millis(500)),

@@ -165,11 +165,14 @@ fn bad_targets_are_refused_and_change_nothing() {
     }
     let _big = big_memory();
     let (mut vmm, sock) = started("mem-bad", 1024, "mem then=idle");
-    for body in [
-        r#"{"requested_size_mib": 2048}"#, // above total_size_mib
-        r#"{"requested_size_mib": 1026}"#, // above by one block
-        r#"{"requested_size_mib": 3}"#,    // not a multiple of the block size
-        r#"{"requested_size_mib": 129}"#,
+    // Each refusal names the value and what is wrong with it.
+    let above = "above total_size_mib (1024)";
+    let not_blocks = "not a multiple of block_size_mib (2)";
+    for (body, says) in [
+        (r#"{"requested_size_mib": 2048}"#, above),
+        (r#"{"requested_size_mib": 1026}"#, above), // above by one block
+        (r#"{"requested_size_mib": 3}"#, not_blocks),
+        (r#"{"requested_size_mib": 129}"#, not_blocks),
     ] {
         let (status, reply) = patch(&sock, body);
         assert_eq!(status, 400, "PATCH {body}: {reply}");
@@ -177,7 +180,9 @@ fn bad_targets_are_refused_and_change_nothing() {
             .as_str()
             .unwrap_or_else(|| panic!("no fault_message in {reply}"))
             .to_string();
-        assert!(!msg.is_empty(), "PATCH {body}: an empty fault_message");
+        let value = &body[body.find(':').unwrap() + 2..body.len() - 1];
+        let want = format!("requested_size_mib {value} is invalid: {says}");
+        assert!(msg.contains(&want), "PATCH {body}: {msg:?}, not {want:?}");
         // Alive, running, nothing requested.
         assert_eq!(state(&sock), "Running");
         let v = get(&sock, "/hotplug/memory");

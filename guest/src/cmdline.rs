@@ -69,6 +69,8 @@ pub struct Options {
     pub net_send: Option<(u32, u32)>,
     /// `rng=<bytes>`: read that many bytes from the first virtio-rng.
     pub rng: Option<u64>,
+    /// `rng-dump`: with `rng=`, print every byte read (rng.rs).
+    pub rng_dump: bool,
     /// `vmem-hostile` (vmem.rs).
     pub vmem_hostile: bool,
     /// `vmem-touch-unplugged` (vmem.rs).
@@ -147,6 +149,7 @@ impl Options {
             tick_ms: None,
             net_send: None,
             rng: None,
+            rng_dump: false,
             vmem_hostile: false,
             vmem_touch_unplugged: false,
             bcheck_linux_reset: false,
@@ -205,6 +208,7 @@ impl Options {
                     Some(n) => o.rng = Some(n),
                     None => o.bad = Some("rng="),
                 },
+                "rng-dump" if value.is_empty() => o.rng_dump = true,
                 "vsock" => {
                     let port = |p: &str| p.parse::<u32>().ok();
                     o.vsock = match value.split_once(':') {

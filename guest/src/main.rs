@@ -22,7 +22,8 @@
 //!   cpuid=<leaf>[.<sub>],...   print those CPUID leaves (see `cpuid.rs`)
 //!   tick=<ms>            print `tick <n>` every <ms> ms, forever
 //!   net-send=<N>x<bytes> after the hello, N frames of that size
-//!   rng=<bytes>          read that many bytes from the first virtio-rng
+//!   rng=<bytes>          read that many bytes from the first virtio-rng;
+//!                        rng-dump: then print them all (rng.rs)
 //!   vmem-hostile         hostile requests to the first virtio-mem (vmem.rs)
 //!   bcheck-linux-reset   balloon: reset as Linux does, reuse at once
 //!   balloon-no-tell      balloon without MUST_TELL_HOST: deflate, reuse

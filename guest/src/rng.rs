@@ -3,9 +3,13 @@
 //! one on the crate's transport and `VirtQueue`): one queue, one writable
 //! buffer of up to [`CHUNK`] bytes at a time, each waited for with a
 //! deadline. Says `rng <n> bytes <first 16 bytes in hex>` and then
-//! `rng took <ms> ms`, or `rng error ...`.
+//! `rng took <ms> ms`, or `rng error ...`. With `rng-dump` it keeps every
+//! byte (the first [`DUMP_MAX`]) and, after those two lines, prints them:
+//! `rng data <offset> <hex>`, [`DUMP_LINE`] bytes a line, then
+//! `rng data end <n>` (the printing is not in the time taken).
 
 use alloc::boxed::Box;
+use alloc::vec::Vec;
 
 use virtio_drivers::queue::VirtQueue;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, Transport};
@@ -21,6 +25,11 @@ const F_VERSION_1: u64 = 1 << 32;
 const CHUNK: usize = 4096;
 /// How long one request may take (a rate limiter holds them).
 const TIMEOUT_MS: u64 = 60_000;
+
+/// Bytes `rng-dump` keeps and prints at most.
+const DUMP_MAX: usize = 4 << 20;
+/// Bytes of one `rng data` line.
+const DUMP_LINE: usize = 128;
 
 type Queue = VirtQueue<GuestHal, 8>;
 
@@ -69,6 +78,11 @@ pub fn run(options: &Options, want: u64) {
     say!("rng device at {:#x}", found.base);
     let mut buf: Box<[u8; CHUNK]> = Box::new([0; CHUNK]);
     let mut first = [0u8; 16];
+    let mut kept: Vec<u8> = if options.rng_dump {
+        Vec::with_capacity((want as usize).min(DUMP_MAX))
+    } else {
+        Vec::new()
+    };
     let (mut got, mut nfirst) = (0u64, 0usize);
     let t0 = io::now_ms();
     while got < want {
@@ -108,16 +122,31 @@ pub fn run(options: &Options, want: u64) {
         let k = n.min(16 - nfirst);
         first[nfirst..nfirst + k].copy_from_slice(&buf[..k]);
         nfirst += k;
+        if options.rng_dump {
+            let keep = n.min(DUMP_MAX - kept.len());
+            kept.extend_from_slice(&buf[..keep]);
+        }
         got += n as u64;
     }
     let ms = io::now_ms() - t0;
     let mut hex = [0u8; 32];
-    for (i, b) in first[..nfirst].iter().enumerate() {
-        const D: &[u8; 16] = b"0123456789abcdef";
-        hex[2 * i] = D[usize::from(b >> 4)];
-        hex[2 * i + 1] = D[usize::from(b & 15)];
-    }
-    let hex = core::str::from_utf8(&hex[..2 * nfirst]).unwrap_or("");
-    say!("rng {} bytes {}", got, hex);
+    say!("rng {} bytes {}", got, to_hex(&first[..nfirst], &mut hex));
     say!("rng took {} ms", ms);
+    if options.rng_dump {
+        let mut hex = [0u8; 2 * DUMP_LINE];
+        for (i, line) in kept.chunks(DUMP_LINE).enumerate() {
+            say!("rng data {} {}", i * DUMP_LINE, to_hex(line, &mut hex));
+        }
+        say!("rng data end {}", kept.len());
+    }
+}
+
+/// `bytes` in lower-case hex, written into `out` (twice their length).
+fn to_hex<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
+    const D: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in bytes.iter().enumerate() {
+        out[2 * i] = D[usize::from(b >> 4)];
+        out[2 * i + 1] = D[usize::from(b & 15)];
+    }
+    core::str::from_utf8(&out[..2 * bytes.len()]).unwrap_or("")
 }

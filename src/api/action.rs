@@ -140,6 +140,21 @@ pub enum VmStateWanted {
 }
 
 impl VmmAction {
+    /// Where Firecracker refuses this action before `InstanceStart` (its
+    /// `OperationNotSupportedPreBoot`, whatever the body), the words the
+    /// refusal names it by: the VMM answers it so while not started.
+    /// `None` for the others, some of which the VMM refuses before the
+    /// start for reasons of their own.
+    pub fn only_once_started(&self) -> Option<&'static str> {
+        match self {
+            VmmAction::FlushMetrics => Some("FlushMetrics"),
+            VmmAction::PatchBalloon(_) => Some("PATCH /balloon"),
+            VmmAction::PatchBalloonStatistics(_) => Some("PATCH /balloon/statistics"),
+            VmmAction::PatchDrive(_) => Some("PATCH /drives"),
+            _ => None,
+        }
+    }
+
     /// The method and resource of the request that makes this action, for
     /// the per-resource API metrics.
     pub fn method_and_path(&self) -> (&'static str, &'static str) {

@@ -234,6 +234,29 @@ fn patch_drive() {
 }
 
 #[test]
+fn patch_drive_is_only_for_a_started_microvm() {
+    // Firecracker refuses every PATCH /drives before InstanceStart
+    // (OperationNotSupportedPreBoot), a body of only a rate limiter for a
+    // drive that is there too: the action says so, for the VMM to answer.
+    for body in [
+        r#"{"drive_id": "data", "rate_limiter": {"bandwidth": {"size": 1048576, "refill_time": 100}}}"#,
+        r#"{"drive_id": "data", "path_on_host": "/new.img"}"#,
+        r#"{"drive_id": "data"}"#,
+    ] {
+        let a = ok("PATCH", "/drives/data", body);
+        assert!(matches!(a, VmmAction::PatchDrive(_)), "{body}: {a:?}");
+        assert_eq!(a.only_once_started(), Some("PATCH /drives"), "{body}");
+    }
+    // PUT /drives is a before-the-start resource.
+    let put = ok(
+        "PUT",
+        "/drives/data",
+        r#"{"drive_id": "data", "path_on_host": "/d.img", "is_root_device": false, "is_read_only": false}"#,
+    );
+    assert_eq!(put.only_once_started(), None);
+}
+
+#[test]
 fn put_network_interface() {
     assert_eq!(
         ok(

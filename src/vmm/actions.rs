@@ -48,8 +48,8 @@ pub(super) fn refused(what: &str, state: VmState) -> ActionResult {
 }
 
 /// What Firecracker answers for the operations it allows only once the
-/// microVM runs (`FlushMetrics`, `PATCH /balloon`, `PATCH
-/// /balloon/statistics`): its `OperationNotSupportedPreBoot`.
+/// microVM runs ([`VmmAction::only_once_started`]'s, `PATCH
+/// /hotplug/memory`): its `OperationNotSupportedPreBoot`.
 pub(super) fn not_before_start(what: &str) -> ActionResult {
     Err(VmmActionError::BadRequest(format!(
         "{what}: the requested operation is not supported before starting the microVM"
@@ -83,12 +83,10 @@ impl Vmm {
                 let request = drive_request(&d);
                 return self.open_then(vec![request], Pending::Drive(d), reply);
             }
+            // Before the start: refused in `do_action`, as Firecracker does.
             VmmAction::PatchDrive(u)
                 if u.path_on_host.is_some()
-                    && matches!(
-                        state,
-                        VmState::NotStarted | VmState::Running | VmState::Paused
-                    ) =>
+                    && matches!(state, VmState::Running | VmState::Paused) =>
             {
                 let Some(d) = self.config.drives.iter().find(|d| d.drive_id == u.drive_id) else {
                     let _ = reply.send(Err(bad(format!(
@@ -202,6 +200,9 @@ impl Vmm {
     fn do_action(&mut self, action: VmmAction) -> ActionResult {
         let state = self.state();
         let not_started = state == VmState::NotStarted;
+        if let Some(what) = action.only_once_started().filter(|_| not_started) {
+            return not_before_start(what);
+        }
         match action {
             VmmAction::GetInstanceInfo => Ok(VmmData::Json(json!({
                 "id": self.opts.id,
@@ -325,7 +326,6 @@ impl Vmm {
             VmmAction::PutMetrics(_) => Err(VmmActionError::BadRequest(
                 "the metrics are already being written (PUT /metrics works once)".into(),
             )),
-            VmmAction::FlushMetrics if not_started => not_before_start("FlushMetrics"),
             // As in Firecracker, a flush without a metrics path does nothing.
             VmmAction::FlushMetrics => self
                 .flush_metrics()
@@ -339,7 +339,6 @@ impl Vmm {
                 Ok(VmmData::Empty)
             }
             VmmAction::PutBalloon(_) => refused("configuring the balloon (PUT /balloon)", state),
-            VmmAction::PatchBalloon(_) if not_started => not_before_start("PATCH /balloon"),
             VmmAction::PatchBalloon(u) => self.patch_balloon(u.amount_mib),
             VmmAction::GetBalloon => match (&self.phase, &self.config.balloon) {
                 (Phase::Running(m), _) if m.balloon().is_some() => {
@@ -350,9 +349,6 @@ impl Vmm {
                 (_, None) => Err(no_balloon()),
             },
             VmmAction::GetBalloonStatistics => self.balloon_statistics(),
-            VmmAction::PatchBalloonStatistics(_) if not_started => {
-                not_before_start("PATCH /balloon/statistics")
-            }
             VmmAction::PatchBalloonStatistics(u) => {
                 let Some(config) = self.config.balloon.as_mut() else {
                     return Err(no_balloon());

@@ -380,6 +380,47 @@ fn read_lines(from: impl Read + Send + 'static) -> Receiver<String> {
     lines
 }
 
+/// Runs `cmd` (any program: a peer such as Firecracker) to its end within
+/// `timeout`: (exit code, stdout, stderr). One that runs on is killed and
+/// the test panics with what it wrote, instead of hanging on `output()`.
+pub fn output_within(mut cmd: Command, timeout: Duration) -> (i32, String, String) {
+    let what = format!("{:?}", cmd.get_program());
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    let out = read_lines(child.stdout.take().unwrap());
+    let err = read_lines(child.stderr.take().unwrap());
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let out: Vec<String> = out.try_iter().collect();
+            let err: Vec<String> = err.try_iter().collect();
+            panic!(
+                "{what} did not exit within {timeout:?} (killed); stdout: {out:?}; stderr: {err:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Both readers end at EOF, once the child (and anything it left
+    // holding the pipes) is gone; a deadline all the same.
+    let collect = |rx: Receiver<String>| {
+        let mut v = Vec::new();
+        while let Ok(line) = rx.recv_timeout(Duration::from_secs(5)) {
+            v.push(line);
+        }
+        v.join("\n")
+    };
+    (status.code().unwrap_or(-1), collect(out), collect(err))
+}
+
 /// Parses the summary line on teravm's stderr: (MiB reclaimed, workers,
 /// nodes). Only a line that starts with it counts: the guest's console is
 /// stdout, and nothing it prints can pass for teravm's summary.

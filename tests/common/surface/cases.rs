@@ -160,6 +160,31 @@ fn device_cases(w: &mut Walk) {
         let oor: Vec<(&str, &str)> = oor.iter().map(|(c, b)| (*c, b.as_str())).collect();
         body_cases(w, method, path, valid, &oor);
     }
+    // A drive both take (a regular file, not /dev/null), then a PATCH of
+    // that drive with only a rate limiter: before the start Firecracker
+    // refuses every PATCH /drives (OperationNotSupportedPreBoot); after it
+    // the limiter of the attached drive changes.
+    let data = w.dir.join("data.img");
+    if !data.exists() {
+        std::fs::write(&data, vec![0u8; 1 << 20]).unwrap();
+    }
+    w.case(req(
+        "PUT /drives/data",
+        "valid (a regular file)",
+        "PUT",
+        "/drives/data",
+        Some(&format!(
+            r#"{{"drive_id": "data", "path_on_host": "{}", "is_root_device": false, "is_read_only": false}}"#,
+            data.display()
+        )),
+    ));
+    w.case(req(
+        "PATCH /drives/data",
+        "only rate_limiter (a drive that is there)",
+        "PATCH",
+        "/drives/data",
+        Some(r#"{"drive_id": "data", "rate_limiter": {"bandwidth": {"size": 1048576, "refill_time": 100}}}"#),
+    ));
     // The MMDS's contents are any JSON (an unknown field, another type, an
     // array are metadata too, as in Firecracker): only non-JSON is refused.
     for (method, valid) in [
