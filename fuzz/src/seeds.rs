@@ -95,7 +95,9 @@ fn net_queues_seeds_send_and_receive() {
         ("hostile_rx", (0, 1)),
         ("flood_no_buffers", (0, 1)),
         ("reset_mid_rx", (0, 1)),
-        ("indirect_rx", (0, 1)),
+        // An rx chain through an indirect table is refused (no device
+        // offers INDIRECT_DESC): answered with nothing, no frame in it.
+        ("indirect_rx", (0, 0)),
         ("offload_not_acked", (0, 1)),
         ("tx_write_fails", (1, 0)),
     ] {
