@@ -81,27 +81,42 @@ pub fn with_net(nets: &[NetConfig], n: NetConfig) -> Result<Vec<NetConfig>, Stri
     Ok(next)
 }
 
-/// The virtio-mem devices `config` gets on `topology`: one per guest node
-/// part of its hotplug region (as the start will plan them), 0 without a
-/// region, 1 where the plan cannot be made yet (the start then says why).
-pub fn hotplug_devices(
+/// The parts of `config`'s hotplug region on `topology`, one per guest
+/// node (one virtio-mem device each), as the start places them; `None`
+/// without a region.
+pub fn hotplug_parts(
     config: &crate::config::VmConfig,
     topology: &crate::memory::HostTopology,
-) -> usize {
-    let Some(h) = &config.memory_hotplug else {
-        return 0;
-    };
+) -> Option<Result<Vec<crate::memory::NodeSlice>, String>> {
+    let h = config.memory_hotplug.as_ref()?;
     let opts = crate::memory::HotplugOptions {
         total_bytes: u64::from(h.total_size_mib) << 20,
         slot_bytes: u64::from(h.slot_size_mib) << 20,
     };
     let memory = crate::memory::MemoryOptions::from(config);
-    let Ok(slices) = crate::memory::GuestMemory::plan(&memory, topology) else {
-        return 1;
-    };
-    let nodes: Vec<u32> = slices.iter().map(|s| s.node).collect();
-    crate::memory::hotplug::hotplug_parts(&opts, memory.mem_bytes, &nodes)
-        .map_or(1, |p| p.len().max(1))
+    Some(
+        crate::memory::GuestMemory::plan(&memory, topology)
+            .map_err(|e| e.to_string())
+            .and_then(|slices| {
+                let nodes: Vec<u32> = slices.iter().map(|s| s.node).collect();
+                crate::memory::hotplug::hotplug_parts(&opts, memory.mem_bytes, &nodes)
+                    .map_err(|e| format!("memory hotplug: {e}"))
+            }),
+    )
+}
+
+/// The virtio-mem devices `config` gets on `topology`: one per part
+/// ([`hotplug_parts`]), 0 without a region, 1 where the parts cannot be
+/// planned yet (the start then says why).
+pub fn hotplug_devices(
+    config: &crate::config::VmConfig,
+    topology: &crate::memory::HostTopology,
+) -> usize {
+    match hotplug_parts(config, topology) {
+        None => 0,
+        Some(Ok(parts)) => parts.len().max(1),
+        Some(Err(_)) => 1,
+    }
 }
 
 /// Refuses a change to `config` that would give the microVM more devices

@@ -290,24 +290,16 @@ impl Vmm {
     /// Memory hotplug as the configuration asks for it, with the number of
     /// node parts (devices) the plan gives it.
     fn hotplug_spec(&self) -> Result<Option<super::devices::HotplugSpec>, String> {
-        let Some(h) = &self.config.memory_hotplug else {
+        let parts = super::device_opens::hotplug_parts(&self.config, &self.topology);
+        let (Some(h), Some(parts)) = (&self.config.memory_hotplug, parts) else {
             return Ok(None);
         };
+        let parts = parts?;
         let mib = |m: u32| u64::from(m) << 20;
-        let opts = crate::memory::HotplugOptions {
-            total_bytes: mib(h.total_size_mib),
-            slot_bytes: mib(h.slot_size_mib),
-        };
-        let memory = crate::memory::MemoryOptions::from(&self.config);
-        let slices =
-            crate::memory::GuestMemory::plan(&memory, &self.topology).map_err(|e| e.to_string())?;
-        let nodes: Vec<u32> = slices.iter().map(|s| s.node).collect();
-        let parts = crate::memory::hotplug::hotplug_parts(&opts, memory.mem_bytes, &nodes)
-            .map_err(|e| format!("memory hotplug: {e}"))?;
         Ok(Some(super::devices::HotplugSpec {
-            total_bytes: opts.total_bytes,
+            total_bytes: mib(h.total_size_mib),
             block_bytes: mib(h.block_size_mib),
-            slot_bytes: opts.slot_bytes,
+            slot_bytes: mib(h.slot_size_mib),
             parts: parts.len(),
             dirty_log: self.config.machine_config.track_dirty_pages,
         }))
