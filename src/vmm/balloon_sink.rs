@@ -108,34 +108,21 @@ impl BalloonDiscard {
     }
 
     /// Frees the guest ranges of one batch behind (virtio-mem UNPLUG),
-    /// `done` called with the outcome; a pool shut down frees nothing and
-    /// calls `done` with the ranges failed.
-    pub fn discard_ranges(&self, ranges: &[(u64, u64)], done: crate::memory::DiscardDone) {
-        match self.lock().as_ref() {
-            Some(pool) => pool.discard(ranges, done),
-            None => done(crate::memory::DiscardOutcome {
-                ranges: ranges.len() as u64,
-                failed: ranges.len() as u64,
-                ..Default::default()
-            }),
-        }
-    }
-
-    /// As [`BalloonDiscard::discard_ranges`], `before` run first, on a
-    /// worker, and the fence held over `fence` too
-    /// ([`crate::memory::DiscardPool::discard_after`]): virtio-mem's
-    /// UNPLUG, whose emptied slots leave KVM in `before`. A pool shut down
-    /// runs neither (the VM is stopping).
-    pub fn discard_ranges_after(
+    /// `done` called with the outcome; with `after`, its prelude runs first
+    /// (on a worker) and the fence is held over its ranges too
+    /// ([`crate::memory::DiscardPool::discard_after`]: an UNPLUG's emptied
+    /// slots leave KVM there). A pool shut down frees nothing, runs no
+    /// prelude (the VM is stopping) and calls `done` with the ranges failed.
+    pub fn discard_ranges(
         &self,
         ranges: &[(u64, u64)],
-        fence: &[(u64, u64)],
-        before: crate::memory::DiscardPrelude,
+        after: Option<(&[(u64, u64)], crate::memory::DiscardPrelude)>,
         done: crate::memory::DiscardDone,
     ) {
-        match self.lock().as_ref() {
-            Some(pool) => pool.discard_after(ranges, fence, before, done),
-            None => done(crate::memory::DiscardOutcome {
+        match (self.lock().as_ref(), after) {
+            (Some(pool), None) => pool.discard(ranges, done),
+            (Some(pool), Some((fence, before))) => pool.discard_after(ranges, fence, before, done),
+            (None, _) => done(crate::memory::DiscardOutcome {
                 ranges: ranges.len() as u64,
                 failed: ranges.len() as u64,
                 ..Default::default()

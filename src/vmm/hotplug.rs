@@ -316,20 +316,14 @@ impl HotplugSink for HotplugSlots {
                 }
             }
         });
-        if unmap_slots.is_empty() {
-            self.discard.discard_ranges(ranges, done);
-            return;
-        }
-        let state = self.state.clone();
-        let emptied = unmap_slots.to_vec();
-        self.discard.discard_ranges_after(
-            ranges,
-            unmap_slots,
-            Box::new(move || {
+        let after = (!unmap_slots.is_empty()).then(|| {
+            let (state, emptied) = (self.state.clone(), unmap_slots.to_vec());
+            let before: crate::memory::DiscardPrelude = Box::new(move || {
                 remove_slots(&state, &emptied);
-            }),
-            done,
-        );
+            });
+            (unmap_slots, before)
+        });
+        self.discard.discard_ranges(ranges, after, done);
     }
 }
 
