@@ -75,6 +75,8 @@ pub struct Options {
     pub vmem_hostile: bool,
     /// `vmem-touch-unplugged` (vmem.rs).
     pub vmem_touch_unplugged: bool,
+    /// `mem-blk` (vmem.rs).
+    pub mem_blk: bool,
     /// `bcheck-linux-reset` (balloon/check.rs).
     pub bcheck_linux_reset: bool,
     /// `balloon-no-tell` (balloon/check.rs).
@@ -152,6 +154,7 @@ impl Options {
             rng_dump: false,
             vmem_hostile: false,
             vmem_touch_unplugged: false,
+            mem_blk: false,
             bcheck_linux_reset: false,
             balloon_no_tell: false,
             devices: [None; MAX_DEVICES],
@@ -179,6 +182,7 @@ impl Options {
                 "blk" if value.is_empty() => o.blk = true,
                 "vmem-hostile" if value.is_empty() => o.vmem_hostile = true,
                 "vmem-touch-unplugged" if value.is_empty() => o.vmem_touch_unplugged = true,
+                "mem-blk" if value.is_empty() => o.mem_blk = true,
                 "bcheck-linux-reset" if value.is_empty() => o.bcheck_linux_reset = true,
                 "balloon-no-tell" if value.is_empty() => o.balloon_no_tell = true,
                 "blk-read" => match value.parse() {

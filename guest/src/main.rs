@@ -29,6 +29,8 @@
 //!   balloon-no-tell      balloon without MUST_TELL_HOST: deflate, reuse
 //!   vmem-touch-unplugged plug what the host asks, unplug it when asked
 //!                        for 0, and touch it at once after the answer
+//!   mem-blk              plug 2 MiB of the first virtio-mem, read the first
+//!                        drive's sector 0 into it (vmem.rs)
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
 //! Devices are driven in the order balloon, blk, vsock, net, as the
 //! firmware drives them.
@@ -135,6 +137,9 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     // HOOK vmem: `vmem-hostile` (vmem.rs).
     if options.vmem_hostile {
         vmem::run(&options);
+    }
+    if options.mem_blk {
+        vmem::mem_blk(&options);
     }
     if options.vmem_touch_unplugged {
         vmem::touch_unplugged(&options);

@@ -25,7 +25,7 @@ use super::populate::{
 use super::progress::{ReclaimProgress, ReclaimReport};
 use super::reclaim::{self, HostRange, ReclaimError, ReclaimOptions};
 use super::slots::{split_bound, GmemBinding, GuestSlot, MAX_SLOT_BYTES};
-use super::view::{GuestLease, GuestView, Mappings};
+use super::view::{GuestLease, GuestView, Mappings, PluggedSlots};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -80,20 +80,20 @@ impl GuestMemory {
         GuestMemory::new_with_hotplug(opts, topology, gmem, None)
     }
 
-    /// [`GuestMemory::new_with`], and the hotplug region of `hotplug`
+    /// [`GuestMemory::new_with`], and the hotplug region of `hotplug_opts`
     /// (virtio-mem) mapped beside RAM the same way, one part per node of
-    /// RAM's slices ([`hotplug_parts`]): never populated, in no view and in
-    /// no memslot of [`GuestMemory::slots`] (its memslots are registered as
-    /// the guest plugs it, [`GuestMemory::hotplug_memslots`]), freed and
-    /// unmapped with RAM.
+    /// RAM's slices ([`hotplug_parts`]): never populated, in no memslot of
+    /// [`GuestMemory::slots`] (its memslots are registered as the guest
+    /// plugs it, [`GuestMemory::hotplug_memslots`]), reached through a view
+    /// only while plugged ([`PluggedSlots`]), freed and unmapped with RAM.
     pub fn new_with_hotplug(
         opts: &MemoryOptions,
         topology: &HostTopology,
         gmem: Option<&dyn GuestMemfdSource>,
-        hotplug: Option<HotplugOptions>,
+        hotplug_opts: Option<HotplugOptions>,
     ) -> Result<GuestMemory, GuestMemoryError> {
         let slices = GuestMemory::plan(opts, topology)?;
-        let parts = match hotplug {
+        let parts = match hotplug_opts {
             Some(h) => {
                 let nodes: Vec<u32> = slices.iter().map(|s| s.node).collect();
                 hotplug_parts(&h, opts.mem_bytes, &nodes)?
@@ -146,9 +146,11 @@ impl GuestMemory {
                 s.slice().node
             );
         }
+        let plugged = PluggedSlots::over(&hotplug, hotplug_opts.map_or(1, |h| h.slot_bytes));
         let mappings = Arc::new(Mappings {
             slices: mapped,
             hotplug,
+            plugged: Arc::new(plugged),
             lease: Arc::new(()),
         });
         let view = GuestView::new(&mappings)?;
@@ -258,8 +260,9 @@ impl GuestMemory {
         self.page_size.hugetlb_bytes()
     }
 
-    /// A vm-memory view of guest RAM, for writing the firmware, boot info
-    /// and page tables. It keeps the mappings alive: [`GuestMemory::reclaim`]
+    /// A vm-memory view of guest memory: RAM (for writing the firmware,
+    /// boot info and page tables), and the hotplug region's slots while
+    /// they are plugged (for devices). It keeps the mappings alive: [`GuestMemory::reclaim`]
     /// refuses ([`ReclaimError::ViewStillHeld`]) while one is held.
     pub fn view(&self) -> GuestView {
         self.view.clone()

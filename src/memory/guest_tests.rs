@@ -366,3 +366,50 @@ fn slots_are_one_per_slice_here() {
         );
     }
 }
+
+/// Devices reach a slot of the hotplug region only while it is plugged:
+/// before, a write there is an invalid address (never a fault); after, it
+/// lands in the part's mapping; hidden again, it is refused again, and a
+/// range from RAM into it is never whole.
+#[test]
+fn the_view_reaches_a_hotplug_slot_only_while_plugged() {
+    use super::super::hotplug::HotplugOptions;
+    const MIB: u64 = 1 << 20;
+    let hotplug = HotplugOptions {
+        total_bytes: 256 * MIB,
+        slot_bytes: 128 * MIB,
+    };
+    let m =
+        GuestMemory::new_with_hotplug(&opts(256, PageSize::Small), &real(), None, Some(hotplug))
+            .unwrap();
+    let part = &m.hotplug()[0];
+    let base = part.slice().guest_addr;
+    let second = base + 128 * MIB;
+    let view = m.view();
+    let plugged = view.plugged();
+    assert!(view.write_obj(7u64, GuestAddress(second)).is_err());
+    assert!(view.find_region(GuestAddress(second)).is_none());
+    assert!(plugged.set(second, true));
+    assert!(plugged.is_plugged(second + 4096) && !plugged.is_plugged(base));
+    view.write_obj(0x5eed_u64, GuestAddress(second + 8))
+        .unwrap();
+    // SAFETY: inside the part's mapping (its second slot).
+    let host =
+        unsafe { ((part.host_addr() + 128 * MIB as usize + 8) as *const u64).read_volatile() };
+    assert_eq!(host, 0x5eed);
+    assert_eq!(
+        view.read_obj::<u64>(GuestAddress(second + 8)).unwrap(),
+        0x5eed
+    );
+    // The first slot is still unplugged: a range that runs into it from
+    // RAM's end, or from it into the plugged one, is not whole.
+    assert!(!view.check_range(GuestAddress(second - 8), 16));
+    assert!(view.check_range(GuestAddress(second), 4096));
+    // RAM's regions alone are iterated (the balloon's map of RAM).
+    assert_eq!(view.iter().count(), 1);
+    assert!(plugged.set(second, false));
+    assert!(view.read_obj::<u64>(GuestAddress(second + 8)).is_err());
+    // Outside the region: nothing to set.
+    assert!(!plugged.set(base + 256 * MIB, true));
+    assert!(!plugged.set(0, true));
+}

@@ -53,4 +53,4 @@ pub use populate::{PopulateError, PopulateProgress, PopulateStats};
 pub use progress::{NodeReport, ReclaimProgress, ReclaimReport, ReclaimState};
 pub use reclaim::{Failures, FreeMethod, HostRange, ReclaimError, ReclaimOptions};
 pub use slots::{GmemBinding, GuestSlot, MAX_SLOT_BYTES};
-pub use view::{GuestLease, GuestView};
+pub use view::{GuestLease, GuestView, PluggedSlots, ViewMemory};

@@ -18,6 +18,15 @@
 //! hold it before it returns, and an access after is an MMIO exit that
 //! reads zeros). The fence covers the emptied slots too, so a PLUG into
 //! one waits until it has left KVM before it enters again.
+//!
+//! Devices follow the same slots ([`crate::memory::PluggedSlots`]): a slot
+//! becomes reachable through the devices' view once it is in KVM, and
+//! before it leaves KVM it is hidden from them and every device pass that
+//! may have found it is waited for ([`crate::devices::virtio::quiesce`]),
+//! so no device writes into a block behind its free. A Linux guest puts
+//! page cache and socket buffers in the memory it plugs: its block, net
+//! and vsock requests there are served, and one into unplugged memory is
+//! an error to the guest.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,8 +35,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::devices::virtio::mem::{HotplugSink, MemMetrics, PlugRefused, VirtioMem};
+use crate::devices::virtio::quiesce;
 use crate::devices::MmioSlot;
-use crate::memory::{GmemBinding, GuestMemory, GuestView};
+use crate::memory::{GmemBinding, GuestMemory, GuestView, PluggedSlots};
 use crate::vstate::vm::{MemorySlot, Memslots, Vm, VmError};
 
 use super::balloon_sink::BalloonDiscard;
@@ -139,8 +149,9 @@ pub struct HotplugSlots {
     state: Arc<Mutex<SlotState>>,
     discard: Arc<BalloonDiscard>,
     dirty_log: bool,
-    /// Keeps the region's mappings alive while a memslot may point at them.
-    _view: GuestView,
+    /// Keeps the region's mappings alive while a memslot may point at them;
+    /// its [`crate::memory::PluggedSlots`] say which slots devices reach.
+    view: GuestView,
     /// Every device's metrics, for the discard failures.
     metrics: Mutex<Vec<Arc<MemMetrics>>>,
 }
@@ -155,9 +166,23 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Takes the slots at `unmap_slots` out of KVM (each memslot still in it);
-/// a removal that fails is logged and left in. Returns how many failed.
-fn remove_slots(state: &Mutex<SlotState>, unmap_slots: &[(u64, u64)]) -> usize {
+/// Takes the slots at `unmap_slots` out of the devices' reach, waits for the
+/// device passes that may have found them (at most [`FENCE_DEADLINE`]),
+/// then takes them out of KVM (each memslot still in it); a removal that
+/// fails is logged and left in. Returns how many failed.
+fn remove_slots(
+    state: &Mutex<SlotState>,
+    plugged: &PluggedSlots,
+    unmap_slots: &[(u64, u64)],
+) -> usize {
+    for &(addr, _) in unmap_slots {
+        plugged.set(addr, false);
+    }
+    if !quiesce(Instant::now() + FENCE_DEADLINE) {
+        log::warn!(
+            "virtio-mem: a device pass ran on past {FENCE_DEADLINE:?} while its slot was unplugged; freeing the slot anyway"
+        );
+    }
     let mut state = lock(state);
     let Some((memslots, slots)) = state.as_mut() else {
         return 0;
@@ -233,7 +258,7 @@ impl HotplugSlots {
             state: Arc::new(Mutex::new(Some((vm.memslots()?, slots)))),
             discard,
             dirty_log,
-            _view: memory.view(),
+            view: memory.view(),
             metrics: Mutex::new(Vec::new()),
         })
     }
@@ -261,7 +286,7 @@ impl HotplugSlots {
             dirty_log: self.dirty_log,
         };
         // SAFETY: the range is part of the hotplug region's mapping, which
-        // `_view` keeps alive for as long as this sink exists; the sink is
+        // `view` keeps alive for as long as this sink exists; the sink is
         // released (every slot's handle dropped) before the memory is
         // reclaimed, and KVM follows an munmap through its MMU notifier.
         unsafe { memslots.add(s.id, &slot) }
@@ -304,6 +329,10 @@ impl HotplugSink for HotplugSlots {
                 added.push((i, k));
             }
         }
+        // In KVM: devices reach the slots too.
+        for &(addr, _) in map_slots {
+            self.view.plugged().set(addr, true);
+        }
         Ok(())
     }
 
@@ -318,8 +347,9 @@ impl HotplugSink for HotplugSlots {
         });
         let after = (!unmap_slots.is_empty()).then(|| {
             let (state, emptied) = (self.state.clone(), unmap_slots.to_vec());
+            let plugged = self.view.plugged().clone();
             let before: crate::memory::DiscardPrelude = Box::new(move || {
-                remove_slots(&state, &emptied);
+                remove_slots(&state, &plugged, &emptied);
             });
             (unmap_slots, before)
         });

@@ -58,7 +58,7 @@ pub use device::{
 pub use fence::ResetFence;
 pub use metrics::Counter;
 pub use mmio::{MmioError, MmioTransport};
-pub use worker::{Pending, QueueHandler, Wake, Worker, WorkerError};
+pub use worker::{quiesce, Pending, QueueHandler, Wake, Worker, WorkerError};
 
 /// `VIRTIO_F_VERSION_1`: the device is a virtio 1.x device (bit 32).
 pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;

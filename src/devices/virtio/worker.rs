@@ -18,14 +18,20 @@
 //! `Arc<Mutex<Device>>` (locked for each event, as the transport locks it
 //! for each register access).
 //!
+//! Each event's pass is counted ([`quiesce`]): the hotplug sink waits for
+//! the passes that may have found a slot of guest memory before it frees
+//! what the guest unplugged, as KVM waits out its vCPUs before a memslot
+//! is gone.
+//!
 //! Syscalls of the loop, for the device roles (src/seccomp/filters.rs):
 //! `epoll_create1` and `epoll_ctl` in [`Worker::start`] (on the VMM thread
 //! that builds the devices), then on the device thread `epoll_wait` and
 //! `read`/`write` on eventfds, `futex` for the device's lock.
 
+use std::cell::Cell;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use event_manager::{
@@ -189,6 +195,99 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Every device loop's pass count, for [`quiesce`] (one microVM a process,
+/// as in Firecracker: the passes of the process are the microVM's).
+static PASSES: Mutex<Vec<Weak<AtomicU64>>> = Mutex::new(Vec::new());
+/// Threads in [`quiesce`] now: a pass that ends wakes them only then.
+static WAITERS: AtomicUsize = AtomicUsize::new(0);
+static PASS_ENDED: Condvar = Condvar::new();
+static PASS_LOCK: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// The address of the count of the pass this thread runs, if any (so
+    /// that a pass that quiesces does not wait for itself).
+    static MINE: Cell<usize> = const { Cell::new(0) };
+}
+
+/// One device loop's passes: the count is odd while a pass runs.
+#[derive(Debug)]
+struct PassCount(Arc<AtomicU64>);
+
+impl PassCount {
+    fn new() -> PassCount {
+        let count = Arc::new(AtomicU64::new(0));
+        let mut all = lock(&PASSES);
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&count));
+        PassCount(count)
+    }
+
+    /// Runs one pass, counted on entry and on exit (a panic included).
+    fn run<R>(&self, pass: impl FnOnce() -> R) -> R {
+        struct End<'a>(&'a AtomicU64);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+                MINE.set(0);
+                if WAITERS.load(Ordering::SeqCst) > 0 {
+                    let _held = lock(&PASS_LOCK);
+                    PASS_ENDED.notify_all();
+                }
+            }
+        }
+        MINE.set(Arc::as_ptr(&self.0) as usize);
+        // SeqCst: ordered against the store that hides a slot (see
+        // `quiesce`).
+        self.0.fetch_add(1, Ordering::SeqCst);
+        let _end = End(&self.0);
+        pass()
+    }
+}
+
+/// Waits until every device pass that was running when it was called has
+/// ended (the calling thread's own excepted), at most until `deadline`;
+/// false if one still ran then.
+///
+/// What it is for: a store (SeqCst) that hides guest memory from devices
+/// ([`crate::memory::PluggedSlots::set`]), then `quiesce`. A pass that
+/// started after the store finds the memory hidden; one that started
+/// before it was running when the counts were read here (its count odd
+/// then, since each pass counts itself SeqCst before it looks), and is
+/// waited for. After `quiesce` returns true, no device touches that memory.
+pub fn quiesce(deadline: Instant) -> bool {
+    let mine = MINE.get();
+    let running: Vec<(Arc<AtomicU64>, u64)> = lock(&PASSES)
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|c| Arc::as_ptr(c) as usize != mine)
+        .filter_map(|c| {
+            let n = c.load(Ordering::SeqCst);
+            (n % 2 == 1).then_some((c, n))
+        })
+        .collect();
+    if running.is_empty() {
+        return true;
+    }
+    WAITERS.fetch_add(1, Ordering::SeqCst);
+    let mut held = lock(&PASS_LOCK);
+    let ended = loop {
+        if running.iter().all(|(c, n)| c.load(Ordering::SeqCst) != *n) {
+            break true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break false;
+        }
+        held = PASS_ENDED
+            .wait_timeout(held, deadline - now)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    };
+    drop(held);
+    WAITERS.fetch_sub(1, Ordering::SeqCst);
+    ended
+}
+
 // Event data: which fd fired.
 const EXIT: u32 = 0;
 const WAKE: u32 = 1;
@@ -203,6 +302,7 @@ struct Subscriber<H> {
     sources: Vec<(RawFd, EventSet)>,
     exit_evt: EventFd,
     exited: bool,
+    passes: PassCount,
     /// The first fd `init` could not register.
     init_error: Option<event_manager::Error>,
 }
@@ -228,21 +328,29 @@ impl<H: QueueHandler> MutEventSubscriber for Subscriber<H> {
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        let Subscriber {
+            handler,
+            wake,
+            queue_evts,
+            exited,
+            passes,
+            ..
+        } = self;
         match events.data() {
-            EXIT => self.exited = true,
-            _ if self.exited => {}
+            EXIT => *exited = true,
+            _ if *exited => {}
             WAKE => {
-                let pending = self.wake.take();
-                self.handler.wake_event(pending);
+                let pending = wake.take();
+                passes.run(|| handler.wake_event(pending));
             }
-            d if d >= SOURCE0 => self
-                .handler
-                .source_event((d - SOURCE0) as usize, events.event_set()),
+            d if d >= SOURCE0 => {
+                passes.run(|| handler.source_event((d - SOURCE0) as usize, events.event_set()))
+            }
             d => {
                 let i = (d - QUEUE0) as usize;
-                if let Some(e) = self.queue_evts.get(i) {
+                if let Some(e) = queue_evts.get(i) {
                     let _ = e.read();
-                    self.handler.queue_event(i);
+                    passes.run(|| handler.queue_event(i));
                 }
             }
         }
@@ -278,6 +386,7 @@ impl<H: QueueHandler> Worker<H> {
             queue_evts,
             exit_evt,
             exited: false,
+            passes: PassCount::new(),
             init_error: None,
         });
         let mut w = Worker { manager, id };
@@ -329,8 +438,65 @@ impl<H: QueueHandler> Worker<H> {
             return Ok(false);
         }
         if H::TIMED {
-            s.handler.timers(Instant::now());
+            let (handler, passes) = (&mut s.handler, &s.passes);
+            passes.run(|| handler.timers(Instant::now()));
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// A device whose wake pass blocks until released, and quiesces from
+    /// inside its own pass first.
+    struct Blocker {
+        wake: Arc<Wake>,
+        entered: mpsc::Sender<bool>,
+        release: mpsc::Receiver<()>,
+    }
+
+    impl QueueHandler for Blocker {
+        fn wake(&self) -> Arc<Wake> {
+            self.wake.clone()
+        }
+        fn queue_event(&mut self, _index: usize) {}
+        fn wake_event(&mut self, _pending: Pending) {
+            // A pass that quiesces (an inline UNPLUG prelude) does not wait
+            // for itself.
+            let own = quiesce(Instant::now() + Duration::from_secs(10));
+            self.entered.send(own).unwrap();
+            let _ = self.release.recv();
+        }
+    }
+
+    #[test]
+    fn quiesce_waits_for_the_passes_running_when_called_and_not_for_its_own() {
+        let (entered_tx, entered) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel();
+        let wake = Arc::new(Wake::new().unwrap());
+        let exit = EventFd::new(EFD_NONBLOCK).unwrap();
+        let exit_clone = exit.try_clone().unwrap();
+        let handler = Blocker {
+            wake: wake.clone(),
+            entered: entered_tx,
+            release: release_rx,
+        };
+        let mut worker = Worker::start(handler, Vec::new(), exit_clone).unwrap();
+        let thread = std::thread::spawn(move || worker.run_once(None).unwrap());
+        wake.again(&[]).unwrap();
+        assert!(entered.recv().unwrap(), "the pass waited for itself");
+        // The pass is blocked: a quiesce cannot end before its deadline.
+        assert!(!quiesce(Instant::now() + Duration::from_millis(50)));
+        let waiter = std::thread::spawn(|| quiesce(Instant::now() + Duration::from_secs(10)));
+        release.send(()).unwrap();
+        assert!(waiter.join().unwrap(), "the pass ended and woke the waiter");
+        assert!(thread.join().unwrap());
+        drop(exit);
+        // No pass of this loop runs now.
+        assert!(quiesce(Instant::now() + Duration::from_secs(10)));
     }
 }
