@@ -25,6 +25,13 @@
 //!   a page back while such a discard can still reach it, and no vCPU, API
 //!   request or shutdown may wait behind one.
 //!
+//! - `discard-fails-once`: the discard pool's first batch (a balloon
+//!   inflate or report, a virtio-mem UNPLUG) fails without freeing
+//!   anything, as a failed `madvise` or hole punch would; its retry frees;
+//! - `discard-fails-twice`: the first batch fails, and so does its retry:
+//!   the ranges are left as not freed, said (log, metric), and a
+//!   virtio-mem PLUG of them frees them first.
+//!
 //! Failed starts (issue 24: a start that fails undoes itself). Each fires
 //! once per process, at the first `InstanceStart` that reaches its step, so
 //! the retry after it goes through; several can be named to fail several
@@ -59,6 +66,12 @@ pub const SLOW_DISCARD: &str = "slow-discard";
 
 /// How long each discard waits under [`SLOW_DISCARD`].
 pub const SLOW_DISCARD_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The discard pool's first batch fails, unfreed.
+pub const DISCARD_FAILS_ONCE: &str = "discard-fails-once";
+
+/// The discard pool's first batch and its retry fail, unfreed.
+pub const DISCARD_FAILS_TWICE: &str = "discard-fails-twice";
 
 /// The fault that makes vCPU threads call a forbidden system call.
 pub const VCPU_FORBIDDEN_SYSCALL: &str = "vcpu-forbidden-syscall";

@@ -42,7 +42,18 @@ fn started_on(
     args: &str,
     extra: &[&str],
 ) -> (Vmm, PathBuf) {
-    let (mut vmm, sock, _dir) = start_api(name, extra);
+    started_env(name, ram_mib, total_mib, args, extra, &[])
+}
+
+fn started_env(
+    name: &str,
+    ram_mib: u64,
+    total_mib: u64,
+    args: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Vmm, PathBuf) {
+    let (mut vmm, sock, _dir) = start_api_env(name, extra, env);
     put_ok(
         &sock,
         "/machine-config",
@@ -156,6 +167,64 @@ fn plug_touches_unplug_frees_and_a_replug_reads_zeros() {
     plugged_until(&sock, 256);
     let lines = shutdown_ok(vmm, &sock);
     assert_no_driver_error(&lines);
+}
+
+/// An UNPLUG whose discard fails (`discard-fails-once`: as a failed
+/// `madvise` would) is retried at once and the memory still goes back;
+/// one that fails again (`discard-fails-twice`) is said (an error line,
+/// `unplug_discard_fails`), the memory stays taken, and the PLUG that takes
+/// those blocks again frees them first: the firmware, which checks every
+/// page it plugs reads zero (`mem dirty` otherwise), finds zeros either way.
+#[test]
+fn a_failed_unplug_discard_is_retried_then_said_and_a_replug_still_reads_zeros() {
+    if !kvm_or_skip("virtio_mem_discard_fails") {
+        return;
+    }
+    let _big = big_memory();
+    for fault in ["discard-fails-once", "discard-fails-twice"] {
+        let env = [("TERAVM_FAULT_INJECT", fault)];
+        let (mut vmm, sock) = started_env(fault, 256, 1024, "mem then=idle", &[], &env);
+        let pid = vmm.child.id();
+        request_mib(&sock, 512);
+        vmm.wait_line("teravm firmware: mem plugged 512 MiB (512 MiB plugged)", T);
+        plugged_until(&sock, 512);
+        let plugged = rss_bytes_of(pid);
+        request_mib(&sock, 0);
+        vmm.wait_line("teravm firmware: mem unplugged 512 MiB (0 MiB plugged)", T);
+        plugged_until(&sock, 0);
+        let deadline = Instant::now() + T;
+        while u(&get(&sock, "/hotplug/memory"), "discards_in_flight") != 0 {
+            assert!(Instant::now() < deadline, "{fault}: discards still running");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let after = rss_bytes_of(pid);
+        eprintln!(
+            "{fault}: RSS {} MiB plugged, {} MiB after the unplug",
+            plugged >> 20,
+            after >> 20
+        );
+        if fault == "discard-fails-once" {
+            rss_falls_to(pid, plugged - (480 << 20), "after a retried discard");
+        } else {
+            // The first UNPLUG (the firmware unplugs 128 MiB at a time from
+            // the top) failed twice: its 128 MiB stay; the rest went.
+            let said = vmm.wait_err_line("discard failed twice", T);
+            assert!(said.contains("virtio-mem"), "{said}");
+            assert!(
+                after + (384 << 20) >= plugged && after + (360 << 20) <= plugged,
+                "{fault}: RSS {} -> {} MiB: not 128 MiB kept",
+                plugged >> 20,
+                after >> 20
+            );
+        }
+        // A replug of it all reads zeros (the firmware says `mem dirty`
+        // otherwise): the PLUG of the top freed what was left first.
+        request_mib(&sock, 512);
+        vmm.wait_line("teravm firmware: mem plugged 512 MiB (512 MiB plugged)", T);
+        plugged_until(&sock, 512);
+        let lines = shutdown_ok(vmm, &sock);
+        assert_no_driver_error(&lines);
+    }
 }
 
 #[test]

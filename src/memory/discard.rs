@@ -157,6 +157,12 @@ pub struct DiscardOptions {
     /// ([`DiscardPool::cancel`], [`DiscardPool::shutdown`]); the part is
     /// then not freed.
     pub delay_before_free: Duration,
+    /// The first batch's parts fail without being freed, as a failed free
+    /// call would, on its first try (1) or on its retry too (2): the
+    /// `discard-fails-once` and `discard-fails-twice` faults
+    /// ([`crate::faults::DISCARD_FAILS_ONCE`]), which walk what the callers
+    /// do with a failed discard.
+    pub failing_tries: u8,
 }
 
 impl Default for DiscardOptions {
@@ -170,6 +176,7 @@ impl Default for DiscardOptions {
             on_worker_start: None,
             serial: false,
             delay_before_free: Duration::ZERO,
+            failing_tries: 0,
         }
     }
 }
@@ -487,9 +494,20 @@ fn overlaps(sorted: &[(u64, u64)], addr: u64, len: u64) -> bool {
     sorted.get(i).is_some_and(|r| r.0 < end)
 }
 
+/// Which try of a batch a submission is.
+#[derive(Debug, Clone, Copy)]
+enum Try {
+    /// The caller's: retried once if it fails.
+    First,
+    /// The retry of a failed one; `fails`: injected to fail too.
+    Retry { fails: bool },
+}
+
 /// One batch: counts its parts down and calls `done` when the last ends.
 struct Batch {
     id: u64,
+    /// Its parts fail unfreed ([`DiscardOptions::failing_tries`]).
+    fails: bool,
     remaining: AtomicUsize,
     freed: AtomicU64,
     failed: AtomicU64,
@@ -505,8 +523,19 @@ impl Batch {
             None => self.failed.fetch_add(1, Ordering::Relaxed),
         };
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.in_flight.unregister(self.id);
+            // `done` first, while the batch is still in flight: a caller
+            // that submits its ranges again from `done` (a retry of a
+            // failed discard) has them registered before these leave, so
+            // no fence wait slips between the two.
             let done = self.done.lock().unwrap_or_else(|e| e.into_inner()).take();
+            // Unregistered even if `done` panics.
+            struct Leave<'a>(&'a InFlight, u64);
+            impl Drop for Leave<'_> {
+                fn drop(&mut self) {
+                    self.0.unregister(self.1);
+                }
+            }
+            let _leave = Leave(&self.in_flight, self.id);
             if let Some(done) = done {
                 done(DiscardOutcome {
                     bytes_freed: self.freed.load(Ordering::Relaxed),
@@ -575,6 +604,10 @@ struct Shared {
     inline_threshold_bytes: u64,
     queue_depth: usize,
     delay_before_free: Duration,
+    /// [`DiscardOptions::failing_tries`].
+    failing_tries: u8,
+    /// The first batch was submitted (for `failing_tries`).
+    first_taken: AtomicBool,
     /// Woken when the pool stops: a part waiting out `delay_before_free`
     /// gives up.
     halt: Mutex<()>,
@@ -608,7 +641,7 @@ impl Shared {
     /// as not freed instead.
     fn free(&self, part: Part, on_worker: bool) {
         let waited = self.delay_before_free.is_zero() || self.delay();
-        if !waited || self.stopping.load(Ordering::Acquire) {
+        if !waited || part.batch.fails || self.stopping.load(Ordering::Acquire) {
             self.counters.failures.fetch_add(1, Ordering::Relaxed);
             part.finish(false);
             return;
@@ -642,6 +675,135 @@ impl Shared {
                 part.finish(false);
             }
         }
+    }
+
+    /// [`DiscardPool::discard_after`]'s work. On a first `try_`, a batch
+    /// with a part not freed is submitted once more (its own ranges, no
+    /// prelude), from its `done` while it is still in flight, before the
+    /// caller's `done` hears of it.
+    fn submit(
+        self: &Arc<Self>,
+        ranges: &[(u64, u64)],
+        fence: &[(u64, u64)],
+        before: Option<DiscardPrelude>,
+        done: DiscardDone,
+        try_: Try,
+    ) {
+        let shared = self;
+        let (done, fails) = match try_ {
+            Try::First => {
+                let first = !shared.first_taken.swap(true, Ordering::Relaxed);
+                let fails = first && shared.failing_tries >= 1;
+                let retry_fails = first && shared.failing_tries >= 2;
+                (shared.retrying(ranges, done, retry_fails), fails)
+            }
+            Try::Retry { fails } => (done, fails),
+        };
+        let table = &shared.table;
+        let t = table.translate(ranges);
+        let c = &shared.counters;
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.ranges.fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        c.refused_bytes
+            .fetch_add(t.refused_bytes, Ordering::Relaxed);
+        c.unaligned_bytes
+            .fetch_add(t.unaligned_bytes, Ordering::Relaxed);
+        let outcome = DiscardOutcome {
+            bytes_freed: 0,
+            ranges: ranges.len() as u64,
+            failed: 0,
+            refused_bytes: t.refused_bytes,
+            unaligned_bytes: t.unaligned_bytes,
+        };
+        if t.pieces.is_empty() {
+            if let Some(before) = before {
+                shared.prelude(before);
+            }
+            done(outcome);
+            return;
+        }
+        let total: u64 = t.pieces.iter().map(|p| p.len).sum();
+        let mut guest: Vec<(u64, u64)> = t.pieces.iter().map(|p| table.guest_range(p)).collect();
+        if table.serial || !fence.is_empty() {
+            // Listed sorted and merged, as `overlaps` needs (serial pieces
+            // come in the order given; the fence is the caller's).
+            guest.extend_from_slice(fence);
+            guest = sorted_merged(guest);
+        }
+        let id = shared.in_flight.register(guest);
+        let batch = Arc::new(Batch {
+            id,
+            fails,
+            remaining: AtomicUsize::new(t.pieces.len()),
+            freed: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            outcome,
+            done: Mutex::new(Some(done)),
+            in_flight: shared.in_flight.clone(),
+        });
+        let first_node = table.node_index(&t.pieces[0]);
+        let parts: Vec<Part> = t
+            .pieces
+            .into_iter()
+            .map(|piece| Part {
+                piece,
+                batch: batch.clone(),
+                ended: false,
+            })
+            .collect();
+        if table.serial || total < shared.inline_threshold_bytes {
+            if let Some(before) = before {
+                shared.prelude(before);
+            }
+            for part in parts {
+                shared.free(part, false);
+            }
+            return;
+        }
+        let Some(before) = before else {
+            shared.dispatch(parts);
+            return;
+        };
+        let queue = &shared.queues[first_node];
+        let mut q = queue.lock();
+        if q.len() < shared.queue_depth && !shared.stopping.load(Ordering::Acquire) {
+            q.push_back(Job::Prelude(before, parts));
+            drop(q);
+            queue.ready.notify_one();
+        } else {
+            drop(q);
+            shared.prelude(before);
+            shared.dispatch(parts);
+        }
+    }
+
+    /// `done`, behind one retry of `ranges` if the batch ends with a part
+    /// not freed (a failed call; not a stop). Weak: a batch never keeps the
+    /// pool (and the guest memory it maps) alive.
+    fn retrying(
+        self: &Arc<Self>,
+        ranges: &[(u64, u64)],
+        done: DiscardDone,
+        fails: bool,
+    ) -> DiscardDone {
+        let pool = Arc::downgrade(self);
+        let ranges = ranges.to_vec();
+        Box::new(move |outcome: DiscardOutcome| {
+            let pool = pool
+                .upgrade()
+                .filter(|p| outcome.failed > 0 && !p.stopping.load(Ordering::Acquire));
+            match pool {
+                Some(p) => {
+                    log::warn!(
+                        "discard: {} part(s) of a batch of {} ranges not freed; retrying it",
+                        outcome.failed,
+                        ranges.len()
+                    );
+                    p.submit(&ranges, &[], None, done, Try::Retry { fails });
+                }
+                None => done(outcome),
+            }
+        })
     }
 
     /// Runs a batch's prelude, after `delay_before_free` as a part waits
@@ -823,6 +985,8 @@ impl DiscardPool {
             inline_threshold_bytes: opts.inline_threshold_bytes,
             queue_depth: opts.queue_depth,
             delay_before_free: opts.delay_before_free,
+            failing_tries: opts.failing_tries,
+            first_taken: AtomicBool::new(false),
             halt: Mutex::new(()),
             halted: Condvar::new(),
             table,
@@ -878,6 +1042,10 @@ impl DiscardPool {
     }
 
     fn shared(&self) -> &Shared {
+        self.shared_arc()
+    }
+
+    fn shared_arc(&self) -> &Arc<Shared> {
         // Only `shutdown` (which consumes the pool) and `Drop` take it.
         self.shared
             .as_ref()
@@ -895,10 +1063,14 @@ impl DiscardPool {
     /// to free), else from the worker that ends the last part. Ranges are
     /// clipped to guest RAM (the rest is refused and counted), split at
     /// slice and stripe ends, merged, and aligned inward to whole pages.
-    /// Until `done` is called, [`DiscardPool::wait_overlapping`] waits for
-    /// this batch.
+    /// A batch that ends with a part not freed (a failed `madvise` or
+    /// hole punch; not a stop) is submitted once more before `done` hears
+    /// of it, and `done` gets the retry's outcome. Until `done` has
+    /// returned, [`DiscardPool::wait_overlapping`] waits for this batch
+    /// (and its retry): what `done` submits again is fenced without a gap.
     pub fn discard(&self, ranges: &[(u64, u64)], done: DiscardDone) {
-        self.submit(ranges, &[], None, done);
+        self.shared_arc()
+            .submit(ranges, &[], None, done, Try::First);
     }
 
     /// As [`DiscardPool::discard`], but `before` runs first, once, and no
@@ -916,92 +1088,8 @@ impl DiscardPool {
         before: DiscardPrelude,
         done: DiscardDone,
     ) {
-        self.submit(ranges, fence, Some(before), done);
-    }
-
-    fn submit(
-        &self,
-        ranges: &[(u64, u64)],
-        fence: &[(u64, u64)],
-        before: Option<DiscardPrelude>,
-        done: DiscardDone,
-    ) {
-        let shared = self.shared();
-        let table = &shared.table;
-        let t = table.translate(ranges);
-        let c = &shared.counters;
-        c.batches.fetch_add(1, Ordering::Relaxed);
-        c.ranges.fetch_add(ranges.len() as u64, Ordering::Relaxed);
-        c.refused_bytes
-            .fetch_add(t.refused_bytes, Ordering::Relaxed);
-        c.unaligned_bytes
-            .fetch_add(t.unaligned_bytes, Ordering::Relaxed);
-        let outcome = DiscardOutcome {
-            bytes_freed: 0,
-            ranges: ranges.len() as u64,
-            failed: 0,
-            refused_bytes: t.refused_bytes,
-            unaligned_bytes: t.unaligned_bytes,
-        };
-        if t.pieces.is_empty() {
-            if let Some(before) = before {
-                shared.prelude(before);
-            }
-            done(outcome);
-            return;
-        }
-        let total: u64 = t.pieces.iter().map(|p| p.len).sum();
-        let mut guest: Vec<(u64, u64)> = t.pieces.iter().map(|p| table.guest_range(p)).collect();
-        if table.serial || !fence.is_empty() {
-            // Listed sorted and merged, as `overlaps` needs (serial pieces
-            // come in the order given; the fence is the caller's).
-            guest.extend_from_slice(fence);
-            guest = sorted_merged(guest);
-        }
-        let id = shared.in_flight.register(guest);
-        let batch = Arc::new(Batch {
-            id,
-            remaining: AtomicUsize::new(t.pieces.len()),
-            freed: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            outcome,
-            done: Mutex::new(Some(done)),
-            in_flight: shared.in_flight.clone(),
-        });
-        let first_node = table.node_index(&t.pieces[0]);
-        let parts: Vec<Part> = t
-            .pieces
-            .into_iter()
-            .map(|piece| Part {
-                piece,
-                batch: batch.clone(),
-                ended: false,
-            })
-            .collect();
-        if table.serial || total < shared.inline_threshold_bytes {
-            if let Some(before) = before {
-                shared.prelude(before);
-            }
-            for part in parts {
-                shared.free(part, false);
-            }
-            return;
-        }
-        let Some(before) = before else {
-            shared.dispatch(parts);
-            return;
-        };
-        let queue = &shared.queues[first_node];
-        let mut q = queue.lock();
-        if q.len() < shared.queue_depth && !shared.stopping.load(Ordering::Acquire) {
-            q.push_back(Job::Prelude(before, parts));
-            drop(q);
-            queue.ready.notify_one();
-        } else {
-            drop(q);
-            shared.prelude(before);
-            shared.dispatch(parts);
-        }
+        self.shared_arc()
+            .submit(ranges, fence, Some(before), done, Try::First);
     }
 
     /// Waits until no batch that frees any of `ranges` is in flight, or

@@ -742,3 +742,79 @@ fn a_prelude_runs_on_a_worker_before_any_part_and_its_fence_holds_until_done() {
     pool2.shutdown(Instant::now() + PATIENCE).unwrap();
     pool.shutdown(Instant::now() + PATIENCE).unwrap();
 }
+
+/// `discard` with an `Arc` of the pool, returning the outcome and the
+/// batches in flight seen from inside `done`.
+fn discard_seen_from_done(
+    pool: &Arc<DiscardPool>,
+    ranges: &[(u64, u64)],
+) -> (DiscardOutcome, usize) {
+    let (tx, rx) = mpsc::channel();
+    let p = pool.clone();
+    pool.discard(
+        ranges,
+        Box::new(move |o| {
+            tx.send((o, p.snapshot().in_flight_batches)).unwrap();
+        }),
+    );
+    rx.recv_timeout(PATIENCE).expect("done was called")
+}
+
+/// A batch whose free fails is submitted once more before `done` hears of
+/// it, and `done` runs while that retry is still in flight (so a fence
+/// wait never slips between the two); inline and on the workers alike.
+#[test]
+fn a_failed_batch_is_retried_once_and_stays_fenced_until_done_returns() {
+    let topo = real();
+    let m = memory(256, Backing::Anonymous, &topo);
+    for (len, what) in [(2 << 20, "inline"), (64 << 20, "on the workers")] {
+        touch(&m, 0, len);
+        let pool = Arc::new(start(
+            &m,
+            &topo,
+            DiscardOptions {
+                failing_tries: 1,
+                ..DiscardOptions::default()
+            },
+        ));
+        let (o, in_flight) = discard_seen_from_done(&pool, &[(0, len)]);
+        assert_eq!((o.failed, o.bytes_freed), (0, len), "{what}: {o:?}");
+        assert_eq!(in_flight, 1, "{what}: the retry is fenced while done runs");
+        assert_eq!(resident(&m, 0, len), 0, "{what}");
+        assert!(reads_zero(&m, 0, len), "{what}");
+        // The retry leaves the fence once `done` has returned.
+        pool.wait_overlapping(&[(0, len)], Instant::now() + PATIENCE)
+            .unwrap();
+        let s = pool.snapshot();
+        assert!(
+            s.failures >= 1,
+            "{what}: the first try's failure is counted: {s:?}"
+        );
+        assert_eq!((s.batches, s.in_flight_batches), (2, 0), "{what}: {s:?}");
+    }
+}
+
+/// Two failures in a row (a batch and its retry) reach `done`: nothing of
+/// the range was freed, and no third try is made.
+#[test]
+fn a_batch_that_fails_twice_is_said_and_frees_nothing() {
+    let topo = real();
+    let m = memory(64, Backing::Anonymous, &topo);
+    touch(&m, 0, 2 << 20);
+    let pool = Arc::new(start(
+        &m,
+        &topo,
+        DiscardOptions {
+            failing_tries: 2,
+            ..DiscardOptions::default()
+        },
+    ));
+    let (o, _) = discard_seen_from_done(&pool, &[(0, 2 << 20)]);
+    assert!(o.failed > 0 && o.bytes_freed == 0, "{o:?}");
+    assert_eq!(resident(&m, 0, 2 << 20), 2 << 20);
+    assert!(!reads_zero(&m, 0, 4096));
+    assert_eq!(pool.snapshot().batches, 2, "one retry, no more");
+    // The next batch frees as usual.
+    let (o, _) = discard_seen_from_done(&pool, &[(0, 2 << 20)]);
+    assert_eq!((o.failed, o.bytes_freed), (0, 2 << 20), "{o:?}");
+}

@@ -45,6 +45,11 @@ impl BalloonDiscard {
             } else {
                 Duration::ZERO
             },
+            failing_tries: if faults::injected(faults::DISCARD_FAILS_TWICE) {
+                2
+            } else {
+                u8::from(faults::injected(faults::DISCARD_FAILS_ONCE))
+            },
             ..DiscardOptions::default()
         };
         let pool = DiscardPool::start(memory, topology, &opts).map_err(|e| e.to_string())?;
@@ -155,6 +160,13 @@ impl DiscardSink for BalloonDiscard {
                 if outcome.failed == 0 {
                     ack.freed();
                 } else {
+                    // The pool retried it once already.
+                    log::error!(
+                        "balloon {kind:?}: a discard failed twice ({} part(s)); those pages stay \
+                         taken by teravm though the guest gave them (the balloon's actual counts \
+                         them; discard_fails says so)",
+                        outcome.failed
+                    );
                     ack.failed();
                 }
             }),

@@ -154,6 +154,10 @@ pub struct HotplugSlots {
     view: GuestView,
     /// Every device's metrics, for the discard failures.
     metrics: Mutex<Vec<Arc<MemMetrics>>>,
+    /// Unplugged ranges whose discard failed, retry included: still
+    /// holding what the guest wrote. A PLUG of any of them frees it first
+    /// (a plugged block reads zeros, whatever happened).
+    unfreed: Arc<Mutex<Vec<(u64, u64)>>>,
 }
 
 impl std::fmt::Debug for HotplugSlots {
@@ -260,6 +264,7 @@ impl HotplugSlots {
             dirty_log,
             view: memory.view(),
             metrics: Mutex::new(Vec::new()),
+            unfreed: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -272,6 +277,40 @@ impl HotplugSlots {
     /// Counts discard failures on `metrics` too (each device's).
     pub fn watch(&self, metrics: Arc<MemMetrics>) {
         lock(&self.metrics).push(metrics);
+    }
+
+    /// Frees what is left unfreed in `range` (an earlier UNPLUG's failed
+    /// discard) before it is plugged again; false if it could not be.
+    fn free_unfreed(&self, range: (u64, u64)) -> bool {
+        let overlap: Vec<(u64, u64)> = {
+            let mut unfreed = lock(&self.unfreed);
+            let (hit, keep) = unfreed
+                .drain(..)
+                .partition(|&(a, l)| a < range.0 + range.1 && range.0 < a + l);
+            *unfreed = keep;
+            hit
+        };
+        if overlap.is_empty() {
+            return true;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.discard.discard_ranges(
+            &overlap,
+            None,
+            Box::new(move |outcome| {
+                let _ = tx.send(outcome.failed == 0);
+            }),
+        );
+        let freed = rx.recv_timeout(FENCE_DEADLINE).unwrap_or(false);
+        if freed {
+            log::info!(
+                "virtio-mem: {} unplugged range(s) left unfreed are freed before the PLUG",
+                overlap.len()
+            );
+        } else {
+            lock(&self.unfreed).extend(overlap);
+        }
+        freed
     }
 
     fn add(&self, memslots: &Memslots, s: &OwnedSlot) -> Result<(), VmError> {
@@ -300,6 +339,11 @@ impl HotplugSink for HotplugSlots {
             .wait_overlapping(&[range], Instant::now() + FENCE_DEADLINE)
         {
             return Err(PlugRefused::Busy);
+        }
+        if !self.free_unfreed(range) {
+            return Err(PlugRefused::Failed(
+                "memory unplugged earlier could not be freed; the blocks stay unplugged".into(),
+            ));
         }
         let mut state = lock(&self.state);
         let Some((memslots, slots)) = state.as_mut() else {
@@ -338,8 +382,18 @@ impl HotplugSink for HotplugSlots {
 
     fn unplug(&self, ranges: &[(u64, u64)], unmap_slots: &[(u64, u64)]) {
         let metrics = lock(&self.metrics).clone();
+        let (unfreed, batch) = (self.unfreed.clone(), ranges.to_vec());
+        // Called with the retry's outcome, while it is still in flight: a
+        // PLUG of these ranges waits until they are listed.
         let done: crate::memory::DiscardDone = Box::new(move |outcome| {
             if outcome.failed > 0 {
+                log::error!(
+                    "virtio-mem: an UNPLUG's discard failed twice ({} part(s) of {} ranges); \
+                     the memory stays taken until the guest plugs it again, which frees it first",
+                    outcome.failed,
+                    batch.len()
+                );
+                lock(&unfreed).extend(batch);
                 for m in &metrics {
                     m.unplug_discard_fails.inc();
                 }

@@ -37,8 +37,8 @@ pub struct MemMetrics {
     pub state_count: Counter,
     /// STATE requests answered ERROR.
     pub state_fails: Counter,
-    /// Discards of unplugged ranges that failed (counted by the host's
-    /// sink).
+    /// UNPLUGs whose discard failed, its retry included (counted by the
+    /// host's sink; the ranges are freed when plugged again).
     pub unplug_discard_fails: Counter,
     /// PLUG requests answered BUSY (a discard of the range still ran).
     pub busy_count: Counter,
