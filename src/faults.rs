@@ -46,7 +46,9 @@
 //!   configured device's thread has started, as a later step failing would.
 //!
 //! A start failed so is answered with a 400 whose `fault_message` names
-//! the fault.
+//! the fault; the warning it logs (`<fault>: failing the start here; ...`)
+//! names the device threads alive at that point and the process's thread
+//! count, which the failed start then takes down.
 //!
 //! Nothing is injected unless the variable names the fault.
 

@@ -12,7 +12,8 @@
 //! requests and errors per method and resource, bytes of guest console
 //! output dropped, lines and bytes of teravm's own output that stderr did
 //! not take (also `logger.missed_stderr_count`, since the previous line),
-//! and the shutdown signals received.
+//! the shutdown signals received, and the memslots KVM took (how many of
+//! them with `KVM_MEM_LOG_DIRTY_PAGES`, as the flags passed to KVM say).
 //!
 //! A line is written on `FlushMetrics`, by the event loop's periodic timer
 //! ([`FlushTimer`], every [`FLUSH_PERIOD`]) and once when the VM has
@@ -153,6 +154,8 @@ pub struct Metrics {
     sigint: AtomicU64,
     sighup_total: AtomicU64,
     console_bytes_dropped: AtomicU64,
+    memslots_added: AtomicU64,
+    memslots_dirty_log: AtomicU64,
     sink: Mutex<Option<LineSink>>,
 }
 
@@ -175,6 +178,8 @@ impl Metrics {
             sigint: AtomicU64::new(0),
             sighup_total: AtomicU64::new(0),
             console_bytes_dropped: AtomicU64::new(0),
+            memslots_added: AtomicU64::new(0),
+            memslots_dirty_log: AtomicU64::new(0),
             sink: Mutex::new(None),
         }
     }
@@ -220,6 +225,16 @@ pub fn add_console_bytes_dropped(bytes: u64) {
     METRICS
         .console_bytes_dropped
         .fetch_add(bytes, Ordering::Relaxed);
+}
+
+/// Counts one memslot KVM took (`KVM_SET_USER_MEMORY_REGION` or `..._2`
+/// answered 0 for a slot of non-zero size), `dirty_log` when the flags
+/// passed with it had `KVM_MEM_LOG_DIRTY_PAGES`.
+pub fn record_memslot_added(dirty_log: bool) {
+    METRICS.memslots_added.fetch_add(1, Ordering::Relaxed);
+    if dirty_log {
+        METRICS.memslots_dirty_log.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Records the process start-up time that the jailer's flags let teravm
@@ -425,6 +440,10 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
                 "sigterm": m.sigterm.load(Ordering::Relaxed),
                 "sigint": m.sigint.load(Ordering::Relaxed),
                 "sighup": m.sighup_total.load(Ordering::Relaxed),
+            },
+            "memslots": {
+                "added": m.memslots_added.load(Ordering::Relaxed),
+                "dirty_log": m.memslots_dirty_log.load(Ordering::Relaxed),
             },
         },
     });

@@ -598,3 +598,91 @@ both_guests!(
     each_device_has_its_metrics_group,
     a_host_that_floods_and_never_reads_cannot_stop_the_shutdown,
 );
+
+/// What Firecracker answers to a request it refuses before InstanceStart
+/// (`VmmActionError::OperationNotSupportedPreBoot`).
+const FC_NOT_BEFORE_START: &str =
+    "The requested operation is not supported before starting the microVM.";
+
+/// `PATCH /network-interfaces/eth0` with a receive limiter on `sock`.
+fn patch_eth0(sock: &Path) -> (u16, String) {
+    let body = r#"{"iface_id": "eth0", "rx_rate_limiter": {"bandwidth": {"size": 1048576, "refill_time": 100}}}"#;
+    client::request(sock, "PATCH", "/network-interfaces/eth0", Some(body)).unwrap()
+}
+
+/// Firecracker refuses `PATCH /network-interfaces/{id}` before
+/// InstanceStart (its `UpdateNetworkInterface` is among the pre-boot
+/// refusals), for an interface that exists on a real tap; so does teravm,
+/// changing nothing, and once started it takes the same PATCH. Firecracker
+/// is asked on the same tap where it is built.
+#[test]
+fn patching_a_network_interface_before_the_start_is_refused_as_on_firecracker() {
+    let test = "patch_net_before_start";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(ns) = Netns::new("patchnet") else {
+        return skip(
+            test,
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+    };
+    let _big = big_memory();
+    let dir = temp_dir(test);
+    let iface =
+        r#"{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:ac:10:00:02"}"#;
+    let sock = dir.join("api.sock");
+    let mut cmd = ns.command(teravm());
+    cmd.arg("--api-sock").arg(&sock);
+    let vmm = Vmm::spawn_command(cmd);
+    wait_for_api(&sock, T);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
+    );
+    put_ok(&sock, "/network-interfaces/eth0", iface);
+    let eth0 = |sock: &Path| get(sock, "/vm/config")["network-interfaces"][0].clone();
+    let (status, body) = patch_eth0(&sock);
+    assert_fault(
+        status,
+        &body,
+        400,
+        "the requested operation is not supported before starting the microVM",
+    );
+    let config = eth0(&sock);
+    assert_eq!(config["iface_id"], "eth0", "{config}");
+    assert!(
+        config["rx_rate_limiter"].is_null(),
+        "the refused PATCH changed the interface: {config}"
+    );
+    // Started, the same PATCH is taken.
+    put_ok(
+        &sock,
+        "/boot-source",
+        &Guest::Firmware.boot_source("net=echo then=idle"),
+    );
+    let (status, body) = action(&sock, r#"{"action_type": "InstanceStart"}"#);
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = patch_eth0(&sock);
+    assert_eq!(status, 204, "the PATCH once started: {body}");
+    let config = eth0(&sock);
+    assert_eq!(
+        config["rx_rate_limiter"]["bandwidth"]["size"], 1048576,
+        "{config}"
+    );
+    shutdown_ok(vmm, &sock);
+
+    let Some(fc) = firecracker(test) else {
+        return;
+    };
+    let fc_sock = dir.join("fc.sock");
+    let mut cmd = ns.command(fc.to_str().unwrap());
+    cmd.arg("--api-sock").arg(&fc_sock);
+    let fc_vmm = Vmm::spawn_command(cmd);
+    wait_for_api(&fc_sock, T);
+    put_ok(&fc_sock, "/network-interfaces/eth0", iface);
+    let (status, body) = patch_eth0(&fc_sock);
+    assert_fault(status, &body, 400, FC_NOT_BEFORE_START);
+    drop(fc_vmm);
+}

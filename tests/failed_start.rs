@@ -4,7 +4,9 @@
 //! populated RAM are configured over the API; a fault fails the build
 //! after one step's device threads have started (`start-fails-at-<step>`,
 //! `first-start-fails-after-devices`, see `src/faults.rs`); the
-//! `InstanceStart` is a 400 naming the fault, and the process's threads,
+//! `InstanceStart` is a 400 naming the fault, whose warning names the
+//! device threads alive when it fired (the step's and those before it, so
+//! the step did run), none of which is left after, and the process's threads,
 //! open fds, VmSize and VmRSS come back to what they were before it; the
 //! retry, with nothing changed, runs the firmware. A device past the last
 //! GSI is refused at `PUT`.
@@ -190,6 +192,65 @@ fn start(sock: &Path) -> (u16, String) {
     action(sock, r#"{"action_type": "InstanceStart"}"#)
 }
 
+/// What a step fault's warning says it tears down (src/faults.rs): the
+/// device threads alive when it fired, and the process's thread count then.
+#[derive(Debug)]
+struct AtFault {
+    alive: Vec<String>,
+    threads: usize,
+}
+
+/// The warning of `fault` on teravm's stderr (with a deadline).
+fn at_fault(vmm: &mut Vmm, fault: &str) -> AtFault {
+    let line = vmm.wait_err_line(&format!("{fault}: failing the start here"), T);
+    let alive = line
+        .split_once("device threads alive: [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| {
+            list.split(", ")
+                .filter(|n| !n.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_else(|| panic!("no device threads in {line:?}"));
+    let threads = line
+        .rsplit_once("process threads: ")
+        .and_then(|(_, n)| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no thread count in {line:?}"));
+    AtFault { alive, threads }
+}
+
+/// The device threads alive when `start-fails-at-<step>` fires: those of
+/// every step up to it (a balloon, 3 drives, `net` interfaces, a vsock).
+fn threads_by(step: &str, net: bool) -> Vec<String> {
+    let mut names = vec!["balloon".to_string()];
+    if step == "balloon" {
+        return names;
+    }
+    names.extend((0..3).map(|i| format!("virtio-blk{i}")));
+    if step == "drives" {
+        return names;
+    }
+    if net {
+        names.push("virtio-net0".into());
+    }
+    if step == "net" {
+        return names;
+    }
+    names.push("virtio-vsock".into());
+    names
+}
+
+/// The names of `pid`'s threads (`comm`).
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect()
+}
+
 /// One step fault: the start fails after that step, gives everything back,
 /// and the retry runs the firmware.
 fn fails_at(step: &str, needs_net: bool) {
@@ -213,12 +274,28 @@ fn fails_at(step: &str, needs_net: bool) {
     let before = quiet_usage(pid);
     let (status, body) = start(&sock);
     assert_fault(status, &body, 400, &fault);
+    // The step ran before the fault: its device threads (and those of the
+    // steps before it) were alive when it fired, in the kernel's count too.
+    let fired = at_fault(&mut vmm, &fault);
+    let made = threads_by(step, ns.is_some());
+    assert_eq!(fired.alive, made, "{fault}: the device threads alive");
+    assert!(
+        fired.threads >= before.threads + made.len(),
+        "{fault}: {} threads when it fired, {} before the start",
+        fired.threads,
+        before.threads
+    );
     let after = settles(pid, before);
     eprintln!(
-        "{fault} (net: {}): before {before:?}, after {after:?}",
+        "{fault} (net: {}): before {before:?}, at the fault {fired:?}, after {after:?}",
         ns.is_some()
     );
     assert_back(after, before, &fault);
+    let left: Vec<String> = thread_names(pid)
+        .into_iter()
+        .filter(|n| made.contains(n))
+        .collect();
+    assert!(left.is_empty(), "{fault}: threads left behind: {left:?}");
     assert_eq!(state(&sock), "Not started");
     // Nothing was changed: the taps, the socket and the drives it was
     // given are still configured.
@@ -346,7 +423,11 @@ fn a_device_past_the_last_gsi_is_refused_at_put() {
         );
         assert_fault(status, &body, 400, limit);
     } else {
-        eprintln!("(no network namespace: the interface case is not run)");
+        let why =
+            "the network-interface case: cannot make a network namespace with a tap (ip, root)";
+        // CI runs as root with ip: there the case must run.
+        assert!(!in_ci(), "a_device_past_the_last_gsi (CI=true): {why}");
+        not_possible("a_device_past_the_last_gsi_is_refused_at_put", why);
     }
     let config = get(&sock, "/vm/config");
     assert_eq!(

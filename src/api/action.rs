@@ -89,8 +89,9 @@ pub enum VmmAction {
     /// path's id equal to the body's; the other interfaces, the TAP device
     /// and the state by the VMM, with [`crate::config::check_nets`]).
     PutNetworkInterface(NetConfig),
-    /// `PATCH /network-interfaces/{iface_id}`: rate limiters, of which
-    /// only none is taken (a no-op once the interface exists).
+    /// `PATCH /network-interfaces/{iface_id}`: new rate limiters for a
+    /// started microVM's interface (both absent: a no-op); before the
+    /// start refused, as Firecracker refuses it.
     PatchNetworkInterface(NetUpdate),
     /// `PUT /vsock` (fields checked alone; the socket and the state by the
     /// VMM).
@@ -151,6 +152,7 @@ impl VmmAction {
             VmmAction::PatchBalloon(_) => Some("PATCH /balloon"),
             VmmAction::PatchBalloonStatistics(_) => Some("PATCH /balloon/statistics"),
             VmmAction::PatchDrive(_) => Some("PATCH /drives"),
+            VmmAction::PatchNetworkInterface(_) => Some("PATCH /network-interfaces"),
             _ => None,
         }
     }

@@ -371,6 +371,36 @@ fn patch_network_interface() {
 }
 
 #[test]
+fn patch_network_interface_is_only_for_a_started_microvm() {
+    // Firecracker's `UpdateNetworkInterface` is among the actions it
+    // refuses before InstanceStart (OperationNotSupportedPreBoot), whatever
+    // the body: a no-op, and limiters for an interface that is there.
+    for body in [
+        r#"{"iface_id": "eth0"}"#,
+        r#"{"iface_id": "eth0", "rx_rate_limiter": {"bandwidth": {"size": 1048576, "refill_time": 100}}}"#,
+        r#"{"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 10, "refill_time": 1000}}}"#,
+    ] {
+        let a = ok("PATCH", "/network-interfaces/eth0", body);
+        assert!(
+            matches!(a, VmmAction::PatchNetworkInterface(_)),
+            "{body}: {a:?}"
+        );
+        assert_eq!(
+            a.only_once_started(),
+            Some("PATCH /network-interfaces"),
+            "{body}"
+        );
+    }
+    // PUT /network-interfaces is a before-the-start resource.
+    let put = ok(
+        "PUT",
+        "/network-interfaces/eth0",
+        r#"{"iface_id": "eth0", "host_dev_name": "tap0"}"#,
+    );
+    assert_eq!(put.only_once_started(), None);
+}
+
+#[test]
 fn put_vsock() {
     assert_eq!(
         ok(

@@ -655,7 +655,7 @@ const START: &[Allow] = &[
         libc::SYS_openat,
         2,
         &[(O_RDONLY_CLOEXEC, "O_RDONLY|O_CLOEXEC")],
-        "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances",
+        "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances; the thread count a start-fails-at fault reports (/proc/self/status)",
     ),
     any(libc::SYS_read, "those files; the kernel and initrd"),
     any(libc::SYS_lseek, "the kernel loader seeks in the image; a drive's size"),

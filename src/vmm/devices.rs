@@ -25,7 +25,7 @@
 //! bus and the VM. What the client gave stays configured: each device gets
 //! its own handle (`dup`) on the drive's file, the tap and the listener.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -275,6 +275,15 @@ struct Running {
 }
 
 impl Running {
+    /// The names of the device threads that have not ended.
+    fn alive(&self) -> Vec<&str> {
+        self.threads
+            .iter()
+            .filter(|t| matches!(t.ended.try_recv(), Err(TryRecvError::Empty)))
+            .map(|t| t.name.as_str())
+            .collect()
+    }
+
     /// Stops the threads, waiting until `deadline` at most.
     fn stop_threads(&mut self, deadline: Instant) -> DeviceStopReport {
         let mut report = DeviceStopReport::default();
@@ -383,10 +392,24 @@ fn lock_by<T: ?Sized>(m: &Mutex<T>, deadline: Instant) -> Option<std::sync::Mute
 
 /// With the fault `start-fails-at-<step>` (or, after the last step,
 /// `first-start-fails-after-devices`): the build fails here, once, as a
-/// later step failing would.
-fn fault_at(fault: &'static str) -> Result<(), DeviceError> {
+/// later step failing would. Its line says what the failure tears down, so
+/// that a test sees the steps before it ran: the device threads still
+/// alive (`running`'s, each one's `ended` channel still open) and the
+/// process's thread count as the kernel has it (`/proc/self/status`).
+fn fault_at(fault: &'static str, running: &Running) -> Result<(), DeviceError> {
     if crate::faults::fire_once(fault) {
-        log::warn!("{fault}: failing the start here");
+        let threads = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Threads:"))
+                    .map(|n| n.trim().to_string())
+            })
+            .unwrap_or_else(|| "?".into());
+        log::warn!(
+            "{fault}: failing the start here; device threads alive: [{}]; process threads: {threads}",
+            running.alive().join(", ")
+        );
         return Err(DeviceError::Injected(fault));
     }
     Ok(())
@@ -449,7 +472,7 @@ impl Devices {
                 slot,
                 discard,
             });
-            fault_at(crate::faults::START_FAILS_AT_BALLOON)?;
+            fault_at(crate::faults::START_FAILS_AT_BALLOON, &running)?;
         }
         let mut blocks = Vec::new();
         for (i, d) in specs.drives.iter().enumerate() {
@@ -492,7 +515,7 @@ impl Devices {
             });
         }
         if !specs.drives.is_empty() {
-            fault_at(crate::faults::START_FAILS_AT_DRIVES)?;
+            fault_at(crate::faults::START_FAILS_AT_DRIVES, &running)?;
         }
         let mut nets = Vec::new();
         for (i, n) in specs.nets.iter().enumerate() {
@@ -535,7 +558,7 @@ impl Devices {
             nets.push(device);
         }
         if !specs.nets.is_empty() {
-            fault_at(crate::faults::START_FAILS_AT_NET)?;
+            fault_at(crate::faults::START_FAILS_AT_NET, &running)?;
         }
         let mut vsock = None;
         if let Some(v) = &specs.vsock {
@@ -570,7 +593,7 @@ impl Devices {
                 v.opts.uds_path.display()
             );
             vsock = Some(device);
-            fault_at(crate::faults::START_FAILS_AT_VSOCK)?;
+            fault_at(crate::faults::START_FAILS_AT_VSOCK, &running)?;
         }
         let rng = match &specs.entropy {
             Some(limiter) => Some(build_rng(&mut running, &mut mmio, vm, memory, limiter)?),
@@ -587,7 +610,7 @@ impl Devices {
             )?),
             _ => None,
         };
-        fault_at(crate::faults::FIRST_START_FAILS_AFTER_DEVICES)?;
+        fault_at(crate::faults::FIRST_START_FAILS_AFTER_DEVICES, &running)?;
         Ok(Devices {
             hotplug,
             rng,
@@ -742,7 +765,7 @@ fn build_hotplug(
             host_node: p.node,
         });
     }
-    fault_at(crate::faults::START_FAILS_AT_HOTPLUG)?;
+    fault_at(crate::faults::START_FAILS_AT_HOTPLUG, running)?;
     Ok(Hotplug {
         devices,
         slots,

@@ -1,8 +1,8 @@
-//! `PATCH /network-interfaces/{id}`: new rate limiters for an interface.
-//! Before the start they change the configuration the start uses; while
-//! the microVM runs they change the device's limiters too (checked whole
-//! first, so a refused update changes nothing), and `GET /vm/config` shows
-//! the result.
+//! `PATCH /network-interfaces/{id}`: new rate limiters for an interface of
+//! a started microVM (before the start the VMM refuses it, as Firecracker
+//! does: [`crate::api::VmmAction::only_once_started`]). They change the
+//! device's limiters (checked whole first, so a refused update changes
+//! nothing) and the configuration, which `GET /vm/config` shows.
 
 use super::phase::Phase;
 use super::Vmm;

@@ -409,7 +409,7 @@ unsafe fn set_region(fd: &VmFd, slot: u32, s: &MemorySlot) -> Result<(), VmError
     } else {
         0
     };
-    let done = match s.guest_memfd {
+    let (done, flags) = match s.guest_memfd {
         Some(file) => {
             let region = kvm_userspace_memory_region2 {
                 slot,
@@ -424,7 +424,7 @@ unsafe fn set_region(fd: &VmFd, slot: u32, s: &MemorySlot) -> Result<(), VmError
             // SAFETY: as below; the guest_memfd is borrowed from the
             // memory that owns it, and KVM takes the file's pages by
             // offset (the file pins the VM, not the other way round).
-            unsafe { fd.set_user_memory_region2(region) }
+            (unsafe { fd.set_user_memory_region2(region) }, region.flags)
         }
         None => {
             let region = kvm_userspace_memory_region {
@@ -436,7 +436,7 @@ unsafe fn set_region(fd: &VmFd, slot: u32, s: &MemorySlot) -> Result<(), VmError
             };
             // SAFETY: the caller guarantees the host range is a live
             // mapping of `size` bytes for as long as KVM may use it.
-            unsafe { fd.set_user_memory_region(region) }
+            (unsafe { fd.set_user_memory_region(region) }, region.flags)
         }
     };
     done.map_err(|source| VmError::SetUserMemoryRegion {
@@ -444,7 +444,12 @@ unsafe fn set_region(fd: &VmFd, slot: u32, s: &MemorySlot) -> Result<(), VmError
         guest_addr: s.guest_addr,
         size: s.size,
         source,
-    })
+    })?;
+    // What KVM took, from the flags it was given (the metrics' `memslots`).
+    if s.size > 0 {
+        crate::metrics::record_memslot_added(flags & KVM_MEM_LOG_DIRTY_PAGES != 0);
+    }
+    Ok(())
 }
 
 /// The VM's memslots for memory attached while it runs (the hotplug
