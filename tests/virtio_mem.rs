@@ -323,6 +323,8 @@ fn two_nodes_each_plug_their_part_and_their_own_workers_free_it() {
     let v = get(&sock, "/hotplug/memory");
     let nodes = v["nodes"].as_array().expect("nodes").clone();
     assert_eq!(nodes.len(), 2, "{v}");
+    let pid = vmm.child.id();
+    let before = rss_bytes_of(pid);
     request_mib(&sock, 1024);
     vmm.wait_line(
         "teravm firmware: mem plugged 1024 MiB (1024 MiB plugged)",
@@ -332,9 +334,20 @@ fn two_nodes_each_plug_their_part_and_their_own_workers_free_it() {
     for n in v["nodes"].as_array().unwrap() {
         assert_eq!(u(n, "plugged_size_mib"), 512, "{v}");
     }
+    // The guest wrote both parts: the process holds them (not teravm's
+    // counters: the kernel's).
+    let plugged = rss_bytes_of(pid);
+    assert!(
+        plugged >= before + (1000 << 20),
+        "RSS {} -> {} MiB after plugging 512 MiB on each node",
+        before >> 20,
+        plugged >> 20
+    );
     request_mib(&sock, 0);
     vmm.wait_line("teravm firmware: mem unplugged 1024 MiB (0 MiB plugged)", T);
     plugged_until(&sock, 0);
+    // Both parts went back: more than either part alone holds.
+    rss_falls_to(pid, plugged - (1000 << 20), "after unplugging both parts");
     // Each node's part freed by its own workers.
     let deadline = Instant::now() + FREED_WITHIN;
     loop {

@@ -85,6 +85,23 @@ fn a_replug_waits_for_the_discard_of_its_blocks() {
         waited >= Duration::from_secs(1),
         "the replug came {waited:?} after the unplug: it did not wait for the 2 s discards"
     );
+    // Nothing zeroes the replugged blocks later: once every discard has
+    // ended, what the guest wrote into them is still resident (a discard
+    // that ran behind the replug would have freed it: teravm's RSS, not its
+    // counters, says so).
+    let replugged = vmm.rss_bytes();
+    let deadline = Instant::now() + T;
+    while u(&get(&sock, "/hotplug/memory"), "discards_in_flight") != 0 {
+        assert!(Instant::now() < deadline, "discards still running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let settled = vmm.rss_bytes();
+    assert!(
+        settled + (16 << 20) >= replugged && replugged >= 256 << 20,
+        "RSS {} MiB after the replug, {} MiB once the discards ended: a late discard freed replugged blocks",
+        replugged >> 20,
+        settled >> 20
+    );
     let lines = shutdown_ok(vmm, &sock);
     for l in &lines {
         assert!(
