@@ -185,3 +185,216 @@ the cell says so and the walk goes on with a fresh one in the same phase.
 A cell is the status code and the start of the `fault_message`; `$DIR` is
 the walk's temp dir. `–`: not sent in that phase.
 ";
+
+/// Firecracker's swagger (`src/firecracker/swagger/firecracker.yaml`) at
+/// the revision of the Firecracker build: beside that build's source
+/// (`<cache>/bin/firecracker` → `<cache>/src/firecracker/...`), else out of
+/// the source tarball the build script unpacks
+/// (`../shared/peers/firecracker-81b38b9da.tar.gz`). None if neither is
+/// there.
+fn swagger(fc: &Path) -> Option<String> {
+    const IN_TREE: &str = "src/firecracker/swagger/firecracker.yaml";
+    if let Some(cache) = fc.parent().and_then(Path::parent) {
+        let beside = cache.join("src/firecracker").join(IN_TREE);
+        if let Ok(text) = std::fs::read_to_string(beside) {
+            return Some(text);
+        }
+    }
+    let tarball =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/peers/firecracker-81b38b9da.tar.gz");
+    let out = std::process::Command::new("tar")
+        .arg("-xzOf")
+        .arg(&tarball)
+        .arg(format!("firecracker/{IN_TREE}"))
+        .output()
+        .ok()?;
+    (out.status.success() && !out.stdout.is_empty())
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The swagger's operations: (method in capitals, path with its `{id}`
+/// filled in as [`fill`] does).
+fn swagger_routes(yaml: &str) -> Vec<(String, String)> {
+    let mut routes = Vec::new();
+    let mut in_paths = false;
+    let mut path = None;
+    for line in yaml.lines() {
+        if !line.starts_with(' ') && !line.trim().is_empty() {
+            // A top-level section: `paths:`, `definitions:` ...
+            in_paths = line.trim_end() == "paths:";
+            path = None;
+        } else if !in_paths {
+        } else if let Some(p) = line.strip_prefix("  /").and_then(|p| p.strip_suffix(':')) {
+            path = Some(fill(&format!("/{p}")));
+        } else if let (Some(p), Some(m)) = (
+            &path,
+            line.strip_prefix("    ").and_then(|m| m.strip_suffix(':')),
+        ) {
+            if ["get", "put", "patch", "delete"].contains(&m) {
+                routes.push((m.to_uppercase(), p.clone()));
+            }
+        }
+    }
+    routes
+}
+
+/// A path template with an id filled in.
+fn fill(template: &str) -> String {
+    template
+        .replace("{drive_id}", "rootfs")
+        .replace("{iface_id}", "eth0")
+        .replace("{id}", "pmem0")
+}
+
+/// Firecracker's router matches only the first path segment for these
+/// (src/firecracker/src/api_server/parsed_request.rs): `PUT /balloon/x` is
+/// `PUT /balloon`, `GET`/`PATCH /mmds/x` are `GET`/`PATCH /mmds` (a `PATCH
+/// /mmds/config` patches the store), `PATCH /vm/x` is `PATCH /vm`.
+const FC_FIRST_SEGMENT: &str = "Firecracker's router reads only the first path segment here and \
+                                takes it as the parent resource; teravm answers 405";
+const SNAPSHOTS: &str = "teravm answers any method under /snapshot with 400 `snapshots are not \
+                         supported by teravm`; Firecracker 400 `Invalid request method and/or \
+                         path` for a method it does not take: the same status";
+
+/// Routes one VMM takes and the other does not, each with its reason; the
+/// test fails on a difference not here and on a row that no longer
+/// differs.
+const ROUTES_ONLY_ON: &[(&str, &str, &str, &str)] = &[
+    ("teravm", "GET", "/memory", "teravm's own memory settings"),
+    ("teravm", "PUT", "/memory", "teravm's own memory settings"),
+    ("teravm", "GET", "/reclaim", "teravm's own reclaim settings"),
+    ("teravm", "PUT", "/reclaim", "teravm's own reclaim settings"),
+    (
+        "firecracker",
+        "PUT",
+        "/pmem/pmem0",
+        "teravm has no virtio-pmem",
+    ),
+    (
+        "firecracker",
+        "PATCH",
+        "/pmem/pmem0",
+        "teravm has no virtio-pmem",
+    ),
+    (
+        "firecracker",
+        "DELETE",
+        "/pmem/pmem0",
+        "teravm has no virtio-pmem",
+    ),
+    (
+        "firecracker",
+        "DELETE",
+        "/drives/rootfs",
+        "teravm has no device hot-unplug",
+    ),
+    (
+        "firecracker",
+        "DELETE",
+        "/network-interfaces/eth0",
+        "teravm has no device hot-unplug",
+    ),
+    (
+        "firecracker",
+        "PUT",
+        "/balloon/statistics",
+        FC_FIRST_SEGMENT,
+    ),
+    (
+        "firecracker",
+        "PUT",
+        "/balloon/hinting/start",
+        FC_FIRST_SEGMENT,
+    ),
+    (
+        "firecracker",
+        "PUT",
+        "/balloon/hinting/status",
+        FC_FIRST_SEGMENT,
+    ),
+    (
+        "firecracker",
+        "PUT",
+        "/balloon/hinting/stop",
+        FC_FIRST_SEGMENT,
+    ),
+    ("firecracker", "GET", "/mmds/config", FC_FIRST_SEGMENT),
+    ("firecracker", "PATCH", "/mmds/config", FC_FIRST_SEGMENT),
+    ("firecracker", "PATCH", "/vm/config", FC_FIRST_SEGMENT),
+    ("teravm", "GET", "/snapshot/create", SNAPSHOTS),
+    ("teravm", "PATCH", "/snapshot/create", SNAPSHOTS),
+    ("teravm", "DELETE", "/snapshot/create", SNAPSHOTS),
+    ("teravm", "GET", "/snapshot/load", SNAPSHOTS),
+    ("teravm", "PATCH", "/snapshot/load", SNAPSHOTS),
+    ("teravm", "DELETE", "/snapshot/load", SNAPSHOTS),
+];
+
+/// The routes, asked of the real Firecracker: every path of its swagger
+/// and teravm's own, with each of GET, PUT, PATCH, DELETE (PUT and PATCH
+/// with `{}`), sent to Firecracker and to teravm before `InstanceStart`.
+/// A route is taken unless the answer says no such route: Firecracker's
+/// 400 `Invalid request method and/or path` (or `Unrecognized ... path`),
+/// teravm's 404 or 405. The two must take the same routes but for
+/// [`ROUTES_ONLY_ON`]; and teravm must take every operation of the
+/// swagger but those rows. So a route teravm drops, or one it adds
+/// wrongly, fails here, whatever the golden table says.
+#[test]
+fn the_routes_are_firecrackers() {
+    let test = "the_routes_are_firecrackers";
+    let Some(fc) = firecracker(test) else {
+        return;
+    };
+    let Some(yaml) = swagger(&fc) else {
+        skip(
+            test,
+            "no Firecracker swagger beside its build or in ../shared/peers",
+        );
+        return;
+    };
+    let spec = swagger_routes(&yaml);
+    assert!(spec.len() >= 30, "too few operations parsed: {spec:?}");
+    let mut paths: Vec<String> = spec.iter().map(|(_, p)| p.clone()).collect();
+    paths.extend(["/memory".to_string(), "/reclaim".to_string()]);
+    paths.dedup();
+    let both = common::fc_api::Both::start(test, &fc, &[]);
+    let mut failures = Vec::new();
+    let mut differ = Vec::new();
+    for path in &paths {
+        for method in ["GET", "PUT", "PATCH", "DELETE"] {
+            let body = matches!(method, "PUT" | "PATCH").then_some("{}");
+            let ((fs, fb), (ts, tb)) = both.ask(method, path, body);
+            let fc_takes = !(fs == 400
+                && (fb.contains("Invalid request method and/or path")
+                    || fb.contains("Unrecognized")));
+            let tv_takes = !matches!(ts, 404 | 405);
+            let listed = ROUTES_ONLY_ON
+                .iter()
+                .find(|(_, m, p, _)| *m == method && p == path);
+            if fc_takes != tv_takes {
+                differ.push((method, path.clone()));
+                let only = if fc_takes { "firecracker" } else { "teravm" };
+                match listed {
+                    Some((who, ..)) if *who == only => {}
+                    _ => failures.push(format!(
+                        "{method} {path}: taken by {only} only (Firecracker {fs} {fb:?}, \
+                         teravm {ts} {tb:?}), not in ROUTES_ONLY_ON"
+                    )),
+                }
+            }
+            let in_spec = spec.iter().any(|(m, p)| m == method && p == path);
+            if in_spec && !tv_takes && listed.is_none() {
+                failures.push(format!(
+                    "{method} {path}: in Firecracker's swagger, teravm answers {ts} {tb:?}"
+                ));
+            }
+        }
+    }
+    for &(who, m, p, why) in ROUTES_ONLY_ON {
+        if !differ.iter().any(|(dm, dp)| *dm == m && dp == p) {
+            failures.push(format!(
+                "ROUTES_ONLY_ON {who} {m} {p} ({why}): both take it now, or neither: delete the row"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

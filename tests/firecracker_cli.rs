@@ -275,3 +275,131 @@ fn http_api_max_payload_size_bounds_request_bodies() {
     assert_eq!(get(&sock, "/vm/config")["boot-source"]["boot_args"], "");
     drop(vmm);
 }
+
+/// The groups of a metrics line, asked of the real Firecracker: the same
+/// devices (a drive, a vsock, a balloon, an entropy device, a hotplug
+/// region) configured on both with the same requests, the test guest
+/// booted, a `FlushMetrics` on both, and each one's last metrics line read.
+/// Every group teravm writes but its own `teravm` must be one Firecracker
+/// writes (so a group named wrongly fails, whatever teravm's own tests
+/// expect), and the configured devices' groups must be in both lines. The
+/// counters inside are compared and the differences printed, not refused:
+/// teravm lacks some of Firecracker's (e.g. the `*_agg` latencies) and adds
+/// its own.
+#[test]
+fn the_metrics_groups_are_firecrackers() {
+    let test = "metrics_groups_as_firecracker";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(fc) = firecracker(test) else {
+        return;
+    };
+    let mut both = common::fc_api::Both::start(test, &fc, &[]);
+    let mut files = Vec::new();
+    for side in [&both.fc, &both.tv] {
+        let metrics = side.dir.join("metrics");
+        // Firecracker opens it without creating it.
+        std::fs::write(&metrics, "").unwrap();
+        side.put_ok(
+            "/metrics",
+            &format!(r#"{{"metrics_path": "{}"}}"#, metrics.display()),
+        );
+        let disk = side.dir.join("disk.img");
+        std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
+        side.put_ok(
+            "/drives/rootfs",
+            &format!(
+                r#"{{"drive_id": "rootfs", "path_on_host": "{}", "is_root_device": false, "is_read_only": false}}"#,
+                disk.display()
+            ),
+        );
+        side.put_ok(
+            "/vsock",
+            &format!(
+                r#"{{"guest_cid": 3, "uds_path": "{}"}}"#,
+                side.dir.join("v.sock").display()
+            ),
+        );
+        files.push(metrics);
+    }
+    both.put_ok(
+        "/balloon",
+        r#"{"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1}"#,
+    );
+    both.put_ok("/entropy", "{}");
+    both.put_ok("/hotplug/memory", r#"{"total_size_mib": 1024}"#);
+    both.boot_test_guest(
+        r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
+        "then=idle",
+    );
+    for side in [&mut both.fc, &mut both.tv] {
+        side.vmm.wait_line("teravm guest: idle", T);
+    }
+    let (s, b) = both.same(
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type": "FlushMetrics"}"#),
+    );
+    assert_eq!(s, 204, "{b}");
+    let last = |path: &Path| -> Value {
+        let text = std::fs::read_to_string(path).unwrap();
+        let line = text
+            .lines()
+            .last()
+            .unwrap_or_else(|| panic!("no line in {}", path.display()));
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    let (fc_line, tv_line) = (last(&files[0]), last(&files[1]));
+    let (Value::Object(fc_groups), Value::Object(tv_groups)) = (&fc_line, &tv_line) else {
+        panic!("not objects: {fc_line} {tv_line}");
+    };
+    let mut wrong = Vec::new();
+    for (group, tv_value) in tv_groups {
+        if group == "teravm" {
+            continue;
+        }
+        let Some(fc_value) = fc_groups.get(group) else {
+            wrong.push(format!("group {group:?}: Firecracker writes no such group"));
+            continue;
+        };
+        let (Value::Object(tv_counters), Value::Object(fc_counters)) = (tv_value, fc_value) else {
+            if tv_value.is_object() != fc_value.is_object() {
+                wrong.push(format!(
+                    "{group}: teravm {tv_value}, Firecracker {fc_value}"
+                ));
+            }
+            continue;
+        };
+        let missing: Vec<&String> = fc_counters
+            .keys()
+            .filter(|c| !tv_counters.contains_key(*c))
+            .collect();
+        if !missing.is_empty() {
+            eprintln!("{group}: Firecracker's counters teravm does not write: {missing:?}");
+        }
+        let extra: Vec<&String> = tv_counters
+            .keys()
+            .filter(|c| !fc_counters.contains_key(*c))
+            .collect();
+        if !extra.is_empty() {
+            eprintln!("{group}: teravm's own counters beside Firecracker's: {extra:?}");
+        }
+    }
+    // The groups of the devices configured are there, on both.
+    for group in [
+        "block_rootfs",
+        "vsock",
+        "balloon",
+        "entropy",
+        "memory_hotplug",
+    ] {
+        if !tv_groups.contains_key(group) {
+            wrong.push(format!("teravm writes no {group} group"));
+        }
+        if !fc_groups.contains_key(group) {
+            wrong.push(format!("Firecracker writes no {group} group"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -3,7 +3,7 @@
 //! allocates them, reclaim and the balloon punch holes in them, and a
 //! kernel that lacks what teravm needs is refused with a clear error.
 //!
-//! What teravm holds is measured in its own files (`common::gmem`: its
+//! What teravm holds is measured in its own files, by the test alone (`common::gmem`: its
 //! `[kvm-gmem]` descriptors, duplicated with `pidfd_getfd` and asked with
 //! `cachestat`): pages KVM gives the guest from a guest_memfd are never in
 //! teravm's RSS.

@@ -383,6 +383,38 @@ fn the_api_takes_good_mmds_bodies_and_refuses_bad_ones() {
     drop(vmm);
 }
 
+/// Past `--mmds-size-limit`, `PUT` and `PATCH /mmds` are a 413 with a
+/// `fault_message` and change nothing: asked of the real Firecracker with
+/// the same flag and the same requests, and teravm must answer alike.
+#[test]
+fn past_the_size_limit_a_413_as_on_firecracker() {
+    let test = "mmds_413_as_firecracker";
+    let Some(fc) = firecracker(test) else {
+        return;
+    };
+    let both = common::fc_api::Both::start(test, &fc, &["--mmds-size-limit", "200"]);
+    let small = r#"{"a": {"b": 1}, "c": 2}"#;
+    assert_eq!(both.same("PUT", "/mmds", Some(small)).0, 204);
+    let big = json!({"k": "x".repeat(300)}).to_string();
+    // A body that fits once merged is taken: the limit is on the store.
+    let fits = json!({"c": "y".repeat(100)}).to_string();
+    for (method, body, code) in [
+        ("PUT", &big, 413),
+        ("PATCH", &big, 413),
+        ("PATCH", &fits, 204),
+        ("PUT", &small.to_string(), 204),
+    ] {
+        let (s, b) = both.same(method, "/mmds", Some(body));
+        assert_eq!(s, code, "{method} {} bytes: {b}", body.len());
+        if code == 413 {
+            assert_fault(s, &b, 413, "doesn't fit");
+        }
+        // Nothing changed by a refused body; both stores alike.
+        both.same_json("/mmds");
+    }
+    assert_eq!(both.same_json("/mmds"), json!({"a": {"b": 1}, "c": 2}));
+}
+
 #[test]
 fn a_bad_metadata_file_is_one_line_and_exit_1() {
     let dir = temp_dir("mmds-bad-metadata");

@@ -209,3 +209,77 @@ fn sigterm_while_paused_reclaims() {
     let (mib, _, _) = summary(&err);
     assert!(mib >= 28, "reclaimed only {mib} MiB: {err}");
 }
+
+/// Every console line already written is taken (until none comes for
+/// 200 ms, within 5 s: a guest still running never goes quiet), then none
+/// may come for 500 ms (a guest that ran would print 50 ticks). `who`
+/// names the VMM.
+fn falls_silent(vmm: &mut Vmm, who: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Some(l) = vmm.next_line(Duration::from_millis(200)) {
+        assert!(
+            Instant::now() < deadline,
+            "{who}: the console still writes 5 s after the pause's 204 ({l:?})"
+        );
+    }
+    assert_eq!(
+        vmm.next_line(Duration::from_millis(500)),
+        None,
+        "{who}: a line while paused"
+    );
+}
+
+/// The answers this file's tests take as Firecracker's, asked of the real
+/// Firecracker: the same requests to it and to teravm, the test guest
+/// ticking on each (`tick=10`), and each must answer alike (status, and a
+/// `fault_message` or none), say the same state in `GET /`, fall silent
+/// while paused and tick again once resumed.
+#[test]
+fn firecracker_answers_the_pause_requests_as_teravm_does() {
+    let test = "pause_as_firecracker";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(fc) = firecracker(test) else {
+        return;
+    };
+    let mut both = common::fc_api::Both::start(test, &fc, &[]);
+    let patch = |both: &common::fc_api::Both, body: &str| both.same("PATCH", "/vm", Some(body));
+    // Before start: a 400 on both.
+    assert_eq!(patch(&both, r#"{"state": "Paused"}"#).0, 400);
+    both.boot_test_guest(
+        r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
+        "tick=10",
+    );
+    for side in [&mut both.fc, &mut both.tv] {
+        side.vmm.wait_line("teravm guest: tick", T);
+    }
+    let states = |both: &common::fc_api::Both, want: &str| {
+        assert_eq!(
+            (both.fc.state(), both.tv.state()),
+            (want.to_string(), want.to_string())
+        );
+    };
+    states(&both, "Running");
+    // A resume while running, a pause, a pause while paused.
+    assert_eq!(patch(&both, r#"{"state": "Resumed"}"#).0, 204);
+    assert_eq!(patch(&both, r#"{"state": "Paused"}"#).0, 204);
+    states(&both, "Paused");
+    falls_silent(&mut both.fc.vmm, "firecracker");
+    falls_silent(&mut both.tv.vmm, "teravm");
+    assert_eq!(patch(&both, r#"{"state": "Paused"}"#).0, 204);
+    for bad in [
+        r#"{"state": "Running"}"#,
+        r#"{"state": "Paused", "x": 1}"#,
+        r#"{}"#,
+        "",
+    ] {
+        assert_eq!(patch(&both, bad).0, 400, "{bad:?}");
+    }
+    states(&both, "Paused");
+    assert_eq!(patch(&both, r#"{"state": "Resumed"}"#).0, 204);
+    states(&both, "Running");
+    for side in [&mut both.fc, &mut both.tv] {
+        side.vmm.wait_line("teravm guest: tick", T);
+    }
+}

@@ -85,6 +85,84 @@ fn a_path_that_cannot_be_opened_is_a_400() {
     drop(vmm);
 }
 
+/// The hostile paths of [`a_path_that_cannot_be_opened_is_a_400`], asked
+/// of the real Firecracker: the same requests to it and to teravm. Neither
+/// runs a guest writing there: Firecracker takes the `PUT /serial` (204)
+/// and refuses the `InstanceStart` (400, the path is opened only then),
+/// teravm refuses the `PUT` itself (400: it opens the path at once,
+/// docs/firecracker.md); both with a `fault_message`, both still "Not
+/// started", nothing made at the path. An unknown field is a 400 at the
+/// `PUT` on both. And a good path: both take it, start, and the guest's
+/// line lands in the file, not on stdout.
+#[test]
+fn hostile_paths_are_refused_as_firecracker_refuses_them() {
+    let test = "serial_hostile_as_firecracker";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(fc) = firecracker(test) else {
+        return;
+    };
+    let machine = r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#;
+    let boot = Guest::TestGuest.boot_source("then=idle");
+    let both = common::fc_api::Both::start(test, &fc, &[]);
+    both.put_ok("/machine-config", machine);
+    both.put_ok("/boot-source", &boot);
+    let dir = temp_dir("serial-hostile-paths");
+    let missing = dir.join("no/such/dir/serial.log");
+    for path in [
+        dir.display().to_string(),
+        missing.display().to_string(),
+        String::new(),
+    ] {
+        let body = format!(r#"{{"serial_out_path": "{path}"}}"#);
+        let ((fs, fb), (ts, tb)) = both.ask("PUT", "/serial", Some(&body));
+        assert_eq!(fs, 204, "Firecracker PUT /serial {path:?}: {fb}");
+        assert_fault(ts, &tb, 400, "serial.serial_out_path");
+        let (fs, fb) = both.fc.ask(
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type": "InstanceStart"}"#),
+        );
+        assert_eq!(
+            fs, 400,
+            "Firecracker started with serial_out_path {path:?}: {fb}"
+        );
+        assert!(common::fc_api::has_fault(&fb), "{fb}");
+        assert_eq!(
+            (both.fc.state(), both.tv.state()),
+            ("Not started".to_string(), "Not started".to_string()),
+            "{path:?}"
+        );
+    }
+    assert!(!missing.exists() && !dir.join("no").exists());
+    let (s, _) = both.same("PUT", "/serial", Some(r#"{"path": "x"}"#));
+    assert_eq!(s, 400);
+    drop(both);
+
+    // A good path, on a fresh pair: taken, started, written.
+    let both = common::fc_api::Both::start(test, &fc, &[]);
+    let mut files = Vec::new();
+    for side in [&both.fc, &both.tv] {
+        let file = side.dir.join("serial.log");
+        let body = format!(r#"{{"serial_out_path": "{}"}}"#, file.display());
+        side.put_ok("/serial", &body);
+        files.push(file);
+    }
+    both.boot_test_guest(machine, "then=idle");
+    let deadline = Instant::now() + T;
+    for file in &files {
+        loop {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            if text.contains("teravm guest: idle") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}: {text:?}", file.display());
+            std::thread::yield_now();
+        }
+    }
+}
+
 /// Bytes of the test guest's `rng data` lines for `bytes` bytes of
 /// `rng-dump` (128 bytes, 256 hex digits, a line).
 fn dump_bytes(bytes: usize) -> usize {

@@ -125,6 +125,48 @@ fn assert_no_driver_error(lines: &[String]) {
     }
 }
 
+/// The defaults a `PUT /hotplug/memory` with only `total_size_mib` takes
+/// (block 2 MiB, slot 128 MiB), asked of the real Firecracker: the same
+/// requests to it and to teravm, each booting the test guest, and each
+/// must answer alike before the start (`GET /hotplug/memory`, the
+/// `memory-hotplug` of `GET /vm/config`) and after it (Firecracker's fields
+/// of `GET /hotplug/memory`, equal), and refuse a second `PUT` once started.
+#[test]
+fn the_hotplug_defaults_are_firecrackers() {
+    let test = "hotplug_defaults_as_firecracker";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(fc) = firecracker(test) else {
+        return;
+    };
+    let both = common::fc_api::Both::start(test, &fc, &[]);
+    let put = r#"{"total_size_mib": 1024}"#;
+    assert_eq!(both.same("PUT", "/hotplug/memory", Some(put)).0, 204);
+    both.same("GET", "/hotplug/memory", None);
+    let config = |side: &common::fc_api::Side| side.get("/vm/config")["memory-hotplug"].clone();
+    assert_eq!(
+        config(&both.fc),
+        config(&both.tv),
+        "memory-hotplug before start"
+    );
+    both.boot_test_guest(
+        r#"{"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "None"}"#,
+        "then=idle",
+    );
+    // teravm adds `nodes` and `discards_in_flight` (docs/firecracker.md).
+    let v = both.same_fields("/hotplug/memory", &["nodes", "discards_in_flight"]);
+    assert_eq!(u(&v, "block_size_mib"), 2, "{v}");
+    assert_eq!(u(&v, "slot_size_mib"), 128, "{v}");
+    assert_eq!(
+        config(&both.fc),
+        config(&both.tv),
+        "memory-hotplug after start"
+    );
+    let (s, _) = both.same("PUT", "/hotplug/memory", Some(put));
+    assert_eq!(s, 400);
+}
+
 #[test]
 fn plug_touches_unplug_frees_and_a_replug_reads_zeros() {
     if !kvm_or_skip("virtio_mem_plug") {

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod fc_api;
 pub mod guests;
 pub mod netns;
 pub mod peers;
@@ -16,15 +17,75 @@ pub mod peers;
 #[allow(unused_imports)]
 pub use teravm_client::{host, http as client};
 
-/// What a teravm process holds in guest_memfd files, counted with teravm's
-/// own `cachestat` wrapper.
+/// What a teravm process holds in guest_memfd files, found and counted
+/// here, independently of teravm's code: its descriptors whose link reads
+/// `anon_inode:[kvm-gmem]` (`/proc/<pid>/fd`), each duplicated into the
+/// test and asked of the kernel with `cachestat(2)` (written here, not
+/// teravm's wrapper), and whether the host can have them at all, asked of
+/// `/dev/kvm` here (`KVM_CHECK_EXTENSION`), not of teravm.
 pub mod gmem {
+    use std::os::fd::{AsRawFd, OwnedFd};
+
     #[allow(unused_imports)]
     pub use teravm_client::gmem::{gmem_fds, gmem_mappings};
 
     /// Bytes allocated in all of `pid`'s guest_memfds (0 where it has none).
     pub fn gmem_allocated_bytes(pid: u32) -> std::io::Result<u64> {
-        teravm_client::gmem::gmem_allocated_bytes(pid, teravm::memory::gmem::allocated_bytes)
+        teravm_client::gmem::gmem_allocated_bytes(pid, cached_bytes)
+    }
+
+    /// The pages of `file` in the page cache, in bytes: `cachestat(2)`
+    /// (syscall 451) over the whole file.
+    fn cached_bytes(file: &OwnedFd) -> std::io::Result<u64> {
+        // struct cachestat_range and struct cachestat (include/uapi/linux/mman.h).
+        let range: [u64; 2] = [0, 0];
+        let mut stat = [0u64; 5];
+        // SAFETY: the kernel reads `range` and writes `stat`, both ours and
+        // of the sizes it expects; a bad descriptor is an error.
+        let ret = unsafe {
+            libc::syscall(
+                451,
+                file.as_raw_fd(),
+                range.as_ptr(),
+                stat.as_mut_ptr(),
+                0 as libc::c_uint,
+            )
+        };
+        if ret != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: sysconf takes no pointers.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+        Ok(stat[0] * page)
+    }
+
+    /// What the host's KVM lacks for guest RAM on guest_memfd as teravm
+    /// backs it (docs: `KVM_CAP_GUEST_MEMFD` 234, `KVM_CAP_USER_MEMORY2`
+    /// 231, and `GUEST_MEMFD_FLAG_MMAP | GUEST_MEMFD_FLAG_INIT_SHARED` in
+    /// `KVM_CAP_GUEST_MEMFD_FLAGS` 244), asked of `/dev/kvm` here; None if
+    /// nothing.
+    pub fn host_lacks() -> Option<String> {
+        let kvm = match std::fs::File::open("/dev/kvm") {
+            Ok(f) => f,
+            Err(e) => return Some(format!("/dev/kvm: {e}")),
+        };
+        // KVM_CHECK_EXTENSION: _IO(0xAE, 0x03).
+        // SAFETY: the ioctl takes an integer, no pointer.
+        let cap = |c: libc::c_ulong| unsafe { libc::ioctl(kvm.as_raw_fd(), 0xAE03, c) };
+        let mut lacks = Vec::new();
+        if cap(234) <= 0 {
+            lacks.push("KVM_CAP_GUEST_MEMFD".to_string());
+        }
+        if cap(231) <= 0 {
+            lacks.push("KVM_CAP_USER_MEMORY2".to_string());
+        }
+        let flags = cap(244).max(0);
+        if flags & 0b11 != 0b11 {
+            lacks.push(format!(
+                "GUEST_MEMFD_FLAG_MMAP and INIT_SHARED in KVM_CAP_GUEST_MEMFD_FLAGS (it has {flags:#x})"
+            ));
+        }
+        (!lacks.is_empty()).then(|| format!("this host's KVM lacks {}", lacks.join(", ")))
     }
 }
 
@@ -100,13 +161,22 @@ pub fn skip(test: &str, reason: impl std::fmt::Display) {
 /// HERE` (listed by `.ci/run`), not a failure.
 pub use teravm_client::not_possible;
 
-/// Whether this host's KVM backs guest RAM with guest_memfd as teravm
-/// needs it (asked of `/dev/kvm`, as teravm asks); where not, says so
-/// ([`not_possible`]) and the test returns.
+/// Whether this host's KVM can back guest RAM with guest_memfd as teravm
+/// needs it, asked of `/dev/kvm` by the test itself ([`gmem::host_lacks`]);
+/// where not, says so ([`not_possible`]) and the test returns. teravm's own
+/// check must agree with the host's (a teravm that refused guest_memfd on a
+/// host that has it fails here, not NOT POSSIBLE).
 pub fn gmem_or_not_possible(test: &str) -> bool {
-    match teravm::vstate::vm::Vm::guest_memfd_available() {
-        Ok(()) => true,
-        Err(why) => {
+    let host = gmem::host_lacks();
+    let teravm = teravm::vstate::vm::Vm::guest_memfd_available().err();
+    assert_eq!(
+        host.is_none(),
+        teravm.is_none(),
+        "{test}: the host's KVM says {host:?}, teravm's check {teravm:?}"
+    );
+    match host {
+        None => true,
+        Some(why) => {
             not_possible(test, why);
             false
         }
@@ -260,6 +330,14 @@ impl Vmm {
             self.stderr.push(line);
         }
         (self.stdout.clone(), self.stderr.clone())
+    }
+
+    /// The next stdout line, waiting at most `within`; None if none came
+    /// (or stdout closed).
+    pub fn next_line(&mut self, within: Duration) -> Option<String> {
+        let line = self.lines.recv_timeout(within).ok()?;
+        self.stdout.push(line.clone());
+        Some(line)
     }
 
     /// Waits for a stdout line containing `needle` and returns it.

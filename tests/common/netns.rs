@@ -135,10 +135,30 @@ pub fn start_on(
     iface: &str,
     args: &str,
 ) -> (super::Vmm, std::path::PathBuf) {
+    start_program_on(super::teravm(), ns, dir, host_dev_name, iface, args)
+}
+
+/// [`start_on`] with `program`, teravm or the real Firecracker (the same
+/// requests; Firecracker's log goes to `<dir>/fc.log`, and the metrics file
+/// is made first, as Firecracker opens it without creating it).
+pub fn start_program_on(
+    program: &str,
+    ns: &Netns,
+    dir: &std::path::Path,
+    host_dev_name: &str,
+    iface: &str,
+    args: &str,
+) -> (super::Vmm, std::path::PathBuf) {
     use super::api::{action, put_ok, T};
     let sock = dir.join("api.sock");
-    let mut cmd = ns.command(super::teravm());
+    let mut cmd = ns.command(program);
     cmd.arg("--api-sock").arg(&sock);
+    if program != super::teravm() {
+        let log = dir.join("fc.log");
+        std::fs::write(&log, "").unwrap();
+        cmd.arg("--log-path").arg(&log);
+    }
+    std::fs::write(dir.join("metrics"), "").unwrap();
     let vmm = super::Vmm::spawn_command(cmd);
     super::wait_for_api(&sock, T);
     put_ok(

@@ -178,3 +178,32 @@ const fn row(
         pending,
     }
 }
+
+/// The fields of a 200 body that may differ from Firecracker's, each with
+/// its reason: (the `GET` path, the dotted field, why). Used by
+/// `the_200_bodies_are_firecrackers`, which fails on a field that differs
+/// and is not here, and on a row no field needs.
+pub const BODY_DIFFERS: &[(&str, &str, &str)] = &[
+    (
+        "/vm/config",
+        "memory",
+        "teravm's own section (docs/firecracker.md: `memory` and `reclaim` sit beside them)",
+    ),
+    ("/vm/config", "reclaim", "teravm's own section"),
+    ("/machine-config", "cpu_template", CPU_TEMPLATE_NONE),
+    (
+        "/vm/config",
+        "machine-config.cpu_template",
+        CPU_TEMPLATE_NONE,
+    ),
+    (
+        "/vm/config",
+        "pmem",
+        "found by this test (issue 34), not changed yet: teravm has no virtio-pmem and leaves the \
+         section out; Firecracker shows `[]`",
+    ),
+];
+
+const CPU_TEMPLATE_NONE: &str = "found by this test (issue 34), not changed yet: teravm shows \
+                                 `\"cpu_template\": \"None\"`; Firecracker leaves the field out \
+                                 when no template is set";
