@@ -106,7 +106,17 @@ fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
     }
     let _big = big_memory();
     let (mut vmm, sock, dir) = start_api("vmem-hostile", &[]);
-    let metrics = boot(&sock, &dir, "vmem-hostile", TOTAL_MIB, SLOT_MIB);
+    // All of RAM written first, and read back by the guest at the end
+    // (`touch-check`): a discard that strayed outside the region would
+    // take what it wrote away (the guest's word and the kernel's count,
+    // not teravm's counters).
+    let metrics = boot(
+        &sock,
+        &dir,
+        "touch=all vmem-hostile touch-check",
+        TOTAL_MIB,
+        SLOT_MIB,
+    );
     // teravm takes the target as soon as it runs, the driver up or not.
     let (s, b) = patch(
         &sock,
@@ -174,6 +184,20 @@ fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
         grew <= 8 * MIB,
         "RSS grew {} KiB ({rss_before} -> {rss_after})",
         grew >> 10
+    );
+    // Nor did it fall by more than the one block the guest plugged and
+    // unplugged: the RAM it wrote is all still there.
+    let check = vmm.wait_line("teravm guest: touch check ", T);
+    assert!(
+        check.starts_with("teravm guest: touch check 0 bad of ") && !check.ends_with(" of 0 pages"),
+        "{check}"
+    );
+    let rss_end = vmm.rss_bytes();
+    assert!(
+        rss_before >= (RAM_MIB - 32) * MIB && rss_end + BLOCK_BYTES + 4 * MIB >= rss_before,
+        "RSS {} -> {} MiB: something outside the unplugged block was freed",
+        rss_before >> 20,
+        rss_end >> 20
     );
     // The guest's read, write and read of never-plugged memory: three
     // accesses, counted.

@@ -77,6 +77,8 @@ pub struct Options {
     pub vmem_touch_unplugged: bool,
     /// `mem-blk` (vmem.rs).
     pub mem_blk: bool,
+    /// `touch-check` (main.rs).
+    pub touch_check: bool,
     /// `bcheck-linux-reset` (balloon/check.rs).
     pub bcheck_linux_reset: bool,
     /// `balloon-no-tell` (balloon/check.rs).
@@ -155,6 +157,7 @@ impl Options {
             vmem_hostile: false,
             vmem_touch_unplugged: false,
             mem_blk: false,
+            touch_check: false,
             bcheck_linux_reset: false,
             balloon_no_tell: false,
             devices: [None; MAX_DEVICES],
@@ -183,6 +186,7 @@ impl Options {
                 "vmem-hostile" if value.is_empty() => o.vmem_hostile = true,
                 "vmem-touch-unplugged" if value.is_empty() => o.vmem_touch_unplugged = true,
                 "mem-blk" if value.is_empty() => o.mem_blk = true,
+                "touch-check" if value.is_empty() => o.touch_check = true,
                 "bcheck-linux-reset" if value.is_empty() => o.bcheck_linux_reset = true,
                 "balloon-no-tell" if value.is_empty() => o.balloon_no_tell = true,
                 "blk-read" => match value.parse() {

@@ -29,6 +29,8 @@
 //!   balloon-no-tell      balloon without MUST_TELL_HOST: deflate, reuse
 //!   vmem-touch-unplugged plug what the host asks, unplug it when asked
 //!                        for 0, and touch it at once after the answer
+//!   touch-check          at the end, re-read what `touch=` wrote: prints
+//!                        `touch check <bad> bad of <pages> pages`
 //!   mem-blk              plug 2 MiB of the first virtio-mem, read the first
 //!                        drive's sector 0 into it (vmem.rs)
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
@@ -143,6 +145,11 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     }
     if options.vmem_touch_unplugged {
         vmem::touch_unplugged(&options);
+    }
+    // `touch-check`: what `touch=` wrote is all still there.
+    if options.touch_check {
+        let (bad, pages) = mem::check_touched(&info, mapped, touched_bytes);
+        say!("touch check {} bad of {} pages", bad, pages);
     }
     if options.reset {
         say!("reset");

@@ -207,6 +207,29 @@ pub fn touchable(info: &BootInfo, mapped: u64) -> impl Iterator<Item = Range> + 
     })
 }
 
+/// Re-reads the first `bytes` of the touchable RAM that [`touch`] wrote:
+/// (pages that lost their word, pages read).
+pub fn check_touched(info: &BootInfo, mapped: u64, bytes: u64) -> (u64, u64) {
+    let (mut bad, mut pages, mut left) = (0, 0, bytes);
+    for r in touchable(info, mapped) {
+        let n = (r.end - r.start).min(left) & !0xfff;
+        let mut p = r.start;
+        while p < r.start + n {
+            // SAFETY: the page `touch` wrote, identity-mapped.
+            if unsafe { read_volatile(p as *const u64) } != p {
+                bad += 1;
+            }
+            pages += 1;
+            p += 4096;
+        }
+        left -= n;
+        if left == 0 {
+            break;
+        }
+    }
+    (bad, pages)
+}
+
 /// Dirties `bytes` of the touchable RAM, one write per 4 KiB page, and
 /// returns how many bytes it touched.
 pub fn touch(info: &BootInfo, mapped: u64, bytes: u64) -> u64 {
