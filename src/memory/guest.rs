@@ -110,6 +110,9 @@ impl GuestMemory {
             }
         }
         admission::check(opts)?;
+        // For the reclaim's count of what the guest owned (opened here, on
+        // the thread that may open /proc files).
+        super::pagemap::open();
         if opts.backing == Backing::GuestMemfd && opts.page_size == PageSize::Transparent {
             log::info!(
                 "guest_memfd: 4 KiB pages (this kernel offers no transparent huge pages for guest_memfd)"

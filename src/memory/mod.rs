@@ -28,6 +28,7 @@ pub mod layout;
 pub mod mapping;
 pub mod numa;
 pub mod options;
+pub mod pagemap;
 pub mod plan;
 pub mod populate;
 pub mod progress;

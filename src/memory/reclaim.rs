@@ -456,7 +456,9 @@ fn no_recency(ranges: &[HostRange]) {
 }
 
 /// Frees one chunk of a range; returns the resident bytes it held
-/// (measured with `mincore` just before, or `cachestat` of a guest_memfd).
+/// (measured just before: the pages of anonymous memory that are the
+/// guest's own, [`super::pagemap`]; `mincore` of a memory file;
+/// `cachestat` of a guest_memfd).
 ///
 /// # Safety
 /// `range` is a live mapping the caller may discard.
@@ -484,7 +486,16 @@ unsafe fn free_chunk(
             sys::file_cached_bytes(fd, offset, chunk.len)
                 .map_err(|e| fail("cachestat", Some((fd, offset)), e))?
         }
-        _ => sys::resident_bytes(addr, len, buf).map_err(|e| fail("mincore", None, e))?,
+        // Anonymous memory: only the pages the guest owns, not those it
+        // only read (the shared zero page, which `mincore` counts too).
+        FreeMethod::DontNeed => match super::pagemap::owned_bytes(addr, len) {
+            Some(owned) => owned.map_err(|e| fail("PAGEMAP_SCAN", None, e))?,
+            None => sys::resident_bytes(addr, len, buf).map_err(|e| fail("mincore", None, e))?,
+        },
+        // A memory file's pages in its page cache, mapped here or not.
+        FreeMethod::PunchHole { .. } => {
+            sys::resident_bytes(addr, len, buf).map_err(|e| fail("mincore", None, e))?
+        }
     };
     // SAFETY: the caller's contract is the same as ours; the chunk lies
     // inside the range (the plan cuts ranges into chunks).

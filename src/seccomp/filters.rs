@@ -182,6 +182,10 @@ const fn mmap_no_exec(why: &'static str) -> Allow {
 /// `cachestat` (Linux 6.5), not in libc's list yet.
 const SYS_CACHESTAT: i64 = 451;
 
+/// `PAGEMAP_SCAN` (Linux 6.7), `_IOWR('f', 16, struct pm_scan_arg)`; the
+/// same as `crate::memory::pagemap::PAGEMAP_SCAN` (a unit test says so).
+pub(crate) const PAGEMAP_SCAN: u64 = 0xc060_6610;
+
 const O_RDONLY_CLOEXEC: u64 = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
 
 /// Every teravm thread, whatever its role: what Rust's runtime and glibc do
@@ -766,8 +770,11 @@ const RECLAIM: &[Allow] = &[
     one_of(
         libc::SYS_ioctl,
         1,
-        &[named!(libc::TCGETS)],
-        "is stderr a terminal (progress line)",
+        &[
+            named!(libc::TCGETS),
+            (PAGEMAP_SCAN, "PAGEMAP_SCAN"),
+        ],
+        "is stderr a terminal (progress line); the guest's own pages of each anonymous chunk (/proc/self/pagemap, opened at the start)",
     ),
     one_of(
         libc::SYS_fallocate,

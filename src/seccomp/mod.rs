@@ -24,7 +24,7 @@
 //! (library users, unit tests) the policy is [`Policy::Off`].
 
 mod doc;
-mod filters;
+pub(crate) mod filters;
 pub mod open_flags;
 mod sigsys;
 mod syscall_names;

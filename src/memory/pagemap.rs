@@ -1,0 +1,166 @@
+//! The resident pages of anonymous guest memory that are the guest's own:
+//! present in the page tables and not the shared zero page. `mincore`
+//! counts a page the guest only read (mapped to the zero page, which
+//! nothing frees) as resident, so a reclaim summary built on it claimed
+//! memory the process never held; `PAGEMAP_SCAN` (Linux 6.7) on
+//! `/proc/self/pagemap` tells the two apart, and answers in ranges, not a
+//! byte a page. Where the kernel lacks it, or the file was not opened, the
+//! caller counts with `mincore` as before.
+//!
+//! Hand-written: the ioctl's structures (`include/uapi/linux/fs.h`) are in
+//! no libc release yet.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+/// `PAGEMAP_SCAN`: `_IOWR('f', 16, struct pm_scan_arg)` (96 bytes).
+pub const PAGEMAP_SCAN: libc::c_ulong = 0xc060_6610;
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_PFNZERO: u64 = 1 << 5;
+/// Regions asked for per call.
+const REGIONS: usize = 256;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+static PAGEMAP: OnceLock<Option<File>> = OnceLock::new();
+/// Set once the kernel refused the ioctl: `mincore` from then on.
+static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Opens `/proc/self/pagemap` (read-only, once), on a thread whose filter
+/// lets it open `/proc` files (the start); later calls do nothing.
+pub fn open() {
+    PAGEMAP.get_or_init(|| File::open("/proc/self/pagemap").ok());
+}
+
+/// Bytes of `addr..addr+len` (page-aligned, mapped anonymous private)
+/// present and not the zero page; None where `PAGEMAP_SCAN` cannot answer
+/// (the file was not opened, or the kernel lacks the ioctl).
+pub fn owned_bytes(addr: usize, len: usize) -> Option<io::Result<u64>> {
+    if UNSUPPORTED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let file = PAGEMAP.get()?.as_ref()?;
+    let mut regions = [PageRegion::default(); REGIONS];
+    let end = (addr + len) as u64;
+    let mut start = addr as u64;
+    let mut total = 0;
+    while start < end {
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            start,
+            end,
+            vec: regions.as_mut_ptr() as u64,
+            vec_len: REGIONS as u64,
+            // Present, and not (inverted) the zero page.
+            category_inverted: PAGE_IS_PFNZERO,
+            category_mask: PAGE_IS_PRESENT | PAGE_IS_PFNZERO,
+            return_mask: PAGE_IS_PRESENT,
+            ..PmScanArg::default()
+        };
+        // SAFETY: the kernel reads and writes `arg` (the layout of struct
+        // pm_scan_arg, its size given) and writes at most `vec_len` regions
+        // into `regions`, both ours; it only reads the page tables of the
+        // range.
+        let n = unsafe { libc::ioctl(file.as_raw_fd(), PAGEMAP_SCAN, &mut arg as *mut PmScanArg) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) && total == 0 {
+                UNSUPPORTED.store(true, Ordering::Relaxed);
+                return None;
+            }
+            return Some(Err(e));
+        }
+        for r in &regions[..(n as usize).min(REGIONS)] {
+            total += r.end.saturating_sub(r.start);
+        }
+        if arg.walk_end <= start {
+            return Some(Err(io::Error::other("PAGEMAP_SCAN made no progress")));
+        }
+        start = arg.walk_end;
+    }
+    Some(Ok(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ioctl_number_is_iowr_f_16_and_the_filters_allow_it() {
+        let iowr = (3 << 30) | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16);
+        assert_eq!(PAGEMAP_SCAN, iowr | (libc::c_ulong::from(b'f') << 8) | 16);
+        assert_eq!(PAGEMAP_SCAN as u64, crate::seccomp::filters::PAGEMAP_SCAN);
+    }
+
+    /// A page written is owned; one only read (the zero page) and one never
+    /// touched are not; `mincore` counts the read one too.
+    #[test]
+    fn a_page_only_read_is_not_owned() {
+        open();
+        let page = 4096;
+        let len = 16 * page;
+        // SAFETY: a fresh private anonymous mapping of our own, unmapped
+        // below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let base = p as usize;
+        // SAFETY: no huge pages here, so a read maps the 4 KiB zero page.
+        unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+        for i in 0..4 {
+            // SAFETY: inside the mapping.
+            unsafe { ((base + i * page) as *mut u64).write_volatile(1) };
+        }
+        for i in 4..10 {
+            // SAFETY: inside the mapping.
+            let _ = unsafe { ((base + i * page) as *const u64).read_volatile() };
+        }
+        let mincore = super::super::sys::resident_bytes(base, len, &mut Vec::new()).unwrap();
+        match owned_bytes(base, len) {
+            Some(owned) => {
+                assert_eq!(owned.unwrap(), 4 * page as u64);
+                assert_eq!(mincore, 10 * page as u64, "mincore counts the zero page");
+            }
+            None => teravm_client::not_possible(
+                "memory::pagemap::a_page_only_read_is_not_owned",
+                "this kernel has no PAGEMAP_SCAN (Linux 6.7)",
+            ),
+        }
+        // SAFETY: our mapping, nothing refers to it.
+        unsafe { libc::munmap(p, len) };
+    }
+}
