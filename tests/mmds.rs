@@ -5,8 +5,8 @@
 //! same configuration prints the same lines, and no MMDS frame reaches the
 //! tap (a capture shown to see one: the firmware's without `mmds-config`). And the API: `PUT`/`PATCH`/`GET /mmds`, `PUT /mmds/config`, good
 //! and bad bodies, the process alive after each; the MMDS configured over
-//! the API (V2, another address) read by the guest, and the `mmds` metrics
-//! group counting it.
+//! the API (V2, another address) read by the guest, replaced while it runs
+//! and read again by the guest, and the `mmds` metrics group counting it.
 
 mod common;
 
@@ -523,7 +523,7 @@ fn configured_over_the_api_the_guest_reads_it_and_the_metrics_count_it() {
         &sock,
         "/boot-source",
         &json!({"kernel_image_path": guest(),
-                "boot_args": "mmds=/a/b mmds-addr=169.254.170.2"})
+                "boot_args": "mmds=/a/b mmds-addr=169.254.170.2 mmds-watch"})
         .to_string(),
     );
     put_ok(
@@ -541,10 +541,19 @@ fn configured_over_the_api_the_guest_reads_it_and_the_metrics_count_it() {
     assert_eq!(s, 204, "{r}");
     let line = vmm.wait_line("teravm guest: mmds", T);
     assert_eq!(words_of(&line), "mmds 200 from the API");
-    // Replaced while running (as Firecracker allows), and the
+    // Replaced while running (as Firecracker allows): the guest, asking
+    // again and again (`mmds-watch`), reads the new value; then the
     // configuration refused once started.
     put_ok(&sock, "/mmds", r#"{"a": {"b": "new"}}"#);
     assert_eq!(get(&sock, "/mmds"), json!({"a": {"b": "new"}}));
+    let line = vmm.wait_line("teravm guest: mmds", T);
+    assert_eq!(words_of(&line), "mmds 200 new", "after PUT /mmds");
+    let line = vmm.wait_line("teravm guest: mmds watched", T);
+    let gets: u64 = words_of(&line)
+        .strip_prefix("mmds watched ")
+        .and_then(|w| w.strip_suffix(" gets"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line:?}"));
     let (s, r) = req_put_config(&sock);
     assert_fault(s, &r, 400, "not allowed in state");
     let (s, r) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
@@ -552,9 +561,9 @@ fn configured_over_the_api_the_guest_reads_it_and_the_metrics_count_it() {
     let text = std::fs::read_to_string(&metrics).unwrap();
     let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     let m = &last["mmds"];
-    // The token PUT and the GET, both on V2 with the token: no token
-    // counted missing or invalid, nothing dropped.
-    assert_eq!(m["rx_count"], 2, "{last}");
+    // The token PUT, the first GET and the watch's GETs, all on V2 with
+    // the token: no token counted missing or invalid, nothing dropped.
+    assert_eq!(m["rx_count"], 2 + gets, "{last}");
     assert!(m["rx_accepted"].as_u64().unwrap() >= 6, "{m}");
     assert!(m["tx_frames"].as_u64().unwrap() >= 6, "{m}");
     assert_eq!(m["tx_dropped"], 0, "{m}");
