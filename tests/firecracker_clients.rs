@@ -1,7 +1,8 @@
 //! Firecracker's clients against the real teravm binary, real KVM and the
 //! real socket: replays of the exact request sequences of
 //! firecracker-go-sdk's `Machine.Start` and of firectl (read from their
-//! source), flintlock's command line and config file stopped with SIGHUP,
+//! source), flintlock's command line and config file (its `--metadata`
+//! read by the firmware from the MMDS) stopped with SIGHUP,
 //! and PyPI's firecracker-python (its `Api` class and process launcher).
 //! Each reaches Running and ends with reclaim and exit 0; the log and
 //! metrics they set up are checked line by line. The device replays attach
@@ -612,7 +613,9 @@ fn firectl_replay_with_drives_tap_and_vsock() {
 }
 
 /// flintlock's config file (`VmmConfig`), with the root drive it always
-/// adds left out (teravm has no block device).
+/// adds left out (teravm has no block device): its tap and a V1
+/// `mmds-config` naming it; the firmware touches 64 MiB and fetches
+/// `/latest/meta-data` from the MMDS.
 fn flintlock_config(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let (log, metrics) = (dir.join("firecracker.log"), dir.join("firecracker.metrics"));
     // ensureState: both files made with O_CREATE|O_APPEND beforehand.
@@ -621,10 +624,12 @@ fn flintlock_config(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let cfg = config_file(
         dir,
         &format!(
-            r#"{{"drives":[],"boot-source":{{"boot_args":"touch=64 then=idle"}},
+            r#"{{"drives":[],"boot-source":{{"boot_args":"touch=64 mmds=/latest/meta-data then=idle"}},
                 "logger":{{"log_path":"{}","level":"Debug","show_level":true,"show_log_origin":true}},
                 "machine-config":{{"vcpu_count":2,"mem_size_mib":256,"smt":false,"track_dirty_pages":false}},
-                "metrics":{{"metrics_path":"{}"}},"network-interfaces":[]}}"#,
+                "metrics":{{"metrics_path":"{}"}},
+                "network-interfaces":[{{"iface_id":"eth0","host_dev_name":"tap0","guest_mac":"{GUEST_MAC}"}}],
+                "mmds-config":{{"version":"V1","network_interfaces":["eth0"]}}}}"#,
             log.display(),
             metrics.display()
         ),
@@ -634,26 +639,46 @@ fn flintlock_config(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 
 #[test]
 fn flintlock_command_line_stopped_with_sighup() {
-    if !kvm_or_skip("flintlock_command_line_stopped_with_sighup") {
+    let test = "flintlock_command_line_stopped_with_sighup";
+    if !kvm_or_skip(test) {
         return;
     }
+    let Some(ns) = Netns::new("flintlock") else {
+        skip(
+            test,
+            "cannot make a network namespace with a tap (ip, root)",
+        );
+        return;
+    };
     let dir = temp_dir("flintlock");
     let (cfg, log, metrics) = flintlock_config(&dir);
     let id = "01HQ5ZK3V8N2X4";
     // flintlock also passes `--metadata FILE` (the MMDS's contents, taken
-    // since issue 26). It starts at once from the file; SIGHUP stops it.
+    // since issue 26): cloud-init's files under `latest`. It starts at once
+    // from the file, the firmware reads the metadata from the MMDS;
+    // SIGHUP stops it.
     let meta = dir.join("metadata.json");
-    std::fs::write(&meta, r#"{"latest":{}}"#).unwrap();
-    let mut vmm = Vmm::spawn(&[
-        "--id",
-        id,
-        "--boot-timer",
-        "--no-api",
-        "--config-file",
-        cfg.to_str().unwrap(),
-        "--metadata",
-        meta.to_str().unwrap(),
-    ]);
+    std::fs::write(
+        &meta,
+        serde_json::json!({"latest": {
+            "meta-data": format!("instance-id: {id}\nlocal-hostname: vm1\n"),
+            "user-data": "#cloud-config\n",
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let mut cmd = ns.command(teravm());
+    cmd.args(["--id", id, "--boot-timer", "--no-api", "--config-file"])
+        .arg(&cfg)
+        .arg("--metadata")
+        .arg(&meta);
+    let mut vmm = Vmm::spawn_command(cmd);
+    let line = vmm.wait_line("teravm firmware: mmds", T);
+    assert_eq!(
+        line.trim_end(),
+        format!("teravm firmware: mmds 200 instance-id: {id} local-hostname: vm1"),
+        "the metadata of --metadata, read by the guest"
+    );
     vmm.wait_line("teravm firmware: idle", T);
     vmm.signal(libc::SIGHUP);
     let (code, _, stderr) = vmm.wait(T);

@@ -3,17 +3,17 @@
 //! virtio-net (V1, V2 with a session token, V2 without one: 401, a nested
 //! path, a missing one), the same guest on the real Firecracker with the
 //! same configuration prints the same lines, and no MMDS frame reaches the
-//! tap. And the API: `PUT`/`PATCH`/`GET /mmds`, `PUT /mmds/config`, good
+//! tap (a capture shown to see one: the firmware's without `mmds-config`). And the API: `PUT`/`PATCH`/`GET /mmds`, `PUT /mmds/config`, good
 //! and bad bodies, the process alive after each; the MMDS configured over
-//! the API (V2, another address) read by the guest, and the `mmds` metrics
-//! group counting it.
+//! the API (V2, another address) read by the guest, replaced while it runs
+//! and read again by the guest, and the `mmds` metrics group counting it.
 
 mod common;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -88,6 +88,32 @@ fn frames(fd: &OwnedFd) -> Vec<Vec<u8>> {
     }
 }
 
+/// Waits up to `timeout` for a frame on `fd` that [`is_mmds`]; how long
+/// it took, or None.
+fn wait_mmds_frame(fd: &OwnedFd, timeout: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let deadline = start + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().clamp(1, 1000) as i32;
+        // SAFETY: one pollfd on our stack.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
+            continue;
+        }
+        if frames(fd).iter().any(|f| is_mmds(f)) {
+            return Some(start.elapsed());
+        }
+    }
+}
+
 /// Whether an Ethernet frame is ARP about, or IPv4 to, 169.254.169.254.
 fn is_mmds(f: &[u8]) -> bool {
     let ip = [169, 254, 169, 254];
@@ -122,15 +148,27 @@ fn teravm_wait_with(
     words: &str,
     needle: &str,
 ) -> String {
+    let mut vmm = teravm_spawn(who, ns, dir, Some(version), words);
+    let line = vmm.wait_line(needle, T);
+    let _ = vmm.child.kill();
+    let _ = vmm.child.wait();
+    line
+}
+
+/// teravm in `ns` with `who` running `words`, eth0 on the tap, the MMDS
+/// of `version` on eth0 (none: no `mmds-config`) and `--metadata`.
+fn teravm_spawn(who: Guest, ns: &Netns, dir: &Path, version: Option<&str>, words: &str) -> Vmm {
     let metadata_path = dir.join("metadata.json");
     std::fs::write(&metadata_path, metadata().to_string()).unwrap();
     let boot: Value = serde_json::from_str(&who.boot_source(words)).unwrap();
-    let config = json!({
+    let mut config = json!({
         "machine-config": {"vcpu_count": 1, "mem_size_mib": 128},
         "boot-source": boot,
         "network-interfaces": [{"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": MAC}],
-        "mmds-config": mmds_config(version),
     });
+    if let Some(version) = version {
+        config["mmds-config"] = mmds_config(version);
+    }
     let config_path = config_file(dir, &config.to_string());
     let mut cmd = Command::new("ip");
     cmd.args([
@@ -144,11 +182,7 @@ fn teravm_wait_with(
     .arg(&config_path)
     .arg("--metadata")
     .arg(&metadata_path);
-    let mut vmm = Vmm::spawn_command(cmd);
-    let line = vmm.wait_line(needle, T);
-    let _ = vmm.child.kill();
-    let _ = vmm.child.wait();
-    line
+    Vmm::spawn_command(cmd)
 }
 
 fn words_of(line: &str) -> &str {
@@ -201,6 +235,24 @@ fn the_firmware_fetches_from_teravms_mmds_as_the_test_guest_does() {
         !seen.iter().any(|f| is_mmds(f)),
         "an MMDS frame of the firmware's reached the tap"
     );
+    // The control: the same firmware word on the same tap without
+    // `mmds-config` sends its frames (ARP for 169.254.169.254) to the tap,
+    // and the same capture sees them; so the check above could have seen
+    // one.
+    let mut control = teravm_spawn(
+        Guest::Firmware,
+        &ns,
+        &dir,
+        None,
+        "mmds=/latest/meta-data/ami-id then=idle",
+    );
+    let took = wait_mmds_frame(&fd, T);
+    let _ = control.child.kill();
+    let _ = control.child.wait();
+    let took = took.unwrap_or_else(|| {
+        panic!("control: no MMDS frame on the tap within {T:?} from a firmware without mmds-config")
+    });
+    eprintln!("control: the capture saw an MMDS frame after {took:?}");
 }
 
 #[test]
@@ -471,7 +523,7 @@ fn configured_over_the_api_the_guest_reads_it_and_the_metrics_count_it() {
         &sock,
         "/boot-source",
         &json!({"kernel_image_path": guest(),
-                "boot_args": "mmds=/a/b mmds-addr=169.254.170.2"})
+                "boot_args": "mmds=/a/b mmds-addr=169.254.170.2 mmds-watch"})
         .to_string(),
     );
     put_ok(
@@ -489,10 +541,19 @@ fn configured_over_the_api_the_guest_reads_it_and_the_metrics_count_it() {
     assert_eq!(s, 204, "{r}");
     let line = vmm.wait_line("teravm guest: mmds", T);
     assert_eq!(words_of(&line), "mmds 200 from the API");
-    // Replaced while running (as Firecracker allows), and the
+    // Replaced while running (as Firecracker allows): the guest, asking
+    // again and again (`mmds-watch`), reads the new value; then the
     // configuration refused once started.
     put_ok(&sock, "/mmds", r#"{"a": {"b": "new"}}"#);
     assert_eq!(get(&sock, "/mmds"), json!({"a": {"b": "new"}}));
+    let line = vmm.wait_line("teravm guest: mmds", T);
+    assert_eq!(words_of(&line), "mmds 200 new", "after PUT /mmds");
+    let line = vmm.wait_line("teravm guest: mmds watched", T);
+    let gets: u64 = words_of(&line)
+        .strip_prefix("mmds watched ")
+        .and_then(|w| w.strip_suffix(" gets"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line:?}"));
     let (s, r) = req_put_config(&sock);
     assert_fault(s, &r, 400, "not allowed in state");
     let (s, r) = action(&sock, r#"{"action_type": "FlushMetrics"}"#);
@@ -500,9 +561,9 @@ fn configured_over_the_api_the_guest_reads_it_and_the_metrics_count_it() {
     let text = std::fs::read_to_string(&metrics).unwrap();
     let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     let m = &last["mmds"];
-    // The token PUT and the GET, both on V2 with the token: no token
-    // counted missing or invalid, nothing dropped.
-    assert_eq!(m["rx_count"], 2, "{last}");
+    // The token PUT, the first GET and the watch's GETs, all on V2 with
+    // the token: no token counted missing or invalid, nothing dropped.
+    assert_eq!(m["rx_count"], 2 + gets, "{last}");
     assert!(m["rx_accepted"].as_u64().unwrap() >= 6, "{m}");
     assert!(m["tx_frames"].as_u64().unwrap() >= 6, "{m}");
     assert_eq!(m["tx_dropped"], 0, "{m}");

@@ -60,6 +60,9 @@ pub struct Options {
     pub mmds_ip: [u8; 4],
     /// `mmds-no-token`: `GET` without asking for a token first.
     pub mmds_no_token: bool,
+    /// `mmds-watch`: after the first `GET`, again until the answer changes
+    /// (mmds.rs).
+    pub mmds_watch: bool,
     /// `cpuid=` (cpuid.rs).
     pub cpuid: Option<crate::cpuid::Leaves>,
     /// `tick=<ms>` (cpuid.rs).
@@ -149,6 +152,7 @@ impl Options {
             mmds_addr: [169, 254, 169, 254],
             mmds_ip: [169, 254, 0, 2],
             mmds_no_token: false,
+            mmds_watch: false,
             cpuid: None,
             tick_ms: None,
             net_send: None,
@@ -197,6 +201,7 @@ impl Options {
                 "mmds" if value.starts_with('/') => o.mmds = Some(value.into()),
                 "mmds" => o.bad = Some("mmds="),
                 "mmds-no-token" if value.is_empty() => o.mmds_no_token = true,
+                "mmds-watch" if value.is_empty() => o.mmds_watch = true,
                 "mmds-addr" => match ipv4(value) {
                     Some(a) => o.mmds_addr = a,
                     None => o.bad = Some("mmds-addr="),

@@ -6,7 +6,10 @@
 //! First `PUT /latest/api/token` with `X-metadata-token-ttl-seconds: 60`;
 //! if that gives 200, its body is sent as `X-metadata-token` on the `GET`
 //! (so the same words work for MMDS V1 and V2); `mmds-no-token` skips
-//! that (a V2 MMDS then answers 401). Each request on its own
+//! that (a V2 MMDS then answers 401). `mmds-watch`: then the same `GET`
+//! again until the answer changes, its line, and `mmds watched <n> gets`
+//! (see [`watch`]; for a test that replaces the data while the guest
+//! runs). Each request on its own
 //! connection, HTTP/1.1 with `Host:` and `Connection: close`, read until
 //! its `Content-Length` is met or the server closes. The MMDS address is
 //! 169.254.169.254 unless `mmds-addr=`; the guest's own 169.254.0.2/16
@@ -46,6 +49,9 @@ const REQUEST_MS: u64 = 30_000;
 const TX_MS: u64 = 5_000;
 /// Most bytes of a response kept.
 const MAX_RESPONSE: usize = 64 * 1024;
+/// `mmds-watch`: how long it asks, and the pause between two `GET`s.
+const WATCH_MS: u64 = 30_000;
+const WATCH_PAUSE_MS: u64 = 50;
 
 type Dev = VirtIONetRaw<GuestHal, GuestTransport, QUEUE>;
 
@@ -204,6 +210,16 @@ struct Stack {
 }
 
 impl Stack {
+    /// `ms` of the stack running (answering what comes) and nothing sent
+    /// of ours.
+    fn pause(&mut self, ms: u64) {
+        let until = Deadline::after_ms(ms);
+        while !until.passed() {
+            self.iface.poll(now(), &mut self.nic, &mut self.sockets);
+            crate::io::wait_for(self.nic.base, ms.min(u64::from(crate::io::WAIT_MS)) as u16);
+        }
+    }
+
     /// One request on a new connection.
     fn request(&mut self, text: &str) -> Result<Reply, &'static str> {
         let socket = tcp::Socket::new(
@@ -336,6 +352,42 @@ fn one_line(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// `mmds <status> <first 200 bytes of the body>`.
+fn say_reply(r: &Reply) {
+    let text = one_line(&r.body[..r.body.len().min(200)]);
+    say!("mmds {} {}", r.status, text);
+}
+
+/// `mmds-watch`: the same `GET` (same token) again, every `WATCH_PAUSE_MS`,
+/// until its status or body differs from `first`; then that reply's line
+/// and `mmds watched <n> gets` (the `GET`s after the first, for a test
+/// that counts the MMDS's requests). Within `WATCH_MS`, else `mmds error
+/// unchanged after <n> gets`; an error ends it with its `mmds error` line.
+fn watch(st: &mut Stack, get: &str, first: &Reply) {
+    let deadline = Deadline::after_ms(WATCH_MS);
+    let mut n = 0u64;
+    loop {
+        if deadline.passed() {
+            say!("mmds error unchanged after {} gets", n);
+            return;
+        }
+        st.pause(WATCH_PAUSE_MS);
+        n += 1;
+        match st.request(get) {
+            Ok(r) if r.status == first.status && r.body == first.body => {}
+            Ok(r) => {
+                say_reply(&r);
+                say!("mmds watched {} gets", n);
+                return;
+            }
+            Err(why) => {
+                say!("mmds error {}", why);
+                return;
+            }
+        }
+    }
+}
+
 /// The `mmds=` word.
 pub fn run(options: &Options, path: &str) {
     let Some(mut st) = stack(options) else {
@@ -372,12 +424,19 @@ pub fn run(options: &Options, path: &str) {
         }
     }
     get.push_str("Connection: close\r\n\r\n");
-    match st.request(&get) {
+    let first = match st.request(&get) {
         Ok(r) => {
-            let text = one_line(&r.body[..r.body.len().min(200)]);
-            say!("mmds {} {}", r.status, text);
+            say_reply(&r);
+            r
         }
-        Err(why) => say!("mmds error {}", why),
+        Err(why) => {
+            say!("mmds error {}", why);
+            core::mem::forget(st);
+            return;
+        }
+    };
+    if options.mmds_watch {
+        watch(&mut st, &get, &first);
     }
     // The device stays set up (its buffers are the device's) until the
     // guest parks.
