@@ -234,11 +234,7 @@ fn a_failed_unplug_discard_is_retried_then_said_and_a_replug_still_reads_zeros()
         request_mib(&sock, 0);
         vmm.wait_line("teravm firmware: mem unplugged 512 MiB (0 MiB plugged)", T);
         plugged_until(&sock, 0);
-        let deadline = Instant::now() + T;
-        while u(&get(&sock, "/hotplug/memory"), "discards_in_flight") != 0 {
-            assert!(Instant::now() < deadline, "{fault}: discards still running");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        discards_done(&sock);
         let after = rss_bytes_of(pid);
         eprintln!(
             "{fault}: RSS {} MiB plugged, {} MiB after the unplug",

@@ -90,11 +90,7 @@ fn a_replug_waits_for_the_discard_of_its_blocks() {
     // that ran behind the replug would have freed it: teravm's RSS, not its
     // counters, says so).
     let replugged = vmm.rss_bytes();
-    let deadline = Instant::now() + T;
-    while u(&get(&sock, "/hotplug/memory"), "discards_in_flight") != 0 {
-        assert!(Instant::now() < deadline, "discards still running");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    discards_done(&sock);
     let settled = vmm.rss_bytes();
     assert!(
         settled + (16 << 20) >= replugged && replugged >= 256 << 20,

@@ -154,16 +154,7 @@ fn teravm_refuses_each_hostile_request_and_frees_nothing_outside_the_region() {
     assert_eq!(u(&st, "requested_size_mib"), REQUESTED_MIB, "{st}");
     // Nothing outside the one plugged block was freed, once every
     // discard has ended (UNPLUG is answered at once and freed behind).
-    let deadline = std::time::Instant::now() + T;
-    let mut st = st;
-    while u(&st, "discards_in_flight") != 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "discards still running: {st}"
-        );
-        std::thread::yield_now();
-        st = get(&sock, "/hotplug/memory");
-    }
+    let st = discards_done(&sock);
     let discarded: u64 = st["nodes"]
         .as_array()
         .unwrap()
@@ -253,14 +244,7 @@ fn touch_unplugged(fault: Option<&str>) {
     let words: Vec<&str> = done.split_whitespace().collect();
     let (kept, pages): (u64, u64) = (words[5].parse().unwrap(), words[7].parse().unwrap());
     assert_eq!(pages, PLUG_MIB * MIB / 4096, "{done}");
-    let deadline = std::time::Instant::now() + T;
-    while u(&get(&sock, "/hotplug/memory"), "discards_in_flight") != 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "discards still running"
-        );
-        std::thread::yield_now();
-    }
+    discards_done(&sock);
     // Every page of the block is gone from teravm, those the guest wrote
     // behind the answer included (a free before the slot left would let
     // the guest's next round fault them back in, and they would stay).

@@ -18,7 +18,8 @@
 //!   net=echo             send a frame on the first virtio-net, echo frames
 //!   mmds=<path> [mmds-addr=<a.b.c.d>] [mmds-ip=<a.b.c.d>]   fetch <path>
 //!                        from the MMDS over the first virtio-net (mmds.rs);
-//!                        mmds-no-token: no PUT /latest/api/token first
+//!                        mmds-no-token: no PUT /latest/api/token first;
+//!                        mmds-watch: then GET it again until it changes
 //!   cpuid=<leaf>[.<sub>],...   print those CPUID leaves (see `cpuid.rs`)
 //!   tick=<ms>            print `tick <n>` every <ms> ms, forever
 //!   net-send=<N>x<bytes> after the hello, N frames of that size

@@ -92,6 +92,24 @@ pub fn u(v: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no number {key} in {v}"))
 }
 
+/// Waits (at most [`T`]) until no discard of a live-memory device is in
+/// flight (`GET /hotplug/memory`'s `discards_in_flight`); returns that
+/// status.
+pub fn discards_done(sock: &Path) -> Value {
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let st = get(sock, "/hotplug/memory");
+        if u(&st, "discards_in_flight") == 0 {
+            return st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "discards still running: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// `Shutdown` through the API (answered 200), then exit 0; returns the
 /// stdout lines.
 pub fn shutdown_ok(vmm: Vmm, sock: &Path) -> Vec<String> {
