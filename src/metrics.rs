@@ -154,8 +154,6 @@ pub struct Metrics {
     sigint: AtomicU64,
     sighup_total: AtomicU64,
     console_bytes_dropped: AtomicU64,
-    memslots_added: AtomicU64,
-    memslots_dirty_log: AtomicU64,
     sink: Mutex<Option<LineSink>>,
 }
 
@@ -178,8 +176,6 @@ impl Metrics {
             sigint: AtomicU64::new(0),
             sighup_total: AtomicU64::new(0),
             console_bytes_dropped: AtomicU64::new(0),
-            memslots_added: AtomicU64::new(0),
-            memslots_dirty_log: AtomicU64::new(0),
             sink: Mutex::new(None),
         }
     }
@@ -225,16 +221,6 @@ pub fn add_console_bytes_dropped(bytes: u64) {
     METRICS
         .console_bytes_dropped
         .fetch_add(bytes, Ordering::Relaxed);
-}
-
-/// Counts one memslot KVM took (`KVM_SET_USER_MEMORY_REGION` or `..._2`
-/// answered 0 for a slot of non-zero size), `dirty_log` when the flags
-/// passed with it had `KVM_MEM_LOG_DIRTY_PAGES`.
-pub fn record_memslot_added(dirty_log: bool) {
-    METRICS.memslots_added.fetch_add(1, Ordering::Relaxed);
-    if dirty_log {
-        METRICS.memslots_dirty_log.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 /// Records the process start-up time that the jailer's flags let teravm
@@ -442,8 +428,8 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
                 "sighup": m.sighup_total.load(Ordering::Relaxed),
             },
             "memslots": {
-                "added": m.memslots_added.load(Ordering::Relaxed),
-                "dirty_log": m.memslots_dirty_log.load(Ordering::Relaxed),
+                "added": crate::vstate::vm::MEMSLOTS_ADDED.load(Ordering::Relaxed),
+                "dirty_log": crate::vstate::vm::MEMSLOTS_DIRTY_LOG.load(Ordering::Relaxed),
             },
         },
     });

@@ -110,8 +110,9 @@ impl GuestMemory {
             }
         }
         admission::check(opts)?;
-        // For the reclaim's count of what the guest owned (opened here, on
-        // the thread that may open /proc files).
+        // For the reclaim's count of what the guest owned (the VMM opens it
+        // at its start; here for other callers, on a thread that may open
+        // /proc files).
         super::pagemap::open();
         if opts.backing == Backing::GuestMemfd && opts.page_size == PageSize::Transparent {
             log::info!(

@@ -343,6 +343,9 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     crate::seccomp::prepare(crate::seccomp::Policy::from_enabled(opts.seccomp))?;
     // Before any thread exists, so that every thread inherits the mask.
     let signals = ShutdownSignals::new()?;
+    // Once for the process, before any start: the reclaim's count of what
+    // the guest owned reads it (a failed start leaves no fd of its own).
+    crate::memory::pagemap::open();
     let topology = HostTopology::from_sysfs(&opts.sysfs_root)?;
     // A config file's devices, virtio-mem counted per guest node on this
     // host (its own validation counts it as one: it knows no host).

@@ -18,6 +18,14 @@ use crate::memory::gmem::{
 };
 use crate::memory::GmemBinding;
 
+/// Memslots KVM took in this process (`KVM_SET_USER_MEMORY_REGION` or
+/// `..._2` answered 0 for a slot of non-zero size): the metrics line's
+/// `teravm.memslots.added`.
+pub static MEMSLOTS_ADDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Of those, the ones given `KVM_MEM_LOG_DIRTY_PAGES`
+/// (`teravm.memslots.dirty_log`, what `track_dirty_pages` asks).
+pub static MEMSLOTS_DIRTY_LOG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The fault that makes this kernel look as if it offered no guest_memfd
 /// flags (`KVM_CAP_GUEST_MEMFD_FLAGS` 0: no `GUEST_MEMFD_FLAG_MMAP`), as a
 /// kernel before 6.18 does.
@@ -447,7 +455,10 @@ unsafe fn set_region(fd: &VmFd, slot: u32, s: &MemorySlot) -> Result<(), VmError
     })?;
     // What KVM took, from the flags it was given (the metrics' `memslots`).
     if s.size > 0 {
-        crate::metrics::record_memslot_added(flags & KVM_MEM_LOG_DIRTY_PAGES != 0);
+        MEMSLOTS_ADDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if flags & KVM_MEM_LOG_DIRTY_PAGES != 0 {
+            MEMSLOTS_DIRTY_LOG.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
     Ok(())
 }
