@@ -115,7 +115,7 @@ mod tests {
     fn the_ioctl_number_is_iowr_f_16_and_the_filters_allow_it() {
         let iowr = (3 << 30) | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16);
         assert_eq!(PAGEMAP_SCAN, iowr | (libc::c_ulong::from(b'f') << 8) | 16);
-        assert_eq!(PAGEMAP_SCAN as u64, crate::seccomp::filters::PAGEMAP_SCAN);
+        assert_eq!(PAGEMAP_SCAN, crate::seccomp::filters::PAGEMAP_SCAN);
     }
 
     /// A page written is owned; one only read (the zero page) and one never
