@@ -125,22 +125,9 @@ mod tests {
         open();
         let page = 4096;
         let len = 16 * page;
-        // SAFETY: a fresh private anonymous mapping of our own, unmapped
-        // below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let base = p as usize;
-        // SAFETY: no huge pages here, so a read maps the 4 KiB zero page.
-        unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+        // 4 KiB pages, so a read maps the 4 KiB zero page; unmapped on drop.
+        let map = super::super::reclaim::tests::Map::anon(len);
+        let base = map.addr;
         for i in 0..4 {
             // SAFETY: inside the mapping.
             unsafe { ((base + i * page) as *mut u64).write_volatile(1) };
@@ -160,7 +147,5 @@ mod tests {
                 "this kernel has no PAGEMAP_SCAN (Linux 6.7)",
             ),
         }
-        // SAFETY: our mapping, nothing refers to it.
-        unsafe { libc::munmap(p, len) };
     }
 }

@@ -84,9 +84,7 @@ impl PluggedSlots {
         self.index(guest_addr)
             .is_some_and(|i| self.plugged[i].load(Ordering::SeqCst))
     }
-}
 
-impl PluggedSlots {
     /// The slots of `slot_bytes` over the hotplug `parts` (contiguous, in
     /// address order, each a whole number of slots), all unplugged.
     pub(crate) fn over(parts: &[SliceMapping], slot_bytes: u64) -> PluggedSlots {
