@@ -10,7 +10,7 @@ use clap::Parser;
 use teravm::config::LogLevel;
 use teravm::config::{LoggerConfig, MetricsConfig, VmConfig};
 use teravm::files::{FileOpener, OPEN_TIMEOUT};
-use teravm::vmm::opens::output_request;
+use teravm::vmm::actions::opens::output_request;
 use teravm::vmm::{self, VmmOptions, EXIT_ERROR};
 
 /// The longest instance id, as in Firecracker.

@@ -1,23 +1,35 @@
 //! The VMM: one microVM's life, driven by an `event-manager` loop on the main
-//! thread that only moves between phases ([`phase`]) and never waits on a
-//! guest, a client or the host.
+//! thread that only moves between phases ([`lifecycle`]) and never waits on
+//! a guest, a client or the host.
 //!
-//! The loop waits on `EventFd`-like sources: vCPU events (a vCPU ended the
-//! VM: reset, crash), SIGTERM/SIGINT/SIGHUP (a signalfd), API requests (an
-//! mpsc channel plus an `EventFd`, each request with its own reply channel),
-//! and the end of the `start` and `reclaim` jobs ([`jobs`]). Every way of
-//! shutting down (guest reset, signal, API `Shutdown` sync or async, guest
-//! crash) takes the same path: the microVM goes to the `reclaim` job, which
-//! takes it apart in the one order of [`teardown`] (vCPUs, devices,
-//! console, VM fd) and frees guest memory with per-node workers while the
-//! API keeps answering (`GET /reclaim` shows live progress); then the
-//! summary goes to stderr and the process exits. A start that fails drops
-//! what it built in that same order.
+//! The loop (this file) waits on `EventFd`-like sources: vCPU events (a
+//! vCPU ended the VM: reset, crash), SIGTERM/SIGINT/SIGHUP (a signalfd,
+//! [`signals`]), API requests (an mpsc channel plus an `EventFd`, each
+//! request with its own reply channel), the end of the `start` and
+//! `reclaim` jobs ([`jobs`]), the `files` thread's opens and stdin
+//! ([`stdin`]). Every way of shutting down (guest reset, signal, API
+//! `Shutdown` sync or async, guest crash) takes the same path: the microVM
+//! goes to the `reclaim` job, which takes it apart in the one order of
+//! [`lifecycle::teardown`] (vCPUs, devices, console, VM fd) and frees guest
+//! memory with per-node workers while the API keeps answering (`GET
+//! /reclaim` shows live progress); then the summary goes to stderr and the
+//! process exits. A start that fails drops what it built in that same
+//! order.
 //!
-//! Inside `vmm`, no two modules import each other: `phase` → `builder` →
-//! `devices` → `discard`; `builder` and `phase` → `teardown` → `devices`;
-//! `actions` → `opens` → `device_opens` → `devices` (the submodules' `impl
-//! Vmm` blocks name their parent's `Vmm`).
+//! Where to look:
+//! - [`lifecycle`]: the phases and their moves: `phase.rs`, `start.rs`
+//!   (and the `builder.rs` its job runs), `shutdown.rs` (and the
+//!   `teardown.rs` its job runs), the shutdown's `report.rs`.
+//! - [`actions`]: the one dispatch of API requests (`mod.rs`) and one file
+//!   per subject (machine, balloon, hotplug, net, mmds, pause, shutdown,
+//!   metrics; `opens.rs` for the ones that open a path first).
+//! - [`devices`]: the device manager (every device built through one path)
+//!   and [`device_opens`], the devices' host files, taps and sockets opened
+//!   when their section is put.
+//!
+//! Inside `vmm`, no two modules import each other: `actions` →
+//! `lifecycle` → `devices`; `actions` → `device_opens` → `devices` (the
+//! submodules' `impl Vmm` blocks name their parent's `Vmm`).
 //!
 //! Module graph: `main` → `vmm` → (`api` contract, `config`, `vstate`,
 //! `devices`, `memory`); `api` → `config`; `vstate` → `devices`; `memory`
@@ -25,24 +37,15 @@
 //! `memory` (guest views) and `seccomp` (the console writer installs its
 //! own filter), nothing of `vmm`, `api` or `config`.
 
-mod actions;
+pub mod actions;
 pub mod balloon_sink;
-pub mod builder;
 pub mod device_opens;
 pub mod devices;
 pub mod hotplug;
-mod hotplug_actions;
 pub mod jobs;
-mod mmds;
-mod net_patch;
-pub mod opens;
-mod pause;
-pub mod phase;
-pub mod progress_line;
-pub mod report;
+pub mod lifecycle;
 pub mod signals;
 pub mod stdin;
-pub mod teardown;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -57,10 +60,11 @@ use crate::api::{ActionResult, ApiRequest, ApiServer, ApiServerError};
 use crate::config::VmConfig;
 use crate::memory::{HostTopology, NumaError, PopulateProgress, ReclaimProgress};
 use crate::vstate::vcpu::VcpuEvent;
-use builder::SliceInfo;
-pub use phase::VmState;
-use phase::{Phase, ShutdownReason};
-use report::ShutdownReport;
+use actions::opens;
+use lifecycle::builder::{self, SliceInfo};
+use lifecycle::report::ShutdownReport;
+pub use lifecycle::VmState;
+use lifecycle::{Phase, ShutdownReason};
 use signals::{signal_name, ShutdownSignals, SignalError};
 
 /// Exit code: the microVM shut down normally (reset, signal, API).

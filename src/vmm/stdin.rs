@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use event_manager::{EventOps, EventSet, Events};
 
-use super::phase::Phase;
 use super::{Vmm, TOKEN_STDIN, TOKEN_STDIN_RETRY};
 use crate::devices::SerialConsole;
+use crate::vmm::lifecycle::Phase;
 
 /// Most bytes of console input kept while the guest's FIFO is full.
 pub const INPUT_BUFFER_BYTES: usize = 4096;
@@ -313,7 +313,7 @@ impl ConsoleInput {
 impl Vmm {
     /// Attaches stdin while a Linux guest runs, and detaches it (restoring
     /// the terminal) once it no longer does. Called after every event.
-    pub(super) fn sync_console_input(&mut self, ops: &mut EventOps) {
+    pub(in crate::vmm) fn sync_console_input(&mut self, ops: &mut EventOps) {
         let running = matches!(&self.phase, Phase::Running(m) if m.console_input.is_some());
         match (&self.console_input, running) {
             (None, true) if !self.console_input_tried => {
@@ -372,7 +372,7 @@ impl Vmm {
     }
 
     /// stdin is readable, or the retry timer fired.
-    pub(super) fn on_console_input(&mut self, token: u32, ops: &mut EventOps) {
+    pub(in crate::vmm) fn on_console_input(&mut self, token: u32, ops: &mut EventOps) {
         let Phase::Running(microvm) = &self.phase else {
             return;
         };

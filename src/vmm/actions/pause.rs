@@ -4,14 +4,17 @@
 //! and succeed; while paused `GET /` says `"Paused"`. A shutdown while
 //! paused stops the held vCPUs (a stop releases them) and reclaims as ever.
 
-use super::phase::Phase;
-use super::{VmState, Vmm};
 use crate::api::action::{VmStateChange, VmStateWanted};
 use crate::api::{VmmActionError, VmmData};
+use crate::vmm::lifecycle::Phase;
+use crate::vmm::{VmState, Vmm};
 use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
 
 impl Vmm {
-    pub(super) fn patch_vm(&mut self, change: VmStateChange) -> Result<VmmData, VmmActionError> {
+    pub(in crate::vmm) fn patch_vm(
+        &mut self,
+        change: VmStateChange,
+    ) -> Result<VmmData, VmmActionError> {
         let state = self.state();
         let vcpus = match (&self.phase, state) {
             (Phase::Running(m), VmState::Running | VmState::Paused) => m.vcpus(),

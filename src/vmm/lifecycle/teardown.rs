@@ -13,7 +13,7 @@ use crate::memory::GuestMemory;
 use crate::vstate::vcpu::{VcpuStopReport, Vcpus, VCPU_STOP_TIMEOUT};
 use crate::vstate::vm::Vm;
 
-use super::devices::{DeviceStopReport, Devices};
+use crate::vmm::devices::{DeviceStopReport, Devices};
 
 /// What a microVM (or a start, as far as it got) holds, taken apart in one
 /// order by [`Teardown::stop`]; dropping it stops what is left in that

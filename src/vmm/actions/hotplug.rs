@@ -2,14 +2,14 @@
 //! answers them: the region is set before the start only (stored in the
 //! configuration, which the start path reads); the requested size and the
 //! status exist once the microVM runs, through its
-//! [`Hotplug`](super::hotplug::Hotplug). Before the start `PATCH` and
+//! [`Hotplug`](crate::vmm::hotplug::Hotplug). Before the start `PATCH` and
 //! `GET` answer Firecracker's `OperationNotSupportedPreBoot`; once running
 //! without a region, 400 saying none is configured.
 
-use super::actions::{not_before_start, refused};
-use super::phase::Phase;
-use super::{VmState, Vmm};
+use super::{misrouted, not_before_start, refused};
 use crate::api::{ActionResult, VmmAction, VmmActionError, VmmData};
+use crate::vmm::lifecycle::Phase;
+use crate::vmm::{VmState, Vmm};
 
 fn not_configured() -> VmmActionError {
     VmmActionError::BadRequest(
@@ -26,7 +26,7 @@ impl Vmm {
             VmmAction::PutHotplugMemory(c) if not_started => {
                 crate::config::check_hotplug_pages(&self.config.machine_config, Some(&c))
                     .map_err(|e| VmmActionError::BadRequest(e.to_string()))?;
-                super::device_opens::check_count_with(&self.config, &self.topology, |n| {
+                crate::vmm::device_opens::check_count_with(&self.config, &self.topology, |n| {
                     n.memory_hotplug = Some(c)
                 })
                 .map_err(VmmActionError::BadRequest)?;
@@ -57,10 +57,7 @@ impl Vmm {
                 }
                 _ => refused("reading the hotplug status", state),
             },
-            other => Err(VmmActionError::Internal(format!(
-                "{:?} reached hotplug_action",
-                other.method_and_path()
-            ))),
+            other => Err(misrouted(&other, "hotplug_action")),
         }
     }
 }

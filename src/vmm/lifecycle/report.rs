@@ -31,7 +31,7 @@ pub struct ShutdownReport {
     /// How the vCPUs stopped.
     pub vcpus: VcpuStopReport,
     /// How the device threads stopped.
-    pub devices: super::devices::DeviceStopReport,
+    pub devices: crate::vmm::devices::DeviceStopReport,
     /// What the console wrote and dropped.
     pub console: ConsoleStats,
     /// Lines of teravm's own output that stderr did not take

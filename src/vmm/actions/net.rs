@@ -4,13 +4,13 @@
 //! device's limiters (checked whole first, so a refused update changes
 //! nothing) and the configuration, which `GET /vm/config` shows.
 
-use super::phase::Phase;
-use super::Vmm;
 use crate::api::{ActionResult, VmmActionError, VmmData};
 use crate::config::net::NetUpdate;
+use crate::vmm::lifecycle::Phase;
+use crate::vmm::Vmm;
 
 impl Vmm {
-    pub(super) fn patch_net(&mut self, u: NetUpdate) -> ActionResult {
+    pub(in crate::vmm) fn patch_net(&mut self, u: NetUpdate) -> ActionResult {
         let bad = |m: String| Err(VmmActionError::BadRequest(m));
         let Some(at) = self
             .config

@@ -18,17 +18,17 @@ use crate::config::{
 use crate::devices::virtio::net::Tap;
 use std::os::unix::net::UnixListener;
 
-use super::device_opens::{check_count_with, with_drive, with_net};
 use crate::files::{FilesError, OpenRequest, OpenResult, OpenSpec, Opened, OPEN_TIMEOUT};
+use crate::vmm::device_opens::{check_count_with, with_drive, with_net};
 use crate::vstate::linux::image::{initrd_request, kernel_request};
 use crate::vstate::linux::ImageFile;
 
-use super::builder::BootFiles;
-use super::Vmm;
+use crate::vmm::lifecycle::builder::BootFiles;
+use crate::vmm::Vmm;
 
 /// A section waiting for its files.
 #[derive(Debug)]
-pub(super) enum Pending {
+pub(in crate::vmm) enum Pending {
     /// `PUT /boot-source` with a kernel.
     BootSource(BootSource),
     /// `PUT /logger` with a log path.
@@ -48,7 +48,7 @@ pub(super) enum Pending {
 }
 
 /// What the `files` thread gives back.
-pub(super) enum Opening {
+pub(in crate::vmm) enum Opening {
     /// Files.
     Files(OpenResult),
     /// A tap.
@@ -59,7 +59,7 @@ pub(super) enum Opening {
 
 /// An open under way.
 #[derive(Debug)]
-pub(super) struct PendingOpen {
+pub(in crate::vmm) struct PendingOpen {
     id: u64,
     deadline: Instant,
     section: Pending,
@@ -68,7 +68,7 @@ pub(super) struct PendingOpen {
 }
 
 /// What the `files` thread sends back.
-pub(super) struct OpenDone {
+pub(in crate::vmm) struct OpenDone {
     id: u64,
     result: Opening,
 }
@@ -113,7 +113,7 @@ fn bad(e: impl std::fmt::Display) -> VmmActionError {
 impl Vmm {
     /// Opens `requests` on the `files` thread, then applies `section` and
     /// answers `reply` ([`Vmm::on_files_done`]).
-    pub(super) fn open_then(
+    pub(in crate::vmm) fn open_then(
         &mut self,
         requests: Vec<OpenRequest>,
         section: Pending,
@@ -153,7 +153,7 @@ impl Vmm {
 
     /// Runs `open` on the `files` thread (a tap, a socket), then applies
     /// `section` with its result and answers `reply`.
-    pub(super) fn run_then(
+    pub(in crate::vmm) fn run_then(
         &mut self,
         what: &'static str,
         open: impl FnOnce() -> Opening + Send + 'static,
@@ -191,7 +191,7 @@ impl Vmm {
     }
 
     /// The `files` thread finished some opens.
-    pub(super) fn on_files_done(&mut self) {
+    pub(in crate::vmm) fn on_files_done(&mut self) {
         while let Ok(OpenDone { id, result }) = self.files_rx.try_recv() {
             let Some(at) = self.pending_opens.iter().position(|p| p.id == id) else {
                 // Answered already (timed out); what it opened closes here.
@@ -209,7 +209,7 @@ impl Vmm {
     }
 
     /// Answers the opens past their deadline.
-    pub(super) fn expire_opens(&mut self, now: Instant) {
+    pub(in crate::vmm) fn expire_opens(&mut self, now: Instant) {
         let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending_opens)
             .into_iter()
             .partition(|p| p.deadline <= now);
@@ -227,13 +227,13 @@ impl Vmm {
     }
 
     /// The earliest deadline of the opens under way.
-    pub(super) fn next_open_deadline(&self) -> Option<Instant> {
+    pub(in crate::vmm) fn next_open_deadline(&self) -> Option<Instant> {
         self.pending_opens.iter().map(|p| p.deadline).min()
     }
 
     /// Whether a boot source is still being opened (a start waits for none:
     /// it is refused meanwhile).
-    pub(super) fn boot_source_opening(&self) -> bool {
+    pub(in crate::vmm) fn boot_source_opening(&self) -> bool {
         self.pending_opens
             .iter()
             .any(|p| matches!(p.section, Pending::BootSource(_)))
@@ -246,7 +246,7 @@ impl Vmm {
         let path = section_path(&section);
         let state = self.state();
         let result = match (section, opened) {
-            (s, _) if state != super::VmState::NotStarted && before_start(&s).is_some() => {
+            (s, _) if state != crate::vmm::VmState::NotStarted && before_start(&s).is_some() => {
                 Err(bad(format!(
                     "{} is not allowed in state \"{}\"",
                     before_start(&s).unwrap_or_default(),
@@ -366,7 +366,7 @@ impl Vmm {
             return Err(bad(format!("drives: no drive {drive_id:?} (PUT it first)")));
         };
         let file = Arc::new(file);
-        if let super::phase::Phase::Running(m) = &self.phase {
+        if let crate::vmm::lifecycle::Phase::Running(m) = &self.phase {
             let Some(b) = m.blocks().iter().find(|b| b.drive_id == drive_id) else {
                 return Err(bad(format!("drives: {drive_id:?} is not attached")));
             };
@@ -385,7 +385,7 @@ impl Vmm {
     /// `PATCH /drives/{id}` with a `rate_limiter`: before start the
     /// configuration's limiter is patched; while running, the device's as
     /// well (its thread applies it between two requests).
-    pub(super) fn patch_drive_limiter(
+    pub(in crate::vmm) fn patch_drive_limiter(
         &mut self,
         drive_id: &str,
         update: &Option<crate::rate_limiter::RateLimiterConfig>,
@@ -401,7 +401,7 @@ impl Vmm {
         else {
             return Err(bad(format!("drives: no drive {drive_id:?} (PUT it first)")));
         };
-        if let super::phase::Phase::Running(m) = &self.phase {
+        if let crate::vmm::lifecycle::Phase::Running(m) = &self.phase {
             let Some(b) = m.blocks().iter().find(|b| b.drive_id == drive_id) else {
                 return Err(bad(format!("drives: {drive_id:?} is not attached")));
             };

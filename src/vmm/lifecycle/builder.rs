@@ -30,11 +30,11 @@ use crate::vstate::linux::params::{kernel_cmdline, with_params};
 use crate::vstate::linux::{self, ImageFile, KernelSpec, LinuxError};
 use crate::vstate::template::CpuSetup;
 
-use super::devices::{BalloonDevice, BlockDevice, DeviceError, DeviceSpecs, Devices};
 use super::teardown::Teardown;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::vsock::Vsock;
 use crate::memory::GuestView;
+use crate::vmm::devices::{BalloonDevice, BlockDevice, DeviceError, DeviceSpecs, Devices};
 use crate::vstate::vcpu::{
     configure_vcpu, GuestEntry, VcpuControl, VcpuError, VcpuEvent, VcpuHandle, Vcpus,
 };

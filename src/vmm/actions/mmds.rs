@@ -2,11 +2,11 @@
 //! and the MMDS detour of the network interfaces the configuration names,
 //! given to their devices at start.
 
-use super::devices::NetSpec;
-use super::{VmState, Vmm};
 use crate::api::{ActionResult, VmmAction, VmmActionError, VmmData};
 use crate::devices::virtio::net::mmds::MmdsLink;
 use crate::mmds::{lock, StoreError};
+use crate::vmm::devices::NetSpec;
+use crate::vmm::{VmState, Vmm};
 
 fn store_error(e: StoreError) -> VmmActionError {
     match e {
@@ -21,7 +21,7 @@ impl Vmm {
     /// One MMDS action. The contents change in any state (the guest sees
     /// the new ones at once); the configuration only before start, as
     /// Firecracker.
-    pub(super) fn mmds_action(&mut self, action: VmmAction) -> ActionResult {
+    pub(in crate::vmm) fn mmds_action(&mut self, action: VmmAction) -> ActionResult {
         let mmds = &self.opts.mmds;
         match action {
             VmmAction::GetMmds => {
@@ -70,7 +70,7 @@ impl Vmm {
     /// Firecracker's `mmds` metrics group (its names where they mean the
     /// same; `tx_dropped` and `idle_aborts` are teravm's), summed over the
     /// interfaces with the MMDS; `None` when none has it.
-    pub(super) fn mmds_metrics(
+    pub(in crate::vmm) fn mmds_metrics(
         &self,
         nets: &[std::sync::Arc<
             std::sync::Mutex<crate::devices::virtio::net::Net<crate::memory::GuestView>>,
@@ -108,7 +108,7 @@ impl Vmm {
 
     /// `specs` with the MMDS link on the interfaces the MMDS configuration
     /// names (and the configuration's version applied to the store).
-    pub(super) fn with_mmds(&self, mut specs: Vec<NetSpec>) -> Vec<NetSpec> {
+    pub(in crate::vmm) fn with_mmds(&self, mut specs: Vec<NetSpec>) -> Vec<NetSpec> {
         let Some(c) = &self.config.mmds_config else {
             return specs;
         };
