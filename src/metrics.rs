@@ -32,7 +32,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::config::MetricsConfig;
 use crate::logger::LineSink;
-use crate::memory::{ReclaimReport, ReclaimState};
+use crate::memory::ReclaimReport;
 use crate::util::{clock_us, process_cpu_us};
 
 /// How often the event loop writes a line, as in Firecracker.
@@ -318,41 +318,6 @@ fn totals(counters: &[[Counter; NR]; NM]) -> Value {
     Value::Object(map)
 }
 
-/// The reclaim report as a line shows it: the fields of the memory layer's
-/// report, the state in lower case (as `GET /reclaim` shows them).
-fn reclaim_json(r: &ReclaimReport) -> Value {
-    let state = match r.state {
-        ReclaimState::Idle => "idle",
-        ReclaimState::Running => "running",
-        ReclaimState::Done => "done",
-        ReclaimState::Failed => "failed",
-    };
-    let nodes: Vec<Value> = r
-        .nodes
-        .iter()
-        .map(|n| {
-            json!({
-                "node": n.node,
-                "address_bytes": n.address_bytes,
-                "address_bytes_done": n.address_bytes_done,
-                "resident_bytes_freed": n.resident_bytes_freed,
-                "workers": n.workers,
-                "elapsed_ms": n.elapsed_ms,
-            })
-        })
-        .collect();
-    json!({
-        "state": state,
-        "elapsed_ms": r.elapsed_ms,
-        "elapsed_us": r.elapsed_us,
-        "address_bytes": r.address_bytes,
-        "address_bytes_done": r.address_bytes_done,
-        "resident_bytes_freed": r.resident_bytes_freed,
-        "workers": r.workers,
-        "nodes": nodes,
-    })
-}
-
 /// Makes one line (and moves the "since the last line" marks).
 fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
     let (get, put, patch) = (0, 1, 2);
@@ -412,7 +377,7 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
         "teravm": {
             "version": env!("CARGO_PKG_VERSION"),
             "state": vmm.state,
-            "reclaim": reclaim_json(vmm.reclaim),
+            "reclaim": vmm.reclaim,
             "api": { "requests": totals(&m.requests), "errors": totals(&m.fails) },
             "console": {
                 "bytes_dropped": vmm.console_dropped_bytes
@@ -519,12 +484,18 @@ mod tests {
     fn the_reclaim_object_is_what_get_reclaim_shows() {
         let opts = crate::memory::ReclaimOptions::default();
         let mut r = ReclaimReport::planned(&[(0, 2 << 30), (3, 1 << 30)], &opts);
-        r.state = ReclaimState::Failed;
+        r.state = crate::memory::ReclaimState::Failed;
         r.elapsed_us = 1500;
         r.nodes[1].resident_bytes_freed = 4096;
-        let api = crate::api::shapes::ReclaimReport::from(&r);
-        assert_eq!(reclaim_json(&r), serde_json::to_value(&api).unwrap());
-        assert_eq!(reclaim_json(&r)["state"], "failed");
+        let snapshot = VmmSnapshot {
+            state: "Running",
+            reclaim: &r,
+            console_dropped_bytes: 0,
+            device_groups: Vec::new(),
+        };
+        let v: Value = serde_json::from_str(&line(&snapshot).unwrap()).unwrap();
+        assert_eq!(v["teravm"]["reclaim"], serde_json::to_value(&r).unwrap());
+        assert_eq!(v["teravm"]["reclaim"]["state"], "failed");
     }
 
     #[test]

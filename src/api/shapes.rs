@@ -1,8 +1,9 @@
-//! The API's JSON shapes of the memory module's reports, of a shutdown and
-//! of the balloon: `memory` and `vmm` define no JSON, so the layers that
-//! answer clients convert their reports here. Field names and layout are the
-//! ones clients have always seen; the sync `Shutdown` reply adds the
-//! shutdown's phases. The balloon's are Firecracker's (`GET /balloon`,
+//! The API's JSON shapes that are not a report serialized as it is: the
+//! reclaim report serializes itself ([`memory::ReclaimReport`], the same
+//! JSON in `GET /reclaim`, the `Shutdown` replies and the metrics lines);
+//! here are the populate progress (a snapshot of its atomic counters), the
+//! sync `Shutdown` reply (the report with the shutdown's phases beside it)
+//! and the balloon's. The balloon's are Firecracker's (`GET /balloon`,
 //! `GET /balloon/statistics`), with teravm's own counters under `teravm`.
 
 use serde::Serialize;
@@ -10,133 +11,6 @@ use serde::Serialize;
 use crate::config::BalloonConfig;
 use crate::devices::virtio::balloon::{BalloonOptions, BalloonStats};
 use crate::memory;
-
-/// Where a reclaim stands: `"idle"`, `"running"`, `"done"`, `"failed"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReclaimState {
-    /// Not started.
-    Idle,
-    /// Freeing.
-    Running,
-    /// Everything freed.
-    Done,
-    /// Finished with errors.
-    Failed,
-}
-
-impl From<memory::ReclaimState> for ReclaimState {
-    fn from(s: memory::ReclaimState) -> Self {
-        match s {
-            memory::ReclaimState::Idle => ReclaimState::Idle,
-            memory::ReclaimState::Running => ReclaimState::Running,
-            memory::ReclaimState::Done => ReclaimState::Done,
-            memory::ReclaimState::Failed => ReclaimState::Failed,
-        }
-    }
-}
-
-/// `GET /reclaim`, the sync `Shutdown` reply and the async one's plan.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ReclaimReport {
-    /// Where the reclaim stands.
-    pub state: ReclaimState,
-    /// Time since the start, or the whole reclaim once finished.
-    pub elapsed_ms: u64,
-    /// The same in microseconds.
-    pub elapsed_us: u64,
-    /// Guest address space to free, in bytes.
-    pub address_bytes: u64,
-    /// Address space freed so far.
-    pub address_bytes_done: u64,
-    /// Resident memory freed so far, as the kernel reported it.
-    pub resident_bytes_freed: u64,
-    /// Worker threads.
-    pub workers: u32,
-    /// Per host node.
-    pub nodes: Vec<NodeReport>,
-    /// Address space freed but kept reserved until exit (a vCPU thread did
-    /// not stop); shown only when not 0.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub reserved_bytes: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-/// One host node's part of a [`ReclaimReport`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct NodeReport {
-    /// The host node.
-    pub node: u32,
-    /// Address space of this node's slices, in bytes.
-    pub address_bytes: u64,
-    /// Of which freed so far.
-    pub address_bytes_done: u64,
-    /// Resident memory of this node's slices freed so far.
-    pub resident_bytes_freed: u64,
-    /// Workers of this node.
-    pub workers: u32,
-    /// From the start to this node's last chunk freed.
-    pub elapsed_ms: u64,
-}
-
-impl From<&memory::NodeReport> for NodeReport {
-    fn from(n: &memory::NodeReport) -> Self {
-        NodeReport {
-            node: n.node,
-            address_bytes: n.address_bytes,
-            address_bytes_done: n.address_bytes_done,
-            resident_bytes_freed: n.resident_bytes_freed,
-            workers: n.workers,
-            elapsed_ms: n.elapsed_ms,
-        }
-    }
-}
-
-impl From<&memory::ReclaimReport> for ReclaimReport {
-    fn from(r: &memory::ReclaimReport) -> Self {
-        ReclaimReport {
-            state: r.state.into(),
-            elapsed_ms: r.elapsed_ms,
-            elapsed_us: r.elapsed_us,
-            address_bytes: r.address_bytes,
-            address_bytes_done: r.address_bytes_done,
-            resident_bytes_freed: r.resident_bytes_freed,
-            workers: r.workers,
-            nodes: r.nodes.iter().map(NodeReport::from).collect(),
-            reserved_bytes: r.reserved_bytes,
-        }
-    }
-}
-
-/// What a populate did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PopulateStats {
-    /// Wall time.
-    pub elapsed_ms: u64,
-    /// Address space populated, in bytes.
-    pub bytes: u64,
-    /// Worker threads.
-    pub workers: u32,
-    /// Host nodes.
-    pub nodes: u32,
-    /// Stopped early by a shutdown.
-    pub cancelled: bool,
-}
-
-impl From<&memory::PopulateStats> for PopulateStats {
-    fn from(s: &memory::PopulateStats) -> Self {
-        PopulateStats {
-            elapsed_ms: s.elapsed_ms,
-            bytes: s.bytes,
-            workers: s.workers,
-            nodes: s.nodes,
-            cancelled: s.cancelled,
-        }
-    }
-}
 
 /// A populate under way, as the memory resource shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -181,7 +55,7 @@ pub struct ShutdownPhases {
 pub struct ShutdownStats {
     /// The reclaim report.
     #[serde(flatten)]
-    pub reclaim: ReclaimReport,
+    pub reclaim: memory::ReclaimReport,
     /// Phase timings.
     pub phases: ShutdownPhases,
     /// vCPU threads that did not stop in time.
@@ -370,7 +244,7 @@ mod tests {
             }],
             reserved_bytes: 0,
         };
-        let json = serde_json::to_value(ReclaimReport::from(&r)).unwrap();
+        let json = serde_json::to_value(&r).unwrap();
         assert_eq!(
             json,
             serde_json::json!({
@@ -383,27 +257,20 @@ mod tests {
                            "workers": 4, "elapsed_ms": 499}]
             })
         );
+        let mut r = r;
+        r.reserved_bytes = 4096;
+        assert_eq!(serde_json::to_value(&r).unwrap()["reserved_bytes"], 4096);
         for (s, text) in [
             (memory::ReclaimState::Idle, "idle"),
             (memory::ReclaimState::Running, "running"),
             (memory::ReclaimState::Failed, "failed"),
         ] {
-            assert_eq!(serde_json::to_value(ReclaimState::from(s)).unwrap(), text);
+            assert_eq!(serde_json::to_value(s).unwrap(), text);
         }
     }
 
     #[test]
     fn populate_shapes() {
-        let s = memory::PopulateStats {
-            elapsed_ms: 3,
-            bytes: 1 << 20,
-            workers: 2,
-            nodes: 1,
-            cancelled: true,
-        };
-        let json = serde_json::to_value(PopulateStats::from(&s)).unwrap();
-        assert_eq!(json["cancelled"], true);
-        assert_eq!(json["bytes"], 1 << 20);
         let p = memory::PopulateProgress::new();
         let json = serde_json::to_value(PopulateProgress::from(&p)).unwrap();
         assert_eq!(json, serde_json::json!({"bytes_done": 0, "total_bytes": 0}));

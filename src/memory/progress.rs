@@ -6,8 +6,12 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// Where a reclaim stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+use serde::Serialize;
+
+/// Where a reclaim stands: `"idle"`, `"running"`, `"done"`, `"failed"` in
+/// JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ReclaimState {
     /// Not started.
     Idle,
@@ -19,8 +23,10 @@ pub enum ReclaimState {
     Failed,
 }
 
-/// Progress and statistics of a reclaim, overall and per node.
-#[derive(Debug, Clone, PartialEq)]
+/// Progress and statistics of a reclaim, overall and per node. Its JSON is
+/// what `GET /reclaim`, the `Shutdown` replies and the metrics lines show
+/// (serialized here, once).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReclaimReport {
     /// Where the reclaim stands.
     pub state: ReclaimState,
@@ -40,12 +46,17 @@ pub struct ReclaimReport {
     pub nodes: Vec<NodeReport>,
     /// Guest address space freed but kept reserved (`PROT_NONE`) instead of
     /// unmapped, because a vCPU thread that did not stop may still enter
-    /// the guest; 0 normally.
+    /// the guest; 0 normally, and then not shown.
+    #[serde(skip_serializing_if = "is_zero")]
     pub reserved_bytes: u64,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Progress of one host node's memory.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeReport {
     /// The host node.
     pub node: u32,

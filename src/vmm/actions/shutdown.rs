@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::{misrouted, refused, to_json};
-use crate::api::{shapes, ActionResult, ReclaimMode, VmmAction, VmmActionError, VmmData};
+use crate::api::{ActionResult, ReclaimMode, VmmAction, VmmActionError, VmmData};
 use crate::memory::{ReclaimOptions, ReclaimReport, ReclaimState};
 use crate::vmm::{ShutdownReason, VmState, Vmm};
 
@@ -38,7 +38,7 @@ impl Vmm {
             // the next request only after this returns, when the phase has
             // already moved on.
             ReclaimMode::Async => {
-                let plan = shapes::ReclaimReport::from(&self.planned_report());
+                let plan = self.planned_report();
                 let _ = reply.send(to_json(&plan).map(|d| match d {
                     VmmData::Json(v) => VmmData::Accepted(v),
                     other => other,
@@ -54,7 +54,7 @@ impl Vmm {
     pub(super) fn reclaim_action(&mut self, action: VmmAction) -> ActionResult {
         let state = self.state();
         match action {
-            VmmAction::GetReclaim => to_json(&shapes::ReclaimReport::from(&self.reclaim_report())),
+            VmmAction::GetReclaim => to_json(&self.reclaim_report()),
             VmmAction::PutReclaim(r)
                 if matches!(
                     state,

@@ -74,7 +74,7 @@ impl ShutdownReport {
     /// The sync `Shutdown` reply; `None` without a reclaim report.
     pub fn to_shape(&self) -> Option<shapes::ShutdownStats> {
         Some(shapes::ShutdownStats {
-            reclaim: shapes::ReclaimReport::from(self.reclaim.as_ref()?),
+            reclaim: self.reclaim.as_ref()?.clone(),
             phases: self.phases,
             vcpus_stuck: self.vcpus.stuck as u64,
             console_dropped_bytes: self.console.dropped_bytes,
