@@ -4,17 +4,26 @@
 //!
 //! The spelling follows Firecracker where Firecracker has the item
 //! (`machine-config`, `boot-source`, `vcpu_count`, `mem_size_mib`,
-//! `huge_pages`); `memory` and `reclaim` are teravm's own. Firecracker's
-//! other fields and sections (`smt`, `logger`, `metrics`, `mmds-config`,
-//! ...) are in [`firecracker`], its devices in [`balloon`], [`drives`],
-//! [`net`] and [`vsock`].
+//! `huge_pages`); `memory` and `reclaim` are teravm's own. Each section has
+//! its file: [`machine`], [`boot`], [`memory`], [`reclaim`]; Firecracker's
+//! other sections (`logger`, `metrics`, the unsupported ones) and the checks
+//! the sections share are in [`firecracker`], its devices in [`balloon`],
+//! [`drives`], [`net`], [`vsock`], [`entropy`], [`serial`] and
+//! [`hotplug`]. This file holds the whole ([`VmConfig`]): reading and
+//! parsing the file, validating every section, the checks that read two
+//! sections, and the one error type ([`ConfigError`]) every section uses;
+//! every section's types are re-exported here.
 
 pub mod balloon;
+pub mod boot;
 pub mod drives;
 pub mod entropy;
 pub mod firecracker;
 pub mod hotplug;
+pub mod machine;
+pub mod memory;
 pub mod net;
+pub mod reclaim;
 pub mod serial;
 pub mod vsock;
 
@@ -23,99 +32,6 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// Largest guest: 64 TiB of address space (sparse; only touched memory costs).
-pub const MAX_MEM_SIZE_MIB: u64 = 64 << 20;
-/// Most vCPUs a microVM may have: Firecracker's bound (its
-/// `MAX_SUPPORTED_VCPUS`).
-pub const MAX_VCPU_COUNT: u8 = 32;
-/// Longest firmware / kernel command line, in bytes.
-pub const MAX_BOOT_ARGS_LEN: usize = 2048;
-/// Most reclaim workers per NUMA node.
-pub const MAX_WORKERS_PER_NODE: u32 = 256;
-/// Most reclaim (or populate) worker threads in all: `workers_per_node`
-/// times the nodes the guest spans. A host with 8 nodes can still run 128
-/// per node; 256 per node on 8 nodes is refused.
-pub const MAX_WORKER_THREADS: u64 = 1024;
-
-/// The page size and the backing agree: guest_memfd takes no hugetlb pages
-/// (transparent huge pages are not offered for it either: it gets 4 KiB
-/// pages, said in the log and `GET /memory`).
-pub fn check_backing_pages(
-    machine: &MachineConfig,
-    memory: &MemoryConfig,
-) -> Result<(), ConfigError> {
-    match (memory.backing, machine.huge_pages.hugetlb_page_bytes()) {
-        (Backing::GuestMemfd, Some(page)) => Err(invalid(
-            "memory.backing",
-            format!(
-                "guest_memfd has no {} MiB huge pages in this kernel (4 KiB pages only): set machine-config.huge_pages to \"None\" or choose another backing",
-                page >> 20
-            ),
-        )),
-        (Backing::GuestMemfd, None) if machine.track_dirty_pages => Err(invalid(
-            "machine-config.track_dirty_pages",
-            "KVM keeps no dirty log of guest_memfd memory: set it to false or choose another \
-             memory.backing",
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// Refuses a virtio-mem block smaller than the hugetlb page backing the
-/// guest: an UNPLUG of one block would free no whole huge page, so the
-/// memory would stay while the guest believes it gave it back.
-pub fn check_hotplug_pages(
-    machine: &MachineConfig,
-    hotplug: Option<&MemoryHotplugConfig>,
-) -> Result<(), ConfigError> {
-    let (Some(h), Some(page)) = (hotplug, machine.huge_pages.hugetlb_page_bytes()) else {
-        return Ok(());
-    };
-    if u64::from(h.block_size_mib) << 20 >= page {
-        return Ok(());
-    }
-    Err(invalid(
-        "memory-hotplug.block_size_mib",
-        format!(
-            "block_size_mib {} is below machine-config.huge_pages' {} MiB pages: an unplugged \
-             block would free no whole huge page; use block_size_mib of at least {} or other \
-             huge_pages",
-            h.block_size_mib,
-            page >> 20,
-            page >> 20
-        ),
-    ))
-}
-
-/// Whether this kernel's KVM can back guest RAM with guest_memfd, for a
-/// `memory` section that asks for it: a clear error naming what is missing.
-pub fn check_guest_memfd(
-    memory: &MemoryConfig,
-    support: &crate::memory::GuestMemfdSupport,
-) -> Result<(), ConfigError> {
-    if memory.backing != Backing::GuestMemfd {
-        return Ok(());
-    }
-    support
-        .check()
-        .map_err(|why| invalid("memory.backing", format!("guest_memfd: {why}")))
-}
-
-/// Checks the total of worker threads a reclaim (or populate) of a guest
-/// spanning `nodes` host nodes would start.
-pub fn check_worker_threads(workers_per_node: u32, nodes: usize) -> Result<(), ConfigError> {
-    let total = u64::from(workers_per_node) * nodes as u64;
-    if total > MAX_WORKER_THREADS {
-        return Err(invalid(
-            "reclaim.workers_per_node",
-            format!(
-                "{workers_per_node} per node on {nodes} nodes is {total} threads, more than \
-                 {MAX_WORKER_THREADS}"
-            ),
-        ));
-    }
-    Ok(())
-}
 /// Largest config file read, in bytes (a config is a few hundred bytes; this
 /// stops `--config-file /dev/zero` from filling memory).
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
@@ -135,13 +51,19 @@ pub(crate) fn read_text(path: &Path) -> Result<String, String> {
 }
 
 pub use balloon::{check_balloon_target, BalloonConfig, BalloonStatsUpdate, BalloonUpdate};
+pub use boot::{BootSource, MAX_BOOT_ARGS_LEN};
 pub use drives::{check_drives, CacheType, DriveConfig, DriveUpdate, IoEngine};
 pub use firecracker::{
-    check_id, CpuTemplate, LogLevel, LoggerConfig, MachineConfigBody, MachineConfigPatch,
-    MetricsConfig, UnsupportedSection, MAX_ID_LEN,
+    check_id, LogLevel, LoggerConfig, MetricsConfig, UnsupportedSection, MAX_ID_LEN,
 };
 pub use hotplug::{HotplugConfigError, MemoryHotplugConfig, MemoryHotplugSizeUpdate};
+pub use machine::{
+    CpuTemplate, HugePages, MachineConfig, MachineConfigBody, MachineConfigPatch, MAX_MEM_SIZE_MIB,
+    MAX_VCPU_COUNT,
+};
+pub use memory::{check_guest_memfd, Backing, MemoryConfig, NumaPolicy};
 pub use net::{check_nets, MacAddr, MacAddrError, NetConfig, NetUpdate};
+pub use reclaim::{check_worker_threads, ReclaimConfig, MAX_WORKERS_PER_NODE, MAX_WORKER_THREADS};
 pub use vsock::VsockConfig;
 
 /// Errors of configuration parsing and validation.
@@ -186,363 +108,6 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::InvalidField {
         field,
         reason: reason.into(),
-    }
-}
-
-/// How guest memory is backed by pages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum HugePages {
-    /// 4 KiB pages only (`MADV_NOHUGEPAGE`).
-    None,
-    /// Transparent huge pages (`MADV_HUGEPAGE`), the default.
-    #[default]
-    Transparent,
-    /// hugetlbfs 2 MiB pages (must be reserved on the host).
-    #[serde(rename = "2M")]
-    Huge2M,
-    /// hugetlbfs 1 GiB pages (must be reserved on the host).
-    #[serde(rename = "1G")]
-    Huge1G,
-}
-
-impl HugePages {
-    /// The size of a hugetlb page, if this is a hugetlb backing.
-    pub fn hugetlb_page_bytes(self) -> Option<u64> {
-        match self {
-            HugePages::Huge2M => Some(2 << 20),
-            HugePages::Huge1G => Some(1 << 30),
-            HugePages::None | HugePages::Transparent => None,
-        }
-    }
-}
-
-/// The `machine-config` section, read and written through
-/// [`MachineConfigBody`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "MachineConfigBody", into = "MachineConfigBody")]
-pub struct MachineConfig {
-    /// Number of vCPUs, 1 to [`MAX_VCPU_COUNT`].
-    pub vcpu_count: u8,
-    /// Guest RAM in MiB (the MMIO gap below 4 GiB is not counted).
-    pub mem_size_mib: u64,
-    /// Page backing of guest RAM.
-    pub huge_pages: HugePages,
-    /// Two threads per core in the CPUID topology (`vcpu_count` 1 or even).
-    pub smt: bool,
-    /// KVM's dirty log on the guest memslots.
-    pub track_dirty_pages: bool,
-    /// The static CPU template (checked against the host at start).
-    pub cpu_template: CpuTemplate,
-}
-
-impl Default for MachineConfig {
-    fn default() -> Self {
-        MachineConfig {
-            vcpu_count: 1,
-            mem_size_mib: 128,
-            huge_pages: HugePages::default(),
-            smt: false,
-            track_dirty_pages: false,
-            cpu_template: CpuTemplate::None,
-        }
-    }
-}
-
-impl MachineConfig {
-    /// Checks every field.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.vcpu_count == 0 || self.vcpu_count > MAX_VCPU_COUNT {
-            return Err(invalid(
-                "machine-config.vcpu_count",
-                format!("{} is not in 1..={MAX_VCPU_COUNT}", self.vcpu_count),
-            ));
-        }
-        if self.smt && self.vcpu_count > 1 && self.vcpu_count % 2 == 1 {
-            return Err(invalid(
-                "machine-config.vcpu_count",
-                format!(
-                    "{} is odd: with smt (two threads per core) it must be 1 or even",
-                    self.vcpu_count
-                ),
-            ));
-        }
-        if self.mem_size_mib < 16 || self.mem_size_mib > MAX_MEM_SIZE_MIB {
-            return Err(invalid(
-                "machine-config.mem_size_mib",
-                format!("{} is not in 16..={MAX_MEM_SIZE_MIB}", self.mem_size_mib),
-            ));
-        }
-        if let Some(page) = self.huge_pages.hugetlb_page_bytes() {
-            if (self.mem_size_mib << 20) % page != 0 {
-                return Err(invalid(
-                    "machine-config.mem_size_mib",
-                    format!(
-                        "{} MiB is not a multiple of the {} MiB huge page size",
-                        self.mem_size_mib,
-                        page >> 20
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Guest RAM in bytes.
-    pub fn mem_bytes(&self) -> u64 {
-        self.mem_size_mib << 20
-    }
-}
-
-/// The `boot-source` section.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BootSource {
-    /// A Linux kernel to boot (ELF vmlinux or bzImage); absent means the
-    /// built-in firmware.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kernel_image_path: Option<PathBuf>,
-    /// An initrd for the kernel.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initrd_path: Option<PathBuf>,
-    /// The command line of the firmware, or of the kernel (empty: the
-    /// default kernel command line).
-    #[serde(default)]
-    pub boot_args: String,
-}
-
-impl BootSource {
-    /// Checks every field without touching the files: they are opened and
-    /// checked (a regular file, its size, the image's magic) by the `files`
-    /// thread when the section is put, and read through those descriptors
-    /// at start.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        use firecracker::check_path;
-        if let Some(kernel) = &self.kernel_image_path {
-            check_path("boot-source.kernel_image_path", kernel)?;
-        }
-        if let Some(initrd) = &self.initrd_path {
-            check_path("boot-source.initrd_path", initrd)?;
-            if self.kernel_image_path.is_none() {
-                return Err(invalid(
-                    "boot-source.initrd_path",
-                    "an initrd needs a kernel_image_path (the built-in firmware takes none)",
-                ));
-            }
-        }
-        if self.boot_args.len() > MAX_BOOT_ARGS_LEN {
-            return Err(invalid(
-                "boot-source.boot_args",
-                format!("longer than {MAX_BOOT_ARGS_LEN} bytes"),
-            ));
-        }
-        if let Some(c) = self
-            .boot_args
-            .chars()
-            .find(|c| !(c.is_ascii_graphic() || *c == ' '))
-        {
-            return Err(invalid(
-                "boot-source.boot_args",
-                format!("contains {c:?}; only printable ASCII and spaces are allowed"),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// What backs guest RAM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backing {
-    /// Private anonymous memory, the default.
-    #[default]
-    Anonymous,
-    /// Shared memory from a `memfd` (one file per node slice).
-    Memfd,
-    /// KVM's own memory files (`KVM_CREATE_GUEST_MEMFD`, mapped into teravm
-    /// too; Linux 6.18+), 4 KiB pages.
-    #[serde(rename = "guest_memfd")]
-    GuestMemfd,
-}
-
-/// How each slice of guest RAM is bound to its host node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NumaPolicy {
-    /// `MPOL_BIND`: pages only from the slice's node (the default).
-    #[default]
-    Bind,
-    /// `MPOL_PREFERRED`: the slice's node first, others when it is full.
-    Preferred,
-    /// No `mbind` call: the kernel's default policy.
-    None,
-}
-
-/// The `memory` section.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MemoryConfig {
-    /// What backs guest RAM.
-    #[serde(default)]
-    pub backing: Backing,
-    /// Host nodes to spread guest RAM over; `null` means every node with memory.
-    #[serde(default)]
-    pub host_nodes: Option<Vec<u32>>,
-    /// How each slice is bound to its node.
-    #[serde(default)]
-    pub numa_policy: NumaPolicy,
-    /// Fault in all guest RAM before the vCPUs start, with per-node workers.
-    #[serde(default)]
-    pub populate: bool,
-}
-
-impl MemoryConfig {
-    /// Checks every field (the nodes against the host come at launch).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(nodes) = &self.host_nodes {
-            if nodes.is_empty() {
-                return Err(invalid(
-                    "memory.host_nodes",
-                    "is empty; use null for all nodes",
-                ));
-            }
-            let mut sorted = nodes.clone();
-            sorted.sort_unstable();
-            if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-                return Err(invalid(
-                    "memory.host_nodes",
-                    format!("node {} is listed twice", w[0]),
-                ));
-            }
-            if let Some(n) = nodes.iter().find(|&&n| n >= 1024) {
-                return Err(invalid(
-                    "memory.host_nodes",
-                    format!("node {n} is not a valid node number (0..1024)"),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The `reclaim` section: how guest memory is freed at shutdown.
-///
-/// The defaults come from `teravm-bench` on this project's machines (2 cores,
-/// one node; 8 GiB of touched 4 KiB pages, 5 runs, see `docs/bench/`):
-/// - `workers_per_node` 2: 2 workers freed 8 GiB 1.9x faster than one
-///   `munmap`; 4 were no better than 2 on 2 cores, and 1 is no faster than
-///   `munmap`. The rule: one worker per core of the node, starting from 2;
-///   on bigger nodes raise it towards the node's core count (the background
-///   measurements gained up to 4 workers per node, where the zone lock
-///   saturates).
-/// - `chunk_mib` absent: sized from the guest, the largest node's bytes cut
-///   into 4 chunks per worker, rounded up to 2 MiB, between 2 MiB and 1 GiB
-///   (`memory::plan::default_chunk_bytes`). 64, 256, 1024 and 2048 MiB chunks
-///   gave the same time for 8 GiB with 2 workers (0.26–0.27 s), where the
-///   rule gives 1 GiB, which keeps the queues short on terabyte guests; a
-///   fixed 1 GiB gave a 1 GiB guest one chunk, so its second worker had
-///   nothing to do (77 ms with 1, 2 or 4 workers, 1.97x faster with 256 MiB
-///   chunks). A `chunk_mib` given is used as given.
-/// - `parallel_threshold_mib` 1024: below 1 GiB a reclaim takes a few
-///   milliseconds, less than starting pinned workers is worth.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReclaimConfig {
-    /// Worker threads per host node.
-    #[serde(default = "ReclaimConfig::default_workers_per_node")]
-    pub workers_per_node: u32,
-    /// Size of the unit of work a worker takes from its node's queue;
-    /// absent: sized from the guest and the workers (see above).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chunk_mib: Option<u64>,
-    /// Below this much guest RAM, one thread frees it all.
-    #[serde(default = "ReclaimConfig::default_parallel_threshold_mib")]
-    pub parallel_threshold_mib: u64,
-    /// Workers whose queue is empty take chunks from the fullest other queue.
-    #[serde(default = "ReclaimConfig::default_steal")]
-    pub steal: bool,
-    /// Discard workers per host node for the balloon's live reclaim (freed
-    /// ranges of a running guest). Absent: `workers_per_node`. `0`: serial,
-    /// as Firecracker does: every batch freed on the balloon's thread, one
-    /// free call per range, adjacent ranges not merged, before its ack.
-    /// Read when the microVM starts (the pool is built then).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discard_workers_per_node: Option<u32>,
-}
-
-impl ReclaimConfig {
-    fn default_workers_per_node() -> u32 {
-        2
-    }
-    fn default_parallel_threshold_mib() -> u64 {
-        1024
-    }
-    fn default_steal() -> bool {
-        true
-    }
-
-    /// Discard workers per node in force: `discard_workers_per_node`, or
-    /// `workers_per_node` when absent; 0 is serial.
-    pub fn discard_workers(&self) -> u32 {
-        self.discard_workers_per_node
-            .unwrap_or(self.workers_per_node)
-    }
-
-    /// Checks every field.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.workers_per_node == 0 || self.workers_per_node > MAX_WORKERS_PER_NODE {
-            return Err(invalid(
-                "reclaim.workers_per_node",
-                format!(
-                    "{} is not in 1..={MAX_WORKERS_PER_NODE}",
-                    self.workers_per_node
-                ),
-            ));
-        }
-        if let Some(n) = self
-            .discard_workers_per_node
-            .filter(|&n| n > MAX_WORKERS_PER_NODE)
-        {
-            return Err(invalid(
-                "reclaim.discard_workers_per_node",
-                format!("{n} is not in 0..={MAX_WORKERS_PER_NODE}"),
-            ));
-        }
-        if let Some(chunk_mib) = self.chunk_mib {
-            if !(2..=(1 << 20)).contains(&chunk_mib) {
-                return Err(invalid(
-                    "reclaim.chunk_mib",
-                    format!("{chunk_mib} is not in 2..=1048576"),
-                ));
-            }
-            if chunk_mib % 2 != 0 {
-                return Err(invalid(
-                    "reclaim.chunk_mib",
-                    format!("{chunk_mib} is not a multiple of 2 (the huge page size)"),
-                ));
-            }
-        }
-        if self.parallel_threshold_mib > MAX_MEM_SIZE_MIB {
-            return Err(invalid(
-                "reclaim.parallel_threshold_mib",
-                format!(
-                    "{} is larger than the largest guest ({MAX_MEM_SIZE_MIB})",
-                    self.parallel_threshold_mib
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Default for ReclaimConfig {
-    fn default() -> Self {
-        ReclaimConfig {
-            workers_per_node: Self::default_workers_per_node(),
-            chunk_mib: None,
-            parallel_threshold_mib: Self::default_parallel_threshold_mib(),
-            steal: Self::default_steal(),
-            discard_workers_per_node: None,
-        }
     }
 }
 
@@ -733,38 +298,57 @@ pub fn check_device_count(count: usize) -> Result<(), ConfigError> {
 }
 
 // ---------------------------------------------------------------------------
-// Conversions to memory options: the config file's serde types stay here;
-// `memory` takes its own option types.
+// Checks that read two sections (also made when one of them is changed
+// through the API).
 
-impl From<HugePages> for crate::memory::PageSize {
-    fn from(h: HugePages) -> Self {
-        match h {
-            HugePages::None => crate::memory::PageSize::Small,
-            HugePages::Transparent => crate::memory::PageSize::Transparent,
-            HugePages::Huge2M => crate::memory::PageSize::Huge2M,
-            HugePages::Huge1G => crate::memory::PageSize::Huge1G,
-        }
+/// The page size and the backing agree: guest_memfd takes no hugetlb pages
+/// (transparent huge pages are not offered for it either: it gets 4 KiB
+/// pages, said in the log and `GET /memory`).
+pub fn check_backing_pages(
+    machine: &MachineConfig,
+    memory: &MemoryConfig,
+) -> Result<(), ConfigError> {
+    match (memory.backing, machine.huge_pages.hugetlb_page_bytes()) {
+        (Backing::GuestMemfd, Some(page)) => Err(invalid(
+            "memory.backing",
+            format!(
+                "guest_memfd has no {} MiB huge pages in this kernel (4 KiB pages only): set machine-config.huge_pages to \"None\" or choose another backing",
+                page >> 20
+            ),
+        )),
+        (Backing::GuestMemfd, None) if machine.track_dirty_pages => Err(invalid(
+            "machine-config.track_dirty_pages",
+            "KVM keeps no dirty log of guest_memfd memory: set it to false or choose another \
+             memory.backing",
+        )),
+        _ => Ok(()),
     }
 }
 
-impl From<Backing> for crate::memory::Backing {
-    fn from(b: Backing) -> Self {
-        match b {
-            Backing::Anonymous => crate::memory::Backing::Anonymous,
-            Backing::Memfd => crate::memory::Backing::Memfd,
-            Backing::GuestMemfd => crate::memory::Backing::GuestMemfd,
-        }
+/// Refuses a virtio-mem block smaller than the hugetlb page backing the
+/// guest: an UNPLUG of one block would free no whole huge page, so the
+/// memory would stay while the guest believes it gave it back.
+pub fn check_hotplug_pages(
+    machine: &MachineConfig,
+    hotplug: Option<&MemoryHotplugConfig>,
+) -> Result<(), ConfigError> {
+    let (Some(h), Some(page)) = (hotplug, machine.huge_pages.hugetlb_page_bytes()) else {
+        return Ok(());
+    };
+    if u64::from(h.block_size_mib) << 20 >= page {
+        return Ok(());
     }
-}
-
-impl From<NumaPolicy> for crate::memory::NumaPolicy {
-    fn from(p: NumaPolicy) -> Self {
-        match p {
-            NumaPolicy::Bind => crate::memory::NumaPolicy::Bind,
-            NumaPolicy::Preferred => crate::memory::NumaPolicy::Preferred,
-            NumaPolicy::None => crate::memory::NumaPolicy::None,
-        }
-    }
+    Err(invalid(
+        "memory-hotplug.block_size_mib",
+        format!(
+            "block_size_mib {} is below machine-config.huge_pages' {} MiB pages: an unplugged \
+             block would free no whole huge page; use block_size_mib of at least {} or other \
+             huge_pages",
+            h.block_size_mib,
+            page >> 20,
+            page >> 20
+        ),
+    ))
 }
 
 impl From<&VmConfig> for crate::memory::MemoryOptions {
@@ -778,17 +362,6 @@ impl From<&VmConfig> for crate::memory::MemoryOptions {
             host_nodes: c.memory.host_nodes.clone(),
             policy: c.memory.numa_policy.into(),
             populate: c.memory.populate,
-        }
-    }
-}
-
-impl From<&ReclaimConfig> for crate::memory::ReclaimOptions {
-    fn from(c: &ReclaimConfig) -> Self {
-        crate::memory::ReclaimOptions {
-            workers_per_node: c.workers_per_node,
-            chunk_bytes: c.chunk_mib.map(|m| m.saturating_mul(1 << 20)),
-            parallel_threshold_bytes: c.parallel_threshold_mib.saturating_mul(1 << 20),
-            steal: c.steal,
         }
     }
 }
