@@ -677,7 +677,6 @@ fn with_internal_details(fd: &mut VcpuFd, event: VcpuEvent) -> VcpuEvent {
 }
 
 #[cfg(test)]
-#[path = "wait_tests.rs"]
 mod wait_tests;
 
 #[cfg(test)]
