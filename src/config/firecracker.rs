@@ -1,9 +1,9 @@
 //! The parts of the configuration that exist for Firecracker's clients: the
-//! full `machine-config` shape (`smt`, `track_dirty_pages`, `cpu_template`)
-//! and its partial update (`PATCH /machine-config`), the `logger` and
-//! `metrics` sections, the sections of features teravm does not have
-//! (`mmds-config`, `entropy`), accepted only when empty, and the checks the
-//! device sections share (resource ids, host paths, rate limiters).
+//! `logger` and `metrics` sections, the sections of features teravm does not
+//! have (`pmem`), accepted only when empty, the `cpu-config` given inline or
+//! as a file, and the checks the sections share (resource ids, host paths,
+//! rate limiters). The `machine-config` shape Firecracker's clients send,
+//! and its partial update, are with the section in [`super::machine`].
 
 use std::path::PathBuf;
 
@@ -11,7 +11,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{invalid, ConfigError, HugePages, MachineConfig};
+use super::{invalid, ConfigError};
 
 /// A log level as Firecracker's clients spell it: `Off`, `Error`, `Warn` or
 /// `Warning`, `Info`, `Debug`, `Trace`, in any case.
@@ -52,121 +52,6 @@ impl Serialize for LogLevel {
             log::LevelFilter::Debug => "Debug",
             log::LevelFilter::Trace => "Trace",
         })
-    }
-}
-
-pub use crate::vstate::template::CpuTemplate;
-
-/// `machine-config` as it travels in JSON: teravm's fields and Firecracker's.
-/// [`MachineConfig`] is (de)serialized through it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MachineConfigBody {
-    /// Number of vCPUs.
-    pub vcpu_count: u8,
-    /// Guest RAM in MiB.
-    pub mem_size_mib: u64,
-    /// Simultaneous multithreading: two threads per core.
-    #[serde(default)]
-    pub smt: bool,
-    /// Dirty page tracking: KVM's dirty log on the guest memslots.
-    #[serde(default)]
-    pub track_dirty_pages: bool,
-    /// Page backing of guest RAM.
-    #[serde(default)]
-    pub huge_pages: HugePages,
-    /// CPU template: absent, `null` or a static template's name.
-    #[serde(default, deserialize_with = "nullable_template")]
-    pub cpu_template: CpuTemplate,
-}
-
-fn nullable_template<'de, D: Deserializer<'de>>(d: D) -> Result<CpuTemplate, D::Error> {
-    Ok(Option::<CpuTemplate>::deserialize(d)?.unwrap_or_default())
-}
-
-impl Default for MachineConfigBody {
-    fn default() -> Self {
-        MachineConfig::default().into()
-    }
-}
-
-impl TryFrom<MachineConfigBody> for MachineConfig {
-    type Error = ConfigError;
-
-    fn try_from(b: MachineConfigBody) -> Result<Self, ConfigError> {
-        Ok(MachineConfig {
-            vcpu_count: b.vcpu_count,
-            mem_size_mib: b.mem_size_mib,
-            huge_pages: b.huge_pages,
-            smt: b.smt,
-            track_dirty_pages: b.track_dirty_pages,
-            cpu_template: b.cpu_template,
-        })
-    }
-}
-
-impl From<MachineConfig> for MachineConfigBody {
-    fn from(m: MachineConfig) -> Self {
-        MachineConfigBody {
-            vcpu_count: m.vcpu_count,
-            mem_size_mib: m.mem_size_mib,
-            smt: m.smt,
-            track_dirty_pages: m.track_dirty_pages,
-            huge_pages: m.huge_pages,
-            cpu_template: m.cpu_template,
-        }
-    }
-}
-
-/// The body of `PATCH /machine-config`: any subset of the fields, applied
-/// to the configuration in force and validated as a whole.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MachineConfigPatch {
-    /// New vCPU count.
-    #[serde(default)]
-    pub vcpu_count: Option<u8>,
-    /// New memory size.
-    #[serde(default)]
-    pub mem_size_mib: Option<u64>,
-    /// New SMT setting.
-    #[serde(default)]
-    pub smt: Option<bool>,
-    /// New dirty page tracking setting.
-    #[serde(default)]
-    pub track_dirty_pages: Option<bool>,
-    /// New page backing.
-    #[serde(default)]
-    pub huge_pages: Option<HugePages>,
-    /// New CPU template.
-    #[serde(default)]
-    pub cpu_template: Option<CpuTemplate>,
-}
-
-impl MachineConfigPatch {
-    /// Whether the patch changes nothing at all.
-    pub fn is_empty(&self) -> bool {
-        *self == MachineConfigPatch::default()
-    }
-
-    /// Checks what can be checked without the configuration in force.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        Ok(())
-    }
-
-    /// `current` with this patch applied, validated as a whole.
-    pub fn apply(&self, current: &MachineConfig) -> Result<MachineConfig, ConfigError> {
-        self.validate()?;
-        let next = MachineConfig {
-            vcpu_count: self.vcpu_count.unwrap_or(current.vcpu_count),
-            mem_size_mib: self.mem_size_mib.unwrap_or(current.mem_size_mib),
-            huge_pages: self.huge_pages.unwrap_or(current.huge_pages),
-            smt: self.smt.unwrap_or(current.smt),
-            track_dirty_pages: self.track_dirty_pages.unwrap_or(current.track_dirty_pages),
-            cpu_template: self.cpu_template.unwrap_or(current.cpu_template),
-        };
-        next.validate()?;
-        Ok(next)
     }
 }
 

@@ -72,7 +72,8 @@ pub enum Role {
     Files,
     /// `balloon`: the virtio-balloon's queue work.
     Balloon,
-    /// `discard-n{node}-{i}`: the balloon's per-node discard workers.
+    /// `discard-n{node}-{i}`: the discard pool's per-node workers, freeing
+    /// what the balloon and virtio-mem give back.
     Discard,
     /// `virtio-blk{n}`: a drive's requests and its file's I/O.
     Block,

@@ -2,8 +2,13 @@
 //! device's interrupt, on a stop, a pause and a wake, and counts as out of
 //! the guest for a pause.
 
+use std::sync::Mutex;
+
+use kvm_ioctls::VcpuExit;
+
 use super::*;
 use crate::devices::virtio::{IrqTrigger, VirtioInterrupt, VirtioInterruptType};
+use crate::devices::{WaitEnd, WakeHub};
 use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
 fn control_and_device() -> (Arc<VcpuControl>, Arc<WakeHub>, Arc<IrqTrigger>) {
@@ -29,7 +34,7 @@ fn waiting(
     });
     assert!(
         control
-            .pause
+            .pause_gate()
             .wait_out(1, Instant::now() + Duration::from_secs(10)),
         "the thread never waited"
     );
@@ -65,7 +70,7 @@ fn an_interrupt_ends_the_wait() {
     assert!(took < Duration::from_secs(30), "{took:?}");
     // Back in the guest: no longer counted out.
     assert!(!control
-        .pause
+        .pause_gate()
         .wait_out(1, Instant::now() + Duration::from_millis(20)));
 }
 
