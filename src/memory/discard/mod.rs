@@ -612,3 +612,6 @@ impl Drop for DiscardPool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -22,7 +22,7 @@ pub(super) struct Entry {
 }
 
 impl Entry {
-    fn guest_end(&self) -> u64 {
+    pub(super) fn guest_end(&self) -> u64 {
         self.guest_addr + self.host.len
     }
 }
