@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::memory::range::GuestRange;
+
 use super::table::HostPiece;
 use super::{DiscardDone, DiscardOutcome};
 
@@ -16,7 +18,7 @@ use super::{DiscardDone, DiscardOutcome};
 pub(super) struct InFlightState {
     next_id: u64,
     /// (batch id, its guest ranges sorted by address).
-    pub(super) batches: Vec<(u64, Vec<(u64, u64)>)>,
+    pub(super) batches: Vec<(u64, Vec<GuestRange>)>,
     pub(super) busy_since: Option<Instant>,
     pub(super) busy_ns: u64,
 }
@@ -33,7 +35,7 @@ impl InFlight {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn register(&self, ranges: Vec<(u64, u64)>) -> u64 {
+    pub(super) fn register(&self, ranges: Vec<GuestRange>) -> u64 {
         let mut s = self.lock();
         let id = s.next_id;
         s.next_id += 1;
@@ -55,28 +57,6 @@ impl InFlight {
         drop(s);
         self.changed.notify_all();
     }
-}
-
-/// `ranges` sorted by address, those that overlap or touch merged.
-pub(super) fn sorted_merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    ranges.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
-    for (addr, len) in ranges {
-        match out.last_mut() {
-            Some(last) if addr <= last.0 + last.1 => {
-                last.1 = last.1.max(addr + len - last.0);
-            }
-            _ => out.push((addr, len)),
-        }
-    }
-    out
-}
-
-/// Whether `a` (sorted, not overlapping) overlaps `(addr, len)`.
-pub(super) fn overlaps(sorted: &[(u64, u64)], addr: u64, len: u64) -> bool {
-    let end = addr.saturating_add(len);
-    let i = sorted.partition_point(|r| r.0.saturating_add(r.1) <= addr);
-    sorted.get(i).is_some_and(|r| r.0 < end)
 }
 
 /// Which try of a batch a submission is.

@@ -51,10 +51,11 @@ use std::time::{Duration, Instant};
 
 use super::guest::GuestMemory;
 use super::numa::HostTopology;
+use super::range::{overlaps_any, GuestRange};
 use super::sys;
 use super::workers::{node_cpus, pin_current};
 
-use inflight::{overlaps, InFlight, Try};
+use inflight::{InFlight, Try};
 use queues::{Counters, NodeQueue, Shared};
 use table::Table;
 
@@ -428,10 +429,10 @@ impl DiscardPool {
         self.shared().table.page_bytes
     }
 
-    /// Frees the guest ranges `(guest_addr, len)` of one batch and calls
-    /// `done` once with the outcome when all is freed (or failed): before
-    /// this returns for a batch below the inline threshold (or with nothing
-    /// to free), else from the worker that ends the last part. Ranges are
+    /// Frees the guest ranges of one batch and calls `done` once with the
+    /// outcome when all is freed (or failed): before this returns for a
+    /// batch below the inline threshold (or with nothing to free), else
+    /// from the worker that ends the last part. Ranges are
     /// clipped to guest RAM (the rest is refused and counted), split at
     /// slice and stripe ends, merged, and aligned inward to whole pages.
     /// A batch that ends with a part not freed (a failed `madvise` or
@@ -439,7 +440,7 @@ impl DiscardPool {
     /// of it, and `done` gets the retry's outcome. Until `done` has
     /// returned, [`DiscardPool::wait_overlapping`] waits for this batch
     /// (and its retry): what `done` submits again is fenced without a gap.
-    pub fn discard(&self, ranges: &[(u64, u64)], done: DiscardDone) {
+    pub fn discard(&self, ranges: &[GuestRange], done: DiscardDone) {
         self.shared_arc()
             .submit(ranges, &[], None, done, Try::First);
     }
@@ -454,8 +455,8 @@ impl DiscardPool {
     /// unrun and its parts end as not freed.
     pub fn discard_after(
         &self,
-        ranges: &[(u64, u64)],
-        fence: &[(u64, u64)],
+        ranges: &[GuestRange],
+        fence: &[GuestRange],
         before: DiscardPrelude,
         done: DiscardDone,
     ) {
@@ -469,7 +470,7 @@ impl DiscardPool {
     /// handed to the guest again while a worker may still free them.
     pub fn wait_overlapping(
         &self,
-        ranges: &[(u64, u64)],
+        ranges: &[GuestRange],
         deadline: Instant,
     ) -> Result<(), DiscardError> {
         let in_flight = &self.shared().in_flight;
@@ -478,7 +479,7 @@ impl DiscardPool {
             let batches = s
                 .batches
                 .iter()
-                .filter(|(_, b)| ranges.iter().any(|&(a, l)| overlaps(b, a, l)))
+                .filter(|(_, b)| ranges.iter().any(|r| overlaps_any(b, r)))
                 .count();
             if batches == 0 {
                 return Ok(());
@@ -497,7 +498,7 @@ impl DiscardPool {
 
     /// Waits until no batch is in flight, or `deadline` passes.
     pub fn wait_idle(&self, deadline: Instant) -> Result<(), DiscardError> {
-        self.wait_overlapping(&[(0, u64::MAX)], deadline)
+        self.wait_overlapping(&[GuestRange::new(0, u64::MAX)], deadline)
     }
 
     /// The counters now.

@@ -12,10 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::memory::range::{sorted_merged, GuestRange};
 use crate::memory::reclaim;
 use crate::memory::view::GuestView;
 
-use super::inflight::{sorted_merged, Batch, InFlight, Part, Try};
+use super::inflight::{Batch, InFlight, Part, Try};
 use super::table::Table;
 use super::{DiscardDone, DiscardOutcome, DiscardPrelude, LOGGED_FAILURES};
 
@@ -147,8 +148,8 @@ impl Shared {
     /// caller's `done` hears of it.
     pub(super) fn submit(
         self: &Arc<Self>,
-        ranges: &[(u64, u64)],
-        fence: &[(u64, u64)],
+        ranges: &[GuestRange],
+        fence: &[GuestRange],
         before: Option<DiscardPrelude>,
         done: DiscardDone,
         try_: Try,
@@ -187,9 +188,9 @@ impl Shared {
             return;
         }
         let total: u64 = t.pieces.iter().map(|p| p.len).sum();
-        let mut guest: Vec<(u64, u64)> = t.pieces.iter().map(|p| table.guest_range(p)).collect();
+        let mut guest: Vec<GuestRange> = t.pieces.iter().map(|p| table.guest_range(p)).collect();
         if table.serial || !fence.is_empty() {
-            // Listed sorted and merged, as `overlaps` needs (serial pieces
+            // Listed sorted and merged, as `overlaps_any` needs (serial pieces
             // come in the order given; the fence is the caller's).
             guest.extend_from_slice(fence);
             guest = sorted_merged(guest);
@@ -246,7 +247,7 @@ impl Shared {
     /// pool (and the guest memory it maps) alive.
     fn retrying(
         self: &Arc<Self>,
-        ranges: &[(u64, u64)],
+        ranges: &[GuestRange],
         done: DiscardDone,
         fails: bool,
     ) -> DiscardDone {

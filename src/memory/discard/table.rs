@@ -6,6 +6,7 @@
 //! values once built: nothing here frees or waits.
 
 use crate::memory::guest::GuestMemory;
+use crate::memory::range::GuestRange;
 use crate::memory::reclaim::HostRange;
 
 use super::{DiscardError, PART_BYTES};
@@ -100,12 +101,12 @@ impl Table {
     /// touches within an entry, aligns each merged span inward to whole
     /// pages and cuts it into parts. Serial: each clipped range aligned
     /// inward is one piece, in the order given, nothing merged or cut.
-    pub(super) fn translate(&self, ranges: &[(u64, u64)]) -> Translation {
+    pub(super) fn translate(&self, ranges: &[GuestRange]) -> Translation {
         let mut out = Translation::default();
         // (entry, start offset, end offset), not yet aligned.
         let mut spans: Vec<(usize, u64, u64)> = Vec::new();
-        for &(addr, len) in ranges {
-            let end = addr.saturating_add(len);
+        for r in ranges {
+            let (addr, len, end) = (r.gpa, r.len, r.end());
             let mut inside = 0u64;
             let first = self.entries.partition_point(|e| e.guest_end() <= addr);
             for (i, e) in self.entries.iter().enumerate().skip(first) {
@@ -160,8 +161,8 @@ impl Table {
     }
 
     /// The guest range of a piece.
-    pub(super) fn guest_range(&self, p: &HostPiece) -> (u64, u64) {
-        (self.entries[p.entry].guest_addr + p.offset, p.len)
+    pub(super) fn guest_range(&self, p: &HostPiece) -> GuestRange {
+        GuestRange::new(self.entries[p.entry].guest_addr + p.offset, p.len)
     }
 
     pub(super) fn node_index(&self, p: &HostPiece) -> usize {
