@@ -8,34 +8,34 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::memory::range::GuestRange;
+use crate::memory::range::{overlaps_any, GuestRange};
 
 use super::table::HostPiece;
 use super::{DiscardDone, DiscardOutcome};
 
 /// Batches in flight, with their (freed) guest ranges, and the busy time.
 #[derive(Debug, Default)]
-pub(super) struct InFlightState {
+struct InFlightState {
     next_id: u64,
     /// (batch id, its guest ranges sorted by address).
-    pub(super) batches: Vec<(u64, Vec<GuestRange>)>,
-    pub(super) busy_since: Option<Instant>,
-    pub(super) busy_ns: u64,
+    batches: Vec<(u64, Vec<GuestRange>)>,
+    busy_since: Option<Instant>,
+    busy_ns: u64,
 }
 
 /// The registry of batches in flight.
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
     state: Mutex<InFlightState>,
-    pub(super) changed: Condvar,
+    changed: Condvar,
 }
 
 impl InFlight {
-    pub(super) fn lock(&self) -> MutexGuard<'_, InFlightState> {
+    fn lock(&self) -> MutexGuard<'_, InFlightState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn register(&self, ranges: Vec<GuestRange>) -> u64 {
+    fn register(&self, ranges: Vec<GuestRange>) -> u64 {
         let mut s = self.lock();
         let id = s.next_id;
         s.next_id += 1;
@@ -57,6 +57,65 @@ impl InFlight {
         drop(s);
         self.changed.notify_all();
     }
+
+    /// A batch of `parts` parts, its guest ranges `ranges` (sorted by
+    /// address) listed in flight until its last part ends.
+    pub(super) fn batch(
+        self: &Arc<Self>,
+        ranges: Vec<GuestRange>,
+        parts: usize,
+        fails: bool,
+        outcome: DiscardOutcome,
+        done: DiscardDone,
+    ) -> Arc<Batch> {
+        Arc::new(Batch {
+            id: self.register(ranges),
+            fails,
+            remaining: AtomicUsize::new(parts),
+            freed: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            outcome,
+            done: Mutex::new(Some(done)),
+            in_flight: self.clone(),
+        })
+    }
+
+    /// Waits until no batch that frees any of `ranges` is in flight, or
+    /// `deadline` passes: then how many still do.
+    pub(super) fn wait_overlapping(
+        &self,
+        ranges: &[GuestRange],
+        deadline: Instant,
+    ) -> Result<(), usize> {
+        let mut s = self.lock();
+        loop {
+            let batches = s
+                .batches
+                .iter()
+                .filter(|(_, b)| ranges.iter().any(|r| overlaps_any(b, r)))
+                .count();
+            if batches == 0 {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(batches);
+            }
+            s = self
+                .changed
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Batches in flight now, and the wall time so far with at least one
+    /// in flight, in nanoseconds.
+    pub(super) fn load(&self) -> (usize, u64) {
+        let s = self.lock();
+        let now = s.busy_since.map_or(0, |t| t.elapsed().as_nanos() as u64);
+        (s.batches.len(), s.busy_ns + now)
+    }
 }
 
 /// Which try of a batch a submission is.
@@ -70,15 +129,15 @@ pub(super) enum Try {
 
 /// One batch: counts its parts down and calls `done` when the last ends.
 pub(super) struct Batch {
-    pub(super) id: u64,
+    id: u64,
     /// Its parts fail unfreed ([`DiscardOptions::failing_tries`](super::DiscardOptions::failing_tries)).
     pub(super) fails: bool,
-    pub(super) remaining: AtomicUsize,
-    pub(super) freed: AtomicU64,
-    pub(super) failed: AtomicU64,
-    pub(super) outcome: DiscardOutcome,
-    pub(super) done: Mutex<Option<DiscardDone>>,
-    pub(super) in_flight: Arc<InFlight>,
+    remaining: AtomicUsize,
+    freed: AtomicU64,
+    failed: AtomicU64,
+    outcome: DiscardOutcome,
+    done: Mutex<Option<DiscardDone>>,
+    in_flight: Arc<InFlight>,
 }
 
 impl Batch {
@@ -117,10 +176,18 @@ impl Batch {
 pub(super) struct Part {
     pub(super) piece: HostPiece,
     pub(super) batch: Arc<Batch>,
-    pub(super) ended: bool,
+    ended: bool,
 }
 
 impl Part {
+    pub(super) fn new(piece: HostPiece, batch: Arc<Batch>) -> Part {
+        Part {
+            piece,
+            batch,
+            ended: false,
+        }
+    }
+
     pub(super) fn finish(mut self, freed: bool) {
         self.ended = true;
         self.batch.part_ended(freed.then_some(self.piece.len));

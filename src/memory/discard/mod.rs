@@ -34,8 +34,8 @@
 //! unmapped when that worker ends: never while it may still free a range.
 //!
 //! Where each part lives: this file holds the pool's public API, its
-//! options, outcome and counters, and the workers' life cycle (start,
-//! cancel, shutdown); `table.rs` the translation, `inflight.rs` the batches
+//! options, outcome and snapshot types, and the workers' life cycle
+//! (start, cancel, shutdown); `table.rs` the translation, `inflight.rs` the batches
 //! in flight and their parts, `queues.rs` what the pool and its workers
 //! share and the path a batch takes through it (submit, node queues, the
 //! worker's loop, the free, the stop).
@@ -44,19 +44,18 @@ mod inflight;
 mod queues;
 mod table;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::guest::GuestMemory;
 use super::numa::HostTopology;
-use super::range::{overlaps_any, GuestRange};
+use super::range::GuestRange;
 use super::sys;
 use super::workers::{node_cpus, pin_current};
 
-use inflight::{InFlight, Try};
-use queues::{Counters, NodeQueue, Shared};
+use inflight::Try;
+use queues::Shared;
 use table::Table;
 
 const MIB: u64 = 1 << 20;
@@ -337,33 +336,7 @@ impl DiscardPool {
         let mut table = Table::new(memory, page_bytes)?;
         table.serial = opts.serial;
         let nodes = table.nodes.clone();
-        let shared = Arc::new(Shared {
-            queues: nodes.iter().map(|_| NodeQueue::default()).collect(),
-            stopping: AtomicBool::new(false),
-            counters: Counters {
-                bytes: AtomicU64::new(0),
-                per_node: nodes.iter().map(|_| AtomicU64::new(0)).collect(),
-                ranges: AtomicU64::new(0),
-                batches: AtomicU64::new(0),
-                calls: AtomicU64::new(0),
-                failures: AtomicU64::new(0),
-                refused_bytes: AtomicU64::new(0),
-                unaligned_bytes: AtomicU64::new(0),
-                inline_parts: AtomicU64::new(0),
-                worker_parts: AtomicU64::new(0),
-            },
-            in_flight: Arc::new(InFlight::default()),
-            started: Instant::now(),
-            inline_threshold_bytes: opts.inline_threshold_bytes,
-            queue_depth: opts.queue_depth,
-            delay_before_free: opts.delay_before_free,
-            failing_tries: opts.failing_tries,
-            first_taken: AtomicBool::new(false),
-            halt: Mutex::new(()),
-            halted: Condvar::new(),
-            table,
-            _view: view,
-        });
+        let shared = Arc::new(Shared::new(table, opts, view));
         let mut pool = DiscardPool {
             shared: Some(shared.clone()),
             workers: Vec::new(),
@@ -473,27 +446,10 @@ impl DiscardPool {
         ranges: &[GuestRange],
         deadline: Instant,
     ) -> Result<(), DiscardError> {
-        let in_flight = &self.shared().in_flight;
-        let mut s = in_flight.lock();
-        loop {
-            let batches = s
-                .batches
-                .iter()
-                .filter(|(_, b)| ranges.iter().any(|r| overlaps_any(b, r)))
-                .count();
-            if batches == 0 {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(DiscardError::StillInFlight { batches });
-            }
-            s = in_flight
-                .changed
-                .wait_timeout(s, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        self.shared()
+            .in_flight
+            .wait_overlapping(ranges, deadline)
+            .map_err(|batches| DiscardError::StillInFlight { batches })
     }
 
     /// Waits until no batch is in flight, or `deadline` passes.
@@ -503,43 +459,7 @@ impl DiscardPool {
 
     /// The counters now.
     pub fn snapshot(&self) -> DiscardSnapshot {
-        let shared = self.shared();
-        let c = &shared.counters;
-        let (in_flight_batches, busy_ns) = {
-            let s = shared.in_flight.lock();
-            let now = s.busy_since.map_or(0, |t| t.elapsed().as_nanos() as u64);
-            (s.batches.len(), s.busy_ns + now)
-        };
-        let bytes = c.bytes.load(Ordering::Relaxed);
-        DiscardSnapshot {
-            bytes_discarded: bytes,
-            per_node: shared
-                .table
-                .nodes
-                .iter()
-                .zip(&c.per_node)
-                .map(|(&node, b)| NodeDiscard {
-                    node,
-                    bytes: b.load(Ordering::Relaxed),
-                })
-                .collect(),
-            ranges: c.ranges.load(Ordering::Relaxed),
-            batches: c.batches.load(Ordering::Relaxed),
-            calls: c.calls.load(Ordering::Relaxed),
-            failures: c.failures.load(Ordering::Relaxed),
-            refused_bytes: c.refused_bytes.load(Ordering::Relaxed),
-            unaligned_bytes: c.unaligned_bytes.load(Ordering::Relaxed),
-            inline_parts: c.inline_parts.load(Ordering::Relaxed),
-            worker_parts: c.worker_parts.load(Ordering::Relaxed),
-            in_flight_batches,
-            busy_ns,
-            uptime_ns: shared.started.elapsed().as_nanos() as u64,
-            rate_bytes_per_sec: if busy_ns == 0 {
-                0.0
-            } else {
-                bytes as f64 * 1e9 / busy_ns as f64
-            },
-        }
+        self.shared().snapshot()
     }
 
     /// Stops the pool now, from any thread, without waiting: workers end

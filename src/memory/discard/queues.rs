@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -16,23 +16,26 @@ use crate::memory::range::{sorted_merged, GuestRange};
 use crate::memory::reclaim;
 use crate::memory::view::GuestView;
 
-use super::inflight::{Batch, InFlight, Part, Try};
+use super::inflight::{InFlight, Part, Try};
 use super::table::Table;
-use super::{DiscardDone, DiscardOutcome, DiscardPrelude, LOGGED_FAILURES};
+use super::{
+    DiscardDone, DiscardOptions, DiscardOutcome, DiscardPrelude, DiscardSnapshot, NodeDiscard,
+    LOGGED_FAILURES,
+};
 
 /// The counters.
 #[derive(Debug)]
-pub(super) struct Counters {
-    pub(super) bytes: AtomicU64,
-    pub(super) per_node: Vec<AtomicU64>,
-    pub(super) ranges: AtomicU64,
-    pub(super) batches: AtomicU64,
-    pub(super) calls: AtomicU64,
-    pub(super) failures: AtomicU64,
-    pub(super) refused_bytes: AtomicU64,
-    pub(super) unaligned_bytes: AtomicU64,
-    pub(super) inline_parts: AtomicU64,
-    pub(super) worker_parts: AtomicU64,
+struct Counters {
+    bytes: AtomicU64,
+    per_node: Vec<AtomicU64>,
+    ranges: AtomicU64,
+    batches: AtomicU64,
+    calls: AtomicU64,
+    failures: AtomicU64,
+    refused_bytes: AtomicU64,
+    unaligned_bytes: AtomicU64,
+    inline_parts: AtomicU64,
+    worker_parts: AtomicU64,
 }
 
 /// What a worker takes from its queue: a part to free, or a batch's
@@ -46,7 +49,7 @@ enum Job {
 
 /// One node's queue of jobs.
 #[derive(Default)]
-pub(super) struct NodeQueue {
+struct NodeQueue {
     parts: Mutex<VecDeque<Job>>,
     ready: Condvar,
 }
@@ -61,27 +64,96 @@ impl NodeQueue {
 pub(super) struct Shared {
     // Its raw host addresses and fds are valid while `_view` is.
     pub(super) table: Table,
-    pub(super) queues: Vec<NodeQueue>,
-    pub(super) stopping: AtomicBool,
-    pub(super) counters: Counters,
+    queues: Vec<NodeQueue>,
+    stopping: AtomicBool,
+    counters: Counters,
     pub(super) in_flight: Arc<InFlight>,
-    pub(super) started: Instant,
-    pub(super) inline_threshold_bytes: u64,
-    pub(super) queue_depth: usize,
-    pub(super) delay_before_free: Duration,
-    /// [`DiscardOptions::failing_tries`](super::DiscardOptions::failing_tries).
-    pub(super) failing_tries: u8,
+    started: Instant,
+    inline_threshold_bytes: u64,
+    queue_depth: usize,
+    delay_before_free: Duration,
+    /// [`DiscardOptions::failing_tries`].
+    failing_tries: u8,
     /// The first batch was submitted (for `failing_tries`).
-    pub(super) first_taken: AtomicBool,
+    first_taken: AtomicBool,
     /// Woken when the pool stops: a part waiting out `delay_before_free`
     /// gives up.
-    pub(super) halt: Mutex<()>,
-    pub(super) halted: Condvar,
+    halt: Mutex<()>,
+    halted: Condvar,
     /// Keeps the mappings (and the memfds) that `table` points into alive.
-    pub(super) _view: GuestView,
+    _view: GuestView,
 }
 
 impl Shared {
+    /// The state of a pool over `table` (one queue per node of it), whose
+    /// mappings `view` keeps alive.
+    pub(super) fn new(table: Table, opts: &DiscardOptions, view: GuestView) -> Shared {
+        let nodes = table.nodes.len();
+        Shared {
+            queues: (0..nodes).map(|_| NodeQueue::default()).collect(),
+            stopping: AtomicBool::new(false),
+            counters: Counters {
+                bytes: AtomicU64::new(0),
+                per_node: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+                ranges: AtomicU64::new(0),
+                batches: AtomicU64::new(0),
+                calls: AtomicU64::new(0),
+                failures: AtomicU64::new(0),
+                refused_bytes: AtomicU64::new(0),
+                unaligned_bytes: AtomicU64::new(0),
+                inline_parts: AtomicU64::new(0),
+                worker_parts: AtomicU64::new(0),
+            },
+            in_flight: Arc::new(InFlight::default()),
+            started: Instant::now(),
+            inline_threshold_bytes: opts.inline_threshold_bytes,
+            queue_depth: opts.queue_depth,
+            delay_before_free: opts.delay_before_free,
+            failing_tries: opts.failing_tries,
+            first_taken: AtomicBool::new(false),
+            halt: Mutex::new(()),
+            halted: Condvar::new(),
+            table,
+            _view: view,
+        }
+    }
+
+    /// The counters now.
+    pub(super) fn snapshot(&self) -> DiscardSnapshot {
+        let c = &self.counters;
+        let (in_flight_batches, busy_ns) = self.in_flight.load();
+        let bytes = c.bytes.load(Ordering::Relaxed);
+        DiscardSnapshot {
+            bytes_discarded: bytes,
+            per_node: self
+                .table
+                .nodes
+                .iter()
+                .zip(&c.per_node)
+                .map(|(&node, b)| NodeDiscard {
+                    node,
+                    bytes: b.load(Ordering::Relaxed),
+                })
+                .collect(),
+            ranges: c.ranges.load(Ordering::Relaxed),
+            batches: c.batches.load(Ordering::Relaxed),
+            calls: c.calls.load(Ordering::Relaxed),
+            failures: c.failures.load(Ordering::Relaxed),
+            refused_bytes: c.refused_bytes.load(Ordering::Relaxed),
+            unaligned_bytes: c.unaligned_bytes.load(Ordering::Relaxed),
+            inline_parts: c.inline_parts.load(Ordering::Relaxed),
+            worker_parts: c.worker_parts.load(Ordering::Relaxed),
+            in_flight_batches,
+            busy_ns,
+            uptime_ns: self.started.elapsed().as_nanos() as u64,
+            rate_bytes_per_sec: if busy_ns == 0 {
+                0.0
+            } else {
+                bytes as f64 * 1e9 / busy_ns as f64
+            },
+        }
+    }
+
     /// Waits `delay_before_free`; false if the pool stopped meanwhile.
     fn delay(&self) -> bool {
         let until = Instant::now() + self.delay_before_free;
@@ -195,26 +267,14 @@ impl Shared {
             guest.extend_from_slice(fence);
             guest = sorted_merged(guest);
         }
-        let id = shared.in_flight.register(guest);
-        let batch = Arc::new(Batch {
-            id,
-            fails,
-            remaining: AtomicUsize::new(t.pieces.len()),
-            freed: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            outcome,
-            done: Mutex::new(Some(done)),
-            in_flight: shared.in_flight.clone(),
-        });
+        let batch = shared
+            .in_flight
+            .batch(guest, t.pieces.len(), fails, outcome, done);
         let first_node = table.node_index(&t.pieces[0]);
         let parts: Vec<Part> = t
             .pieces
             .into_iter()
-            .map(|piece| Part {
-                piece,
-                batch: batch.clone(),
-                ended: false,
-            })
+            .map(|piece| Part::new(piece, batch.clone()))
             .collect();
         if table.serial || total < shared.inline_threshold_bytes {
             if let Some(before) = before {

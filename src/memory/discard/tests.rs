@@ -1,6 +1,7 @@
 //! Tests of the discard pool on plain mappings (no KVM).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
 use vm_memory::{Bytes, GuestAddress};
