@@ -15,11 +15,12 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
 use teravm::devices::virtio::balloon::{
-    features, Balloon, BalloonOptions, DiscardAck, DiscardKind, DiscardSink, GuestRange, RamMap,
+    features, Balloon, BalloonOptions, DiscardAck, DiscardKind, DiscardSink, RamMap,
 };
 use teravm::devices::virtio::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
 use teravm::devices::virtio::ActiveState;
 use teravm::devices::virtio::{status, VirtioDevice, VIRTIO_F_VERSION_1};
+use teravm::memory::GuestRange;
 
 use crate::driver::Mem;
 

@@ -19,6 +19,7 @@ use teravm::devices::virtio::mem::{
     HotplugSink, MemOptions, MemWorker, PlugRefused, VirtioMem, VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE,
 };
 use teravm::devices::virtio::{ActiveState, VirtioDevice};
+use teravm::memory::GuestRange;
 
 const MIB: u64 = 1 << 20;
 const LAYOUT: Layout = Layout {
@@ -50,7 +51,7 @@ struct Model {
 struct CheckingSink(Mutex<Model>);
 
 impl Model {
-    fn blocks(&self, (addr, len): (u64, u64)) -> std::ops::Range<usize> {
+    fn blocks(&self, GuestRange { gpa: addr, len }: GuestRange) -> std::ops::Range<usize> {
         assert!(len > 0, "empty range {addr:#x}+{len:#x}");
         assert_eq!(addr % BLOCK, 0, "unaligned range {addr:#x}");
         assert_eq!(len % BLOCK, 0, "partial block {addr:#x}+{len:#x}");
@@ -62,7 +63,7 @@ impl Model {
         first..first + (len / BLOCK) as usize
     }
 
-    fn slot_of(&self, (addr, len): (u64, u64)) -> usize {
+    fn slot_of(&self, GuestRange { gpa: addr, len }: GuestRange) -> usize {
         assert_eq!(len, self.slot, "slot {addr:#x} of {len:#x} bytes");
         assert_eq!(addr % self.slot, 0, "unaligned slot {addr:#x}");
         assert!(
@@ -79,7 +80,7 @@ impl Model {
 }
 
 impl HotplugSink for CheckingSink {
-    fn plug(&self, range: (u64, u64), map_slots: &[(u64, u64)]) -> Result<(), PlugRefused> {
+    fn plug(&self, range: GuestRange, map_slots: &[GuestRange]) -> Result<(), PlugRefused> {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         m.calls += 1;
         let blocks = m.blocks(range);
@@ -108,7 +109,7 @@ impl HotplugSink for CheckingSink {
         }
     }
 
-    fn unplug(&self, ranges: &[(u64, u64)], unmap_slots: &[(u64, u64)]) {
+    fn unplug(&self, ranges: &[GuestRange], unmap_slots: &[GuestRange]) {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         m.calls += 1;
         assert!(!ranges.is_empty(), "an unplug of nothing");

@@ -5,7 +5,7 @@
 //! their owner ([`guest`], its error in [`error`]) with its vm-memory view
 //! ([`view`]) and memslots ([`slots`]), the parallel per-node [`populate`] and [`reclaim`]
 //! executors, and the [`discard`] pool that frees what a running guest
-//! gives back. It knows no file format: the config file's types are
+//! gives back, in the one guest range type of the crate ([`range`]). It knows no file format: the config file's types are
 //! converted into [`MemoryOptions`] and [`ReclaimOptions`] by `config`, and
 //! its reports into the API's JSON by `api::shapes`.
 //!
@@ -32,6 +32,7 @@ pub mod pagemap;
 pub mod plan;
 pub mod populate;
 pub mod progress;
+pub mod range;
 pub mod reclaim;
 pub mod slots;
 mod sys;
@@ -52,6 +53,7 @@ pub use options::{Backing, MemoryOptions, NumaPolicy, PageSize};
 pub use plan::{NodeSlice, PlanError};
 pub use populate::{PopulateError, PopulateProgress, PopulateStats};
 pub use progress::{NodeReport, ReclaimProgress, ReclaimReport, ReclaimState};
+pub use range::GuestRange;
 pub use reclaim::{Failures, FreeMethod, HostRange, ReclaimError, ReclaimOptions};
 pub use slots::{GmemBinding, GuestSlot, MAX_SLOT_BYTES};
 pub use view::{GuestLease, GuestView, PluggedSlots, ViewMemory};

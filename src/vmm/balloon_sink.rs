@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use crate::faults;
 
-use crate::devices::virtio::balloon::{DiscardAck, DiscardKind, DiscardSink, GuestRange};
-use crate::memory::{DiscardOptions, DiscardPool, DiscardSnapshot, GuestMemory, HostTopology};
+use crate::devices::virtio::balloon::{DiscardAck, DiscardKind, DiscardSink};
+use crate::memory::{
+    DiscardOptions, DiscardPool, DiscardSnapshot, GuestMemory, GuestRange, HostTopology,
+};
 
 /// The pool behind the balloon; gone once shut down. Read-locked by every
 /// use (the balloon's thread, the API's counters), write-locked only to
@@ -105,7 +107,7 @@ impl BalloonDiscard {
     /// Waits until no discard overlapping `ranges` is in flight, or
     /// `deadline`: false if one still was (the virtio-mem PLUG fence). A
     /// pool shut down has nothing in flight.
-    pub fn wait_overlapping(&self, ranges: &[(u64, u64)], deadline: Instant) -> bool {
+    pub fn wait_overlapping(&self, ranges: &[GuestRange], deadline: Instant) -> bool {
         match self.lock().as_ref() {
             Some(pool) => pool.wait_overlapping(ranges, deadline).is_ok(),
             None => true,
@@ -120,8 +122,8 @@ impl BalloonDiscard {
     /// prelude (the VM is stopping) and calls `done` with the ranges failed.
     pub fn discard_ranges(
         &self,
-        ranges: &[(u64, u64)],
-        after: Option<(&[(u64, u64)], crate::memory::DiscardPrelude)>,
+        ranges: &[GuestRange],
+        after: Option<(&[GuestRange], crate::memory::DiscardPrelude)>,
         done: crate::memory::DiscardDone,
     ) {
         match (self.lock().as_ref(), after) {
@@ -143,7 +145,6 @@ impl BalloonDiscard {
 
 impl DiscardSink for BalloonDiscard {
     fn discard(&self, kind: DiscardKind, ranges: Vec<GuestRange>, ack: DiscardAck) {
-        let ranges: Vec<(u64, u64)> = ranges.iter().map(|r| (r.gpa, r.len)).collect();
         let pool = self.lock();
         let Some(pool) = pool.as_ref() else {
             // Shut down: nothing is freed, the guest keeps its pages.

@@ -37,7 +37,7 @@ use serde::Serialize;
 use crate::devices::virtio::mem::{HotplugSink, MemMetrics, PlugRefused, VirtioMem};
 use crate::devices::virtio::quiesce;
 use crate::devices::MmioSlot;
-use crate::memory::{GmemBinding, GuestMemory, GuestView, PluggedSlots};
+use crate::memory::{GmemBinding, GuestMemory, GuestRange, GuestView, PluggedSlots};
 use crate::vstate::vm::{MemorySlot, Memslots, Vm, VmError};
 
 use super::balloon_sink::BalloonDiscard;
@@ -157,7 +157,7 @@ pub struct HotplugSlots {
     /// Unplugged ranges whose discard failed, retry included: still
     /// holding what the guest wrote. A PLUG of any of them frees it first
     /// (a plugged block reads zeros, whatever happened).
-    unfreed: Arc<Mutex<Vec<(u64, u64)>>>,
+    unfreed: Arc<Mutex<Vec<GuestRange>>>,
 }
 
 impl std::fmt::Debug for HotplugSlots {
@@ -177,9 +177,9 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn remove_slots(
     state: &Mutex<SlotState>,
     plugged: &PluggedSlots,
-    unmap_slots: &[(u64, u64)],
+    unmap_slots: &[GuestRange],
 ) -> usize {
-    for &(addr, _) in unmap_slots {
+    for &GuestRange { gpa: addr, .. } in unmap_slots {
         plugged.set(addr, false);
     }
     if !quiesce(Instant::now() + FENCE_DEADLINE) {
@@ -192,7 +192,7 @@ fn remove_slots(
         return 0;
     };
     let mut failed = 0;
-    for &(addr, _) in unmap_slots {
+    for &GuestRange { gpa: addr, .. } in unmap_slots {
         let Some(s) = slots.iter_mut().find(|s| s.guest_addr == addr) else {
             continue;
         };
@@ -281,12 +281,10 @@ impl HotplugSlots {
 
     /// Frees what is left unfreed in `range` (an earlier UNPLUG's failed
     /// discard) before it is plugged again; false if it could not be.
-    fn free_unfreed(&self, range: (u64, u64)) -> bool {
-        let overlap: Vec<(u64, u64)> = {
+    fn free_unfreed(&self, range: GuestRange) -> bool {
+        let overlap: Vec<GuestRange> = {
             let mut unfreed = lock(&self.unfreed);
-            let (hit, keep) = unfreed
-                .drain(..)
-                .partition(|&(a, l)| a < range.0 + range.1 && range.0 < a + l);
+            let (hit, keep) = unfreed.drain(..).partition(|r| r.overlaps(&range));
             *unfreed = keep;
             hit
         };
@@ -333,7 +331,7 @@ impl HotplugSlots {
 }
 
 impl HotplugSink for HotplugSlots {
-    fn plug(&self, range: (u64, u64), map_slots: &[(u64, u64)]) -> Result<(), PlugRefused> {
+    fn plug(&self, range: GuestRange, map_slots: &[GuestRange]) -> Result<(), PlugRefused> {
         if !self
             .discard
             .wait_overlapping(&[range], Instant::now() + FENCE_DEADLINE)
@@ -352,7 +350,7 @@ impl HotplugSink for HotplugSlots {
         // (slot, memslot) this request put in, taken out again if a later
         // one fails: the blocks stay unplugged.
         let mut added: Vec<(usize, usize)> = Vec::new();
-        for &(addr, _) in map_slots {
+        for &GuestRange { gpa: addr, .. } in map_slots {
             let Some(i) = slots.iter().position(|s| s.guest_addr == addr) else {
                 continue;
             };
@@ -374,13 +372,13 @@ impl HotplugSink for HotplugSlots {
             }
         }
         // In KVM: devices reach the slots too.
-        for &(addr, _) in map_slots {
+        for &GuestRange { gpa: addr, .. } in map_slots {
             self.view.plugged().set(addr, true);
         }
         Ok(())
     }
 
-    fn unplug(&self, ranges: &[(u64, u64)], unmap_slots: &[(u64, u64)]) {
+    fn unplug(&self, ranges: &[GuestRange], unmap_slots: &[GuestRange]) {
         let metrics = lock(&self.metrics).clone();
         let (unfreed, batch) = (self.unfreed.clone(), ranges.to_vec());
         // Called with the retry's outcome, while it is still in flight: a

@@ -11,7 +11,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::features::{DEFLATE_ON_OOM, MUST_TELL_HOST, REPORTING, STATS_VQ};
 use super::metrics::BalloonMetrics;
-use super::ranges::{GuestRange, RamMap};
+use super::ranges::RamMap;
 use super::sink::{Completion, DiscardAck, DiscardKind, DiscardSink, SinkWork};
 use super::stats::BalloonStats;
 use super::{BalloonError, CONFIG_SPACE_BYTES, PAGES_PER_MIB, QUEUE_SIZE, VIRTIO_ID_BALLOON};
@@ -19,6 +19,7 @@ use crate::devices::virtio::{
     ActivateError, ActiveState, ConfigSpace, DeviceMemory, DeviceOffer, ResetFence, VirtioDevice,
     VirtioInterrupt, VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
 };
+use crate::memory::GuestRange;
 
 /// What the balloon is made with (the API's `PUT /balloon`, checked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

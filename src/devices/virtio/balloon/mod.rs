@@ -33,7 +33,7 @@ pub mod worker;
 
 pub use device::{Balloon, BalloonOptions, QueueLayout};
 pub use metrics::BalloonMetrics;
-pub use ranges::{GuestRange, RamMap, BALLOON_PAGE_BYTES};
+pub use ranges::{RamMap, BALLOON_PAGE_BYTES};
 pub use sink::{DiscardAck, DiscardKind, DiscardSink, SinkWork};
 pub use stats::BalloonStats;
 pub use worker::BalloonWorker;

@@ -24,13 +24,15 @@ use vm_memory::{Bytes, GuestMemory};
 
 use super::device::{Active, InFlightBatch, Parked};
 use super::metrics::BalloonMetrics;
-use super::ranges::{overlaps_any, pfns_to_ranges, sorted_merged, GuestRange};
+use super::ranges::pfns_to_ranges;
 use super::sink::{Completion, DiscardAck, DiscardKind};
 use super::stats::{MAX_STAT_ENTRIES, STAT_ENTRY_BYTES};
 use super::{
     Balloon, MAX_CHAINS_PER_PASS, MAX_INFLIGHT_BATCHES, MAX_PARKED_DEFLATES, MAX_PFNS_PER_CHAIN,
 };
 use crate::devices::virtio::{DeviceMemory, VirtioInterruptType};
+use crate::memory::range::{overlaps_any, sorted_merged};
+use crate::memory::GuestRange;
 
 /// Reads up to `out.len()` bytes of the chain's device-readable buffers;
 /// returns how many were read and whether the chain had more, or a

@@ -1,28 +1,15 @@
-//! Guest ranges the balloon hands to the discard sink: PFNs coalesced into
-//! ranges, and every range clipped to guest RAM and aligned inward to the
-//! discard page size. Pure functions over values: nothing here touches
+//! Guest ranges the balloon hands to the discard sink (the memory layer's
+//! [`GuestRange`], never empty once they leave this module): PFNs coalesced
+//! into ranges, and every range clipped to guest RAM and aligned inward to
+//! the discard page size. Pure functions over values: nothing here touches
 //! memory.
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::memory::GuestRange;
+
 /// The balloon's page: 4 KiB, whatever the backing (virtio 5.5.6).
 pub const BALLOON_PAGE_BYTES: u64 = 4096;
-
-/// A range of guest physical addresses, `[gpa, gpa + len)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct GuestRange {
-    /// The first guest physical address.
-    pub gpa: u64,
-    /// Its length in bytes (never 0 once it leaves this module).
-    pub len: u64,
-}
-
-impl GuestRange {
-    /// One past the last address (saturating).
-    pub fn end(&self) -> u64 {
-        self.gpa.saturating_add(self.len)
-    }
-}
 
 /// Guest RAM as the balloon sees it: the memory's regions, sorted, and the
 /// page size discards are made in (4 KiB, or the huge page size: only whole
@@ -91,9 +78,7 @@ impl RamMap {
 
     /// Whether `r` lies inside one RAM region.
     pub fn contains(&self, r: &GuestRange) -> bool {
-        self.regions
-            .iter()
-            .any(|m| r.gpa >= m.gpa && r.end() <= m.end() && r.gpa.checked_add(r.len).is_some())
+        self.regions.iter().any(|m| m.contains(r))
     }
 
     /// Clips each range to RAM, splitting at region ends, and aligns each
@@ -154,29 +139,6 @@ pub fn pfns_to_ranges(pfns: &mut [u32]) -> Vec<GuestRange> {
     out
 }
 
-/// `ranges` sorted by address, those that overlap or touch merged (empty
-/// ones dropped): the form [`overlaps_any`] searches.
-pub fn sorted_merged(mut ranges: Vec<GuestRange>) -> Vec<GuestRange> {
-    ranges.retain(|r| r.len > 0);
-    ranges.sort_unstable();
-    let mut out: Vec<GuestRange> = Vec::with_capacity(ranges.len());
-    for r in ranges {
-        match out.last_mut() {
-            Some(last) if r.gpa <= last.end() => {
-                last.len = last.end().max(r.end()) - last.gpa;
-            }
-            _ => out.push(r),
-        }
-    }
-    out
-}
-
-/// Whether `r` overlaps any of `sorted` (as [`sorted_merged`] makes it).
-pub fn overlaps_any(sorted: &[GuestRange], r: &GuestRange) -> bool {
-    let i = sorted.partition_point(|s| s.end() <= r.gpa);
-    sorted.get(i).is_some_and(|s| s.gpa < r.end())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,19 +152,6 @@ mod tests {
     fn two_regions(page: u64) -> RamMap {
         // 0..3 GiB, then 4..5 GiB: the MMIO gap in between.
         RamMap::new(vec![r(4 * GIB, GIB), r(0, 3 * GIB)], page)
-    }
-
-    #[test]
-    fn overlaps_search_merged_ranges() {
-        let s = sorted_merged(vec![r(0x5000, 0x1000), r(0x1000, 0x1000), r(0x2000, 0x800)]);
-        assert_eq!(s, vec![r(0x1000, 0x1800), r(0x5000, 0x1000)]);
-        assert!(overlaps_any(&s, &r(0x27ff, 1)));
-        assert!(!overlaps_any(&s, &r(0x2800, 0x2800)));
-        assert!(overlaps_any(&s, &r(0, 0x1001)));
-        assert!(overlaps_any(&s, &r(0x5800, 0x100)));
-        assert!(!overlaps_any(&s, &r(0x6000, 0x1000)));
-        assert!(!overlaps_any(&s, &r(0, 0x1000)));
-        assert!(!overlaps_any(&[], &r(0, u64::MAX)));
     }
 
     #[test]

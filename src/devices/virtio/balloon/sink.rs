@@ -21,8 +21,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use crate::devices::virtio::{ResetFence, Wake};
-
-use super::ranges::GuestRange;
+use crate::memory::GuestRange;
 
 /// Why the guest gave the ranges back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

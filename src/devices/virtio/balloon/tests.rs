@@ -18,6 +18,7 @@ use crate::devices::virtio::ActiveState;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
+use crate::memory::GuestRange;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

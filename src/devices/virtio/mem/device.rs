@@ -35,6 +35,7 @@ use crate::devices::virtio::{
     ActivateError, ActiveState, ConfigSpace, DeviceMemory, DeviceOffer, VirtioDevice,
     VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
 };
+use crate::memory::GuestRange;
 
 /// What the host sees of a device (`GET /hotplug/memory`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,10 +66,10 @@ pub struct PendingPlug {
     epoch: u64,
     first: usize,
     blocks: usize,
-    /// The range to plug, `(addr, bytes)`.
-    pub range: (u64, u64),
-    /// The slots to map, `(addr, bytes)`.
-    pub map_slots: Vec<(u64, u64)>,
+    /// The range to plug.
+    pub range: GuestRange,
+    /// The slots to map.
+    pub map_slots: Vec<GuestRange>,
 }
 
 /// An UNPLUG or UNPLUG_ALL already committed, whose ranges go to the sink.
@@ -77,10 +78,10 @@ pub struct PendingUnplug {
     head: u16,
     resp_addr: GuestAddress,
     epoch: u64,
-    /// The ranges to free, `(addr, bytes)`.
-    pub ranges: Vec<(u64, u64)>,
-    /// The slots to unmap, `(addr, bytes)`.
-    pub unmap_slots: Vec<(u64, u64)>,
+    /// The ranges to free.
+    pub ranges: Vec<GuestRange>,
+    /// The slots to unmap.
+    pub unmap_slots: Vec<GuestRange>,
 }
 
 /// What one call of [`VirtioMem::next_step`] left to do.
@@ -271,21 +272,18 @@ impl<M: DeviceMemory> VirtioMem<M> {
     }
 
     /// The guest range of blocks `[first, first + n)`.
-    fn bytes_of(&self, first: usize, n: usize) -> (u64, u64) {
+    fn bytes_of(&self, first: usize, n: usize) -> GuestRange {
         let b = self.opts.block_bytes;
-        (self.opts.region_addr + first as u64 * b, n as u64 * b)
+        GuestRange::new(self.opts.region_addr + first as u64 * b, n as u64 * b)
     }
 
     /// The slots blocks `[first, first + n)` touch whose plugged count
     /// `keep` accepts, as guest ranges.
-    fn slots(&self, first: usize, n: usize, keep: impl Fn(usize) -> bool) -> Vec<(u64, u64)> {
+    fn slots(&self, first: usize, n: usize, keep: impl Fn(usize) -> bool) -> Vec<GuestRange> {
         let bps = self.blocks_per_slot;
         (first / bps..=(first + n - 1) / bps)
             .filter(|&s| keep(self.blocks.count(s * bps, bps)))
-            .map(|s| {
-                let (addr, _) = self.bytes_of(s * bps, bps);
-                (addr, self.opts.slot_bytes)
-            })
+            .map(|s| GuestRange::new(self.bytes_of(s * bps, bps).gpa, self.opts.slot_bytes))
             .collect()
     }
 
@@ -371,7 +369,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
                 let range = self.bytes_of(first, n);
                 let fits = self
                     .plugged_bytes()
-                    .checked_add(range.1)
+                    .checked_add(range.len)
                     .is_some_and(|t| t <= self.requested_bytes);
                 if !fits || self.blocks.count(first, n) != 0 {
                     return error(self, &m.plug_fails);
@@ -397,7 +395,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
                 self.blocks.set(first, n, false);
                 self.config_changed();
                 let range = self.bytes_of(first, n);
-                m.unplug_bytes.add(range.1);
+                m.unplug_bytes.add(range.len);
                 Step::Unplug(PendingUnplug {
                     head,
                     resp_addr: resp,
@@ -409,7 +407,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
             RequestKind::UnplugAll => {
                 m.unplug_all_count.inc();
                 let runs = self.blocks.runs();
-                let mut unmap_slots: Vec<(u64, u64)> = Vec::new();
+                let mut unmap_slots: Vec<GuestRange> = Vec::new();
                 for &(first, n) in &runs {
                     for s in self.slots(first, n, |c| c > 0) {
                         if unmap_slots.last() != Some(&s) {
@@ -417,7 +415,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
                         }
                     }
                 }
-                let ranges: Vec<(u64, u64)> =
+                let ranges: Vec<GuestRange> =
                     runs.iter().map(|&(f, n)| self.bytes_of(f, n)).collect();
                 m.unplug_bytes.add(self.plugged_bytes());
                 let len = self.blocks.len();
@@ -469,7 +467,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
             Ok(()) => {
                 self.blocks.set(p.first, p.blocks, true);
                 self.config_changed();
-                m.plug_bytes.add(p.range.1);
+                m.plug_bytes.add(p.range.len);
                 VIRTIO_MEM_RESP_ACK
             }
             Err(PlugRefused::Busy) => {

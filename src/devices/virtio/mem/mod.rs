@@ -54,6 +54,7 @@ pub use request::{Request, RequestError, RequestKind};
 pub use worker::MemWorker;
 
 use crate::devices::virtio::WorkerError;
+use crate::memory::GuestRange;
 
 /// The virtio device ID of a memory device.
 pub const VIRTIO_ID_MEM: u32 = 24;
@@ -129,19 +130,19 @@ pub enum PlugRefused {
 }
 
 /// Where plugged and unplugged blocks go (the host side: memslots and the
-/// per-node discard pool). Ranges and slots are `(guest address, bytes)`.
+/// per-node discard pool). Ranges and slots are [`GuestRange`]s.
 pub trait HotplugSink: Send + Sync {
     /// Before a PLUG of `range` is acknowledged: waits for any discard of it
     /// still running (the fence), then registers the memslots `map_slots`
     /// (each one whole slot of `slot_bytes` that had no plugged block before
     /// this request). May block (bounded); called with no device lock held.
-    fn plug(&self, range: (u64, u64), map_slots: &[(u64, u64)]) -> Result<(), PlugRefused>;
+    fn plug(&self, range: GuestRange, map_slots: &[GuestRange]) -> Result<(), PlugRefused>;
     /// After UNPLUG / UNPLUG_ALL bookkeeping: removes the memslots
     /// `unmap_slots` (whole slots with no plugged block left) from KVM, then
     /// frees `ranges` behind (the discard pool). Never waits for the
     /// discard. Called with no device lock held, before the response is
     /// written.
-    fn unplug(&self, ranges: &[(u64, u64)], unmap_slots: &[(u64, u64)]);
+    fn unplug(&self, ranges: &[GuestRange], unmap_slots: &[GuestRange]);
 }
 
 /// Errors of the memory device.

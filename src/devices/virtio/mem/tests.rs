@@ -18,6 +18,7 @@ use crate::devices::virtio::{
     ActivateError, ActiveState, VirtioDevice, VirtioInterrupt, VirtioInterruptType,
     VIRTIO_F_VERSION_1,
 };
+use crate::memory::GuestRange;
 
 pub(super) const MIB: u64 = 1 << 20;
 pub(super) const GIB: u64 = 1 << 30;
@@ -31,12 +32,15 @@ pub(super) const W: u32 = VRING_DESC_F_WRITE;
 pub(super) const N: u32 = VRING_DESC_F_NEXT;
 const FEATURES: u64 = VIRTIO_F_VERSION_1 | 1 << VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE | 1;
 
-pub(super) type Range = (u64, u64);
+/// The guest range of `len` bytes at `gpa`.
+pub(super) fn r(gpa: u64, len: u64) -> GuestRange {
+    GuestRange::new(gpa, len)
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Call {
-    Plug(Range, Vec<Range>),
-    Unplug(Vec<Range>, Vec<Range>),
+    Plug(GuestRange, Vec<GuestRange>),
+    Unplug(Vec<GuestRange>, Vec<GuestRange>),
 }
 
 /// Records every call; answers PLUGs from `answers` (Ok when empty); if
@@ -49,7 +53,7 @@ pub(super) struct Sink {
 }
 
 impl HotplugSink for Sink {
-    fn plug(&self, range: Range, map_slots: &[Range]) -> Result<(), PlugRefused> {
+    fn plug(&self, range: GuestRange, map_slots: &[GuestRange]) -> Result<(), PlugRefused> {
         if let Some((entered, go)) = &*self.gate.lock().unwrap() {
             entered.send(()).unwrap();
             go.recv_timeout(Duration::from_secs(30)).unwrap();
@@ -60,7 +64,7 @@ impl HotplugSink for Sink {
             .push(Call::Plug(range, map_slots.to_vec()));
         self.answers.lock().unwrap().pop_front().unwrap_or(Ok(()))
     }
-    fn unplug(&self, ranges: &[Range], unmap_slots: &[Range]) {
+    fn unplug(&self, ranges: &[GuestRange], unmap_slots: &[GuestRange]) {
         self.calls
             .lock()
             .unwrap()
@@ -233,20 +237,20 @@ fn plug_unplug_state_and_unplug_all_with_their_slots() {
     assert_eq!(rig.ask(&q, req(PLUG, REGION, 2)), ACK);
     assert_eq!(
         rig.sink.take(),
-        [Call::Plug((REGION, 2 * BLOCK), vec![(REGION, SLOT)])]
+        [Call::Plug(r(REGION, 2 * BLOCK), vec![r(REGION, SLOT)])]
     );
     // More of slot 0: nothing to map.
     assert_eq!(rig.ask(&q, req(PLUG, REGION + 2 * BLOCK, 2)), ACK);
     assert_eq!(
         rig.sink.take(),
-        [Call::Plug((REGION + 2 * BLOCK, 2 * BLOCK), vec![])]
+        [Call::Plug(r(REGION + 2 * BLOCK, 2 * BLOCK), vec![])]
     );
     // Across the end of slot 0 into slot 1: only slot 1 is new.
     let edge = REGION + SLOT - BLOCK;
     assert_eq!(rig.ask(&q, req(PLUG, edge, 2)), ACK);
     assert_eq!(
         rig.sink.take(),
-        [Call::Plug((edge, 2 * BLOCK), vec![(REGION + SLOT, SLOT)])]
+        [Call::Plug(r(edge, 2 * BLOCK), vec![r(REGION + SLOT, SLOT)])]
     );
     assert_eq!(rig.status().plugged_bytes, 6 * BLOCK);
     let st = |s| (VIRTIO_MEM_RESP_ACK, s);
@@ -266,18 +270,18 @@ fn plug_unplug_state_and_unplug_all_with_their_slots() {
     assert_eq!(rig.ask(&q, req(UNPLUG, REGION, 2)), ACK);
     assert_eq!(
         rig.sink.take(),
-        [Call::Unplug(vec![(REGION, 2 * BLOCK)], vec![])]
+        [Call::Unplug(vec![r(REGION, 2 * BLOCK)], vec![])]
     );
     // The rest of slot 0's first run: slot 0 still has its last block.
     assert_eq!(rig.ask(&q, req(UNPLUG, REGION + 2 * BLOCK, 2)), ACK);
     assert_eq!(
         rig.sink.take(),
-        [Call::Unplug(vec![(REGION + 2 * BLOCK, 2 * BLOCK)], vec![])]
+        [Call::Unplug(vec![r(REGION + 2 * BLOCK, 2 * BLOCK)], vec![])]
     );
     assert_eq!(rig.ask(&q, req(UNPLUG, edge, 1)), ACK);
     assert_eq!(
         rig.sink.take(),
-        [Call::Unplug(vec![(edge, BLOCK)], vec![(REGION, SLOT)])]
+        [Call::Unplug(vec![r(edge, BLOCK)], vec![r(REGION, SLOT)])]
     );
     // Two runs in slot 2 and the one in slot 1, then UNPLUG_ALL.
     assert_eq!(rig.ask(&q, req(PLUG, REGION + 2 * SLOT, 1)), ACK);
@@ -292,11 +296,11 @@ fn plug_unplug_state_and_unplug_all_with_their_slots() {
         rig.sink.take(),
         [Call::Unplug(
             vec![
-                (REGION + SLOT, BLOCK),
-                (REGION + 2 * SLOT, BLOCK),
-                (REGION + 2 * SLOT + 4 * BLOCK, 3 * BLOCK)
+                r(REGION + SLOT, BLOCK),
+                r(REGION + 2 * SLOT, BLOCK),
+                r(REGION + 2 * SLOT + 4 * BLOCK, 3 * BLOCK)
             ],
-            vec![(REGION + SLOT, SLOT), (REGION + 2 * SLOT, SLOT)]
+            vec![r(REGION + SLOT, SLOT), r(REGION + 2 * SLOT, SLOT)]
         )]
     );
     let s = rig.status();
@@ -378,7 +382,7 @@ fn a_busy_or_failed_sink_leaves_the_blocks_unplugged() {
     assert_eq!(calls.len(), 3);
     assert!(calls
         .iter()
-        .all(|c| *c == Call::Plug((REGION, 2 * BLOCK), vec![(REGION, SLOT)])));
+        .all(|c| *c == Call::Plug(r(REGION, 2 * BLOCK), vec![r(REGION, SLOT)])));
     assert_eq!(rig.status().plugged_bytes, 2 * BLOCK);
 }
 
@@ -557,8 +561,8 @@ fn a_plug_done_across_a_reset_is_dropped_and_its_slot_taken_out_again() {
     assert_eq!(
         calls[..],
         [
-            Call::Plug((REGION, 2 * BLOCK), vec![(REGION, SLOT)]),
-            Call::Unplug(vec![(REGION, 2 * BLOCK)], vec![(REGION, SLOT)]),
+            Call::Plug(r(REGION, 2 * BLOCK), vec![r(REGION, SLOT)]),
+            Call::Unplug(vec![r(REGION, 2 * BLOCK)], vec![r(REGION, SLOT)]),
         ]
     );
 }

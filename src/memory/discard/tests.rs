@@ -1,6 +1,7 @@
 //! Tests of the discard pool on plain mappings (no KVM).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
 use vm_memory::{Bytes, GuestAddress};
@@ -78,7 +79,7 @@ fn reads_zero(m: &GuestMemory, addr: u64, len: u64) -> bool {
 
 /// `discard`, returning the outcome, whether `done` ran before `discard`
 /// returned, and the name of the thread that ran it.
-fn discard_and_wait(pool: &DiscardPool, ranges: &[(u64, u64)]) -> (DiscardOutcome, bool, String) {
+fn discard_and_wait(pool: &DiscardPool, ranges: &[GuestRange]) -> (DiscardOutcome, bool, String) {
     let (tx, rx) = mpsc::channel();
     let returned = Arc::new(AtomicBool::new(false));
     let seen = returned.clone();
@@ -91,6 +92,11 @@ fn discard_and_wait(pool: &DiscardPool, ranges: &[(u64, u64)]) -> (DiscardOutcom
     );
     returned.store(true, Ordering::SeqCst);
     rx.recv_timeout(PATIENCE).expect("done was called")
+}
+
+/// The guest range of `len` bytes at `gpa`.
+fn range(gpa: u64, len: u64) -> GuestRange {
+    GuestRange::new(gpa, len)
 }
 
 fn start(m: &GuestMemory, topology: &HostTopology, opts: DiscardOptions) -> DiscardPool {
@@ -106,9 +112,9 @@ fn a_small_batch_is_freed_inline_and_reads_zero() {
     assert_eq!(pool.page_bytes(), sys::page_size() as u64);
     // 768 KiB in three ranges, two of them adjacent (one call for those).
     let ranges = [
-        (0x10_0000, 0x8_0000),
-        (0x18_0000, 0x2_0000),
-        (0x30_0000, 0x2_0000),
+        range(0x10_0000, 0x8_0000),
+        range(0x18_0000, 0x2_0000),
+        range(0x30_0000, 0x2_0000),
     ];
     let (o, before_return, thread) = discard_and_wait(&pool, &ranges);
     assert!(before_return, "inline: done ran inside discard");
@@ -159,7 +165,7 @@ fn a_large_batch_is_freed_by_the_node_workers() {
             ..DiscardOptions::default()
         },
     );
-    let (o, before_return, thread) = discard_and_wait(&pool, &[(0, 192 << 20)]);
+    let (o, before_return, thread) = discard_and_wait(&pool, &[range(0, 192 << 20)]);
     assert!(thread.starts_with("discard-n0-"), "{thread}");
     let _ = before_return; // a worker may finish before discard returns
     assert_eq!((o.bytes_freed, o.failed), (192 << 20, 0));
@@ -190,10 +196,13 @@ fn serial_makes_one_call_per_range_on_the_caller() {
     // 32 adjacent 4 MiB ranges, top down (as the firmware reports), one of
     // them unaligned at both ends, one half past the end of RAM, and a
     // 100 MiB range larger than a part: 35 ranges, 35 calls, all inline.
-    let mut ranges: Vec<(u64, u64)> = (0..32u64).rev().map(|i| (i * (4 << 20), 4 << 20)).collect();
-    ranges.push((130 << 20 | 0x800, (1 << 20) - 0x1000));
-    ranges.push((100 << 20, 100 << 20));
-    ranges.push((255 << 20, 2 << 20));
+    let mut ranges: Vec<GuestRange> = (0..32u64)
+        .rev()
+        .map(|i| range(i * (4 << 20), 4 << 20))
+        .collect();
+    ranges.push(range(130 << 20 | 0x800, (1 << 20) - 0x1000));
+    ranges.push(range(100 << 20, 100 << 20));
+    ranges.push(range(255 << 20, 2 << 20));
     let (o, before_return, thread) = discard_and_wait(&pool, &ranges);
     assert!(before_return, "serial: done ran inside discard");
     assert!(!thread.starts_with("discard-"), "{thread}");
@@ -239,7 +248,10 @@ fn two_nodes_count_apart_and_a_range_over_both_counts_in_both() {
     // Across the slice end (inline), and past the end of RAM.
     let (o, _, _) = discard_and_wait(
         &pool,
-        &[(half - (1 << 20), 2 << 20), ((256 << 20) - 4096, 8192)],
+        &[
+            range(half - (1 << 20), 2 << 20),
+            range((256 << 20) - 4096, 8192),
+        ],
     );
     assert_eq!((o.bytes_freed, o.refused_bytes), ((2 << 20) + 4096, 4096));
     assert_eq!(resident(&m, half - (1 << 20), 1 << 20), 0);
@@ -262,7 +274,7 @@ fn two_nodes_count_apart_and_a_range_over_both_counts_in_both() {
     );
     assert_eq!(s.refused_bytes, 4096);
     // A large batch over both nodes goes to both nodes' queues.
-    let (o, _, _) = discard_and_wait(&pool, &[(0, 256 << 20)]);
+    let (o, _, _) = discard_and_wait(&pool, &[range(0, 256 << 20)]);
     assert_eq!(o.bytes_freed, 256 << 20);
     let s = pool.snapshot();
     assert_eq!(s.calls, 3 + 4, "2 parts of 64 MiB per node");
@@ -306,11 +318,11 @@ fn ranges_outside_ram_and_in_the_mmio_gap_are_refused() {
     }
     let pool = start(&m, &topo, DiscardOptions::default());
     let ranges = [
-        (gap - 4096, GIB + 8192), // the last page below the gap, the gap, the first above
-        (end - 4096, 1 << 20),    // the last page of RAM, then beyond
-        (gap + 4096, 4096),       // in the gap only
-        (u64::MAX - 4095, 8192),  // wraps around the address space
-        (1 << 50, 1 << 40),       // far beyond
+        range(gap - 4096, GIB + 8192), // the last page below the gap, the gap, the first above
+        range(end - 4096, 1 << 20),    // the last page of RAM, then beyond
+        range(gap + 4096, 4096),       // in the gap only
+        range(u64::MAX - 4095, 8192),  // wraps around the address space
+        range(1 << 50, 1 << 40),       // far beyond
     ];
     let (o, _, _) = discard_and_wait(&pool, &ranges);
     assert_eq!(o.bytes_freed, 3 * 4096);
@@ -335,7 +347,7 @@ fn ranges_outside_ram_and_in_the_mmio_gap_are_refused() {
     // Nothing in the translation ever leaves guest RAM.
     let t = pool.shared().table.translate(&ranges);
     for p in &t.pieces {
-        let (a, l) = pool.shared().table.guest_range(p);
+        let GuestRange { gpa: a, len: l } = pool.shared().table.guest_range(p);
         let e = &pool.shared().table.entries[p.entry];
         assert!(a >= e.guest_addr && a + l <= e.guest_end());
         assert!(!(a < high && a + l > gap), "{a:#x}+{l:#x} in the gap");
@@ -361,10 +373,10 @@ fn huge_page_size_frees_only_whole_pages() {
     // 1..5 MiB holds one whole 2 MiB page (2..4); 6..7 and 7..8 together
     // make the page 6..8; 9..10.5 holds none.
     let ranges = [
-        (mib, 4 * mib),
-        (6 * mib, mib),
-        (7 * mib, mib),
-        (9 * mib, 3 * mib / 2),
+        range(mib, 4 * mib),
+        range(6 * mib, mib),
+        range(7 * mib, mib),
+        range(9 * mib, 3 * mib / 2),
     ];
     let (o, _, _) = discard_and_wait(&pool, &ranges);
     assert_eq!(o.bytes_freed, 4 * mib);
@@ -409,14 +421,14 @@ fn memfd_backing_punches_holes_split_at_stripes() {
     // Below the threshold (inline), then above it (workers), each over the
     // stripe boundary.
     let pool = pool_for(&m, &topo);
-    let (o, inline, _) = discard_and_wait(&pool, &[(GIB - mib / 4, mib / 2)]);
+    let (o, inline, _) = discard_and_wait(&pool, &[range(GIB - mib / 4, mib / 2)]);
     assert!(inline);
     assert_eq!(o.bytes_freed, mib / 2);
     assert_eq!(
         (blocks(0), blocks(1)),
         (4 * mib - mib / 4, 4 * mib - mib / 4)
     );
-    let (o, _, thread) = discard_and_wait(&pool, &[(GIB - 4 * mib, 8 * mib)]);
+    let (o, _, thread) = discard_and_wait(&pool, &[range(GIB - 4 * mib, 8 * mib)]);
     // The worker half: 8 MiB is above the threshold, so both stripes'
     // parts went to the node's worker, which ended the batch.
     assert!(thread.starts_with("discard-n"), "{thread}");
@@ -460,10 +472,15 @@ fn a_deflate_waits_for_pages_still_being_freed() {
     let pool = start(&m, &topo, opts);
     let (tx, rx) = mpsc::channel();
     // Acknowledged at once (an inflate), freed behind by the held worker.
-    pool.discard(&[(0, 16 << 20)], Box::new(move |o| tx.send(o).unwrap()));
+    pool.discard(
+        &[range(0, 16 << 20)],
+        Box::new(move |o| tx.send(o).unwrap()),
+    );
     assert!(rx.try_recv().is_err(), "queued, not freed yet");
     let soon = Instant::now() + Duration::from_millis(20);
-    let e = pool.wait_overlapping(&[(8 << 20, 4096)], soon).unwrap_err();
+    let e = pool
+        .wait_overlapping(&[range(8 << 20, 4096)], soon)
+        .unwrap_err();
     assert!(
         matches!(e, DiscardError::StillInFlight { batches: 1 }),
         "{e}"
@@ -471,10 +488,10 @@ fn a_deflate_waits_for_pages_still_being_freed() {
     assert!(pool.wait_idle(soon).is_err());
     assert_eq!(pool.snapshot().in_flight_batches, 1);
     // Other pages are not waited for.
-    pool.wait_overlapping(&[(16 << 20, 4 << 20)], Instant::now())
+    pool.wait_overlapping(&[range(16 << 20, 4 << 20)], Instant::now())
         .unwrap();
     release.send(()).unwrap();
-    pool.wait_overlapping(&[(8 << 20, 4096)], Instant::now() + PATIENCE)
+    pool.wait_overlapping(&[range(8 << 20, 4096)], Instant::now() + PATIENCE)
         .unwrap();
     // Freed before the wait returned (`done` may run just after).
     assert_eq!(resident(&m, 0, 16 << 20), 0);
@@ -489,7 +506,7 @@ fn shutdown_releases_the_view_so_reclaim_runs() {
     let m = memory(128, Backing::Anonymous, &topo);
     touch(&m, 0, 64 << 20);
     let pool = pool_for(&m, &topo);
-    let (o, _, _) = discard_and_wait(&pool, &[(0, 32 << 20)]);
+    let (o, _, _) = discard_and_wait(&pool, &[range(0, 32 << 20)]);
     assert_eq!(o.bytes_freed, 32 << 20);
     pool.shutdown(Instant::now() + PATIENCE).unwrap();
     let r = m
@@ -507,7 +524,7 @@ fn a_worker_left_behind_at_shutdown_keeps_the_memory_mapped() {
     let (opts, release) = held_workers();
     let pool = start(&m, &topo, opts);
     let (tx, rx) = mpsc::channel();
-    pool.discard(&[(0, 8 << 20)], Box::new(move |o| tx.send(o).unwrap()));
+    pool.discard(&[range(0, 8 << 20)], Box::new(move |o| tx.send(o).unwrap()));
     let e = pool
         .shutdown(Instant::now() + Duration::from_millis(20))
         .unwrap_err();
@@ -557,7 +574,10 @@ fn a_full_queue_frees_on_the_caller() {
     let pool = start(&m, &topo, opts);
     let (tx, rx) = mpsc::channel();
     // Four parts: one is queued, three are freed here.
-    pool.discard(&[(0, 256 << 20)], Box::new(move |o| tx.send(o).unwrap()));
+    pool.discard(
+        &[range(0, 256 << 20)],
+        Box::new(move |o| tx.send(o).unwrap()),
+    );
     let s = pool.snapshot();
     assert_eq!((s.inline_parts, s.worker_parts), (3, 0));
     assert_eq!(resident(&m, 64 << 20, 192 << 20), 0);
@@ -603,7 +623,7 @@ fn inline_threshold_measurement() {
     for _ in 0..50 {
         let t = Instant::now();
         let (tx, rx) = mpsc::channel();
-        pool.discard(&[(0, 4096)], Box::new(move |_| tx.send(()).unwrap()));
+        pool.discard(&[range(0, 4096)], Box::new(move |_| tx.send(()).unwrap()));
         rx.recv().unwrap();
         times.push(t.elapsed());
     }
@@ -637,7 +657,7 @@ fn a_slow_discard_frees_after_its_delay_and_a_cancel_ends_it_unfreed() {
     // Inline (64 KiB) and on a worker (4 MiB): each waits, then frees.
     for (addr, len) in [(0, 64 * KIB), (4 << 20, 4 << 20)] {
         let t = Instant::now();
-        let (o, _, _) = discard_and_wait(&pool, &[(addr, len)]);
+        let (o, _, _) = discard_and_wait(&pool, &[range(addr, len)]);
         assert!(t.elapsed() >= delay, "{:?}", t.elapsed());
         assert_eq!((o.bytes_freed, o.failed), (len, 0));
         assert!(reads_zero(&m, addr, len));
@@ -647,7 +667,7 @@ fn a_slow_discard_frees_after_its_delay_and_a_cancel_ends_it_unfreed() {
     touch(&m, 16 << 20, 4 << 20);
     let (tx, rx) = mpsc::channel();
     pool.discard(
-        &[(16 << 20, 4 << 20)],
+        &[range(16 << 20, 4 << 20)],
         Box::new(move |o| tx.send(o).unwrap()),
     );
     let t = Instant::now();
@@ -657,7 +677,7 @@ fn a_slow_discard_frees_after_its_delay_and_a_cancel_ends_it_unfreed() {
     assert_eq!((o.bytes_freed, o.failed), (0, 1));
     assert_eq!(resident(&m, 16 << 20, 4 << 20), 4 << 20, "not freed");
     // Later discards free nothing either; the shutdown is prompt.
-    let (o, _, _) = discard_and_wait(&pool, &[(16 << 20, 64 * KIB)]);
+    let (o, _, _) = discard_and_wait(&pool, &[range(16 << 20, 64 * KIB)]);
     assert_eq!(o.bytes_freed, 0);
     let t = Instant::now();
     pool.shutdown(Instant::now() + PATIENCE).unwrap();
@@ -677,9 +697,9 @@ fn a_prelude_runs_on_a_worker_before_any_part_and_its_fence_holds_until_done() {
     let (ptx, prx) = mpsc::channel();
     let view = m.view();
     pool.discard_after(
-        &[(0, 16 << 20)],
+        &[range(0, 16 << 20)],
         // The fence: a range the batch does not free (an emptied slot).
-        &[(16 << 20, 16 << 20)],
+        &[range(16 << 20, 16 << 20)],
         Box::new(move || {
             let name = std::thread::current().name().unwrap_or("").to_string();
             let untouched = (0..16u64 << 20)
@@ -693,17 +713,18 @@ fn a_prelude_runs_on_a_worker_before_any_part_and_its_fence_holds_until_done() {
     assert!(prx.try_recv().is_err(), "the prelude ran on the caller");
     let soon = Instant::now() + Duration::from_millis(20);
     assert!(
-        pool.wait_overlapping(&[(20 << 20, 4096)], soon).is_err(),
+        pool.wait_overlapping(&[range(20 << 20, 4096)], soon)
+            .is_err(),
         "the fence covers a range the batch does not free"
     );
-    pool.wait_overlapping(&[(32 << 20, 4 << 20)], Instant::now())
+    pool.wait_overlapping(&[range(32 << 20, 4 << 20)], Instant::now())
         .unwrap();
     release.send(()).unwrap();
     let (thread, untouched) = prx.recv_timeout(PATIENCE).unwrap();
     assert!(thread.starts_with("discard-"), "{thread}");
     assert!(untouched, "a part was freed before the prelude ran");
     assert_eq!(rx.recv_timeout(PATIENCE).unwrap().bytes_freed, 16 << 20);
-    pool.wait_overlapping(&[(20 << 20, 4096)], Instant::now() + PATIENCE)
+    pool.wait_overlapping(&[range(20 << 20, 4096)], Instant::now() + PATIENCE)
         .unwrap();
     assert!(reads_zero(&m, 0, 16 << 20));
     assert_eq!(resident(&m, 16 << 20, 16 << 20), 16 << 20, "the fence only");
@@ -712,7 +733,7 @@ fn a_prelude_runs_on_a_worker_before_any_part_and_its_fence_holds_until_done() {
     let (ptx, prx) = mpsc::channel();
     let view = m.view();
     pool.discard_after(
-        &[(16 << 20, 64 * KIB)],
+        &[range(16 << 20, 64 * KIB)],
         &[],
         Box::new(move || {
             let kept = view.read_obj::<u64>(GuestAddress(16 << 20)).unwrap() == 0xdead_beef;
@@ -729,7 +750,7 @@ fn a_prelude_runs_on_a_worker_before_any_part_and_its_fence_holds_until_done() {
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
     pool2.discard_after(
-        &[(24 << 20, 4 << 20)],
+        &[range(24 << 20, 4 << 20)],
         &[],
         Box::new(move || r.store(true, Ordering::SeqCst)),
         Box::new(move |o| tx.send(o).unwrap()),
@@ -747,7 +768,7 @@ fn a_prelude_runs_on_a_worker_before_any_part_and_its_fence_holds_until_done() {
 /// batches in flight seen from inside `done`.
 fn discard_seen_from_done(
     pool: &Arc<DiscardPool>,
-    ranges: &[(u64, u64)],
+    ranges: &[GuestRange],
 ) -> (DiscardOutcome, usize) {
     let (tx, rx) = mpsc::channel();
     let p = pool.clone();
@@ -777,13 +798,13 @@ fn a_failed_batch_is_retried_once_and_stays_fenced_until_done_returns() {
                 ..DiscardOptions::default()
             },
         ));
-        let (o, in_flight) = discard_seen_from_done(&pool, &[(0, len)]);
+        let (o, in_flight) = discard_seen_from_done(&pool, &[range(0, len)]);
         assert_eq!((o.failed, o.bytes_freed), (0, len), "{what}: {o:?}");
         assert_eq!(in_flight, 1, "{what}: the retry is fenced while done runs");
         assert_eq!(resident(&m, 0, len), 0, "{what}");
         assert!(reads_zero(&m, 0, len), "{what}");
         // The retry leaves the fence once `done` has returned.
-        pool.wait_overlapping(&[(0, len)], Instant::now() + PATIENCE)
+        pool.wait_overlapping(&[range(0, len)], Instant::now() + PATIENCE)
             .unwrap();
         let s = pool.snapshot();
         assert!(
@@ -809,12 +830,12 @@ fn a_batch_that_fails_twice_is_said_and_frees_nothing() {
             ..DiscardOptions::default()
         },
     ));
-    let (o, _) = discard_seen_from_done(&pool, &[(0, 2 << 20)]);
+    let (o, _) = discard_seen_from_done(&pool, &[range(0, 2 << 20)]);
     assert!(o.failed > 0 && o.bytes_freed == 0, "{o:?}");
     assert_eq!(resident(&m, 0, 2 << 20), 2 << 20);
     assert!(!reads_zero(&m, 0, 4096));
     assert_eq!(pool.snapshot().batches, 2, "one retry, no more");
     // The next batch frees as usual.
-    let (o, _) = discard_seen_from_done(&pool, &[(0, 2 << 20)]);
+    let (o, _) = discard_seen_from_done(&pool, &[range(0, 2 << 20)]);
     assert_eq!((o.failed, o.bytes_freed), (0, 2 << 20), "{o:?}");
 }
