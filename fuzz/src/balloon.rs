@@ -17,7 +17,7 @@ use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
 use teravm::devices::virtio::balloon::{
     features, Balloon, BalloonOptions, DiscardAck, DiscardKind, DiscardSink, GuestRange, RamMap,
 };
-use teravm::devices::virtio::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
+use teravm::devices::virtio::transport::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
 use teravm::devices::virtio::ActiveState;
 use teravm::devices::virtio::{status, VirtioDevice, VIRTIO_F_VERSION_1};
 

@@ -9,13 +9,40 @@
 //! rest (bytes past the end read 0; writes to other bytes are refused and
 //! reported to [`VirtioDevice::config_refused`], Firecracker's
 //! `cfg_fails`).
+//!
+//! The numbers of the virtio spec that every device and the transport share
+//! are here too: [`VIRTIO_F_VERSION_1`], which every device offers, and the
+//! device status bits the driver writes ([`status`]).
 
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 
-use super::{Counter, DeviceMemory, VirtioInterrupt, VirtioInterruptType};
+use super::fence::ResetFence;
+use super::interrupt::{VirtioInterrupt, VirtioInterruptType};
+use super::memory::DeviceMemory;
+use super::metrics::Counter;
+
+/// `VIRTIO_F_VERSION_1`: the device is a virtio 1.x device (bit 32).
+pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+
+/// Device status bits (virtio 1.x, 2.1).
+pub mod status {
+    use virtio_bindings::virtio_config as c;
+    /// The guest found the device.
+    pub const ACKNOWLEDGE: u32 = c::VIRTIO_CONFIG_S_ACKNOWLEDGE;
+    /// The guest has a driver for it.
+    pub const DRIVER: u32 = c::VIRTIO_CONFIG_S_DRIVER;
+    /// The driver is set up and the device is live.
+    pub const DRIVER_OK: u32 = c::VIRTIO_CONFIG_S_DRIVER_OK;
+    /// Feature negotiation is complete (kept only if the device accepts).
+    pub const FEATURES_OK: u32 = c::VIRTIO_CONFIG_S_FEATURES_OK;
+    /// The device hit an error it cannot recover from without a reset.
+    pub const DEVICE_NEEDS_RESET: u32 = c::VIRTIO_CONFIG_S_NEEDS_RESET;
+    /// The driver gave up on the device.
+    pub const FAILED: u32 = c::VIRTIO_CONFIG_S_FAILED;
+}
 
 /// Why a device refused to start.
 #[derive(Debug, thiserror::Error)]
@@ -277,7 +304,7 @@ pub trait VirtioDevice<M: DeviceMemory>: Send {
     /// waits for before the Status write returns to the guest (a driver
     /// that never polls Status, as Linux's): `None` for a device whose
     /// reset completes at once.
-    fn reset_fence(&self) -> Option<std::sync::Arc<super::ResetFence>> {
+    fn reset_fence(&self) -> Option<Arc<ResetFence>> {
         None
     }
 }
