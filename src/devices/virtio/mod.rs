@@ -59,4 +59,4 @@ pub use interrupt::{IrqTrigger, VirtioInterrupt, VirtioInterruptType, INT_CONFIG
 pub use memory::DeviceMemory;
 pub use metrics::Counter;
 pub use transport::mmio::{MmioError, MmioTransport};
-pub use worker::{quiesce, Pending, QueueHandler, Wake, Worker, WorkerError};
+pub use worker::{quiesce, PendingQueues, QueueHandler, Wake, Worker, WorkerError};

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{Balloon, BalloonError};
-use crate::devices::virtio::{DeviceMemory, Pending, QueueHandler, Wake, Worker};
+use crate::devices::virtio::{DeviceMemory, PendingQueues, QueueHandler, Wake, Worker};
 
 /// Runs a balloon's queue work: the handler of its thread's loop.
 pub struct BalloonWorker<M: DeviceMemory> {
@@ -83,7 +83,7 @@ impl<M: DeviceMemory> QueueHandler for BalloonWorker<M> {
         self.pass(|b| b.process_queue(index));
     }
 
-    fn wake_event(&mut self, _pending: Pending) {
+    fn wake_event(&mut self, _pending: PendingQueues) {
         // The balloon keeps its own pending flags (chains parked behind a
         // discard, a full sink): a wake runs them all.
         self.pass(Balloon::process_wake);

@@ -59,7 +59,7 @@ use super::{
     MAX_DESCRIPTORS_PER_REQUEST, SECTOR_BYTES,
 };
 use crate::devices::virtio::{
-    ActiveState, DeviceMemory, Pending, QueueHandler, VirtioInterruptType, Wake, Worker,
+    ActiveState, DeviceMemory, PendingQueues, QueueHandler, VirtioInterruptType, Wake, Worker,
 };
 use crate::rate_limiter::{RateLimiter, TokenType};
 use uring::{submittable, Uring};
@@ -180,7 +180,7 @@ impl<M: DeviceMemory> QueueHandler for BlockWorker<M> {
         self.process_queue(true);
     }
 
-    fn wake_event(&mut self, _pending: Pending) {
+    fn wake_event(&mut self, _pending: PendingQueues) {
         self.process_queue(false);
     }
 
