@@ -15,6 +15,7 @@
 //! device status bits the driver writes ([`status`]).
 
 use std::ops::{Deref, DerefMut, Range};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
@@ -66,9 +67,29 @@ pub enum ActivateError {
     Signal(std::io::Error),
 }
 
+/// Which activation of a device a piece of work began under. Each
+/// [`ActiveState`] gets its own, numbered once across the process, so no
+/// device keeps a count of its own: work that outlives the lock it began
+/// under (a block request in host I/O, a balloon batch or a virtio-mem
+/// plug at its sink) keeps the epoch, and when it ends, a device whose
+/// running [`ActiveState::epoch`] is another one (or that runs none: a
+/// reset came between) drops its answer, for the driver that asked is gone.
+/// The default epoch belongs to no activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Epoch(u64);
+
+impl Epoch {
+    /// A new epoch, never given before.
+    fn next() -> Epoch {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Epoch(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// What exists while a device runs (between `DRIVER_OK` and a reset): the
 /// guest memory view, the queues and the interrupt (Firecracker's
-/// `ActiveState`). Dropping it drops the device's hold on guest memory.
+/// `ActiveState`), and the activation's [`Epoch`]. Dropping it drops the
+/// device's hold on guest memory.
 pub struct ActiveState<M: DeviceMemory> {
     /// The guest memory, as the transport handed it over.
     pub mem: M,
@@ -78,10 +99,12 @@ pub struct ActiveState<M: DeviceMemory> {
     pub interrupt: Arc<dyn VirtioInterrupt>,
     /// The features the driver acked.
     pub acked_features: u64,
+    epoch: Epoch,
 }
 
 impl<M: DeviceMemory> ActiveState<M> {
-    /// What the transport hands a device at `DRIVER_OK`.
+    /// What the transport hands a device at `DRIVER_OK`, with an epoch of
+    /// its own.
     pub fn new(
         mem: M,
         acked_features: u64,
@@ -93,7 +116,13 @@ impl<M: DeviceMemory> ActiveState<M> {
             queues,
             interrupt,
             acked_features,
+            epoch: Epoch::next(),
         }
+    }
+
+    /// This activation's epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
     }
 
     /// Whether the device may start with it: not while `running` (an

@@ -18,7 +18,7 @@
 //!   [`vsock`], one folder each. What they share is written once beside
 //!   them: the [`VirtioDevice`] trait with its default configuration-space
 //!   access and the [`ActiveState`] (guest memory view, queues, interrupt,
-//!   and the activation's `Epoch`, which tells work begun before a reset
+//!   and the activation's [`Epoch`], which tells work begun before a reset
 //!   from work of this activation) a device holds while it runs
 //!   ([`device`]); the device thread's loop, an `event-manager` loop with
 //!   the device as its subscriber, and the wake eventfd with its pending
@@ -52,7 +52,7 @@ pub mod worker;
 
 pub use device::{
     read_config_space, status, ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceOffer,
-    VirtioDevice, VIRTIO_F_VERSION_1,
+    Epoch, VirtioDevice, VIRTIO_F_VERSION_1,
 };
 pub use fence::ResetFence;
 pub use interrupt::{IrqTrigger, VirtioInterrupt, VirtioInterruptType, INT_CONFIG, INT_VRING};
