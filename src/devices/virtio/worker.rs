@@ -106,6 +106,11 @@ impl Wake {
         self.evt.write(1)
     }
 
+    /// Whether queue `q` is marked and not yet taken.
+    pub fn is_marked(&self, q: usize) -> bool {
+        q < 32 && self.pending.load(Ordering::SeqCst) & (1 << q) != 0
+    }
+
     /// Forgets what was marked (a reset).
     pub fn clear(&self) {
         self.pending.store(0, Ordering::SeqCst);

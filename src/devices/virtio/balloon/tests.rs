@@ -111,7 +111,8 @@ fn queue(b: &mut Balloon<Mem>, i: usize) {
 
 /// The wake eventfd fired, as the balloon's thread handles it.
 fn wake(b: &mut Balloon<Mem>) {
-    b.process_wake();
+    let pending = b.wake().take();
+    b.process_wake(pending);
     b.take_sink_work().send();
 }
 

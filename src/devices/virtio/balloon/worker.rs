@@ -83,10 +83,8 @@ impl<M: DeviceMemory> QueueHandler for BalloonWorker<M> {
         self.pass(|b| b.process_queue(index));
     }
 
-    fn wake_event(&mut self, _pending: PendingQueues) {
-        // The balloon keeps its own pending flags (chains parked behind a
-        // discard, a full sink): a wake runs them all.
-        self.pass(Balloon::process_wake);
+    fn wake_event(&mut self, pending: PendingQueues) {
+        self.pass(|b| b.process_wake(pending));
     }
 
     fn next_timeout(&self, now: Instant) -> Option<Duration> {
