@@ -337,3 +337,19 @@ pub trait VirtioDevice<M: DeviceMemory>: Send {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::test_utils::{guest_memory, Irq};
+
+    #[test]
+    fn each_activation_has_an_epoch_of_its_own_and_none_is_the_default() {
+        let mem = guest_memory(&[(0, 0x1000)]);
+        let activate = || ActiveState::new(mem.clone(), 0, Vec::new(), Arc::new(Irq::default()));
+        let (a, b) = (activate(), activate());
+        assert_ne!(a.epoch(), b.epoch());
+        assert_ne!(a.epoch(), Epoch::default());
+        assert_ne!(b.epoch(), Epoch::default());
+    }
+}
