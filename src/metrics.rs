@@ -110,14 +110,14 @@ fn method_index(method: &str) -> usize {
 /// A counter that also remembers its value at the last line written, so a
 /// line can show what happened since (Firecracker's `SharedIncMetric`).
 #[derive(Debug)]
-struct Counter {
+struct DeltaCounter {
     total: AtomicU64,
     at_last_line: AtomicU64,
 }
 
-impl Counter {
-    const fn new() -> Counter {
-        Counter {
+impl DeltaCounter {
+    const fn new() -> DeltaCounter {
+        DeltaCounter {
             total: AtomicU64::new(0),
             at_last_line: AtomicU64::new(0),
         }
@@ -141,15 +141,15 @@ impl Counter {
 /// The store. There is one, [`METRICS`].
 #[derive(Debug)]
 pub struct Metrics {
-    requests: [[Counter; NR]; NM],
-    fails: [[Counter; NR]; NM],
+    requests: [[DeltaCounter; NR]; NM],
+    fails: [[DeltaCounter; NR]; NM],
     startup_us: AtomicU64,
     startup_cpu_us: AtomicU64,
-    missed_lines: Counter,
-    write_fails: Counter,
-    missed_log_lines: Counter,
-    missed_stderr_lines: Counter,
-    sighup: Counter,
+    missed_lines: DeltaCounter,
+    write_fails: DeltaCounter,
+    missed_log_lines: DeltaCounter,
+    missed_stderr_lines: DeltaCounter,
+    sighup: DeltaCounter,
     sigterm: AtomicU64,
     sigint: AtomicU64,
     sighup_total: AtomicU64,
@@ -163,15 +163,15 @@ pub static METRICS: Metrics = Metrics::new();
 impl Metrics {
     const fn new() -> Metrics {
         Metrics {
-            requests: [const { [const { Counter::new() }; NR] }; NM],
-            fails: [const { [const { Counter::new() }; NR] }; NM],
+            requests: [const { [const { DeltaCounter::new() }; NR] }; NM],
+            fails: [const { [const { DeltaCounter::new() }; NR] }; NM],
             startup_us: AtomicU64::new(0),
             startup_cpu_us: AtomicU64::new(0),
-            missed_lines: Counter::new(),
-            write_fails: Counter::new(),
-            missed_log_lines: Counter::new(),
-            missed_stderr_lines: Counter::new(),
-            sighup: Counter::new(),
+            missed_lines: DeltaCounter::new(),
+            write_fails: DeltaCounter::new(),
+            missed_log_lines: DeltaCounter::new(),
+            missed_stderr_lines: DeltaCounter::new(),
+            sighup: DeltaCounter::new(),
             sigterm: AtomicU64::new(0),
             sigint: AtomicU64::new(0),
             sighup_total: AtomicU64::new(0),
@@ -305,7 +305,7 @@ fn fc_group(method: usize, fields: &[(&str, usize)], with_fails: bool) -> Value 
     Value::Object(map)
 }
 
-fn totals(counters: &[[Counter; NR]; NM]) -> Value {
+fn totals(counters: &[[DeltaCounter; NR]; NM]) -> Value {
     let mut map = Map::new();
     for (m, row) in counters.iter().enumerate() {
         for (r, c) in row.iter().enumerate() {
@@ -519,7 +519,7 @@ mod tests {
 
     #[test]
     fn counters_show_what_happened_since_the_last_line() {
-        let c = Counter::new();
+        let c = DeltaCounter::new();
         c.add(3);
         assert_eq!(c.since_last_line(), 3);
         assert_eq!(c.since_last_line(), 0);

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use libfuzzer_sys::fuzz_target;
-use teravm::devices::{i8042, microvm_bus, ports, serial, BusEvent, SerialConsole, I8042};
+use teravm::devices::{firmware_ports, i8042, microvm_bus, serial, BusEvent, SerialConsole, I8042};
 
 fuzz_target!(|data: &[u8]| {
     let console = Arc::new(Mutex::new(SerialConsole::new(Vec::<u8>::new())));
@@ -37,8 +37,8 @@ fuzz_target!(|data: &[u8]| {
                 raw_port % (i8042::I8042_LEN + 2) < i8042::I8042_LEN,
             ),
             2 => (
-                ports::FW_PORTS_BASE + raw_port % (ports::FW_PORTS_LEN + 2),
-                raw_port % (ports::FW_PORTS_LEN + 2) < ports::FW_PORTS_LEN,
+                firmware_ports::FW_PORTS_BASE + raw_port % (firmware_ports::FW_PORTS_LEN + 2),
+                raw_port % (firmware_ports::FW_PORTS_LEN + 2) < firmware_ports::FW_PORTS_LEN,
             ),
             _ => (raw_port, true), // anywhere: claimed or not, unknown here
         };

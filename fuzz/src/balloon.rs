@@ -17,7 +17,9 @@ use crate::driver::{push_avail, take, Layout, NoIrq, Rings};
 use teravm::devices::virtio::balloon::{
     features, Balloon, BalloonOptions, DiscardAck, DiscardKind, DiscardSink, RamMap,
 };
-use teravm::devices::virtio::mmio::{regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES};
+use teravm::devices::virtio::transport::mmio::{
+    regs, MmioTransport, MMIO_MAGIC, MMIO_WINDOW_BYTES,
+};
 use teravm::devices::virtio::ActiveState;
 use teravm::devices::virtio::{status, VirtioDevice, VIRTIO_F_VERSION_1};
 use teravm::memory::GuestRange;
@@ -178,7 +180,7 @@ pub fn virtio_mmio(data: &[u8]) -> bool {
                 let mut bl = b.lock().unwrap_or_else(|e| e.into_inner());
                 bl.process_queue(q);
                 bl.take_sink_work().send();
-                bl.process_wake();
+                wake(&mut bl);
                 bl.take_sink_work().send();
             }
         } else {
@@ -189,7 +191,7 @@ pub fn virtio_mmio(data: &[u8]) -> bool {
         if op & 0x10 != 0 {
             sink.complete(op >> 5);
             let mut bl = b.lock().unwrap_or_else(|e| e.into_inner());
-            bl.process_wake();
+            wake(&mut bl);
             bl.take_sink_work().send();
             bl.process_stats_timer(Instant::now() + Duration::from_secs(3600));
         }
@@ -211,6 +213,13 @@ pub fn virtio_mmio(data: &[u8]) -> bool {
     ran
 }
 
+/// The wake eventfd fired, as the balloon's thread handles it: the queues
+/// marked for another pass are taken, then run.
+fn wake(b: &mut Balloon<Mem>) {
+    let pending = b.wake().take();
+    b.process_wake(pending);
+}
+
 fn fresh_queues(mem: &Mem, n: usize, size: u16) -> (Vec<Rings>, Vec<Queue>) {
     crate::driver::fresh_queues(mem, n, size, RING_BASE, RING_STRIDE)
 }
@@ -223,7 +232,7 @@ fn activate(b: &mut Balloon<Mem>, mem: &Mem, acked: u64, size: u16) -> Vec<Rings
         queues,
         Arc::new(NoIrq),
     ));
-    b.process_wake();
+    wake(b);
     b.take_sink_work().send();
     rings
 }
@@ -287,7 +296,7 @@ pub fn balloon_queues(data: &[u8]) -> usize {
             4 => {
                 let Some(d) = take(1, &mut rest) else { break };
                 sink.complete(d[0]);
-                bl.process_wake();
+                wake(&mut bl);
                 bl.take_sink_work().send();
             }
             5 => {
@@ -314,7 +323,7 @@ pub fn balloon_queues(data: &[u8]) -> usize {
     // Whatever the guest did, the device still resets and lets go.
     bl.reset();
     sink.complete(0);
-    bl.process_wake();
+    wake(&mut bl);
     bl.take_sink_work().send();
     sink.checked.load(std::sync::atomic::Ordering::Relaxed)
 }

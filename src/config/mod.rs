@@ -278,7 +278,7 @@ impl VmConfig {
 
 /// Most virtio devices a microVM can have: one interrupt line each, GSI 5
 /// to 23 (Firecracker's legacy GSIs; the IOAPIC has 24 pins).
-pub const MAX_DEVICES: usize = crate::devices::mmio::MAX_MMIO_DEVICES;
+pub const MAX_DEVICES: usize = crate::devices::bus::mmio::MAX_MMIO_DEVICES;
 
 /// Refuses more devices than a guest has interrupt lines for.
 pub fn check_device_count(count: usize) -> Result<(), ConfigError> {
@@ -289,8 +289,8 @@ pub fn check_device_count(count: usize) -> Result<(), ConfigError> {
                 "{count} devices (balloon, drives, network interfaces, vsock, entropy and one \
                  virtio-mem per guest node together) but a guest has interrupt lines for \
                  {MAX_DEVICES} at most (GSI {} to {}, as in Firecracker)",
-                crate::devices::mmio::FIRST_GSI,
-                crate::devices::mmio::LAST_GSI
+                crate::devices::bus::mmio::FIRST_GSI,
+                crate::devices::bus::mmio::LAST_GSI
             ),
         });
     }

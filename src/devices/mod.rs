@@ -1,15 +1,17 @@
-//! Devices on the port I/O bus: COM1 (vm-superio), the i8042 reset line, and
-//! teravm's own firmware ports (clock, park, error, wait for a device:
-//! [`wake`]). vCPU threads call the bus; devices answer in place and may return a [`BusEvent`] for the vCPU
-//! loop to act on (a reset request, a park, a firmware error). The guest
-//! console's bytes leave through [`console`]: a bounded buffer drained by the
-//! `console` thread, so no device ever waits on the host.
+//! The microVM's devices and the buses that reach them ([`bus`]). On the
+//! port I/O bus: COM1 (vm-superio, [`serial`]), the i8042 reset line
+//! ([`i8042`]), and teravm's own firmware ports ([`firmware_ports`]: clock,
+//! park, error, wait for a device: [`wake`]). vCPU threads call the bus;
+//! devices answer in place and may return a [`BusEvent`] for the vCPU loop
+//! to act on (a reset request, a park, a firmware error). On the MMIO bus:
+//! the [`virtio`] devices. The guest console's bytes leave through
+//! [`console`]: a bounded buffer drained by the `console` thread, so no
+//! device ever waits on the host.
 
 pub mod bus;
 pub mod console;
+pub mod firmware_ports;
 pub mod i8042;
-pub mod mmio;
-pub mod ports;
 pub mod serial;
 pub mod virtio;
 pub mod wake;
@@ -17,11 +19,10 @@ pub mod wake;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-pub use bus::{BusError, BusEvent, PioBus, PioDevice};
+pub use bus::{BusError, BusEvent, Buses, MmioBus, MmioDevice, MmioSlot, PioBus, PioDevice};
 pub use console::{ConsoleBuffer, ConsoleOut, ConsoleSink, ConsoleStats, ConsoleWriter};
+pub use firmware_ports::FirmwarePorts;
 pub use i8042::I8042;
-pub use mmio::{MmioBus, MmioDevice, MmioSlot};
-pub use ports::FirmwarePorts;
 pub use serial::{SerialConsole, SerialIrq};
 pub use wake::{WaitEnd, WakeHub};
 
@@ -37,18 +38,9 @@ pub fn microvm_bus<W: std::io::Write + Send + 'static>(
     bus.insert(serial::COM1_BASE, serial::COM1_LEN, serial)?;
     bus.insert(i8042::I8042_BASE, i8042::I8042_LEN, i8042)?;
     bus.insert(
-        ports::FW_PORTS_BASE,
-        ports::FW_PORTS_LEN,
+        firmware_ports::FW_PORTS_BASE,
+        firmware_ports::FW_PORTS_LEN,
         Arc::new(Mutex::new(FirmwarePorts::new(boot))),
     )?;
     Ok(bus)
-}
-
-/// The buses a vCPU's exits reach: port I/O and MMIO.
-#[derive(Default)]
-pub struct Buses {
-    /// Port I/O: the serial port, the i8042, the firmware's ports.
-    pub pio: PioBus,
-    /// MMIO: the virtio-mmio devices.
-    pub mmio: MmioBus,
 }

@@ -4,7 +4,7 @@
 //!
 //! teravm's firmware (and the test guest) run at CPL3 without an irqchip
 //! and cannot halt; they wait for a device through the firmware port
-//! 0xf0c ([`super::ports`]). The vCPU thread then waits here, on one
+//! 0xf0c ([`super::firmware_ports`]). The vCPU thread then waits here, on one
 //! Mutex + Condvar per VM, until the device's `InterruptStatus` is non-zero
 //! (a used-buffer or config-change interrupt the guest has not
 //! acknowledged), a timeout, or a kick ([`WakeHub::kick`]: a stop, a pause,

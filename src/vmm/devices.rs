@@ -32,14 +32,14 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::devices::mmio::MmioBusError;
+use crate::devices::bus::MmioBusError;
 use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions};
 use crate::devices::virtio::block::{Block, BlockError, BlockOptions};
 use crate::devices::virtio::mem::{MemOptions, VirtioMem};
 use crate::devices::virtio::net::{Net, NetError, NetOptions, Tap};
 use crate::devices::virtio::rng::{Rng, RngError};
 use crate::devices::virtio::vsock::{Vsock, VsockError, VsockOptions};
-use crate::devices::virtio::{mmio::regs, MmioError, MmioTransport, VirtioDevice};
+use crate::devices::virtio::{transport::mmio::regs, MmioError, MmioTransport, VirtioDevice};
 use crate::devices::{Buses, MmioSlot, PioBus};
 use crate::memory::{GuestMemory, GuestView};
 use crate::seccomp::Role;

@@ -15,7 +15,7 @@
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
-use super::Counter;
+use super::metrics::Counter;
 
 /// `VIRTQ_DESC_F_NEXT`.
 const F_NEXT: u16 = 1;

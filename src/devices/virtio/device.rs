@@ -9,13 +9,41 @@
 //! rest (bytes past the end read 0; writes to other bytes are refused and
 //! reported to [`VirtioDevice::config_refused`], Firecracker's
 //! `cfg_fails`).
+//!
+//! The numbers of the virtio spec that every device and the transport share
+//! are here too: [`VIRTIO_F_VERSION_1`], which every device offers, and the
+//! device status bits the driver writes ([`status`]).
 
 use std::ops::{Deref, DerefMut, Range};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 
-use super::{Counter, DeviceMemory, VirtioInterrupt, VirtioInterruptType};
+use super::fence::ResetFence;
+use super::interrupt::{VirtioInterrupt, VirtioInterruptType};
+use super::memory::DeviceMemory;
+use super::metrics::Counter;
+
+/// `VIRTIO_F_VERSION_1`: the device is a virtio 1.x device (bit 32).
+pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+
+/// Device status bits (virtio 1.x, 2.1).
+pub mod status {
+    use virtio_bindings::virtio_config as c;
+    /// The guest found the device.
+    pub const ACKNOWLEDGE: u32 = c::VIRTIO_CONFIG_S_ACKNOWLEDGE;
+    /// The guest has a driver for it.
+    pub const DRIVER: u32 = c::VIRTIO_CONFIG_S_DRIVER;
+    /// The driver is set up and the device is live.
+    pub const DRIVER_OK: u32 = c::VIRTIO_CONFIG_S_DRIVER_OK;
+    /// Feature negotiation is complete (kept only if the device accepts).
+    pub const FEATURES_OK: u32 = c::VIRTIO_CONFIG_S_FEATURES_OK;
+    /// The device hit an error it cannot recover from without a reset.
+    pub const DEVICE_NEEDS_RESET: u32 = c::VIRTIO_CONFIG_S_NEEDS_RESET;
+    /// The driver gave up on the device.
+    pub const FAILED: u32 = c::VIRTIO_CONFIG_S_FAILED;
+}
 
 /// Why a device refused to start.
 #[derive(Debug, thiserror::Error)]
@@ -39,9 +67,29 @@ pub enum ActivateError {
     Signal(std::io::Error),
 }
 
+/// Which activation of a device a piece of work began under. Each
+/// [`ActiveState`] gets its own, numbered once across the process, so no
+/// device keeps a count of its own: work that outlives the lock it began
+/// under (a block request in host I/O, a balloon batch or a virtio-mem
+/// plug at its sink) keeps the epoch, and when it ends, a device whose
+/// running [`ActiveState::epoch`] is another one (or that runs none: a
+/// reset came between) drops its answer, for the driver that asked is gone.
+/// The default epoch belongs to no activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Epoch(u64);
+
+impl Epoch {
+    /// A new epoch, never given before.
+    fn next() -> Epoch {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Epoch(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// What exists while a device runs (between `DRIVER_OK` and a reset): the
 /// guest memory view, the queues and the interrupt (Firecracker's
-/// `ActiveState`). Dropping it drops the device's hold on guest memory.
+/// `ActiveState`), and the activation's [`Epoch`]. Dropping it drops the
+/// device's hold on guest memory.
 pub struct ActiveState<M: DeviceMemory> {
     /// The guest memory, as the transport handed it over.
     pub mem: M,
@@ -51,10 +99,12 @@ pub struct ActiveState<M: DeviceMemory> {
     pub interrupt: Arc<dyn VirtioInterrupt>,
     /// The features the driver acked.
     pub acked_features: u64,
+    epoch: Epoch,
 }
 
 impl<M: DeviceMemory> ActiveState<M> {
-    /// What the transport hands a device at `DRIVER_OK`.
+    /// What the transport hands a device at `DRIVER_OK`, with an epoch of
+    /// its own.
     pub fn new(
         mem: M,
         acked_features: u64,
@@ -66,7 +116,13 @@ impl<M: DeviceMemory> ActiveState<M> {
             queues,
             interrupt,
             acked_features,
+            epoch: Epoch::next(),
         }
+    }
+
+    /// This activation's epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
     }
 
     /// Whether the device may start with it: not while `running` (an
@@ -277,7 +333,23 @@ pub trait VirtioDevice<M: DeviceMemory>: Send {
     /// waits for before the Status write returns to the guest (a driver
     /// that never polls Status, as Linux's): `None` for a device whose
     /// reset completes at once.
-    fn reset_fence(&self) -> Option<std::sync::Arc<super::ResetFence>> {
+    fn reset_fence(&self) -> Option<Arc<ResetFence>> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::test_utils::{guest_memory, Irq};
+
+    #[test]
+    fn each_activation_has_an_epoch_of_its_own_and_none_is_the_default() {
+        let mem = guest_memory(&[(0, 0x1000)]);
+        let activate = || ActiveState::new(mem.clone(), 0, Vec::new(), Arc::new(Irq::default()));
+        let (a, b) = (activate(), activate());
+        assert_ne!(a.epoch(), b.epoch());
+        assert_ne!(a.epoch(), Epoch::default());
+        assert_ne!(b.epoch(), Epoch::default());
     }
 }

@@ -10,7 +10,7 @@
 //! counts its work ([`ResetFence::begin`], [`ResetFence::end`], from any
 //! thread); the transport hands the fence to the bus when a reset leaves
 //! work in flight, and the bus waits on it after it has let go of every
-//! lock ([`crate::devices::mmio::MmioBus::write`]), so the device's own
+//! lock ([`crate::devices::bus::mmio::MmioBus::write`]), so the device's own
 //! threads finish meanwhile. A shutdown cancels the wait
 //! ([`ResetFence::cancel`]); a deadline bounds it.
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::{VirtioInterrupt, VirtioInterruptType};
+use super::interrupt::{VirtioInterrupt, VirtioInterruptType};
 
 /// Guest memory as the tests hand it to a device.
 pub type Mem = Arc<GuestMemoryMmap<()>>;

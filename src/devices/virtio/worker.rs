@@ -49,9 +49,9 @@ pub enum WorkerError {
 
 /// Queues marked pending by a pass cut at its limit (a bit per queue).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Pending(u32);
+pub struct PendingQueues(u32);
 
-impl Pending {
+impl PendingQueues {
     /// Whether queue `q` was marked.
     pub fn has(self, q: usize) -> bool {
         q < 32 && self.0 & (1 << q) != 0
@@ -106,6 +106,11 @@ impl Wake {
         self.evt.write(1)
     }
 
+    /// Whether queue `q` is marked and not yet taken.
+    pub fn is_marked(&self, q: usize) -> bool {
+        q < 32 && self.pending.load(Ordering::SeqCst) & (1 << q) != 0
+    }
+
     /// Forgets what was marked (a reset).
     pub fn clear(&self) {
         self.pending.store(0, Ordering::SeqCst);
@@ -113,9 +118,9 @@ impl Wake {
 
     /// Takes what was marked; the eventfd is read (cleared) first, so a
     /// mark made after this is seen by the next wake.
-    pub fn take(&self) -> Pending {
+    pub fn take(&self) -> PendingQueues {
         let _ = self.evt.read();
-        Pending(self.pending.swap(0, Ordering::SeqCst))
+        PendingQueues(self.pending.swap(0, Ordering::SeqCst))
     }
 
     /// One bounded pass over queue `q`: runs `step` while it returns true,
@@ -154,7 +159,7 @@ pub trait QueueHandler: Send {
     /// Queue `index`'s eventfd fired (it was read).
     fn queue_event(&mut self, index: usize);
     /// The wake eventfd fired, with the queues marked since the last one.
-    fn wake_event(&mut self, pending: Pending);
+    fn wake_event(&mut self, pending: PendingQueues);
     /// Source `index` of [`Self::sources`] is ready.
     fn source_event(&mut self, _index: usize, _events: EventSet) {}
     /// How long the thread may sleep before a deadline (None: none).
@@ -177,7 +182,7 @@ impl<T: QueueHandler> QueueHandler for Arc<Mutex<T>> {
     fn queue_event(&mut self, index: usize) {
         lock(self).queue_event(index)
     }
-    fn wake_event(&mut self, pending: Pending) {
+    fn wake_event(&mut self, pending: PendingQueues) {
         lock(self).wake_event(pending)
     }
     fn source_event(&mut self, index: usize, events: EventSet) {
@@ -464,7 +469,7 @@ mod tests {
             self.wake.clone()
         }
         fn queue_event(&mut self, _index: usize) {}
-        fn wake_event(&mut self, _pending: Pending) {
+        fn wake_event(&mut self, _pending: PendingQueues) {
             // A pass that quiesces (an inline UNPLUG prelude) does not wait
             // for itself.
             let own = quiesce(Instant::now() + Duration::from_secs(10));

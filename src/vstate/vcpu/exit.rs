@@ -49,7 +49,7 @@ pub enum ExitAction {
     Park,
     /// Sleep until the device in MMIO slot `slot` interrupts, `timeout`
     /// passes, or the vCPU is stopped, paused or woken; then enter again
-    /// (the firmware's wait port, [`crate::devices::ports`]).
+    /// (the firmware's wait port, [`crate::devices::firmware_ports`]).
     WaitDevice {
         /// The device's slot on the MMIO bus.
         slot: u16,

@@ -6,7 +6,6 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::features::{DEFLATE_ON_OOM, MUST_TELL_HOST, REPORTING, STATS_VQ};
@@ -16,8 +15,8 @@ use super::sink::{Completion, DiscardAck, DiscardKind, DiscardSink, SinkWork};
 use super::stats::BalloonStats;
 use super::{BalloonError, CONFIG_SPACE_BYTES, PAGES_PER_MIB, QUEUE_SIZE, VIRTIO_ID_BALLOON};
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigSpace, DeviceMemory, DeviceOffer, ResetFence, VirtioDevice,
-    VirtioInterrupt, VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigSpace, DeviceMemory, DeviceOffer, Epoch, ResetFence,
+    VirtioDevice, VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
 };
 use crate::memory::GuestRange;
 
@@ -71,18 +70,17 @@ impl QueueLayout {
     }
 }
 
-/// What exists while the device runs (between `DRIVER_OK` and a reset).
+/// What exists while the device runs (between `DRIVER_OK` and a reset):
+/// the shared [`ActiveState`] (guest memory, queues, interrupt, features,
+/// epoch) and what the balloon keeps beside it for that activation. Queues
+/// with work left over are marked on the balloon's [`Wake`].
 pub(super) struct Active<M: DeviceMemory> {
-    pub mem: M,
+    pub state: ActiveState<M>,
     pub ram: RamMap,
-    pub queues: Vec<Queue>,
     pub layout: QueueLayout,
-    pub interrupt: Arc<dyn VirtioInterrupt>,
     /// The statistics buffer the device holds until the next update.
     pub stats_head: Option<u16>,
     pub next_stats_at: Option<Instant>,
-    /// Queues with work left over from a bounded pass.
-    pub pending: Vec<bool>,
     /// The driver accepted MUST_TELL_HOST (else an inflate is answered
     /// only once its pages are freed).
     pub must_tell: bool,
@@ -100,7 +98,7 @@ pub(super) struct InFlightBatch {
 /// freed), held until no batch in flight covers them.
 #[derive(Debug)]
 pub(super) struct Parked {
-    pub epoch: u64,
+    pub epoch: Epoch,
     pub queue: usize,
     pub heads: Vec<u16>,
     /// Sorted, merged.
@@ -120,9 +118,9 @@ pub struct Balloon<M: DeviceMemory> {
     pub(super) metrics: Arc<BalloonMetrics>,
     pub(super) stats: BalloonStats,
     pub(super) stats_interval: Duration,
+    /// A completion of an earlier activation (its epoch not this one's) is
+    /// stale.
     pub(super) active: Option<Active<M>>,
-    /// Bumped at each activation; a completion of an older one is stale.
-    pub(super) epoch: u64,
     pub(super) completion_tx: Sender<Completion>,
     pub(super) completion_rx: Receiver<Completion>,
     pub(super) wake: Arc<Wake>,
@@ -200,7 +198,6 @@ impl<M: DeviceMemory> Balloon<M> {
             stats: BalloonStats::default(),
             stats_interval: Duration::from_secs(u64::from(opts.stats_polling_interval_s)),
             active: None,
-            epoch: 0,
             completion_tx,
             completion_rx,
             wake: Arc::new(Wake::new().map_err(BalloonError::EventFd)?),
@@ -232,7 +229,11 @@ impl<M: DeviceMemory> Balloon<M> {
         self.opts.amount_mib = amount_mib;
         self.config_generation = self.config_generation.wrapping_add(1);
         if let Some(a) = &self.active {
-            if a.interrupt.trigger(VirtioInterruptType::Config).is_err() {
+            if a.state
+                .interrupt
+                .trigger(VirtioInterruptType::Config)
+                .is_err()
+            {
                 self.metrics.event_fails.inc();
             }
         }
@@ -300,6 +301,12 @@ impl<M: DeviceMemory> Balloon<M> {
         self.wake.evt()
     }
 
+    /// The wake eventfd with the queues marked for another pass (what
+    /// [`Self::process_wake`] is given).
+    pub fn wake(&self) -> &Arc<Wake> {
+        &self.wake
+    }
+
     /// The batches the last pass made, to hand to the sink with the lock let
     /// go ([`SinkWork::send`]). The balloon's thread calls this after every
     /// call into the balloon.
@@ -328,6 +335,11 @@ impl<M: DeviceMemory> Balloon<M> {
     /// The queue layout while the device runs.
     pub fn layout(&self) -> Option<QueueLayout> {
         self.active.as_ref().map(|a| a.layout)
+    }
+
+    /// The running activation's epoch (None: not running).
+    pub(super) fn epoch(&self) -> Option<Epoch> {
+        self.active.as_ref().map(|a| a.state.epoch())
     }
 }
 
@@ -369,35 +381,25 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
         active
             .check(self.active.is_some(), needed.into_iter().flatten())
             .inspect_err(|_| self.metrics.activate_fails.inc())?;
-        let ActiveState {
-            mem,
-            queues,
-            interrupt,
-            ..
-        } = active;
         self.drain_completions();
         if !self.in_flight.is_empty() {
             // The transport refuses DRIVER_OK until the reset completed.
             self.metrics.activate_fails.inc();
             return Err(ActivateError::ResetInProgress);
         }
-        let ram = RamMap::of(&*mem, self.discard_page_bytes);
-        let n = queues.len();
-        self.epoch += 1;
+        let ram = RamMap::of(&*active.mem, self.discard_page_bytes);
+        let queues: Vec<usize> = (0..active.queues.len()).collect();
         self.active = Some(Active {
-            mem,
+            state: active,
             ram,
-            queues,
             layout,
-            interrupt,
             stats_head: None,
             next_stats_at: layout.stats.map(|_| Instant::now() + self.stats_interval),
-            // Buffers added before DRIVER_OK (Linux adds the statistics
-            // buffer then): look at every queue once.
-            pending: vec![true; n],
             must_tell,
         });
-        self.wake.again(&[]).map_err(ActivateError::Signal)
+        // Buffers added before DRIVER_OK (Linux adds the statistics buffer
+        // then): look at every queue once.
+        self.wake.again(&queues).map_err(ActivateError::Signal)
     }
 
     fn reset(&mut self) {
@@ -407,6 +409,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
         // ended (`reset_in_progress`), for the guest owns all its memory
         // again then.
         self.active = None;
+        self.wake.clear();
         self.actual_pages = 0;
         self.parked.clear();
         self.outbox.clear();

@@ -30,7 +30,7 @@ use super::stats::{MAX_STAT_ENTRIES, STAT_ENTRY_BYTES};
 use super::{
     Balloon, MAX_CHAINS_PER_PASS, MAX_INFLIGHT_BATCHES, MAX_PARKED_DEFLATES, MAX_PFNS_PER_CHAIN,
 };
-use crate::devices::virtio::{DeviceMemory, VirtioInterruptType};
+use crate::devices::virtio::{DeviceMemory, PendingQueues};
 use crate::memory::range::{overlaps_any, sorted_merged};
 use crate::memory::GuestRange;
 
@@ -77,19 +77,13 @@ impl<M: DeviceMemory> Balloon<M> {
     }
 
     /// The wake eventfd fired: returns completed batches to the guest, then
-    /// runs the passes left over.
-    pub fn process_wake(&mut self) {
+    /// runs the passes left over (the queues `pending` marks).
+    pub fn process_wake(&mut self, pending: PendingQueues) {
         self.drain_completions();
-        let Some(a) = self.active.as_mut() else {
+        let Some(n) = self.active.as_ref().map(|a| a.state.queues.len()) else {
             return;
         };
-        let pending: Vec<usize> = a
-            .pending
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, p)| std::mem::take(p).then_some(i))
-            .collect();
-        for i in pending {
+        for i in (0..n).filter(|&i| pending.has(i)) {
             self.process_queue(i);
         }
     }
@@ -144,9 +138,9 @@ impl<M: DeviceMemory> Balloon<M> {
     /// Returns the parked chains no batch in flight covers any more (and
     /// drops those of an earlier activation: their queues are gone).
     fn release_parked(&mut self) {
-        let epoch = self.epoch;
+        let epoch = self.epoch();
         let mut parked = std::mem::take(&mut self.parked);
-        parked.retain(|p| p.epoch == epoch && self.active.is_some());
+        parked.retain(|p| Some(p.epoch) == epoch);
         let mut kept = Vec::with_capacity(parked.len());
         let mut deflate_freed = false;
         for p in parked {
@@ -163,7 +157,10 @@ impl<M: DeviceMemory> Balloon<M> {
         self.parked = kept;
         // Deflate chains that waited for room get a pass.
         if let Some(a) = self.active.as_ref() {
-            if deflate_freed && a.pending[a.layout.deflate] && self.wake.again(&[]).is_err() {
+            if deflate_freed
+                && self.wake.is_marked(a.layout.deflate)
+                && self.wake.again(&[]).is_err()
+            {
                 self.metrics.event_fails.inc();
             }
         }
@@ -181,20 +178,18 @@ impl<M: DeviceMemory> Balloon<M> {
         if heads.is_empty() {
             return true;
         }
+        let a = &mut a.state;
         let mut ok = true;
         for &h in heads {
             ok &= a.queues[q].add_used(&*a.mem, h, 0).is_ok();
         }
-        ok & a
-            .interrupt
-            .trigger(VirtioInterruptType::Queue(q as u16))
-            .is_ok()
+        ok & a.signal_used(q)
     }
 
     /// Takes up to [`MAX_CHAINS_PER_PASS`] chains from queue `q`; marks the
     /// queue pending (and wakes the thread) if it had more.
     fn pop_chains(&mut self, q: usize, mut each: impl FnMut(&M::Mem, DescriptorChain<&M::Mem>)) {
-        let Some(a) = self.active.as_mut() else {
+        let Some(a) = self.active.as_mut().map(|a| &mut a.state) else {
             return;
         };
         let queue: &mut Queue = &mut a.queues[q];
@@ -210,8 +205,7 @@ impl<M: DeviceMemory> Balloon<M> {
             each(&*a.mem, chain);
             taken += 1;
         }
-        a.pending[q] = true;
-        if self.wake.again(&[]).is_err() {
+        if self.wake.again(&[q]).is_err() {
             self.metrics.event_fails.inc();
         }
     }
@@ -251,11 +245,11 @@ impl<M: DeviceMemory> Balloon<M> {
     /// Whether the sink has room for another batch; if not, queue `q` waits
     /// (pending) for a completion.
     fn sink_has_room(&mut self, q: usize) -> bool {
-        let Some(a) = self.active.as_mut() else {
+        if self.active.is_none() {
             return false;
-        };
+        }
         if self.in_flight.len() >= MAX_INFLIGHT_BATCHES {
-            a.pending[q] = true;
+            self.wake.defer(q);
             return false;
         }
         true
@@ -265,9 +259,9 @@ impl<M: DeviceMemory> Balloon<M> {
     /// lock is let go); `heads` of queue `q` go back to the guest when the
     /// sink completes it and no other batch covers its ranges.
     fn send_to_sink(&mut self, kind: DiscardKind, q: usize, heads: Vec<u16>, r: Vec<GuestRange>) {
-        if self.active.is_none() {
+        let Some(epoch) = self.epoch() else {
             return;
-        }
+        };
         let batch = self.next_batch;
         self.next_batch += 1;
         self.in_flight.push(InFlightBatch {
@@ -276,7 +270,7 @@ impl<M: DeviceMemory> Balloon<M> {
         });
         let c = Completion {
             batch,
-            epoch: self.epoch,
+            epoch,
             kind,
             queue: q,
             heads,
@@ -301,7 +295,7 @@ impl<M: DeviceMemory> Balloon<M> {
             Some(i) => self.in_flight.swap_remove(i).ranges,
             None => Vec::new(),
         };
-        if c.epoch != self.epoch {
+        if Some(c.epoch) != self.epoch() {
             return;
         }
         let Some(a) = self.active.as_mut() else {
@@ -329,7 +323,7 @@ impl<M: DeviceMemory> Balloon<M> {
             .into_iter()
             .flatten()
         {
-            if a.pending[q] && self.wake.again(&[]).is_err() {
+            if self.wake.is_marked(q) && self.wake.again(&[]).is_err() {
                 self.metrics.event_fails.inc();
             }
         }
@@ -370,15 +364,17 @@ impl<M: DeviceMemory> Balloon<M> {
     }
 
     fn process_deflate(&mut self) {
-        let Some(q) = self.active.as_ref().map(|a| a.layout.deflate) else {
+        let Some((q, epoch)) = self
+            .active
+            .as_ref()
+            .map(|a| (a.layout.deflate, a.state.epoch()))
+        else {
             return;
         };
         let parked = self.parked.iter().filter(|p| p.queue == q).count();
         if parked >= MAX_PARKED_DEFLATES {
             // The chains wait in the ring until a parked pass goes back.
-            if let Some(a) = self.active.as_mut() {
-                a.pending[q] = true;
-            }
+            self.wake.defer(q);
             return;
         }
         let (heads, ranges, pages) = self.take_pfn_chains(q);
@@ -394,7 +390,7 @@ impl<M: DeviceMemory> Balloon<M> {
                 heads.len()
             );
             self.parked.push(Parked {
-                epoch: self.epoch,
+                epoch,
                 queue: q,
                 heads,
                 ranges,

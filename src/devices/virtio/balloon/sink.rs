@@ -75,7 +75,7 @@ pub(crate) struct Completion {
     pub batch: u64,
     /// The activation the batch belongs to (a reset in between makes it
     /// stale: its heads are not returned to the new queues).
-    pub epoch: u64,
+    pub epoch: crate::devices::virtio::Epoch,
     pub kind: DiscardKind,
     /// The queue and the chain heads to return to the guest now.
     pub queue: usize,

@@ -112,7 +112,8 @@ fn queue(b: &mut Balloon<Mem>, i: usize) {
 
 /// The wake eventfd fired, as the balloon's thread handles it.
 fn wake(b: &mut Balloon<Mem>) {
-    b.process_wake();
+    let pending = b.wake().take();
+    b.process_wake(pending);
     b.take_sink_work().send();
 }
 
@@ -700,7 +701,7 @@ fn a_report_goes_back_only_once_no_other_discard_covers_it() {
 
 #[test]
 fn a_reset_completes_only_once_the_discards_in_flight_end() {
-    use crate::devices::virtio::mmio::regs;
+    use crate::devices::virtio::transport::mmio::regs;
     use crate::devices::virtio::MmioTransport;
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
     let mut r = balloon(opts(), PAGE, true);

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{Balloon, BalloonError};
-use crate::devices::virtio::{DeviceMemory, Pending, QueueHandler, Wake, Worker};
+use crate::devices::virtio::{DeviceMemory, PendingQueues, QueueHandler, Wake, Worker};
 
 /// Runs a balloon's queue work: the handler of its thread's loop.
 pub struct BalloonWorker<M: DeviceMemory> {
@@ -83,10 +83,8 @@ impl<M: DeviceMemory> QueueHandler for BalloonWorker<M> {
         self.pass(|b| b.process_queue(index));
     }
 
-    fn wake_event(&mut self, _pending: Pending) {
-        // The balloon keeps its own pending flags (chains parked behind a
-        // discard, a full sink): a wake runs them all.
-        self.pass(Balloon::process_wake);
+    fn wake_event(&mut self, pending: PendingQueues) {
+        self.pass(|b| b.process_wake(pending));
     }
 
     fn next_timeout(&self, now: Instant) -> Option<Duration> {

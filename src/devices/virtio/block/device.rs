@@ -89,9 +89,9 @@ impl BlockOptions {
 /// ([`image_id`]; None: keep the old one).
 pub(super) type PendingDisk = (Box<dyn Disk>, Option<[u8; ID_BYTES]>);
 
-/// The running activation and its number: a request begun under another
-/// is stale.
-pub(super) type Ring<M> = Option<(u64, ActiveState<M>)>;
+/// The running activation: a request begun under another epoch
+/// ([`ActiveState::epoch`]) is stale.
+pub(super) type Ring<M> = Option<ActiveState<M>>;
 
 /// What the device and its thread share.
 pub(super) struct BlockShared<M: DeviceMemory> {
@@ -124,7 +124,6 @@ impl<M: DeviceMemory> BlockShared<M> {
 pub struct Block<M: DeviceMemory> {
     opts: BlockOptions,
     offer: DeviceOffer,
-    epoch: u64,
     pub(super) shared: Arc<BlockShared<M>>,
     /// The file until the worker takes it.
     pub(super) disk: Option<Box<dyn Disk>>,
@@ -190,7 +189,6 @@ impl<M: DeviceMemory> Block<M> {
                 avail_features,
                 queue_sizes: &[QUEUE_SIZE],
             },
-            epoch: 0,
             shared,
             disk: Some(disk),
             image_id: None,
@@ -304,8 +302,7 @@ impl<M: DeviceMemory> VirtioDevice<M> for Block<M> {
         active
             .check(ring.is_some(), [0])
             .inspect_err(|_| self.shared.metrics.activate_fails.inc())?;
-        self.epoch += 1;
-        *ring = Some((self.epoch, active));
+        *ring = Some(active);
         drop(ring);
         // Chains added before DRIVER_OK get a pass.
         self.shared.wake.again(&[]).map_err(ActivateError::Signal)

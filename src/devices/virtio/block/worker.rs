@@ -59,7 +59,8 @@ use super::{
     MAX_DESCRIPTORS_PER_REQUEST, SECTOR_BYTES,
 };
 use crate::devices::virtio::{
-    ActiveState, DeviceMemory, Pending, QueueHandler, VirtioInterruptType, Wake, Worker,
+    ActiveState, DeviceMemory, Epoch, PendingQueues, QueueHandler, VirtioInterruptType, Wake,
+    Worker,
 };
 use crate::rate_limiter::{RateLimiter, TokenType};
 use uring::{submittable, Uring};
@@ -92,7 +93,7 @@ enum Popped {
     /// A chain the rate limiter refused: it is back on the avail ring.
     Throttled,
     /// A chain, parsed, under activation `epoch`.
-    Chain(u64, Result<Request, Refusal>),
+    Chain(Epoch, Result<Request, Refusal>),
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for BlockWorker<M> {
@@ -180,7 +181,7 @@ impl<M: DeviceMemory> QueueHandler for BlockWorker<M> {
         self.process_queue(true);
     }
 
-    fn wake_event(&mut self, _pending: Pending) {
+    fn wake_event(&mut self, _pending: PendingQueues) {
         self.process_queue(false);
     }
 
@@ -295,7 +296,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
     /// lock held: the guest sees nothing).
     fn pop(&mut self) -> Popped {
         let mut ring = self.shared.ring();
-        let Some((epoch, a)) = ring.as_mut() else {
+        let Some(a) = ring.as_mut() else {
             return Popped::Nothing;
         };
         let Some(chain) = crate::devices::virtio::chains::pop_direct(
@@ -318,7 +319,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
                 return Popped::Throttled;
             }
         }
-        Popped::Chain(*epoch, parsed)
+        Popped::Chain(a.epoch(), parsed)
     }
 
     /// Applies a rate limiter update handed over by
@@ -343,7 +344,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
         &self.limiter
     }
 
-    fn execute(&mut self, epoch: u64, req: &Request) -> Outcome {
+    fn execute(&mut self, epoch: Epoch, req: &Request) -> Outcome {
         let m = self.shared.metrics.clone();
         let ioerr = |done: u64| {
             m.execute_fails.inc();
@@ -407,8 +408,8 @@ impl<M: DeviceMemory> BlockWorker<M> {
 
     /// The activation `epoch` if it still runs; counts an abandoned request
     /// if not.
-    fn current<'a>(&self, ring: &'a Ring<M>, epoch: u64) -> Option<&'a ActiveState<M>> {
-        let a = ring.as_ref().filter(|(e, _)| *e == epoch).map(|(_, a)| a);
+    fn current<'a>(&self, ring: &'a Ring<M>, epoch: Epoch) -> Option<&'a ActiveState<M>> {
+        let a = ring.as_ref().filter(|a| a.epoch() == epoch);
         if a.is_none() {
             self.shared.metrics.abandoned_reqs_count.inc();
         }
@@ -419,7 +420,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
     /// `written + 1`, or 0 without a status or if it cannot be written.
     pub(super) fn finish(
         &mut self,
-        epoch: u64,
+        epoch: Epoch,
         head: u16,
         status: Option<(GuestAddress, u8)>,
         written: u32,
@@ -428,7 +429,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
         if self.current(&ring, epoch).is_none() {
             return;
         }
-        let Some((_, a)) = ring.as_mut() else { return };
+        let Some(a) = ring.as_mut() else { return };
         let len = match status {
             Some((addr, code)) if a.mem.write_obj(code, addr).is_ok() => written + 1,
             _ => 0,
@@ -479,7 +480,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
             .store(self.capacity_sectors, Ordering::SeqCst);
         self.shared.config_generation.fetch_add(1, Ordering::SeqCst);
         m.update_count.inc();
-        if let Some((_, a)) = self.shared.ring().as_ref() {
+        if let Some(a) = self.shared.ring().as_ref() {
             if a.interrupt.trigger(VirtioInterruptType::Config).is_err() {
                 m.event_fails.inc();
             }

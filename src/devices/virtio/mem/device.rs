@@ -32,7 +32,7 @@ use super::{
     VIRTIO_MEM_STATE_UNPLUGGED,
 };
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigSpace, DeviceMemory, DeviceOffer, VirtioDevice,
+    ActivateError, ActiveState, ConfigSpace, DeviceMemory, DeviceOffer, Epoch, VirtioDevice,
     VirtioInterruptType, Wake, VIRTIO_F_VERSION_1,
 };
 use crate::memory::GuestRange;
@@ -63,7 +63,7 @@ pub struct MemStatus {
 pub struct PendingPlug {
     head: u16,
     resp_addr: GuestAddress,
-    epoch: u64,
+    epoch: Epoch,
     first: usize,
     blocks: usize,
     /// The range to plug.
@@ -77,7 +77,7 @@ pub struct PendingPlug {
 pub struct PendingUnplug {
     head: u16,
     resp_addr: GuestAddress,
-    epoch: u64,
+    epoch: Epoch,
     /// The ranges to free.
     pub ranges: Vec<GuestRange>,
     /// The slots to unmap.
@@ -104,10 +104,9 @@ pub struct VirtioMem<M: DeviceMemory> {
     blocks_per_slot: usize,
     requested_bytes: u64,
     usable_bytes: u64,
+    /// A response for a chain of an earlier activation (its epoch not this
+    /// one's, [`ActiveState::epoch`]) is not written.
     active: Option<ActiveState<M>>,
-    /// Bumped by each activation and reset: a response for a chain of an
-    /// earlier activation is not written.
-    epoch: u64,
     generation: u32,
     used_pending: bool,
     metrics: Arc<MemMetrics>,
@@ -167,7 +166,6 @@ impl<M: DeviceMemory> VirtioMem<M> {
             requested_bytes: 0,
             usable_bytes: 0,
             active: None,
-            epoch: 0,
             generation: 0,
             used_pending: false,
             metrics: Arc::new(MemMetrics::default()),
@@ -231,6 +229,11 @@ impl<M: DeviceMemory> VirtioMem<M> {
     /// Whether the device is active (between `DRIVER_OK` and a reset).
     pub fn is_active(&self) -> bool {
         self.active.is_some()
+    }
+
+    /// The running activation's epoch (None: not active).
+    fn epoch(&self) -> Option<Epoch> {
+        self.active.as_ref().map(ActiveState::epoch)
     }
 
     fn plugged_bytes(&self) -> u64 {
@@ -322,6 +325,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
         let Some(a) = self.active.as_mut() else {
             return Step::Idle;
         };
+        let epoch = a.epoch();
         let Some(chain) = crate::devices::virtio::chains::pop_direct(
             &mut a.queues[0],
             &*a.mem,
@@ -377,7 +381,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
                 Step::Plug(PendingPlug {
                     head,
                     resp_addr: resp,
-                    epoch: self.epoch,
+                    epoch,
                     first,
                     blocks: n,
                     range,
@@ -399,7 +403,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
                 Step::Unplug(PendingUnplug {
                     head,
                     resp_addr: resp,
-                    epoch: self.epoch,
+                    epoch,
                     ranges: vec![range],
                     unmap_slots: self.slots(first, n, |c| c == 0),
                 })
@@ -429,7 +433,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
                 Step::Unplug(PendingUnplug {
                     head,
                     resp_addr: resp,
-                    epoch: self.epoch,
+                    epoch,
                     ranges,
                     unmap_slots,
                 })
@@ -449,7 +453,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
         result: Result<(), PlugRefused>,
     ) -> Option<PendingUnplug> {
         let m = self.metrics.clone();
-        if p.epoch != self.epoch {
+        if Some(p.epoch) != self.epoch() {
             // A reset came while the sink worked (the fence can take
             // seconds): the driver that asked is gone and no answer will
             // reach it, so nothing is committed. The slots the sink put in
@@ -486,7 +490,7 @@ impl<M: DeviceMemory> VirtioMem<M> {
     /// The sink took an unplug's ranges: answers the chain ACK if its
     /// activation still runs.
     pub fn finish_unplug(&mut self, u: PendingUnplug) {
-        if u.epoch == self.epoch {
+        if Some(u.epoch) == self.epoch() {
             self.respond(u.head, u.resp_addr, VIRTIO_MEM_RESP_ACK, 0);
         }
     }
@@ -522,7 +526,6 @@ impl<M: DeviceMemory> VirtioDevice<M> for VirtioMem<M> {
         let checked = active.check(self.active.is_some(), [0]).and(feature);
         checked.inspect_err(|_| self.metrics.activate_fails.inc())?;
         self.active = Some(active);
-        self.epoch += 1;
         // Requests posted before DRIVER_OK.
         self.wake.again(&[0]).map_err(ActivateError::Signal)
     }
@@ -531,7 +534,6 @@ impl<M: DeviceMemory> VirtioDevice<M> for VirtioMem<M> {
         // The blocks, the requested and usable sizes stay (virtio 1.2,
         // 5.15.5: the device does not change the blocks' state on reset).
         self.active = None;
-        self.epoch += 1;
         self.used_pending = false;
         self.wake.clear();
     }

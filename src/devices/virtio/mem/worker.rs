@@ -19,7 +19,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::device::{Step, VirtioMem};
 use super::{HotplugSink, MemError, MemMetrics};
-use crate::devices::virtio::{DeviceMemory, Pending, QueueHandler, Wake, Worker};
+use crate::devices::virtio::{DeviceMemory, PendingQueues, QueueHandler, Wake, Worker};
 
 /// Most requests answered in one pass (then the wake eventfd runs the rest,
 /// so the exit eventfd is looked at in between).
@@ -113,7 +113,7 @@ impl<M: DeviceMemory> QueueHandler for MemWorker<M> {
         self.process_queue();
     }
 
-    fn wake_event(&mut self, _pending: Pending) {
+    fn wake_event(&mut self, _pending: PendingQueues) {
         self.process_queue();
     }
 }

@@ -20,8 +20,8 @@ use super::{
     NetError, CONFIG_SPACE_BYTES, MAX_BUFFER_BYTES, QUEUE_SIZE, RX_INDEX, TX_INDEX, VIRTIO_ID_NET,
 };
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer, Pending,
-    QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer,
+    PendingQueues, QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
 use crate::rate_limiter::RateLimiterConfig;
 use limits::NetLimits;
@@ -200,7 +200,7 @@ impl<M: DeviceMemory> QueueHandler for Net<M> {
         self.process_queue(index);
     }
 
-    fn wake_event(&mut self, pending: Pending) {
+    fn wake_event(&mut self, pending: PendingQueues) {
         self.process_wake(pending);
     }
 

@@ -30,7 +30,7 @@ use super::device::RxChain;
 use super::features::{GUEST_CSUM, GUEST_TSO4, GUEST_TSO6, GUEST_UFO, MRG_RXBUF};
 use super::metrics::NetMetrics;
 use super::{Net, MAX_BUFFER_BYTES, MAX_FRAMES_PER_PASS, RX_INDEX, TX_INDEX, VNET_HDR_BYTES};
-use crate::devices::virtio::{ActiveState, DeviceMemory, Pending};
+use crate::devices::virtio::{ActiveState, DeviceMemory, PendingQueues};
 
 /// Offset of `num_buffers` in the virtio-net header.
 const NUM_BUFFERS_AT: usize = 10;
@@ -166,7 +166,7 @@ impl<M: DeviceMemory> Net<M> {
 
     /// The wake eventfd fired: a new activation (sets the tap's offloads),
     /// or passes left over.
-    pub fn process_wake(&mut self, pending: Pending) {
+    pub fn process_wake(&mut self, pending: PendingQueues) {
         self.apply_offload();
         if pending.has(TX_INDEX) {
             self.process_tx();

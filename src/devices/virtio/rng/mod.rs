@@ -27,7 +27,7 @@ use vm_memory::{Bytes, GuestMemoryBackend};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::virtio::{
-    ActivateError, ActiveState, Counter, DeviceMemory, DeviceOffer, Pending, QueueHandler,
+    ActivateError, ActiveState, Counter, DeviceMemory, DeviceOffer, PendingQueues, QueueHandler,
     VirtioDevice, Wake, Worker, WorkerError, VIRTIO_F_VERSION_1,
 };
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
@@ -240,7 +240,7 @@ impl<M: DeviceMemory> QueueHandler for Rng<M> {
         self.process_queue();
     }
 
-    fn wake_event(&mut self, _pending: Pending) {
+    fn wake_event(&mut self, _pending: PendingQueues) {
         self.process_queue();
     }
 

@@ -24,8 +24,8 @@ use super::{
     QUEUE_SIZE, RXQ, TXQ, VIRTIO_ID_VSOCK,
 };
 use crate::devices::virtio::{
-    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer, Pending,
-    QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
+    ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer,
+    PendingQueues, QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
 };
 
 /// What the vsock is made with (the API's `PUT /vsock`, checked by
@@ -206,7 +206,7 @@ impl<M: DeviceMemory> Vsock<M> {
     }
 
     /// The wake eventfd fired: the passes left over.
-    pub fn process_wake(&mut self, pending: Pending) {
+    pub fn process_wake(&mut self, pending: PendingQueues) {
         if pending.has(TXQ) {
             self.process_tx();
         }
@@ -422,7 +422,7 @@ impl<M: DeviceMemory> QueueHandler for Vsock<M> {
         self.process_queue(index);
     }
 
-    fn wake_event(&mut self, pending: Pending) {
+    fn wake_event(&mut self, pending: PendingQueues) {
         self.process_wake(pending);
     }
 

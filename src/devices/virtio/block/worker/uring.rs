@@ -55,7 +55,7 @@ use super::super::device::CacheType;
 use super::super::request::{scatter, Request, RequestType, Segment};
 use super::super::{status, BlockError, BOUNCE_BYTES};
 use super::BlockWorker;
-use crate::devices::virtio::DeviceMemory;
+use crate::devices::virtio::{DeviceMemory, Epoch};
 
 /// Most requests in flight at once (and the ring's entries).
 pub const DEPTH: usize = 32;
@@ -66,7 +66,7 @@ pub const DRAIN_DEADLINE: Duration = Duration::from_secs(2);
 #[derive(Debug, Default)]
 struct Slot {
     busy: bool,
-    epoch: u64,
+    epoch: Epoch,
     head: u16,
     kind: Option<RequestType>,
     data_len: u64,
@@ -187,7 +187,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
     /// `self.segments`): an OUT's data is copied into the slot first. A
     /// request that cannot be submitted is answered IOERR (or abandoned
     /// if its activation is gone).
-    pub(in crate::devices::virtio::block) fn submit(&mut self, epoch: u64, req: &Request) {
+    pub(in crate::devices::virtio::block) fn submit(&mut self, epoch: Epoch, req: &Request) {
         let Some(fd) = self.disk.raw_fd() else {
             return self.answer_now(epoch, req, status::IOERR);
         };
@@ -212,7 +212,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
         if req.kind == RequestType::Out {
             let copied = {
                 let ring = self.shared.ring();
-                ring.as_ref().filter(|(e, _)| *e == epoch).map(|(_, a)| {
+                ring.as_ref().filter(|a| a.epoch() == epoch).map(|a| {
                     super::super::request::gather(&*a.mem, &s.segments, 0, &mut s.buf[..n])
                 })
             };
@@ -293,7 +293,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
             match kind {
                 Some(RequestType::In) => {
                     let ring = self.shared.ring();
-                    let Some((_, a)) = ring.as_ref().filter(|(e, _)| *e == epoch) else {
+                    let Some(a) = ring.as_ref().filter(|a| a.epoch() == epoch) else {
                         drop(ring);
                         m.abandoned_reqs_count.inc();
                         u.release(i);
@@ -325,7 +325,7 @@ impl<M: DeviceMemory> BlockWorker<M> {
     }
 
     /// Answers a request the engine could not take, at once.
-    fn answer_now(&mut self, epoch: u64, req: &Request, code: u8) {
+    fn answer_now(&mut self, epoch: Epoch, req: &Request, code: u8) {
         self.shared.metrics.execute_fails.inc();
         self.finish(epoch, req.head, Some((req.status, code)), 0);
     }

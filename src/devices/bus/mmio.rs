@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::virtio::fence::RESET_WAIT;
-use super::virtio::{DeviceMemory, MmioTransport, ResetFence};
-use super::wake::WakeHub;
+use crate::devices::virtio::fence::RESET_WAIT;
+use crate::devices::virtio::{DeviceMemory, MmioTransport, ResetFence};
+use crate::devices::wake::WakeHub;
 
 /// The first device's window: Firecracker's `MMIO_MEM_START` + 4 KiB.
 pub const MMIO_BASE: u64 = 0xC000_1000;

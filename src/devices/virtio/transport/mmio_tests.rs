@@ -8,7 +8,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::mmio::{regs, MmioError, MmioTransport, MMIO_MAGIC};
-use super::{
+use crate::devices::virtio::{
     status, ActivateError, ActiveState, DeviceOffer, VirtioDevice, VirtioInterrupt,
     VirtioInterruptType, INT_CONFIG, INT_VRING, VIRTIO_F_VERSION_1,
 };

@@ -14,7 +14,7 @@ pub enum BusEvent {
     /// The firmware reported an error with this code.
     FirmwareError(u32),
     /// The firmware waits for the virtio-mmio device in slot `slot` to
-    /// interrupt, `timeout_ms` at most ([`super::ports`], port 0xf0c).
+    /// interrupt, `timeout_ms` at most ([`crate::devices::firmware_ports`], port 0xf0c).
     WaitDevice {
         /// The device's slot on the MMIO bus.
         slot: u16,

@@ -24,11 +24,12 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::{
-    status, ActivateError, DeviceMemory, IrqTrigger, VirtioDevice, VirtioInterrupt,
-    VirtioInterruptType, VIRTIO_F_VERSION_1,
+use crate::devices::virtio::device::{
+    status, ActivateError, ActiveState, VirtioDevice, VIRTIO_F_VERSION_1,
 };
-use crate::devices::virtio::ActiveState;
+use crate::devices::virtio::fence::ResetFence;
+use crate::devices::virtio::interrupt::{IrqTrigger, VirtioInterrupt, VirtioInterruptType};
+use crate::devices::virtio::memory::DeviceMemory;
 
 /// Bytes of MMIO address space each device takes.
 pub const MMIO_WINDOW_BYTES: u64 = 0x1000;
@@ -247,7 +248,7 @@ pub struct MmioTransport<M: DeviceMemory> {
     status_before_reset: u32,
     /// Set by a reset that left work in flight: what the bus waits for,
     /// off the lock, before the Status write returns to the guest.
-    reset_wait: Option<Arc<super::ResetFence>>,
+    reset_wait: Option<Arc<ResetFence>>,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for MmioTransport<M> {
@@ -494,8 +495,8 @@ impl<M: DeviceMemory> MmioTransport<M> {
     }
 
     /// The fence a reset just left behind, if any: the caller waits on it
-    /// with no lock held ([`crate::devices::mmio::MmioBus::write`]).
-    pub fn take_reset_wait(&mut self) -> Option<Arc<super::ResetFence>> {
+    /// with no lock held ([`crate::devices::bus::mmio::MmioBus::write`]).
+    pub fn take_reset_wait(&mut self) -> Option<Arc<ResetFence>> {
         self.reset_wait.take()
     }
 
