@@ -403,7 +403,7 @@ impl Vmm {
     /// (with the discard pool's counters beside the device's),
     /// `block_<drive_id>` and their sum `block`, `net_<iface_id>` and their
     /// sum `net`, `vsock`, `mmds`, `entropy`, and `memory_hotplug` (from
-    /// [`Hotplug::metrics_json`](super::hotplug::Hotplug::metrics_json)).
+    /// [`Hotplug::metrics_json`](super::devices::Hotplug::metrics_json)).
     fn device_metrics(&self) -> Vec<(String, Value)> {
         let mut groups = Vec::new();
         if let Phase::Running(m) = &self.phase {

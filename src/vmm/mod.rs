@@ -15,7 +15,7 @@
 //! what it built in that same order.
 //!
 //! Inside `vmm`, no two modules import each other: `phase` → `builder` →
-//! `devices` → `discard`; `builder` and `phase` → `teardown` → `devices`;
+//! `devices` → `sinks`; `builder` and `phase` → `teardown` → `devices`;
 //! `actions` → `opens` → `device_opens` → `devices` (the submodules' `impl
 //! Vmm` blocks name their parent's `Vmm`).
 //!
@@ -26,11 +26,9 @@
 //! own filter), nothing of `vmm`, `api` or `config`.
 
 mod actions;
-pub mod balloon_sink;
 pub mod builder;
 pub mod device_opens;
 pub mod devices;
-pub mod hotplug;
 mod hotplug_actions;
 pub mod jobs;
 mod mmds;
@@ -41,6 +39,7 @@ pub mod phase;
 pub mod progress_line;
 pub mod report;
 pub mod signals;
+pub mod sinks;
 pub mod stdin;
 pub mod teardown;
 

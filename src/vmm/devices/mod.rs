@@ -25,6 +25,8 @@
 //! bus and the VM. What the client gave stays configured: each device gets
 //! its own handle (`dup`) on the drive's file, the tap and the listener.
 
+pub mod hotplug;
+
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -45,8 +47,10 @@ use crate::memory::{GuestMemory, GuestView};
 use crate::seccomp::Role;
 use crate::vstate::vm::{Vm, VmError};
 
-use super::balloon_sink::BalloonDiscard;
-use super::hotplug::{Hotplug, HotplugDevice, HotplugSlots};
+use crate::vmm::sinks::discard::BalloonDiscard;
+use crate::vmm::sinks::hotplug_slots::HotplugSlots;
+
+pub use hotplug::{Hotplug, HotplugDevice};
 
 /// Errors of building the devices.
 #[derive(Debug, thiserror::Error)]
@@ -361,7 +365,7 @@ pub struct Devices {
     /// The entropy device.
     pub rng: Option<Arc<Mutex<Rng<GuestView>>>>,
     /// The virtio-mem devices, if memory hotplug is configured.
-    pub hotplug: Option<crate::vmm::hotplug::Hotplug>,
+    pub hotplug: Option<Hotplug>,
     running: Running,
 }
 
