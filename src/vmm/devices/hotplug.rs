@@ -13,7 +13,7 @@ use crate::devices::virtio::mem::VirtioMem;
 use crate::devices::MmioSlot;
 use crate::memory::GuestView;
 
-use crate::vmm::sinks::discard::BalloonDiscard;
+use crate::vmm::sinks::discard::PoolSink;
 use crate::vmm::sinks::hotplug_slots::HotplugSlots;
 
 const MIB: u64 = 1 << 20;
@@ -91,7 +91,7 @@ pub struct Hotplug {
     /// Their sink.
     pub slots: Arc<HotplugSlots>,
     /// The pool the sink frees through.
-    pub discard: Arc<BalloonDiscard>,
+    pub discard: Arc<PoolSink>,
     /// The configured sizes.
     pub total_size_mib: u32,
     /// The block size.

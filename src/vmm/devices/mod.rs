@@ -19,7 +19,7 @@
 //!
 //! A build that fails at any step undoes itself: what it has set running
 //! (device threads, devices to reset, the balloon's discard pool) is owned
-//! by a `Running` guard from the moment it starts, and the guard's `Drop`
+//! by a `Started` guard from the moment it starts, and the guard's `Drop`
 //! stops and joins the threads, resets the devices and shuts the pool down;
 //! the transports, their eventfds and the KVM registrations go with the
 //! bus and the VM. What the client gave stays configured: each device gets
@@ -47,7 +47,7 @@ use crate::memory::{GuestMemory, GuestView};
 use crate::seccomp::Role;
 use crate::vstate::vm::{Vm, VmError};
 
-use crate::vmm::sinks::discard::BalloonDiscard;
+use crate::vmm::sinks::discard::PoolSink;
 use crate::vmm::sinks::hotplug_slots::HotplugSlots;
 
 pub use hotplug::{Hotplug, HotplugDevice};
@@ -244,7 +244,7 @@ pub struct BalloonDevice {
     /// Its slot.
     pub slot: MmioSlot,
     /// Its discard pool, as the balloon's sink.
-    pub discard: Arc<BalloonDiscard>,
+    pub discard: Arc<PoolSink>,
 }
 
 /// One device thread: stopped by its exit eventfd, waited for with a
@@ -270,15 +270,15 @@ pub struct DeviceStopReport {
 /// a panic) stops and joins all of it, so no thread, device or guest
 /// mapping outlives a failed start.
 #[derive(Default)]
-struct Running {
+struct Started {
     threads: Vec<DeviceThread>,
     devices: Vec<Arc<Mutex<dyn VirtioDevice<GuestView>>>>,
-    discard: Option<Arc<BalloonDiscard>>,
+    discard: Option<Arc<PoolSink>>,
     /// virtio-mem's memslots, released with the devices.
     hotplug_slots: Option<Arc<HotplugSlots>>,
 }
 
-impl Running {
+impl Started {
     /// The names of the device threads that have not ended.
     fn alive(&self) -> Vec<&str> {
         self.threads
@@ -342,7 +342,7 @@ impl Running {
     }
 }
 
-impl Drop for Running {
+impl Drop for Started {
     fn drop(&mut self) {
         let deadline = Instant::now() + crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
         self.stop_threads(deadline);
@@ -366,7 +366,7 @@ pub struct Devices {
     pub rng: Option<Arc<Mutex<Rng<GuestView>>>>,
     /// The virtio-mem devices, if memory hotplug is configured.
     pub hotplug: Option<Hotplug>,
-    running: Running,
+    started: Started,
 }
 
 fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -398,9 +398,9 @@ fn lock_by<T: ?Sized>(m: &Mutex<T>, deadline: Instant) -> Option<std::sync::Mute
 /// `first-start-fails-after-devices`): the build fails here, once, as a
 /// later step failing would. Its line says what the failure tears down, so
 /// that a test sees the steps before it ran: the device threads still
-/// alive (`running`'s, each one's `ended` channel still open) and the
+/// alive (`started`'s, each one's `ended` channel still open) and the
 /// process's thread count as the kernel has it (`/proc/self/status`).
-fn fault_at(fault: &'static str, running: &Running) -> Result<(), DeviceError> {
+fn fault_at(fault: &'static str, started: &Started) -> Result<(), DeviceError> {
     if crate::faults::fire_once(fault) {
         let threads = std::fs::read_to_string("/proc/self/status")
             .ok()
@@ -412,7 +412,7 @@ fn fault_at(fault: &'static str, running: &Running) -> Result<(), DeviceError> {
             .unwrap_or_else(|| "?".into());
         log::warn!(
             "{fault}: failing the start here; device threads alive: [{}]; process threads: {threads}",
-            running.alive().join(", ")
+            started.alive().join(", ")
         );
         return Err(DeviceError::Injected(fault));
     }
@@ -432,31 +432,31 @@ impl Devices {
     ) -> Result<Devices, DeviceError> {
         // Dropped last on an error (declared first): the threads stop while
         // nothing else is left to stop.
-        let mut running = Running::default();
+        let mut started = Started::default();
         let mut mmio = crate::devices::MmioBus::default();
         let mut balloon = None;
         let page = memory.hugetlb_page_bytes().unwrap_or(4096);
         if specs.balloon.is_some() || specs.hotplug.is_some() {
-            running.discard = Some(Arc::new(
-                BalloonDiscard::start(memory, topology, specs.discard_workers_per_node, page)
+            started.discard = Some(Arc::new(
+                PoolSink::start(memory, topology, specs.discard_workers_per_node, page)
                     .map_err(DeviceError::Discard)?,
             ));
         }
-        if let (Some(opts), Some(discard)) = (specs.balloon, running.discard.clone()) {
+        if let (Some(opts), Some(discard)) = (specs.balloon, started.discard.clone()) {
             let device = Arc::new(Mutex::new(Balloon::new(
                 opts,
                 memory.mem_bytes() >> 20,
                 page,
                 discard.clone(),
             )?));
-            running.devices.push(device.clone());
+            started.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = Balloon::worker(
                 &device,
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
-            running
+            started
                 .threads
                 .push(spawn("balloon".into(), Role::Balloon, exit, move || {
                     if let Err(e) = worker.run() {
@@ -476,13 +476,13 @@ impl Devices {
                 slot,
                 discard,
             });
-            fault_at(crate::faults::START_FAILS_AT_BALLOON, &running)?;
+            fault_at(crate::faults::START_FAILS_AT_BALLOON, &started)?;
         }
         let mut blocks = Vec::new();
         for (i, d) in specs.drives.iter().enumerate() {
             let file = d.file.try_clone().map_err(DeviceError::EventFd)?;
             let device = Arc::new(Mutex::new(Block::new(d.opts.clone(), file)?));
-            running.devices.push(device.clone());
+            started.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = Block::worker(
                 &device,
@@ -490,7 +490,7 @@ impl Devices {
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
             let id = d.opts.drive_id.clone();
-            running.threads.push(spawn(
+            started.threads.push(spawn(
                 format!("virtio-blk{i}"),
                 Role::Block,
                 exit,
@@ -519,7 +519,7 @@ impl Devices {
             });
         }
         if !specs.drives.is_empty() {
-            fault_at(crate::faults::START_FAILS_AT_DRIVES, &running)?;
+            fault_at(crate::faults::START_FAILS_AT_DRIVES, &started)?;
         }
         let mut nets = Vec::new();
         for (i, n) in specs.nets.iter().enumerate() {
@@ -535,7 +535,7 @@ impl Devices {
                 net.set_mmds(link.clone());
             }
             let device = Arc::new(Mutex::new(net));
-            running.devices.push(device.clone());
+            started.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = Net::worker(
                 &device,
@@ -543,7 +543,7 @@ impl Devices {
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
             let id = n.opts.iface_id.clone();
-            running.threads.push(spawn(
+            started.threads.push(spawn(
                 format!("virtio-net{i}"),
                 Role::Net,
                 exit,
@@ -562,7 +562,7 @@ impl Devices {
             nets.push(device);
         }
         if !specs.nets.is_empty() {
-            fault_at(crate::faults::START_FAILS_AT_NET, &running)?;
+            fault_at(crate::faults::START_FAILS_AT_NET, &started)?;
         }
         let mut vsock = None;
         if let Some(v) = &specs.vsock {
@@ -572,14 +572,14 @@ impl Devices {
                 source,
             })?;
             let device = Arc::new(Mutex::new(Vsock::new(v.opts.clone(), listener)?));
-            running.devices.push(device.clone());
+            started.devices.push(device.clone());
             let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
             let worker = Vsock::worker(
                 &device,
                 queue_evts,
                 exit.try_clone().map_err(DeviceError::EventFd)?,
             )?;
-            running.threads.push(spawn(
+            started.threads.push(spawn(
                 "virtio-vsock".into(),
                 Role::Vsock,
                 exit,
@@ -597,15 +597,15 @@ impl Devices {
                 v.opts.uds_path.display()
             );
             vsock = Some(device);
-            fault_at(crate::faults::START_FAILS_AT_VSOCK, &running)?;
+            fault_at(crate::faults::START_FAILS_AT_VSOCK, &started)?;
         }
         let rng = match &specs.entropy {
-            Some(limiter) => Some(build_rng(&mut running, &mut mmio, vm, memory, limiter)?),
+            Some(limiter) => Some(build_rng(&mut started, &mut mmio, vm, memory, limiter)?),
             None => None,
         };
-        let hotplug = match (&specs.hotplug, running.discard.clone()) {
+        let hotplug = match (&specs.hotplug, started.discard.clone()) {
             (Some(spec), Some(discard)) => Some(build_hotplug(
-                &mut running,
+                &mut started,
                 &mut mmio,
                 vm,
                 memory,
@@ -614,7 +614,7 @@ impl Devices {
             )?),
             _ => None,
         };
-        fault_at(crate::faults::FIRST_START_FAILS_AFTER_DEVICES, &running)?;
+        fault_at(crate::faults::FIRST_START_FAILS_AFTER_DEVICES, &started)?;
         Ok(Devices {
             hotplug,
             rng,
@@ -623,7 +623,7 @@ impl Devices {
             buses: Arc::new(Buses { pio, mmio }),
             balloon,
             blocks,
-            running,
+            started,
         })
     }
 
@@ -632,7 +632,7 @@ impl Devices {
     /// step of a shutdown, before the vCPUs are stopped, so none of them
     /// waits behind a discard the shutdown is about to cancel anyway.
     pub fn cancel_waits(&self) {
-        for d in &self.running.devices {
+        for d in &self.started.devices {
             if let Some(fence) = d
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -647,9 +647,9 @@ impl Devices {
     /// every device off the bus and resets it, and stops the discard pool:
     /// afterwards no device holds guest memory. Idempotent.
     pub fn stop(&mut self, deadline: Instant) -> DeviceStopReport {
-        let report = self.running.stop_threads(deadline);
+        let report = self.started.stop_threads(deadline);
         self.buses.mmio.detach_all();
-        self.running.release(deadline);
+        self.started.release(deadline);
         report
     }
 }
@@ -664,23 +664,23 @@ impl Drop for Devices {
 /// registers its queue notifications and interrupt with KVM, and returns
 /// the slot, clones of its queue eventfds (for its thread) and a new exit
 /// eventfd for that thread.
-/// The entropy device, attached, its thread started (in `running`).
+/// The entropy device, attached, its thread started (in `started`).
 fn build_rng(
-    running: &mut Running,
+    started: &mut Started,
     mmio: &mut crate::devices::MmioBus,
     vm: &Vm,
     memory: &GuestMemory,
     limiter: &crate::rate_limiter::RateLimiterConfig,
 ) -> Result<Arc<Mutex<Rng<GuestView>>>, DeviceError> {
     let device = Arc::new(Mutex::new(Rng::new(limiter)?));
-    running.devices.push(device.clone());
+    started.devices.push(device.clone());
     let (slot, queue_evts, exit) = attach(mmio, vm, memory, device.clone())?;
     let worker = Rng::worker(
         &device,
         queue_evts,
         exit.try_clone().map_err(DeviceError::EventFd)?,
     )?;
-    running.threads.push(spawn(
+    started.threads.push(spawn(
         "virtio-rng".into(),
         Role::Entropy,
         exit,
@@ -695,20 +695,20 @@ fn build_rng(
 }
 
 /// The virtio-mem devices, one per part of the hotplug region, attached,
-/// their threads started (in `running`), over one sink.
+/// their threads started (in `started`), over one sink.
 fn build_hotplug(
-    running: &mut Running,
+    started: &mut Started,
     mmio: &mut crate::devices::MmioBus,
     vm: &Vm,
     memory: &GuestMemory,
     spec: &HotplugSpec,
-    discard: Arc<BalloonDiscard>,
+    discard: Arc<PoolSink>,
 ) -> Result<Hotplug, DeviceError> {
     let slots = Arc::new(
         HotplugSlots::new(vm, memory, spec.slot_bytes, discard.clone(), spec.dirty_log)
             .map_err(|e| DeviceError::Hotplug(e.to_string()))?,
     );
-    running.hotplug_slots = Some(slots.clone());
+    started.hotplug_slots = Some(slots.clone());
     // Guest node g is the g-th distinct host node of RAM in address order
     // (as the SRAT numbers them).
     let mut guest_nodes: Vec<u32> = Vec::new();
@@ -733,7 +733,7 @@ fn build_hotplug(
             VirtioMem::new(opts, slots.clone()).map_err(|e| DeviceError::Hotplug(e.to_string()))?;
         slots.watch(device.shared_metrics());
         let device = Arc::new(Mutex::new(device));
-        running.devices.push(device.clone());
+        started.devices.push(device.clone());
         let (slot, queue_evts, exit) = attach(mmio, vm, memory, device.clone())?;
         // What the guest touches outside the part's memslots reads zeros.
         unplugged_accesses = Some(mmio.add_unplugged(p.guest_addr, p.len));
@@ -743,7 +743,7 @@ fn build_hotplug(
             exit.try_clone().map_err(DeviceError::EventFd)?,
         )
         .map_err(|e| DeviceError::Hotplug(e.to_string()))?;
-        running.threads.push(spawn(
+        started.threads.push(spawn(
             format!("virtio-mem{i}"),
             Role::Mem,
             exit,
@@ -769,7 +769,7 @@ fn build_hotplug(
             host_node: p.node,
         });
     }
-    fault_at(crate::faults::START_FAILS_AT_HOTPLUG, running)?;
+    fault_at(crate::faults::START_FAILS_AT_HOTPLUG, started)?;
     Ok(Hotplug {
         devices,
         slots,
@@ -825,7 +825,7 @@ fn register(vm: &Vm, slot: MmioSlot, queues: &[EventFd], irq: &EventFd) -> Resul
     Ok(())
 }
 
-/// Starts device thread `name` running `work` under `role`'s filter.
+/// Starts device thread `name` started `work` under `role`'s filter.
 fn spawn(
     name: String,
     role: Role,

@@ -38,7 +38,7 @@ use crate::devices::virtio::quiesce;
 use crate::memory::{GmemBinding, GuestMemory, GuestView, PluggedSlots};
 use crate::vstate::vm::{MemorySlot, Memslots, Vm, VmError};
 
-use super::discard::BalloonDiscard;
+use super::discard::PoolSink;
 
 /// Longest a PLUG waits for a discard of its range before it is answered
 /// BUSY (the guest retries).
@@ -96,7 +96,7 @@ pub struct HotplugSlots {
     /// or removed after, and the VM fd's duplicate is closed. Shared with
     /// the UNPLUG preludes that the pool's workers run.
     state: Arc<Mutex<SlotState>>,
-    discard: Arc<BalloonDiscard>,
+    discard: Arc<PoolSink>,
     dirty_log: bool,
     /// Keeps the region's mappings alive while a memslot may point at them;
     /// its [`crate::memory::PluggedSlots`] say which slots devices reach.
@@ -165,7 +165,7 @@ impl HotplugSlots {
         vm: &Vm,
         memory: &GuestMemory,
         slot_bytes: u64,
-        discard: Arc<BalloonDiscard>,
+        discard: Arc<PoolSink>,
         dirty_log: bool,
     ) -> Result<HotplugSlots, HotplugSlotsError> {
         let mut next = u32::try_from(memory.slots().len()).unwrap_or(u32::MAX);
