@@ -5,7 +5,8 @@
 //! right after the vCPUs stop ([`Devices::stop`]), so that no device holds
 //! guest memory when it is freed.
 //!
-//! Per device: a [`MmioTransport`] in the next slot (Firecracker's window
+//! Per device (one path for all, in `build.rs`): a
+//! [`MmioTransport`](crate::devices::virtio::MmioTransport) in the next slot (Firecracker's window
 //! and GSIs, [`MmioSlot`]); each queue's notify eventfd registered as an
 //! ioeventfd on the window's `QueueNotify` with the queue index as
 //! datamatch (a guest write reaches the device thread without an exit; an
@@ -24,7 +25,14 @@
 //! the transports, their eventfds and the KVM registrations go with the
 //! bus and the VM. What the client gave stays configured: each device gets
 //! its own handle (`dup`) on the drive's file, the tap and the listener.
+//!
+//! Here: what a start asks for (the specs), the devices as the VMM drives
+//! them, and their stop. `build.rs`: [`Devices::build`]. [`hotplug`]: the
+//! virtio-mem devices as the VMM drives them. `metrics.rs`: their groups of
+//! a metrics line. The sinks they give memory back through are
+//! [`crate::vmm::sinks`].
 
+mod build;
 pub mod hotplug;
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
@@ -32,20 +40,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::mmio::MmioBusError;
 use crate::devices::virtio::balloon::{Balloon, BalloonError, BalloonOptions};
 use crate::devices::virtio::block::{Block, BlockError, BlockOptions};
-use crate::devices::virtio::mem::{MemOptions, VirtioMem};
 use crate::devices::virtio::net::{Net, NetError, NetOptions, Tap};
 use crate::devices::virtio::rng::{Rng, RngError};
 use crate::devices::virtio::vsock::{Vsock, VsockError, VsockOptions};
-use crate::devices::virtio::{mmio::regs, MmioError, MmioTransport, VirtioDevice};
-use crate::devices::{Buses, MmioSlot, PioBus};
-use crate::memory::{GuestMemory, GuestView};
-use crate::seccomp::Role;
-use crate::vstate::vm::{Vm, VmError};
+use crate::devices::virtio::{MmioError, VirtioDevice, WorkerError};
+use crate::devices::{Buses, MmioSlot};
+use crate::memory::GuestView;
+use crate::vstate::vm::VmError;
 
 use crate::vmm::sinks::discard::PoolSink;
 use crate::vmm::sinks::hotplug_slots::HotplugSlots;
@@ -100,6 +106,14 @@ pub enum DeviceError {
         id: String,
         /// Why.
         source: std::io::Error,
+    },
+    /// A device thread's loop could not be set up.
+    #[error("cannot start the {name} thread's loop: {source}")]
+    Worker {
+        /// The thread.
+        name: String,
+        /// Why.
+        source: WorkerError,
     },
     /// A device thread could not be started.
     #[error("cannot spawn the {name} thread: {source}")]
@@ -394,239 +408,7 @@ fn lock_by<T: ?Sized>(m: &Mutex<T>, deadline: Instant) -> Option<std::sync::Mute
     }
 }
 
-/// With the fault `start-fails-at-<step>` (or, after the last step,
-/// `first-start-fails-after-devices`): the build fails here, once, as a
-/// later step failing would. Its line says what the failure tears down, so
-/// that a test sees the steps before it ran: the device threads still
-/// alive (`started`'s, each one's `ended` channel still open) and the
-/// process's thread count as the kernel has it (`/proc/self/status`).
-fn fault_at(fault: &'static str, started: &Started) -> Result<(), DeviceError> {
-    if crate::faults::fire_once(fault) {
-        let threads = std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Threads:"))
-                    .map(|n| n.trim().to_string())
-            })
-            .unwrap_or_else(|| "?".into());
-        log::warn!(
-            "{fault}: failing the start here; device threads alive: [{}]; process threads: {threads}",
-            started.alive().join(", ")
-        );
-        return Err(DeviceError::Injected(fault));
-    }
-    Ok(())
-}
-
 impl Devices {
-    /// Builds the devices of `specs` over `memory` and `vm`, with the port
-    /// devices of `pio`, and starts their threads. On an error, whatever it
-    /// had started is stopped, joined and released before it returns.
-    pub fn build(
-        specs: &DeviceSpecs,
-        pio: PioBus,
-        vm: &Vm,
-        memory: &GuestMemory,
-        topology: &crate::memory::HostTopology,
-    ) -> Result<Devices, DeviceError> {
-        // Dropped last on an error (declared first): the threads stop while
-        // nothing else is left to stop.
-        let mut started = Started::default();
-        let mut mmio = crate::devices::MmioBus::default();
-        let mut balloon = None;
-        let page = memory.hugetlb_page_bytes().unwrap_or(4096);
-        if specs.balloon.is_some() || specs.hotplug.is_some() {
-            started.discard = Some(Arc::new(
-                PoolSink::start(memory, topology, specs.discard_workers_per_node, page)
-                    .map_err(DeviceError::Discard)?,
-            ));
-        }
-        if let (Some(opts), Some(discard)) = (specs.balloon, started.discard.clone()) {
-            let device = Arc::new(Mutex::new(Balloon::new(
-                opts,
-                memory.mem_bytes() >> 20,
-                page,
-                discard.clone(),
-            )?));
-            started.devices.push(device.clone());
-            let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
-            let worker = Balloon::worker(
-                &device,
-                queue_evts,
-                exit.try_clone().map_err(DeviceError::EventFd)?,
-            )?;
-            started
-                .threads
-                .push(spawn("balloon".into(), Role::Balloon, exit, move || {
-                    if let Err(e) = worker.run() {
-                        log::error!("balloon: {e}; the device stops");
-                    }
-                })?);
-            log::info!(
-                "balloon at {:#x} (GSI {}): {} MiB target, reporting {}, statistics every {} s",
-                slot.base,
-                slot.gsi,
-                opts.amount_mib,
-                opts.free_page_reporting,
-                opts.stats_polling_interval_s
-            );
-            balloon = Some(BalloonDevice {
-                device,
-                slot,
-                discard,
-            });
-            fault_at(crate::faults::START_FAILS_AT_BALLOON, &started)?;
-        }
-        let mut blocks = Vec::new();
-        for (i, d) in specs.drives.iter().enumerate() {
-            let file = d.file.try_clone().map_err(DeviceError::EventFd)?;
-            let device = Arc::new(Mutex::new(Block::new(d.opts.clone(), file)?));
-            started.devices.push(device.clone());
-            let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
-            let worker = Block::worker(
-                &device,
-                queue_evts,
-                exit.try_clone().map_err(DeviceError::EventFd)?,
-            )?;
-            let id = d.opts.drive_id.clone();
-            started.threads.push(spawn(
-                format!("virtio-blk{i}"),
-                Role::Block,
-                exit,
-                move || {
-                    if let Err(e) = worker.run() {
-                        log::error!("drive {id}: {e}; the device stops");
-                    }
-                },
-            )?);
-            log::info!(
-                "drive {} at {:#x} (GSI {}): {} sectors, {}",
-                d.opts.drive_id,
-                slot.base,
-                slot.gsi,
-                lock(&device).capacity_sectors(),
-                if d.opts.read_only {
-                    "read-only"
-                } else {
-                    "read-write"
-                }
-            );
-            blocks.push(BlockDevice {
-                drive_id: d.opts.drive_id.clone(),
-                device,
-                slot,
-            });
-        }
-        if !specs.drives.is_empty() {
-            fault_at(crate::faults::START_FAILS_AT_DRIVES, &started)?;
-        }
-        let mut nets = Vec::new();
-        for (i, n) in specs.nets.iter().enumerate() {
-            // The device gets its own handle: the configured tap stays for
-            // a retry if this start fails.
-            let tap = n.tap.try_clone().map_err(|source| DeviceError::Dup {
-                what: "tap",
-                id: n.opts.iface_id.clone(),
-                source,
-            })?;
-            let mut net = Net::new(n.opts.clone(), tap)?;
-            if let Some(link) = &n.mmds {
-                net.set_mmds(link.clone());
-            }
-            let device = Arc::new(Mutex::new(net));
-            started.devices.push(device.clone());
-            let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
-            let worker = Net::worker(
-                &device,
-                queue_evts,
-                exit.try_clone().map_err(DeviceError::EventFd)?,
-            )?;
-            let id = n.opts.iface_id.clone();
-            started.threads.push(spawn(
-                format!("virtio-net{i}"),
-                Role::Net,
-                exit,
-                move || {
-                    if let Err(e) = worker.run() {
-                        log::error!("network interface {id}: {e}; the device stops");
-                    }
-                },
-            )?);
-            log::info!(
-                "network interface {} at {:#x} (GSI {})",
-                n.opts.iface_id,
-                slot.base,
-                slot.gsi
-            );
-            nets.push(device);
-        }
-        if !specs.nets.is_empty() {
-            fault_at(crate::faults::START_FAILS_AT_NET, &started)?;
-        }
-        let mut vsock = None;
-        if let Some(v) = &specs.vsock {
-            let listener = v.listener.try_clone().map_err(|source| DeviceError::Dup {
-                what: "socket",
-                id: "vsock".into(),
-                source,
-            })?;
-            let device = Arc::new(Mutex::new(Vsock::new(v.opts.clone(), listener)?));
-            started.devices.push(device.clone());
-            let (slot, queue_evts, exit) = attach(&mut mmio, vm, memory, device.clone())?;
-            let worker = Vsock::worker(
-                &device,
-                queue_evts,
-                exit.try_clone().map_err(DeviceError::EventFd)?,
-            )?;
-            started.threads.push(spawn(
-                "virtio-vsock".into(),
-                Role::Vsock,
-                exit,
-                move || {
-                    if let Err(e) = worker.run() {
-                        log::error!("vsock: {e}; the device stops");
-                    }
-                },
-            )?);
-            log::info!(
-                "vsock (guest CID {}) at {:#x} (GSI {}), host side {}",
-                v.opts.guest_cid,
-                slot.base,
-                slot.gsi,
-                v.opts.uds_path.display()
-            );
-            vsock = Some(device);
-            fault_at(crate::faults::START_FAILS_AT_VSOCK, &started)?;
-        }
-        let rng = match &specs.entropy {
-            Some(limiter) => Some(build_rng(&mut started, &mut mmio, vm, memory, limiter)?),
-            None => None,
-        };
-        let hotplug = match (&specs.hotplug, started.discard.clone()) {
-            (Some(spec), Some(discard)) => Some(build_hotplug(
-                &mut started,
-                &mut mmio,
-                vm,
-                memory,
-                spec,
-                discard,
-            )?),
-            _ => None,
-        };
-        fault_at(crate::faults::FIRST_START_FAILS_AFTER_DEVICES, &started)?;
-        Ok(Devices {
-            hotplug,
-            rng,
-            vsock,
-            nets,
-            buses: Arc::new(Buses { pio, mmio }),
-            balloon,
-            blocks,
-            started,
-        })
-    }
-
     /// Ends every wait of a vCPU in a device's reset fence
     /// ([`crate::devices::virtio::ResetFence`]), now and later: the first
     /// step of a shutdown, before the vCPUs are stopped, so none of them
@@ -658,196 +440,4 @@ impl Drop for Devices {
     fn drop(&mut self) {
         self.stop(Instant::now() + crate::vstate::vcpu::VCPU_STOP_TIMEOUT);
     }
-}
-
-/// Puts `device` on the bus in the next slot behind its own transport,
-/// registers its queue notifications and interrupt with KVM, and returns
-/// the slot, clones of its queue eventfds (for its thread) and a new exit
-/// eventfd for that thread.
-/// The entropy device, attached, its thread started (in `started`).
-fn build_rng(
-    started: &mut Started,
-    mmio: &mut crate::devices::MmioBus,
-    vm: &Vm,
-    memory: &GuestMemory,
-    limiter: &crate::rate_limiter::RateLimiterConfig,
-) -> Result<Arc<Mutex<Rng<GuestView>>>, DeviceError> {
-    let device = Arc::new(Mutex::new(Rng::new(limiter)?));
-    started.devices.push(device.clone());
-    let (slot, queue_evts, exit) = attach(mmio, vm, memory, device.clone())?;
-    let worker = Rng::worker(
-        &device,
-        queue_evts,
-        exit.try_clone().map_err(DeviceError::EventFd)?,
-    )?;
-    started.threads.push(spawn(
-        "virtio-rng".into(),
-        Role::Entropy,
-        exit,
-        move || {
-            if let Err(e) = worker.run() {
-                log::error!("entropy device: {e}; the device stops");
-            }
-        },
-    )?);
-    log::info!("entropy device at {:#x} (GSI {})", slot.base, slot.gsi);
-    Ok(device)
-}
-
-/// The virtio-mem devices, one per part of the hotplug region, attached,
-/// their threads started (in `started`), over one sink.
-fn build_hotplug(
-    started: &mut Started,
-    mmio: &mut crate::devices::MmioBus,
-    vm: &Vm,
-    memory: &GuestMemory,
-    spec: &HotplugSpec,
-    discard: Arc<PoolSink>,
-) -> Result<Hotplug, DeviceError> {
-    let slots = Arc::new(
-        HotplugSlots::new(vm, memory, spec.slot_bytes, discard.clone(), spec.dirty_log)
-            .map_err(|e| DeviceError::Hotplug(e.to_string()))?,
-    );
-    started.hotplug_slots = Some(slots.clone());
-    // Guest node g is the g-th distinct host node of RAM in address order
-    // (as the SRAT numbers them).
-    let mut guest_nodes: Vec<u32> = Vec::new();
-    for s in memory.slices() {
-        if !guest_nodes.contains(&s.slice().node) {
-            guest_nodes.push(s.slice().node);
-        }
-    }
-    let mut devices = Vec::new();
-    let mut unplugged_accesses = None;
-    for (i, part) in memory.hotplug().iter().enumerate() {
-        let p = part.slice();
-        let node_id = guest_nodes.iter().position(|&n| n == p.node).unwrap_or(0) as u16;
-        let opts = MemOptions {
-            region_addr: p.guest_addr,
-            region_bytes: p.len,
-            block_bytes: spec.block_bytes,
-            slot_bytes: spec.slot_bytes,
-            node_id,
-        };
-        let device =
-            VirtioMem::new(opts, slots.clone()).map_err(|e| DeviceError::Hotplug(e.to_string()))?;
-        slots.watch(device.shared_metrics());
-        let device = Arc::new(Mutex::new(device));
-        started.devices.push(device.clone());
-        let (slot, queue_evts, exit) = attach(mmio, vm, memory, device.clone())?;
-        // What the guest touches outside the part's memslots reads zeros.
-        unplugged_accesses = Some(mmio.add_unplugged(p.guest_addr, p.len));
-        let worker = VirtioMem::worker(
-            &device,
-            queue_evts,
-            exit.try_clone().map_err(DeviceError::EventFd)?,
-        )
-        .map_err(|e| DeviceError::Hotplug(e.to_string()))?;
-        started.threads.push(spawn(
-            format!("virtio-mem{i}"),
-            Role::Mem,
-            exit,
-            move || {
-                if let Err(e) = worker.run() {
-                    log::error!("virtio-mem{i}: {e}; the device stops");
-                }
-            },
-        )?);
-        log::info!(
-            "virtio-mem{i} at {:#x} (GSI {}): {} MiB at {:#x} on host node {} (guest node {node_id}), blocks of {} MiB, slots of {} MiB",
-            slot.base,
-            slot.gsi,
-            p.len >> 20,
-            p.guest_addr,
-            p.node,
-            spec.block_bytes >> 20,
-            spec.slot_bytes >> 20
-        );
-        devices.push(HotplugDevice {
-            device,
-            slot,
-            host_node: p.node,
-        });
-    }
-    fault_at(crate::faults::START_FAILS_AT_HOTPLUG, started)?;
-    Ok(Hotplug {
-        devices,
-        slots,
-        discard,
-        total_size_mib: (spec.total_bytes >> 20) as u32,
-        block_size_mib: (spec.block_bytes >> 20) as u32,
-        slot_size_mib: (spec.slot_bytes >> 20) as u32,
-        unplugged_accesses: unplugged_accesses.unwrap_or_default(),
-    })
-}
-
-fn attach(
-    mmio: &mut crate::devices::MmioBus,
-    vm: &Vm,
-    memory: &GuestMemory,
-    device: Arc<Mutex<dyn VirtioDevice<GuestView>>>,
-) -> Result<(MmioSlot, Vec<EventFd>, EventFd), DeviceError> {
-    let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
-    let transport = MmioTransport::new(device, memory.view(), irq)?;
-    let (queue_evts, irq) = clones(&transport)?;
-    let interrupt = transport.interrupt().clone();
-    let slot = mmio.add(Box::new(transport))?;
-    interrupt.wake_on(mmio.wake_hub(), slot.index());
-    register(vm, slot, &queue_evts, &irq)?;
-    let exit = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
-    Ok((slot, queue_evts, exit))
-}
-
-/// Clones of a transport's queue eventfds and interrupt eventfd.
-fn clones(t: &MmioTransport<GuestView>) -> Result<(Vec<EventFd>, EventFd), DeviceError> {
-    let queues = t
-        .queue_evts()
-        .iter()
-        .map(EventFd::try_clone)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(DeviceError::EventFd)?;
-    let irq = t
-        .interrupt()
-        .irq_evt()
-        .try_clone()
-        .map_err(DeviceError::EventFd)?;
-    Ok((queues, irq))
-}
-
-/// Registers a device's queue notifications and interrupt with KVM.
-fn register(vm: &Vm, slot: MmioSlot, queues: &[EventFd], irq: &EventFd) -> Result<(), DeviceError> {
-    for (i, e) in queues.iter().enumerate() {
-        vm.register_mmio_ioevent(e, slot.base + regs::QUEUE_NOTIFY, i as u32)?;
-    }
-    if vm.has_irqchip() {
-        vm.register_irqfd(irq, slot.gsi)?;
-    }
-    Ok(())
-}
-
-/// Starts device thread `name` started `work` under `role`'s filter.
-fn spawn(
-    name: String,
-    role: Role,
-    exit: EventFd,
-    work: impl FnOnce() + Send + 'static,
-) -> Result<DeviceThread, DeviceError> {
-    let (ended_tx, ended) = std::sync::mpsc::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name(name.clone())
-        .spawn(move || {
-            crate::seccomp::install_thread(role);
-            let _ended = ended_tx;
-            work();
-        })
-        .map_err(|source| DeviceError::Spawn {
-            name: name.clone(),
-            source,
-        })?;
-    Ok(DeviceThread {
-        name,
-        exit,
-        ended,
-        thread: Some(thread),
-    })
 }

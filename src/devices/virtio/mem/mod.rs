@@ -53,8 +53,6 @@ pub use metrics::MemMetrics;
 pub use request::{Request, RequestError, RequestKind};
 pub use worker::MemWorker;
 
-use crate::devices::virtio::WorkerError;
-
 /// The virtio device ID of a memory device.
 pub const VIRTIO_ID_MEM: u32 = 24;
 /// The queue's size (Firecracker's).
@@ -191,7 +189,4 @@ pub enum MemError {
     /// An eventfd could not be made.
     #[error("cannot create the virtio-mem device's eventfd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's loop could not be set up.
-    #[error("virtio-mem device thread: {0}")]
-    Worker(#[from] WorkerError),
 }
