@@ -207,30 +207,6 @@ impl Hotplug {
             discards_in_flight: snapshot.map_or(0, |s| s.in_flight_batches),
         }
     }
-
-    /// The `memory_hotplug` group of a metrics line (Firecracker's counter
-    /// names, summed over the nodes' devices, and teravm's
-    /// `unplugged_accesses`): written by
-    /// `Vmm::device_metrics` (src/vmm/actions.rs) while the microVM runs.
-    pub fn metrics_json(&self) -> serde_json::Value {
-        let mut sum = serde_json::Map::new();
-        for d in &self.devices {
-            let m = lock(&d.device).shared_metrics();
-            if let Ok(serde_json::Value::Object(o)) = serde_json::to_value(&*m) {
-                for (k, v) in o {
-                    let add = v.as_u64().unwrap_or(0);
-                    let e = sum.entry(k).or_insert(serde_json::Value::from(0u64));
-                    *e = serde_json::Value::from(e.as_u64().unwrap_or(0) + add);
-                }
-            }
-        }
-        // teravm's addition: touches of memory not plugged (zeros).
-        let n = self
-            .unplugged_accesses
-            .load(std::sync::atomic::Ordering::Relaxed);
-        sum.insert("unplugged_accesses".into(), serde_json::Value::from(n));
-        serde_json::Value::Object(sum)
-    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@
 
 mod build;
 pub mod hotplug;
+mod metrics;
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
