@@ -23,13 +23,16 @@
 //! - [`actions`]: the one dispatch of API requests (`mod.rs`) and one file
 //!   per subject (machine, balloon, hotplug, net, mmds, pause, shutdown,
 //!   metrics; `opens.rs` for the ones that open a path first).
-//! - [`devices`]: the device manager (every device built through one path)
-//!   and [`device_opens`], the devices' host files, taps and sockets opened
+//! - [`devices`]: the device manager (every device built through one path,
+//!   `build.rs`; their metrics groups, `metrics.rs`), the [`sinks`] that
+//!   the balloon and virtio-mem give memory back through, and
+//!   [`device_opens`], the devices' host files, taps and sockets opened
 //!   when their section is put.
 //!
 //! Inside `vmm`, no two modules import each other: `actions` →
-//! `lifecycle` → `devices`; `actions` → `device_opens` → `devices` (the
-//! submodules' `impl Vmm` blocks name their parent's `Vmm`).
+//! `lifecycle` → `devices` → `sinks`; `actions` → `device_opens` →
+//! `devices` (the submodules' `impl Vmm` blocks name their parent's
+//! `Vmm`).
 //!
 //! Module graph: `main` → `vmm` → (`api` contract, `config`, `vstate`,
 //! `devices`, `memory`); `api` → `config`; `vstate` → `devices`; `memory`
@@ -38,13 +41,12 @@
 //! own filter), nothing of `vmm`, `api` or `config`.
 
 pub mod actions;
-pub mod balloon_sink;
 pub mod device_opens;
 pub mod devices;
-pub mod hotplug;
 pub mod jobs;
 pub mod lifecycle;
 pub mod signals;
+pub mod sinks;
 pub mod stdin;
 
 use std::os::fd::AsRawFd;

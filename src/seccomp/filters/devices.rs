@@ -23,7 +23,7 @@ pub(super) const BALLOON: &[Allow] = &[
 /// the node's CPUs before its filter: `madvise(MADV_DONTNEED)` (BASE) or a
 /// hole punch; waits on its queue (futex, BASE). Before it frees a
 /// virtio-mem UNPLUG that emptied slots, it takes them out of KVM (the
-/// UNPLUG was answered at once; src/vmm/hotplug.rs).
+/// UNPLUG was answered at once; src/vmm/sinks/hotplug_slots.rs).
 pub(super) const DISCARD: &[Allow] = &[
     PUNCH_HOLE,
     one_of(
@@ -108,7 +108,8 @@ pub(super) const ENTROPY: &[Allow] = &[
 ];
 
 /// `virtio-mem{n}`: a virtio-mem device's requests (src/devices/virtio/mem)
-/// and its sink (src/vmm/hotplug.rs): a PLUG's memslots enter KVM here, an
+/// and its sink (src/vmm/sinks/hotplug_slots.rs): a PLUG's memslots enter KVM
+/// here, an
 /// UNPLUG's leave it, and the unplugged blocks go to the discard pool,
 /// which frees small batches inline on this thread (`madvise(MADV_DONTNEED)`
 /// is in BASE; a hole punch for memfd and guest_memfd).

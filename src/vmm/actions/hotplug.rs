@@ -2,7 +2,7 @@
 //! answers them: the region is set before the start only (stored in the
 //! configuration, which the start path reads); the requested size and the
 //! status exist once the microVM runs, through its
-//! [`Hotplug`](crate::vmm::hotplug::Hotplug). Before the start `PATCH` and
+//! [`Hotplug`](crate::vmm::devices::Hotplug). Before the start `PATCH` and
 //! `GET` answer Firecracker's `OperationNotSupportedPreBoot`; once running
 //! without a region, 400 saying none is configured.
 

@@ -4,10 +4,6 @@
 
 use serde_json::Value;
 
-use super::lock;
-use crate::devices::virtio::block::metrics::BlockMetrics;
-use crate::devices::virtio::net::metrics::NetMetrics;
-use crate::metrics;
 use crate::vmm::lifecycle::Phase;
 use crate::vmm::Vmm;
 
@@ -36,64 +32,15 @@ impl Vmm {
         result
     }
 
-    /// The devices' metrics groups, while they run: Firecracker's `balloon`
-    /// (with the discard pool's counters beside the device's),
-    /// `block_<drive_id>` and their sum `block`, `net_<iface_id>` and their
-    /// sum `net`, `vsock`, `mmds`, `entropy`, and `memory_hotplug` (from
-    /// [`Hotplug::metrics_json`](super::hotplug::Hotplug::metrics_json)).
+    /// The devices' metrics groups while they run
+    /// ([`Devices::metrics_groups`](crate::vmm::devices::Devices::metrics_groups)),
+    /// the MMDS's among them.
     fn device_metrics(&self) -> Vec<(String, Value)> {
-        let mut groups = Vec::new();
-        if let Phase::Running(m) = &self.phase {
-            if let Some(b) = m.balloon() {
-                let mut v = serde_json::to_value(lock(&b.device).metrics().snapshot())
-                    .unwrap_or(Value::Null);
-                if let (Value::Object(map), Some(p)) = (&mut v, b.discard.snapshot()) {
-                    map.insert("pool_discarded_bytes".into(), p.bytes_discarded.into());
-                    map.insert("pool_free_calls".into(), p.calls.into());
-                    map.insert("pool_failures".into(), p.failures.into());
-                }
-                groups.push(("balloon".into(), v));
-            }
-            let json = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
-            let first = groups.len();
-            for b in m.blocks() {
-                let snap = lock(&b.device).metrics().snapshot();
-                groups.push((
-                    format!("block_{}", b.drive_id),
-                    json(serde_json::to_value(snap)),
-                ));
-            }
-            // Firecracker's aggregate groups beside the per-device ones.
-            let zero = json(serde_json::to_value(BlockMetrics::default()));
-            let block = metrics::aggregate(zero, groups[first..].iter().map(|(_, v)| v));
-            groups.push(("block".into(), block));
-            let first = groups.len();
-            for n in m.nets() {
-                let n = lock(n);
-                let snap = n.metrics().snapshot();
-                groups.push((
-                    format!("net_{}", n.iface_id()),
-                    json(serde_json::to_value(snap)),
-                ));
-            }
-            let zero = json(serde_json::to_value(NetMetrics::default()));
-            let net = metrics::aggregate(zero, groups[first..].iter().map(|(_, v)| v));
-            groups.push(("net".into(), net));
-            if let Some(v) = m.vsock() {
-                let snap = lock(v).metrics().snapshot();
-                groups.push(("vsock".into(), json(serde_json::to_value(snap))));
-            }
-            if let Some(g) = self.mmds_metrics(m.nets()) {
-                groups.push(("mmds".into(), g));
-            }
-            if let Some(r) = m.rng() {
-                let snap = lock(r).metrics().as_ref().clone();
-                groups.push(("entropy".into(), json(serde_json::to_value(snap))));
-            }
-            if let Some(h) = m.hotplug() {
-                groups.push(("memory_hotplug".into(), h.metrics_json()));
-            }
+        match &self.phase {
+            Phase::Running(m) => m
+                .devices()
+                .map_or_else(Vec::new, |d| d.metrics_groups(self.mmds_metrics(&d.nets))),
+            _ => Vec::new(),
         }
-        groups
     }
 }

@@ -160,7 +160,7 @@ impl MicroVm {
     }
 
     /// The virtio-mem devices, if memory hotplug is configured.
-    pub fn hotplug(&self) -> Option<&crate::vmm::hotplug::Hotplug> {
+    pub fn hotplug(&self) -> Option<&crate::vmm::devices::Hotplug> {
         self.devices().and_then(|d| d.hotplug.as_ref())
     }
 

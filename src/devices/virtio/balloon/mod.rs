@@ -110,7 +110,4 @@ pub enum BalloonError {
     /// An eventfd could not be made.
     #[error("cannot create the balloon's eventfd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's loop could not be set up.
-    #[error("balloon thread: {0}")]
-    Worker(#[from] crate::devices::virtio::WorkerError),
 }

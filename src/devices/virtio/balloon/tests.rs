@@ -15,6 +15,7 @@ use super::features::{REPORTING, STATS_VQ};
 use super::*;
 use crate::devices::virtio::test_utils::{guest_memory, queue_evts, Irq, Mem};
 use crate::devices::virtio::ActiveState;
+use crate::devices::virtio::Worker;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
@@ -583,7 +584,7 @@ fn worker_thread_serves_queues_until_exit() {
     let b = Arc::new(Mutex::new(b));
     let (evts, clones) = queue_evts(4);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let worker = Balloon::worker(&b, clones, exit.try_clone().unwrap()).unwrap();
+    let worker = Worker::start(BalloonWorker::new(&b), clones, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::Builder::new()
         .name("balloon".into())
         .spawn(move || worker.run())
@@ -797,7 +798,7 @@ fn a_slow_discard_never_holds_the_balloons_lock() {
     let b = Arc::new(Mutex::new(r.b));
     let (evts, clones) = queue_evts(4);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let worker = Balloon::worker(&b, clones, exit.try_clone().unwrap()).unwrap();
+    let worker = Worker::start(BalloonWorker::new(&b), clones, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::spawn(move || worker.run());
     add_pfns(&mem, &qs[0], 0, BUF, &[42]);
     evts[0].write(1).unwrap();

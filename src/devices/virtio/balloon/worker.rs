@@ -20,10 +20,8 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use vmm_sys_util::eventfd::EventFd;
-
-use super::{Balloon, BalloonError};
-use crate::devices::virtio::{DeviceMemory, PendingQueues, QueueHandler, Wake, Worker};
+use super::Balloon;
+use crate::devices::virtio::{DeviceMemory, PendingQueues, QueueHandler, Wake};
 
 /// Runs a balloon's queue work: the handler of its thread's loop.
 pub struct BalloonWorker<M: DeviceMemory> {
@@ -37,22 +35,16 @@ impl<M: DeviceMemory> std::fmt::Debug for BalloonWorker<M> {
     }
 }
 
-impl<M: DeviceMemory> Balloon<M> {
-    /// The balloon's thread loop, woken by `queue_evts` (clones of the
-    /// transport's [`crate::devices::virtio::MmioTransport::queue_evts`]),
-    /// its wake eventfd and the statistics deadline, stopped by a write to
-    /// `exit_evt`.
-    pub fn worker(
-        balloon: &Arc<Mutex<Balloon<M>>>,
-        queue_evts: Vec<EventFd>,
-        exit_evt: EventFd,
-    ) -> Result<Worker<BalloonWorker<M>>, BalloonError> {
+impl<M: DeviceMemory> BalloonWorker<M> {
+    /// The handler for `balloon`, for its thread's loop
+    /// ([`crate::devices::virtio::Worker::start`]): woken by the queue
+    /// eventfds, its wake eventfd and the statistics deadline.
+    pub fn new(balloon: &Arc<Mutex<Balloon<M>>>) -> BalloonWorker<M> {
         let wake = lock(balloon).wake.clone();
-        let handler = BalloonWorker {
+        BalloonWorker {
             balloon: balloon.clone(),
             wake,
-        };
-        Ok(Worker::start(handler, queue_evts, exit_evt)?)
+        }
     }
 }
 

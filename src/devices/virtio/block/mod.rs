@@ -120,9 +120,6 @@ pub enum BlockError {
     /// An eventfd could not be made or signalled.
     #[error("block device eventfd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's loop could not be set up.
-    #[error("block thread: {0}")]
-    Worker(#[from] crate::devices::virtio::WorkerError),
     /// A rate limiter that cannot be made (its timer) or taken.
     #[error("block rate limiter: {0}")]
     RateLimiter(#[from] crate::rate_limiter::RateLimiterError),

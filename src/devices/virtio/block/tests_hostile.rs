@@ -16,6 +16,7 @@ use super::test_disk::{DiskLog, RecordingDisk};
 use super::tests::*;
 use super::*;
 use crate::devices::virtio::ActiveState;
+use crate::devices::virtio::Worker;
 use crate::devices::virtio::{VirtioDevice, VirtioInterruptType};
 
 fn recording(sectors: u64) -> (Rig, Arc<DiskLog>) {
@@ -302,14 +303,14 @@ fn the_worker_thread_serves_notifications_and_stops_on_exit() {
     ));
     let qevt = EventFd::new(EFD_NONBLOCK).unwrap();
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let worker = Block::worker(
-        &block,
+    let worker = Worker::start(
+        BlockWorker::new(&block).unwrap(),
         vec![qevt.try_clone().unwrap()],
         exit.try_clone().unwrap(),
     )
     .unwrap();
     assert!(matches!(
-        Block::worker(&block, Vec::new(), exit.try_clone().unwrap()),
+        BlockWorker::new(&block),
         Err(BlockError::WorkerExists)
     ));
     let h = std::thread::Builder::new()

@@ -15,7 +15,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::tests::*;
 use super::*;
-use crate::devices::virtio::{ActiveState, QueueHandler, VirtioDevice};
+use crate::devices::virtio::{ActiveState, QueueHandler, VirtioDevice, Worker};
 use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 
 fn bucket(size: u64, refill_time: u64) -> Option<TokenBucketConfig> {
@@ -198,8 +198,8 @@ fn a_flood_while_blocked_does_not_hold_up_the_exit() {
     let block = Arc::new(Mutex::new(Block::<Mem>::new(o, f.open(false)).unwrap()));
     let qevt = EventFd::new(EFD_NONBLOCK).unwrap();
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let worker = Block::worker(
-        &block,
+    let worker = Worker::start(
+        BlockWorker::new(&block).unwrap(),
         vec![qevt.try_clone().unwrap()],
         exit.try_clone().unwrap(),
     )

@@ -48,7 +48,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use event_manager::EventSet;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress};
-use vmm_sys_util::eventfd::EventFd;
 
 use super::device::IoEngine;
 use super::device::{BlockShared, CacheType, Ring};
@@ -60,7 +59,6 @@ use super::{
 };
 use crate::devices::virtio::{
     ActiveState, DeviceMemory, Epoch, PendingQueues, QueueHandler, VirtioInterruptType, Wake,
-    Worker,
 };
 use crate::rate_limiter::{RateLimiter, TokenType};
 use uring::{submittable, Uring};
@@ -102,24 +100,6 @@ impl<M: DeviceMemory> std::fmt::Debug for BlockWorker<M> {
             .field("capacity_sectors", &self.capacity_sectors)
             .field("read_only", &self.read_only)
             .finish_non_exhaustive()
-    }
-}
-
-impl<M: DeviceMemory> Block<M> {
-    /// The device's thread loop: a [`BlockWorker`] woken by `queue_evts`
-    /// (clones of the transport's
-    /// [`crate::devices::virtio::MmioTransport::queue_evts`]), stopped by
-    /// a write to `exit_evt`.
-    pub fn worker(
-        block: &Arc<Mutex<Block<M>>>,
-        queue_evts: Vec<EventFd>,
-        exit_evt: EventFd,
-    ) -> Result<Worker<BlockWorker<M>>, BlockError> {
-        Ok(Worker::start(
-            BlockWorker::new(block)?,
-            queue_evts,
-            exit_evt,
-        )?)
     }
 }
 

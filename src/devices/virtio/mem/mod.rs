@@ -53,7 +53,6 @@ pub use metrics::MemMetrics;
 pub use request::{Request, RequestError, RequestKind};
 pub use worker::MemWorker;
 
-use crate::devices::virtio::WorkerError;
 use crate::memory::GuestRange;
 
 /// The virtio device ID of a memory device.
@@ -192,7 +191,4 @@ pub enum MemError {
     /// An eventfd could not be made.
     #[error("cannot create the virtio-mem device's eventfd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's loop could not be set up.
-    #[error("virtio-mem device thread: {0}")]
-    Worker(#[from] WorkerError),
 }

@@ -15,7 +15,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::*;
 use crate::devices::virtio::test_utils::{guest_memory, queue_evts, Irq, Mem};
 use crate::devices::virtio::{
-    ActivateError, ActiveState, VirtioDevice, VirtioInterrupt, VirtioInterruptType,
+    ActivateError, ActiveState, VirtioDevice, VirtioInterrupt, VirtioInterruptType, Worker,
     VIRTIO_F_VERSION_1,
 };
 use crate::memory::GuestRange;
@@ -574,7 +574,7 @@ fn the_thread_loop_answers_a_notified_queue() {
     let q = rig.start(&mem);
     let (evts, clones) = queue_evts(1);
     let exit = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
-    let mut w = VirtioMem::worker(&rig.dev, clones, exit.try_clone().unwrap()).unwrap();
+    let mut w = Worker::start(MemWorker::new(&rig.dev), clones, exit.try_clone().unwrap()).unwrap();
     // The activation's wake runs first.
     assert!(w.run_once(Some(Duration::from_secs(5))).unwrap());
     let i = rig.post(&q, req(PLUG, REGION, 1));

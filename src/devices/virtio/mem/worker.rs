@@ -15,11 +15,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use vmm_sys_util::eventfd::EventFd;
-
 use super::device::{Step, VirtioMem};
-use super::{HotplugSink, MemError, MemMetrics};
-use crate::devices::virtio::{DeviceMemory, PendingQueues, QueueHandler, Wake, Worker};
+use super::{HotplugSink, MemMetrics};
+use crate::devices::virtio::{DeviceMemory, PendingQueues, QueueHandler, Wake};
 
 /// Most requests answered in one pass (then the wake eventfd runs the rest,
 /// so the exit eventfd is looked at in between).
@@ -43,21 +41,9 @@ fn lock<M: DeviceMemory>(d: &Mutex<VirtioMem<M>>) -> MutexGuard<'_, VirtioMem<M>
     d.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl<M: DeviceMemory> VirtioMem<M> {
-    /// The device's thread loop, woken by `queue_evts` (a clone of the
-    /// transport's [`crate::devices::virtio::MmioTransport::queue_evts`])
-    /// and its wake eventfd, stopped by a write to `exit`.
-    pub fn worker(
-        device: &Arc<Mutex<VirtioMem<M>>>,
-        queue_evts: Vec<EventFd>,
-        exit: EventFd,
-    ) -> Result<Worker<MemWorker<M>>, MemError> {
-        Ok(Worker::start(MemWorker::new(device), queue_evts, exit)?)
-    }
-}
-
 impl<M: DeviceMemory> MemWorker<M> {
-    /// The handler for `device` (what [`VirtioMem::worker`] runs).
+    /// The handler for `device`, for its thread's loop
+    /// ([`crate::devices::virtio::Worker::start`]).
     pub fn new(device: &Arc<Mutex<VirtioMem<M>>>) -> MemWorker<M> {
         let d = lock(device);
         MemWorker {

@@ -8,7 +8,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use std::os::fd::RawFd;
-use std::sync::Mutex;
 
 use event_manager::EventSet;
 use vmm_sys_util::eventfd::EventFd;
@@ -21,7 +20,7 @@ use super::{
 };
 use crate::devices::virtio::{
     ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer,
-    PendingQueues, QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
+    PendingQueues, QueueHandler, VirtioDevice, Wake, VIRTIO_F_VERSION_1,
 };
 use crate::rate_limiter::RateLimiterConfig;
 use limits::NetLimits;
@@ -121,18 +120,6 @@ impl<M: DeviceMemory> Net<M> {
             rx_held: VecDeque::new(),
             mmds: None,
         })
-    }
-
-    /// The device's thread loop: the device (locked for each event) woken
-    /// by the tap (edge triggered), `queue_evts` (clones of the transport's
-    /// [`crate::devices::virtio::MmioTransport::queue_evts`]) and its wake
-    /// eventfd, stopped by a write to `exit_evt`.
-    pub fn worker(
-        net: &Arc<Mutex<Net<M>>>,
-        queue_evts: Vec<EventFd>,
-        exit_evt: EventFd,
-    ) -> Result<Worker<Arc<Mutex<Net<M>>>>, NetError> {
-        Ok(Worker::start(net.clone(), queue_evts, exit_evt)?)
     }
 
     /// The options it was made with.

@@ -14,7 +14,7 @@
 //!   activation and reset; the transport calls it from vCPU threads.
 //!   Activation only records the queues and wakes the device's thread.
 //! - All tap I/O and queue work ([`queues`]) runs on the device's own
-//!   thread ([`Net::worker`], the shared loop of
+//!   thread (the shared loop of
 //!   [`crate::devices::virtio::worker`] with the device as its handler):
 //!   it polls the tap (edge triggered), the queue eventfds and the device's
 //!   wake eventfd, and locks the device for one bounded pass per event. It applies the tap's
@@ -172,7 +172,4 @@ pub enum NetError {
     /// A rate limiter could not be made or changed.
     #[error("network device rate limiter: {0}")]
     RateLimiter(#[from] crate::rate_limiter::RateLimiterError),
-    /// The device thread's loop could not be set up.
-    #[error("network device thread: {0}")]
-    Worker(#[from] crate::devices::virtio::WorkerError),
 }

@@ -30,6 +30,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::*;
 use crate::devices::virtio::test_utils::queue_evts;
 use crate::devices::virtio::ActiveState;
+use crate::devices::virtio::Worker;
 use crate::devices::virtio::{VirtioDevice, VirtioInterrupt, VirtioInterruptType};
 
 const TAP: &str = "tvtap0";
@@ -179,7 +180,7 @@ fn run_in_netns() -> Result<(), String> {
     }
     let net = Arc::new(Mutex::new(net));
     let (qevts, clones) = queue_evts(2);
-    let mut w = Net::worker(&net, clones, EventFd::new(EFD_NONBLOCK).unwrap()).unwrap();
+    let mut w = Worker::start(net.clone(), clones, EventFd::new(EFD_NONBLOCK).unwrap()).unwrap();
     w.run_once(Some(std::time::Duration::from_millis(100)))
         .unwrap(); // the activation: offloads set
     assert_eq!(

@@ -15,6 +15,7 @@ use super::test_backend::RecordingBackend;
 use super::*;
 use crate::devices::virtio::test_utils::{guest_memory, queue_evts, Irq, Mem};
 use crate::devices::virtio::ActiveState;
+use crate::devices::virtio::Worker;
 use crate::devices::virtio::{
     VirtioDevice, VirtioInterrupt, VirtioInterruptType, VIRTIO_F_VERSION_1,
 };
@@ -502,7 +503,7 @@ fn the_worker_serves_events_and_exits() {
     let net = Arc::new(Mutex::new(r.net));
     let (qevts, clones) = queue_evts(2);
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let mut w = Net::worker(&net, clones, exit.try_clone().unwrap()).unwrap();
+    let mut w = Worker::start(net.clone(), clones, exit.try_clone().unwrap()).unwrap();
     let second = Duration::from_secs(1);
     tap.push(frame(64, 0));
     assert!(w.run_once(Some(second)).unwrap());

@@ -18,17 +18,16 @@
 mod tests;
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use event_manager::EventSet;
 use serde::Serialize;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestMemoryBackend};
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::virtio::{
     ActivateError, ActiveState, Counter, DeviceMemory, DeviceOffer, PendingQueues, QueueHandler,
-    VirtioDevice, Wake, Worker, WorkerError, VIRTIO_F_VERSION_1,
+    VirtioDevice, Wake, VIRTIO_F_VERSION_1,
 };
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 
@@ -50,9 +49,6 @@ pub enum RngError {
     /// An eventfd could not be made.
     #[error("cannot create the entropy device's eventfd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's loop could not be set up.
-    #[error("entropy device thread: {0}")]
-    Worker(#[from] WorkerError),
 }
 
 /// The `entropy` metrics group (Firecracker's names).
@@ -119,15 +115,6 @@ impl<M: DeviceMemory> Rng<M> {
             wake: Arc::new(Wake::new().map_err(RngError::EventFd)?),
             buf: vec![0; MAX_REQUEST_BYTES],
         })
-    }
-
-    /// The device's thread loop (see [`crate::devices::virtio::worker`]).
-    pub fn worker(
-        rng: &Arc<Mutex<Rng<M>>>,
-        queue_evts: Vec<EventFd>,
-        exit_evt: EventFd,
-    ) -> Result<Worker<Arc<Mutex<Rng<M>>>>, RngError> {
-        Ok(Worker::start(rng.clone(), queue_evts, exit_evt)?)
     }
 
     /// The counters.

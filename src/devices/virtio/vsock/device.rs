@@ -8,7 +8,7 @@
 use std::os::fd::RawFd;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use event_manager::EventSet;
@@ -25,7 +25,7 @@ use super::{
 };
 use crate::devices::virtio::{
     ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceMemory, DeviceOffer,
-    PendingQueues, QueueHandler, VirtioDevice, Wake, Worker, VIRTIO_F_VERSION_1,
+    PendingQueues, QueueHandler, VirtioDevice, Wake, VIRTIO_F_VERSION_1,
 };
 
 /// What the vsock is made with (the API's `PUT /vsock`, checked by
@@ -116,18 +116,6 @@ impl<M: DeviceMemory> Vsock<M> {
             stalled_tx: false,
             bounce: vec![0; HEADER_BYTES + MAX_PKT_PAYLOAD as usize],
         })
-    }
-
-    /// The device's thread loop: the device (locked for each event) woken
-    /// by the muxer's epoll fd, `queue_evts` (clones of the transport's
-    /// queue eventfds), its wake eventfd and its deadlines, stopped by a
-    /// write to `exit_evt`.
-    pub fn worker(
-        vsock: &Arc<Mutex<Vsock<M>>>,
-        queue_evts: Vec<EventFd>,
-        exit_evt: EventFd,
-    ) -> Result<Worker<Arc<Mutex<Vsock<M>>>>, VsockError> {
-        Ok(Worker::start(vsock.clone(), queue_evts, exit_evt)?)
     }
 
     /// The options.

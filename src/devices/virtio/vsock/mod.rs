@@ -13,7 +13,7 @@
 //!   the host listener, the connections and their Unix streams, all under
 //!   one nested epoll fd. The transport calls it from vCPU threads (config
 //!   reads, activation, reset: none does I/O); everything else runs on the
-//!   device's own thread ([`Vsock::worker`], the shared loop of
+//!   device's own thread (the shared loop of
 //!   [`crate::devices::virtio::worker`] with the device as its handler),
 //!   which polls the queue eventfds, the wake eventfd and the muxer's epoll
 //!   fd and locks the device for one bounded pass per event.
@@ -118,7 +118,4 @@ pub enum VsockError {
     /// An eventfd or the epoll fd could not be made.
     #[error("cannot create the vsock's eventfd or epoll fd: {0}")]
     EventFd(std::io::Error),
-    /// The device thread's loop could not be set up.
-    #[error("vsock thread: {0}")]
-    Worker(#[from] crate::devices::virtio::WorkerError),
 }

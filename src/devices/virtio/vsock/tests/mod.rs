@@ -21,6 +21,7 @@ use super::packet::{op, shutdown, HeaderFault, TYPE_STREAM};
 use super::*;
 use crate::devices::virtio::test_utils::{guest_memory, Irq};
 use crate::devices::virtio::ActiveState;
+use crate::devices::virtio::Worker;
 use crate::devices::virtio::{VirtioDevice, VirtioInterrupt};
 
 pub(super) use crate::devices::virtio::test_utils::Mem;
@@ -572,7 +573,7 @@ fn the_worker_serves_a_host_connection_and_exits() {
         .collect();
     let kick = evts[RXQ].try_clone().unwrap();
     let exit = EventFd::new(EFD_NONBLOCK).unwrap();
-    let w = Vsock::worker(&dev, evts, exit.try_clone().unwrap()).unwrap();
+    let w = Worker::start(dev.clone(), evts, exit.try_clone().unwrap()).unwrap();
     let t = std::thread::spawn(move || w.run());
     kick.write(1).unwrap();
     let mut s = UnixStream::connect(&uds).unwrap();

@@ -1,9 +1,12 @@
-//! The balloon's sink, and virtio-mem's pool: the ranges a running guest
-//! gives back (inflated pages, free page reports, unplugged blocks) go to the memory layer's per-node discard pool
+//! One sink for the balloon and virtio-mem ([`PoolSink`]): the ranges a
+//! running guest gives back (inflated pages, free page reports, unplugged
+//! blocks) go to the memory layer's per-node discard pool
 //! ([`crate::memory::DiscardPool`]), which frees them in parallel on
 //! workers pinned to each node, with the reclaim executor's free path. The
 //! device layer knows nothing of nodes or host addresses; the memory layer
-//! nothing of virtio: this adapter is the boundary.
+//! nothing of virtio: this adapter is the boundary. It is the balloon's
+//! [`DiscardSink`]; virtio-mem's sink
+//! ([`super::hotplug_slots::HotplugSlots`]) frees through it.
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
@@ -15,15 +18,15 @@ use crate::memory::{
     DiscardOptions, DiscardPool, DiscardSnapshot, GuestMemory, GuestRange, HostTopology,
 };
 
-/// The pool behind the balloon; gone once shut down. Read-locked by every
-/// use (the balloon's thread, the API's counters), write-locked only to
-/// shut it down. Nothing waits on the pool here: the balloon parks a
+/// The discard pool behind the balloon and virtio-mem; gone once shut
+/// down. Read-locked by every use (the devices' threads, the API's
+/// counters), write-locked only to shut it down. Nothing waits on the pool here: the balloon parks a
 /// deflate of pages still being freed until their batch's ack comes back.
-pub struct BalloonDiscard {
+pub struct PoolSink {
     pool: RwLock<Option<DiscardPool>>,
 }
 
-impl BalloonDiscard {
+impl PoolSink {
     /// Starts the pool over `memory`'s slices: `workers_per_node` workers
     /// per node (each installs the `discard` filter once pinned), freeing
     /// whole pages of at least `page_bytes`; 0 workers is serial (every
@@ -34,7 +37,7 @@ impl BalloonDiscard {
         topology: &HostTopology,
         workers_per_node: u32,
         page_bytes: u64,
-    ) -> Result<BalloonDiscard, String> {
+    ) -> Result<PoolSink, String> {
         let opts = DiscardOptions {
             workers_per_node,
             serial: workers_per_node == 0,
@@ -55,7 +58,7 @@ impl BalloonDiscard {
             ..DiscardOptions::default()
         };
         let pool = DiscardPool::start(memory, topology, &opts).map_err(|e| e.to_string())?;
-        Ok(BalloonDiscard {
+        Ok(PoolSink {
             pool: RwLock::new(Some(pool)),
         })
     }
@@ -143,7 +146,7 @@ impl BalloonDiscard {
     }
 }
 
-impl DiscardSink for BalloonDiscard {
+impl DiscardSink for PoolSink {
     fn discard(&self, kind: DiscardKind, ranges: Vec<GuestRange>, ack: DiscardAck) {
         let pool = self.lock();
         let Some(pool) = pool.as_ref() else {
