@@ -59,26 +59,23 @@ pub fn listener_for(v: &VsockConfig) -> Result<UnixListener, String> {
 /// `drives` with `d` put in (replacing the drive of the same id), checked
 /// as a list (unique ids, one root device).
 pub fn with_drive(drives: &[DriveConfig], d: DriveConfig) -> Result<Vec<DriveConfig>, String> {
-    let mut next: Vec<DriveConfig> = drives
-        .iter()
-        .filter(|x| x.drive_id != d.drive_id)
-        .cloned()
-        .collect();
-    next.push(d);
+    let next = replaced(drives, d, |a, b| a.drive_id == b.drive_id);
     check_drives(&next).map_err(|e| e.to_string())?;
     Ok(next)
 }
 
 /// `nets` with `n` put in (replacing the interface of the same id).
 pub fn with_net(nets: &[NetConfig], n: NetConfig) -> Result<Vec<NetConfig>, String> {
-    let mut next: Vec<NetConfig> = nets
-        .iter()
-        .filter(|x| x.iface_id != n.iface_id)
-        .cloned()
-        .collect();
-    next.push(n);
+    let next = replaced(nets, n, |a, b| a.iface_id == b.iface_id);
     crate::config::net::check_nets(&next).map_err(|e| e.to_string())?;
     Ok(next)
+}
+
+/// `list` with `item` last, in place of the entries that are `same` as it.
+fn replaced<T: Clone>(list: &[T], item: T, same: impl Fn(&T, &T) -> bool) -> Vec<T> {
+    let mut next: Vec<T> = list.iter().filter(|x| !same(x, &item)).cloned().collect();
+    next.push(item);
+    next
 }
 
 /// The parts of `config`'s hotplug region on `topology`, one per guest

@@ -14,8 +14,7 @@ use crate::vmm::{VmState, Vmm};
 
 impl Vmm {
     /// One balloon action (the others are not routed here).
-    pub(super) fn balloon_action(&mut self, action: VmmAction) -> ActionResult {
-        let state = self.state();
+    pub(super) fn balloon_action(&mut self, action: VmmAction, state: VmState) -> ActionResult {
         let not_started = state == VmState::NotStarted;
         match action {
             VmmAction::PutBalloon(b) if not_started => {

@@ -19,8 +19,7 @@ fn not_configured() -> VmmActionError {
 
 impl Vmm {
     /// One `/hotplug/memory` action (the others are not routed here).
-    pub(super) fn hotplug_action(&mut self, action: VmmAction) -> ActionResult {
-        let state = self.state();
+    pub(super) fn hotplug_action(&mut self, action: VmmAction, state: VmState) -> ActionResult {
         let not_started = state == VmState::NotStarted;
         match action {
             VmmAction::PutHotplugMemory(c) if not_started => {

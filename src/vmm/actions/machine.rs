@@ -13,8 +13,7 @@ use crate::vmm::{VmState, Vmm};
 impl Vmm {
     /// One machine, memory or CPU-template action (the others are not
     /// routed here).
-    pub(super) fn machine_action(&mut self, action: VmmAction) -> ActionResult {
-        let state = self.state();
+    pub(super) fn machine_action(&mut self, action: VmmAction, state: VmState) -> ActionResult {
         let not_started = state == VmState::NotStarted;
         match action {
             VmmAction::GetMachineConfig => to_json(&self.config.machine_config),

@@ -5,11 +5,12 @@
 //! is done; a sync `Shutdown` is answered when reclaim is done
 //! ([`shutdown`]); every other action is done here or in the file of its
 //! subject, one per subject: [`machine`] (machine, memory, CPU template),
-//! [`balloon`], [`hotplug`] (virtio-mem), [`net`], [`mmds`], [`pause`]
+//! [`balloon`], [`drive`], [`hotplug`] (virtio-mem), [`net`], [`mmds`], [`pause`]
 //! (`PATCH /vm`), [`shutdown`] (and `/reclaim`), [`metrics`]. Failed
 //! actions are counted in [`crate::metrics`].
 
 mod balloon;
+mod drive;
 mod hotplug;
 mod machine;
 mod metrics;
@@ -115,22 +116,15 @@ impl Vmm {
                 return self.open_then(vec![request], Pending::DrivePatch(u), reply);
             }
             VmmAction::PutNetworkInterface(n) if state == VmState::NotStarted => {
-                let n2 = n.clone();
-                return self.run_then(
-                    "network-interfaces.host_dev_name",
-                    move || Opening::Tap(tap_for(&n2)),
-                    Pending::Net(n),
-                    reply,
-                );
+                let section = Pending::Net(n.clone());
+                let open = move || Opening::Tap(tap_for(&n));
+                let what = "network-interfaces.host_dev_name";
+                return self.run_then(what, open, section, reply);
             }
             VmmAction::PutVsock(v) if state == VmState::NotStarted => {
-                let v2 = v.clone();
-                return self.run_then(
-                    "vsock.uds_path",
-                    move || Opening::Listener(listener_for(&v2)),
-                    Pending::Vsock(v),
-                    reply,
-                );
+                let section = Pending::Vsock(v.clone());
+                let open = move || Opening::Listener(listener_for(&v));
+                return self.run_then("vsock.uds_path", open, section, reply);
             }
             VmmAction::PutSerial(c) if state == VmState::NotStarted => {
                 let request = output_request("serial.serial_out_path", &c.serial_out_path, false);
@@ -170,9 +164,9 @@ impl Vmm {
             | VmmAction::PatchMachineConfig(_)
             | VmmAction::GetMemory
             | VmmAction::PutMemory(_)
-            | VmmAction::PutCpuConfig(_)) => self.machine_action(a),
+            | VmmAction::PutCpuConfig(_)) => self.machine_action(a, state),
             VmmAction::PutBootSource(_) => refused("changing the boot source", state),
-            a @ (VmmAction::GetReclaim | VmmAction::PutReclaim(_)) => self.reclaim_action(a),
+            a @ (VmmAction::GetReclaim | VmmAction::PutReclaim(_)) => self.reclaim_action(a, state),
             VmmAction::PatchVm(change) => self.patch_vm(change),
             VmmAction::InstanceStart if state == VmState::NotStarted => Err(
                 VmmActionError::BadRequest(
@@ -220,12 +214,12 @@ impl Vmm {
             | VmmAction::PatchBalloon(_)
             | VmmAction::GetBalloon
             | VmmAction::GetBalloonStatistics
-            | VmmAction::PatchBalloonStatistics(_)) => self.balloon_action(a),
+            | VmmAction::PatchBalloonStatistics(_)) => self.balloon_action(a, state),
             // The region before the start, its size and status while running
             // (`vmm::hotplug_actions`).
             a @ (VmmAction::PutHotplugMemory(_)
             | VmmAction::PatchHotplugMemory(_)
-            | VmmAction::GetHotplugMemory) => self.hotplug_action(a),
+            | VmmAction::GetHotplugMemory) => self.hotplug_action(a, state),
             VmmAction::PutDrive(_) => refused("adding a drive", state),
             VmmAction::PatchDrive(u) => {
                 if !self.config.drives.iter().any(|d| d.drive_id == u.drive_id) {

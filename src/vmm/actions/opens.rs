@@ -122,26 +122,9 @@ impl Vmm {
         let Some(first) = requests.first().cloned() else {
             return self.apply_opened(section, Opening::Files(Ok(Vec::new())), reply);
         };
-        self.next_open_id += 1;
-        let id = self.next_open_id;
-        let tx = self.files_tx.clone();
-        let wake = self.files_evt.try_clone();
-        let wake = match wake {
-            Ok(w) => w,
-            Err(e) => {
-                let _ = reply.send(Err(VmmActionError::Internal(format!(
-                    "cannot clone an eventfd: {e}"
-                ))));
-                return;
-            }
+        let Some((id, tx, wake)) = self.begin_open(first, section, reply) else {
+            return;
         };
-        self.pending_opens.push(PendingOpen {
-            id,
-            deadline: Instant::now() + OPEN_TIMEOUT,
-            section,
-            reply,
-            first,
-        });
         self.opts.files.submit(requests, move |result| {
             let _ = tx.send(OpenDone {
                 id,
@@ -160,34 +143,49 @@ impl Vmm {
         section: Pending,
         reply: Sender<ActionResult>,
     ) {
-        self.next_open_id += 1;
-        let id = self.next_open_id;
-        let tx = self.files_tx.clone();
+        let first = OpenRequest {
+            what,
+            path: std::path::PathBuf::new(),
+            spec: OpenSpec::Output { blocking: false },
+        };
+        let Some((id, tx, wake)) = self.begin_open(first, section, reply) else {
+            return;
+        };
+        self.opts.files.run(open, move |result| {
+            let result = result.unwrap_or(Opening::Files(Err(FilesError::Gone)));
+            let _ = tx.send(OpenDone { id, result });
+            let _ = wake.write(1);
+        });
+    }
+
+    /// Records an open under way (`first` names it in a timeout's answer)
+    /// and gives its id and what its callback answers through; `None`, with
+    /// `reply` answered, when no eventfd could be made for it.
+    fn begin_open(
+        &mut self,
+        first: OpenRequest,
+        section: Pending,
+        reply: Sender<ActionResult>,
+    ) -> Option<(u64, Sender<OpenDone>, vmm_sys_util::eventfd::EventFd)> {
         let wake = match self.files_evt.try_clone() {
             Ok(w) => w,
             Err(e) => {
                 let _ = reply.send(Err(VmmActionError::Internal(format!(
                     "cannot clone an eventfd: {e}"
                 ))));
-                return;
+                return None;
             }
         };
+        self.next_open_id += 1;
+        let id = self.next_open_id;
         self.pending_opens.push(PendingOpen {
             id,
             deadline: Instant::now() + OPEN_TIMEOUT,
             section,
             reply,
-            first: OpenRequest {
-                what,
-                path: std::path::PathBuf::new(),
-                spec: OpenSpec::Output { blocking: false },
-            },
+            first,
         });
-        self.opts.files.run(open, move |result| {
-            let result = result.unwrap_or(Opening::Files(Err(FilesError::Gone)));
-            let _ = tx.send(OpenDone { id, result });
-            let _ = wake.write(1);
-        });
+        Some((id, self.files_tx.clone(), wake))
     }
 
     /// The `files` thread finished some opens.
@@ -346,74 +344,6 @@ impl Vmm {
             crate::metrics::record_failure("PUT", path);
         }
         let _ = reply.send(result);
-    }
-
-    /// `PATCH /drives/{id}` with a new file: before start the drive is
-    /// simply reopened; while it runs, the device swaps it in between two
-    /// requests and tells the guest the new capacity.
-    fn swap_drive(
-        &mut self,
-        drive_id: &str,
-        path: std::path::PathBuf,
-        file: std::fs::File,
-    ) -> ActionResult {
-        let Some(d) = self
-            .config
-            .drives
-            .iter_mut()
-            .find(|d| d.drive_id == drive_id)
-        else {
-            return Err(bad(format!("drives: no drive {drive_id:?} (PUT it first)")));
-        };
-        let file = Arc::new(file);
-        if let crate::vmm::lifecycle::Phase::Running(m) = &self.phase {
-            let Some(b) = m.blocks().iter().find(|b| b.drive_id == drive_id) else {
-                return Err(bad(format!("drives: {drive_id:?} is not attached")));
-            };
-            let f = file.try_clone().map_err(bad)?;
-            b.device
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .update_file(f)
-                .map_err(bad)?;
-        }
-        d.path_on_host = path;
-        self.resources.drives.insert(drive_id.to_string(), file);
-        Ok(VmmData::Empty)
-    }
-
-    /// `PATCH /drives/{id}` with a `rate_limiter`: before start the
-    /// configuration's limiter is patched; while running, the device's as
-    /// well (its thread applies it between two requests).
-    pub(in crate::vmm) fn patch_drive_limiter(
-        &mut self,
-        drive_id: &str,
-        update: &Option<crate::rate_limiter::RateLimiterConfig>,
-    ) -> ActionResult {
-        let Some(update) = update else {
-            return Ok(VmmData::Empty);
-        };
-        let Some(d) = self
-            .config
-            .drives
-            .iter_mut()
-            .find(|d| d.drive_id == drive_id)
-        else {
-            return Err(bad(format!("drives: no drive {drive_id:?} (PUT it first)")));
-        };
-        if let crate::vmm::lifecycle::Phase::Running(m) = &self.phase {
-            let Some(b) = m.blocks().iter().find(|b| b.drive_id == drive_id) else {
-                return Err(bad(format!("drives: {drive_id:?} is not attached")));
-            };
-            b.device
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .update_rate_limiter(update)
-                .map_err(bad)?;
-        }
-        let next = d.rate_limiter.unwrap_or_default().patched(update);
-        d.rate_limiter = next.limits().then_some(next);
-        Ok(VmmData::Empty)
     }
 }
 

@@ -48,11 +48,8 @@ impl Vmm {
         self.begin_shutdown(ShutdownReason::Api, accepted);
     }
 
-    /// Writes a metrics line (if metrics are set up) with the VM's state and
-
     /// `GET` or `PUT /reclaim` (the others are not routed here).
-    pub(super) fn reclaim_action(&mut self, action: VmmAction) -> ActionResult {
-        let state = self.state();
+    pub(super) fn reclaim_action(&mut self, action: VmmAction, state: VmState) -> ActionResult {
         match action {
             VmmAction::GetReclaim => to_json(&self.reclaim_report()),
             VmmAction::PutReclaim(r)

@@ -77,6 +77,24 @@ pub enum VmState {
     Stopped,
 }
 
+impl Phase {
+    /// The `start` job, while starting.
+    pub(super) fn start_job(&self) -> Option<&Job<Result<Started, StartError>>> {
+        match self {
+            Phase::Starting(s) => Some(&s.job),
+            _ => None,
+        }
+    }
+
+    /// The `reclaim` job, while reclaiming.
+    pub(super) fn reclaim_job(&self) -> Option<&Job<ShutdownReport>> {
+        match self {
+            Phase::Reclaiming(r) => Some(&r.job),
+            _ => None,
+        }
+    }
+}
+
 impl VmState {
     /// The API's spelling.
     pub fn as_str(self) -> &'static str {

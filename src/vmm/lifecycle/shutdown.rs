@@ -15,7 +15,6 @@ use super::report::{ms, PhaseTimes, ShutdownReport};
 use super::teardown::Teardown;
 use crate::api::{ActionResult, VmmActionError, VmmData};
 use crate::memory::{ReclaimError, ReclaimOptions, ReclaimProgress};
-use crate::vmm::jobs::Job;
 use crate::vmm::{Vmm, EXIT_GUEST_CRASHED, EXIT_RECLAIM_FAILED};
 
 /// How long the console may take to write out what the guest printed last.
@@ -95,11 +94,7 @@ impl Vmm {
     /// The `reclaim` job ended (or panicked: its memory was unmapped as it
     /// unwound).
     pub(in crate::vmm) fn reclaim_done(&mut self) {
-        let job: fn(&Phase) -> Option<&Job<_>> = |p| match p {
-            Phase::Reclaiming(r) => Some(&r.job),
-            _ => None,
-        };
-        let Some(result) = self.job_result(job, "reclaim") else {
+        let Some(result) = self.job_result(Phase::reclaim_job, "reclaim") else {
             return;
         };
         let report = result.unwrap_or_else(|panic| {

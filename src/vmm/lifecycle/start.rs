@@ -14,7 +14,6 @@ use crate::api::{ActionResult, VmmActionError, VmmData};
 use crate::devices::ConsoleSink;
 use crate::memory::PopulateProgress;
 use crate::vmm::devices::{DeviceSpecs, HotplugSpec};
-use crate::vmm::jobs::Job;
 use crate::vmm::{Vmm, EXIT_ERROR};
 
 impl Vmm {
@@ -138,11 +137,7 @@ impl Vmm {
     /// The `start` job ended: run the microVM, or go on to the shutdown
     /// asked for meanwhile, or report the error.
     pub(in crate::vmm) fn start_done(&mut self) {
-        let job: fn(&Phase) -> Option<&Job<_>> = |p| match p {
-            Phase::Starting(s) => Some(&s.job),
-            _ => None,
-        };
-        let Some(result) = self.job_result(job, "start") else {
+        let Some(result) = self.job_result(Phase::start_job, "start") else {
             return;
         };
         let Phase::Starting(starting) = std::mem::replace(&mut self.phase, Phase::Configuring)
