@@ -23,7 +23,7 @@
 //! what the guest unplugged, as KVM waits out its vCPUs before a memslot
 //! is gone.
 //!
-//! Syscalls of the loop, for the device roles (src/seccomp/filters.rs):
+//! Syscalls of the loop, for the device roles (src/seccomp/filters/devices.rs):
 //! `epoll_create1` and `epoll_ctl` in [`Worker::start`] (on the VMM thread
 //! that builds the devices), then on the device thread `epoll_wait` and
 //! `read`/`write` on eventfds, `futex` for the device's lock.

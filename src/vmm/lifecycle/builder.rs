@@ -32,7 +32,6 @@ use crate::vstate::template::CpuSetup;
 
 use super::teardown::Teardown;
 use crate::devices::virtio::net::Net;
-use crate::devices::virtio::vsock::Vsock;
 use crate::memory::GuestView;
 use crate::vmm::devices::{BalloonDevice, BlockDevice, DeviceError, DeviceSpecs, Devices};
 use crate::vstate::vcpu::{
@@ -172,16 +171,6 @@ impl MicroVm {
     /// The network interfaces.
     pub fn nets(&self) -> &[Arc<Mutex<Net<GuestView>>>] {
         self.devices().map_or(&[], |d| &d.nets)
-    }
-
-    /// The entropy device, if configured.
-    pub fn rng(&self) -> Option<&Arc<Mutex<crate::devices::virtio::rng::Rng<GuestView>>>> {
-        self.devices().and_then(|d| d.rng.as_ref())
-    }
-
-    /// The vsock, if configured.
-    pub fn vsock(&self) -> Option<&Arc<Mutex<Vsock<GuestView>>>> {
-        self.devices().and_then(|d| d.vsock.as_ref())
     }
 
     /// The guest console's writer thread.
