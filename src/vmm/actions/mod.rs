@@ -1,12 +1,12 @@
 //! API actions on the VMM: each checked against the VMM's state, done, and
 //! answered on the request's own reply channel. This file is the one
-//! dispatch ([`Vmm::handle_request`]): the actions that open a path or a
+//! dispatch (`Vmm::handle_request`): the actions that open a path or a
 //! tap go to the `files` thread first ([`opens`]) and are answered when it
 //! is done; a sync `Shutdown` is answered when reclaim is done
-//! ([`shutdown`]); every other action is done here or in the file of its
-//! subject, one per subject: [`machine`] (machine, memory, CPU template),
-//! [`balloon`], [`drive`], [`hotplug`] (virtio-mem), [`net`], [`mmds`], [`pause`]
-//! (`PATCH /vm`), [`shutdown`] (and `/reclaim`), [`metrics`]. Failed
+//! (`shutdown`); every other action is done here or in the file of its
+//! subject, one per subject: `machine` (machine, memory, CPU template),
+//! `balloon`, `drive`, `hotplug` (virtio-mem), `net`, `mmds`, `pause`
+//! (`PATCH /vm`), `shutdown` (and `/reclaim`), `metrics`. Failed
 //! actions are counted in [`crate::metrics`].
 
 mod balloon;

@@ -1,6 +1,6 @@
 //! The microVM's life, in the order it is lived: its [`phase`]s and the
-//! state `GET /` shows; the [`start`] (the `start` job runs the
-//! [`builder`]); the [`shutdown`] every way of ending takes (the `reclaim`
+//! state `GET /` shows; the `start` (the `start` job runs the
+//! [`builder`]); the `shutdown` every way of ending takes (the `reclaim`
 //! job runs the one [`teardown`] order, then frees guest memory), with its
 //! [`report`]; and the [`progress_line`] a terminal sees while memory is
 //! populated or freed.
