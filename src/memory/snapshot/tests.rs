@@ -413,3 +413,36 @@ fn a_file_of_another_size_or_bad_options_are_refused() {
         "refused before any write"
     );
 }
+
+/// guest_memfd backing (a real KVM VM, where this host has it): its files
+/// have no `SEEK_DATA`, so the pages in its page cache are written; the
+/// file is as sparse, and loads back into a fresh guest_memfd guest.
+#[test]
+fn guest_memfd_guest_is_written_sparse() {
+    let Some(vm) = super::super::gmem::kvm_tests::vm() else {
+        return;
+    };
+    let dir = TempDir::new("gmem");
+    let topo = real();
+    let opts = memory(256, Backing::GuestMemfd, None);
+    let m = GuestMemory::new_with(&opts, &topo, Some(&vm)).unwrap();
+    let touched = [0, 5 * MIB, 130 * MIB, 255 * MIB];
+    touch(&m, &touched);
+    let file = dir.create("mem");
+    let report = m
+        .write_memory_file(&file, &MemoryFileOptions::default(), &topo)
+        .unwrap();
+    let touched_bytes = touched.len() as u64 * PAGE;
+    assert_eq!(report.copied_bytes, touched_bytes);
+    let on_disk = allocated(&file);
+    assert!(
+        on_disk >= touched_bytes && on_disk <= touched_bytes + 64 * 1024,
+        "{on_disk}"
+    );
+    check_file(&file, &touched, &[PAGE, 128 * MIB]);
+    let fresh = GuestMemory::new_with(&opts, &topo, Some(&vm)).unwrap();
+    fresh
+        .load_memory_file(&file, &MemoryFileOptions::default(), &topo)
+        .unwrap();
+    assert!(touched.iter().all(|&gpa| holds_pattern(&fresh, gpa)));
+}
