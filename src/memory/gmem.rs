@@ -272,4 +272,4 @@ mod tests {
 
 #[cfg(test)]
 #[path = "gmem_tests.rs"]
-mod kvm_tests;
+pub(crate) mod kvm_tests;

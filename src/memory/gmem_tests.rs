@@ -20,7 +20,7 @@ const GIB: u64 = 1 << 30;
 /// where it lacks it, `NOT POSSIBLE HERE` with what it lacks (appended to
 /// `$TERAVM_NOT_POSSIBLE` too, for `.ci/run`'s closing count), not a
 /// failure: no install makes a kernel feature appear.
-fn vm() -> Option<Vm> {
+pub(crate) fn vm() -> Option<Vm> {
     match Vm::new() {
         Ok(vm) => match Vm::guest_memfd_available() {
             Ok(()) => Some(vm),

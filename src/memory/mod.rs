@@ -4,7 +4,7 @@
 //! the process may get ([`admission`]), the owned mappings ([`mapping`]) and
 //! their owner ([`guest`], its error in [`error`]) with its vm-memory view
 //! ([`view`]) and memslots ([`slots`]), the parallel per-node [`populate`] and [`reclaim`]
-//! executors, and the [`discard`] pool that frees what a running guest
+//! executors, the [`snapshot`] memory file written and loaded per node, and the [`discard`] pool that frees what a running guest
 //! gives back, in the one guest range type of the crate ([`range`]). It knows no file format: the config file's types are
 //! converted into [`MemoryOptions`] and [`ReclaimOptions`] by `config`, and
 //! its reports into the API's JSON by `api::shapes`.
@@ -14,7 +14,9 @@
 //! CPUs; they share only atomic chunk queues and the atomic
 //! [`PopulateProgress`] / [`ReclaimProgress`], which another thread may read
 //! while they run (and a cancel flag for populate). Worker errors and panics
-//! come back to the caller at join. The discard pool's long-lived workers
+//! come back to the caller at join. Writing and loading a snapshot's
+//! memory file runs such workers too (`memsave-n{node}-{i}`,
+//! `memload-n{node}-{i}`), each on its own node's queue only. The discard pool's long-lived workers
 //! (`discard-n{node}-{i}`, pinned the same way) take parts from bounded
 //! per-node queues and end each batch from a drop guard.
 
@@ -35,6 +37,7 @@ pub mod progress;
 pub mod range;
 pub mod reclaim;
 pub mod slots;
+pub mod snapshot;
 mod sys;
 pub mod view;
 mod workers;
@@ -56,4 +59,7 @@ pub use progress::{NodeReport, ReclaimProgress, ReclaimReport, ReclaimState};
 pub use range::GuestRange;
 pub use reclaim::{Failures, FreeMethod, HostRange, ReclaimError, ReclaimOptions};
 pub use slots::{GmemBinding, GuestSlot, MAX_SLOT_BYTES};
+pub use snapshot::{
+    FileRegion, MemoryFileError, MemoryFileNode, MemoryFileOptions, MemoryFileReport,
+};
 pub use view::{GuestLease, GuestView, PluggedSlots, ViewMemory};

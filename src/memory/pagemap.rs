@@ -5,7 +5,8 @@
 //! memory the process never held; `PAGEMAP_SCAN` (Linux 6.7) on
 //! `/proc/self/pagemap` tells the two apart, and answers in ranges, not a
 //! byte a page. Where the kernel lacks it, or the file was not opened, the
-//! caller counts with `mincore` as before.
+//! caller counts with `mincore` as before. The same scan gives a
+//! snapshot the ranges that hold data ([`data_ranges`]).
 //!
 //! Hand-written: the ioctl's structures (`include/uapi/linux/fs.h`) are in
 //! no libc release yet.
@@ -19,6 +20,7 @@ use std::sync::OnceLock;
 /// `PAGEMAP_SCAN`: `_IOWR('f', 16, struct pm_scan_arg)` (96 bytes).
 pub const PAGEMAP_SCAN: libc::c_ulong = 0xc060_6610;
 const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
 const PAGE_IS_PFNZERO: u64 = 1 << 5;
 /// Regions asked for per call.
 const REGIONS: usize = 256;
@@ -62,6 +64,56 @@ pub fn open() {
 /// present and not the zero page; None where `PAGEMAP_SCAN` cannot answer
 /// (the file was not opened, or the kernel lacks the ioctl).
 pub fn owned_bytes(addr: usize, len: usize) -> Option<io::Result<u64>> {
+    let mut total = 0;
+    // Present, and not (inverted) the zero page.
+    let filter = Filter {
+        inverted: PAGE_IS_PFNZERO,
+        all_of: PAGE_IS_PRESENT | PAGE_IS_PFNZERO,
+        any_of: 0,
+        returned: PAGE_IS_PRESENT,
+    };
+    scan(addr, len, &filter, &mut |start, end| {
+        total += end - start;
+        Ok(())
+    })
+    .map(|r| r.map(|()| total))
+}
+
+/// Calls `f(start, end)` for each range of `addr..addr+len` (page-aligned,
+/// mapped anonymous private) that holds data of its own: present or
+/// swapped out, and not the zero page (what a snapshot writes); in address
+/// order, adjacent ranges possibly apart. None where `PAGEMAP_SCAN` cannot
+/// answer, as [`owned_bytes`]; an error of `f` ends the scan.
+pub fn data_ranges(
+    addr: usize,
+    len: usize,
+    f: &mut dyn FnMut(u64, u64) -> io::Result<()>,
+) -> Option<io::Result<()>> {
+    let filter = Filter {
+        inverted: PAGE_IS_PFNZERO,
+        all_of: PAGE_IS_PFNZERO,
+        any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        returned: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+    };
+    scan(addr, len, &filter, f)
+}
+
+/// Which pages a scan reports (`pm_scan_arg`'s masks): those whose
+/// categories, XORed with `inverted`, have all of `all_of` and (when not 0)
+/// one of `any_of`; regions are cut where the `returned` categories change.
+struct Filter {
+    inverted: u64,
+    all_of: u64,
+    any_of: u64,
+    returned: u64,
+}
+
+fn scan(
+    addr: usize,
+    len: usize,
+    filter: &Filter,
+    f: &mut dyn FnMut(u64, u64) -> io::Result<()>,
+) -> Option<io::Result<()>> {
     if UNSUPPORTED.load(Ordering::Relaxed) {
         return None;
     }
@@ -69,7 +121,7 @@ pub fn owned_bytes(addr: usize, len: usize) -> Option<io::Result<u64>> {
     let mut regions = [PageRegion::default(); REGIONS];
     let end = (addr + len) as u64;
     let mut start = addr as u64;
-    let mut total = 0;
+    let mut first = true;
     while start < end {
         let mut arg = PmScanArg {
             size: std::mem::size_of::<PmScanArg>() as u64,
@@ -77,10 +129,10 @@ pub fn owned_bytes(addr: usize, len: usize) -> Option<io::Result<u64>> {
             end,
             vec: regions.as_mut_ptr() as u64,
             vec_len: REGIONS as u64,
-            // Present, and not (inverted) the zero page.
-            category_inverted: PAGE_IS_PFNZERO,
-            category_mask: PAGE_IS_PRESENT | PAGE_IS_PFNZERO,
-            return_mask: PAGE_IS_PRESENT,
+            category_inverted: filter.inverted,
+            category_mask: filter.all_of,
+            category_anyof_mask: filter.any_of,
+            return_mask: filter.returned,
             ..PmScanArg::default()
         };
         // SAFETY: the kernel reads and writes `arg` (the layout of struct
@@ -90,21 +142,26 @@ pub fn owned_bytes(addr: usize, len: usize) -> Option<io::Result<u64>> {
         let n = unsafe { libc::ioctl(file.as_raw_fd(), PAGEMAP_SCAN, &mut arg as *mut PmScanArg) };
         if n < 0 {
             let e = io::Error::last_os_error();
-            if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) && total == 0 {
+            if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) && first {
                 UNSUPPORTED.store(true, Ordering::Relaxed);
                 return None;
             }
             return Some(Err(e));
         }
+        first = false;
         for r in &regions[..(n as usize).min(REGIONS)] {
-            total += r.end.saturating_sub(r.start);
+            if r.end > r.start {
+                if let Err(e) = f(r.start, r.end) {
+                    return Some(Err(e));
+                }
+            }
         }
         if arg.walk_end <= start {
             return Some(Err(io::Error::other("PAGEMAP_SCAN made no progress")));
         }
         start = arg.walk_end;
     }
-    Some(Ok(total))
+    Some(Ok(()))
 }
 
 #[cfg(test)]
