@@ -82,6 +82,8 @@ pub struct Options {
     pub mem_blk: bool,
     /// `touch-check` (main.rs).
     pub touch_check: bool,
+    /// `verify-every=<ms>` (verify.rs): at least 1.
+    pub verify_every_ms: Option<u64>,
     /// `bcheck-linux-reset` (balloon/check.rs).
     pub bcheck_linux_reset: bool,
     /// `balloon-no-tell` (balloon/check.rs).
@@ -162,6 +164,7 @@ impl Options {
             vmem_touch_unplugged: false,
             mem_blk: false,
             touch_check: false,
+            verify_every_ms: None,
             bcheck_linux_reset: false,
             balloon_no_tell: false,
             devices: [None; MAX_DEVICES],
@@ -242,6 +245,10 @@ impl Options {
                 "tick" => match value.parse() {
                     Ok(ms) => o.tick_ms = Some(ms),
                     Err(_) => o.bad = Some("tick="),
+                },
+                "verify-every" => match value.parse() {
+                    Ok(ms) if ms > 0 => o.verify_every_ms = Some(ms),
+                    _ => o.bad = Some("verify-every="),
                 },
                 "virtio_mmio.device" => {
                     if let Some(d) = mmio_device(value) {

@@ -49,12 +49,14 @@ pub fn run(leaves: &Leaves) {
     }
 }
 
-/// Prints `tick <n>` every `ms` milliseconds, forever.
-pub fn tick(ms: u64) -> ! {
+/// Prints `tick <n>` every `ms` milliseconds, forever, calling `between`
+/// while it waits (`verify-every=`'s poll).
+pub fn tick(ms: u64, mut between: impl FnMut()) -> ! {
     let mut n = 0u64;
     let mut next = crate::io::now_ms();
     loop {
         while crate::io::now_ms() < next {
+            between();
             core::hint::spin_loop();
         }
         say!("tick {}", n);

@@ -32,6 +32,12 @@
 //!                        for 0, and touch it at once after the answer
 //!   touch-check          at the end, re-read what `touch=` wrote: prints
 //!                        `touch check <bad> bad of <pages> pages`
+//!   verify-every=<ms>    after `touch=`, every <ms> ms (1 or more),
+//!                        forever, re-read every page `touch=` wrote and
+//!                        print `verify <N> MiB ok` or `verify <N> MiB bad
+//!                        at 0x<guest address>` (the first bad page; N the
+//!                        MiB read), between ticks and device polls
+//!                        (verify.rs)
 //!   mem-blk              plug 2 MiB of the first virtio-mem, read the first
 //!                        drive's sector 0 into it (vmem.rs)
 //!   virtio_mmio.device=<size>@<addr>:<irq>     where the devices are
@@ -57,6 +63,7 @@ mod mem;
 mod mmds;
 mod net;
 mod rng;
+mod verify;
 mod vmem;
 mod vsock;
 
@@ -109,9 +116,14 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
             io::now_ms() - t0
         );
     }
+    // HOOK verify: `verify-every=<ms>`, its period from here (verify.rs);
+    // polled between ticks and in the serve loop.
+    let mut verify = options
+        .verify_every_ms
+        .map(|ms| verify::Verify::new(&info, mapped, touched_bytes, ms));
     // HOOK tick: `tick=<ms>`, after `touch=`, forever (cpuid.rs).
     if let Some(ms) = options.tick_ms {
-        cpuid::tick(ms);
+        cpuid::tick(ms, || verify::poll(&mut verify));
     }
     let touched = touched_bytes;
     let mut serving: Vec<Box<dyn Serve>> = Vec::new();
@@ -149,22 +161,25 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     }
     // `touch-check`: what `touch=` wrote is all still there.
     if options.touch_check {
-        let (bad, pages) = mem::check_touched(&info, mapped, touched_bytes);
-        say!("touch check {} bad of {} pages", bad, pages);
+        let check = mem::check_touched(&info, mapped, touched_bytes);
+        say!("touch check {} bad of {} pages", check.bad, check.pages);
     }
     if options.reset {
         say!("reset");
         io::reset();
     }
     say!("idle");
-    serve(serving.as_mut_slice())
+    serve(serving.as_mut_slice(), &mut verify)
 }
 
 /// Serves what is left (echoes, the balloon) until each is given up, and
-/// watches for a Ctrl-Alt-Del; then parks.
-fn serve(devices: &mut [Box<dyn Serve>]) -> ! {
+/// watches for a Ctrl-Alt-Del; then parks. With `verify-every=` it
+/// verifies when due, waits on a device no longer than that, and spins
+/// where it would park.
+fn serve(devices: &mut [Box<dyn Serve>], verify: &mut Option<verify::Verify<'_>>) -> ! {
     let mut live: Vec<bool> = devices.iter().map(|_| true).collect();
     loop {
+        verify::poll(verify);
         for (d, alive) in devices.iter_mut().zip(live.iter_mut()) {
             if *alive {
                 *alive = d.poll();
@@ -179,14 +194,29 @@ fn serve(devices: &mut [Box<dyn Serve>]) -> ! {
         // first (the port names one device).
         let mut left = devices.iter().zip(&live).filter(|(_, &a)| a);
         if let Some((first, _)) = left.next() {
-            let ms = if left.next().is_some() {
+            let mut ms = if left.next().is_some() {
                 io::WAIT_SHARED_MS
             } else {
                 io::WAIT_MS
             };
-            io::wait_for(first.base(), ms);
+            if let Some(v) = verify {
+                ms = ms.min(u16::try_from(v.due_in_ms()).unwrap_or(u16::MAX));
+            }
+            // 0 would be the port's default: a verify is due, no wait.
+            if ms > 0 {
+                io::wait_for(first.base(), ms);
+            }
         }
         if !live.iter().any(|&a| a) {
+            if let Some(v) = verify {
+                // Parked, no verify would come: spin to it instead,
+                // looking for a Ctrl-Alt-Del every 10 ms.
+                let until = io::Deadline::after_ms(v.due_in_ms().min(10));
+                while !until.passed() {
+                    core::hint::spin_loop();
+                }
+                continue;
+            }
             // teravm blocks the vCPU here until it has something for it
             // (a Ctrl-Alt-Del); elsewhere the write returns at once.
             io::outb(io::PORT_PARK, 0);

@@ -207,19 +207,33 @@ pub fn touchable(info: &BootInfo, mapped: u64) -> impl Iterator<Item = Range> + 
     })
 }
 
+/// What [`check_touched`] found.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Check {
+    /// Pages that no longer hold what [`touch`] wrote.
+    pub bad: u64,
+    /// Pages read.
+    pub pages: u64,
+    /// The guest physical address of the first of the bad pages.
+    pub first_bad: Option<u64>,
+}
+
 /// Re-reads the first `bytes` of the touchable RAM that [`touch`] wrote:
-/// (pages that lost their word, pages read).
-pub fn check_touched(info: &BootInfo, mapped: u64, bytes: u64) -> (u64, u64) {
-    let (mut bad, mut pages, mut left) = (0, 0, bytes);
+/// each page must still hold its own guest physical address in its first
+/// word (so a page zeroed, lost or swapped with another is caught).
+pub fn check_touched(info: &BootInfo, mapped: u64, bytes: u64) -> Check {
+    let mut check = Check::default();
+    let mut left = bytes;
     for r in touchable(info, mapped) {
         let n = (r.end - r.start).min(left) & !0xfff;
         let mut p = r.start;
         while p < r.start + n {
             // SAFETY: the page `touch` wrote, identity-mapped.
             if unsafe { read_volatile(p as *const u64) } != p {
-                bad += 1;
+                check.bad += 1;
+                check.first_bad.get_or_insert(p);
             }
-            pages += 1;
+            check.pages += 1;
             p += 4096;
         }
         left -= n;
@@ -227,7 +241,7 @@ pub fn check_touched(info: &BootInfo, mapped: u64, bytes: u64) -> (u64, u64) {
             break;
         }
     }
-    (bad, pages)
+    check
 }
 
 /// Dirties `bytes` of the touchable RAM, one write per 4 KiB page, and
