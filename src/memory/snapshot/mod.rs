@@ -260,9 +260,12 @@ impl GuestMemory {
                 continue;
             }
             for stripe in s.stripes() {
-                // hugetlbfs answers SEEK_DATA with the whole file: its
-                // pages mapped here are what it has.
-                let source = if hugetlb && s.backing() == Backing::Memfd {
+                // hugetlbfs answers SEEK_DATA with the whole file, and
+                // guest_memfd has no `llseek`: the pages in their page
+                // cache (`mincore` of the mapping) are what they hold.
+                let resident = (hugetlb && s.backing() == Backing::Memfd)
+                    || s.backing() == Backing::GuestMemfd;
+                let source = if resident {
                     Source::Resident
                 } else {
                     Source::File {
