@@ -128,16 +128,10 @@ fn slice_of(sock: &Path, gpa: u64) -> (u64, u64) {
 /// teravm mapped a slice of that size (anonymous, private, from the
 /// slice's first byte: src/memory/mapping.rs).
 fn mappings_of_size(pid: u32, size: u64) -> Vec<u64> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    maps.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (range, perms) = (f.next()?, f.next()?);
-            let (a, b) = range.split_once('-')?;
-            let a = u64::from_str_radix(a, 16).ok()?;
-            let b = u64::from_str_radix(b, 16).ok()?;
-            (perms.starts_with("rw") && b - a == size).then_some(a)
-        })
+    rw_mappings(pid)
+        .into_iter()
+        .filter(|&(a, b)| b - a == size)
+        .map(|(a, _)| a)
         .collect()
 }
 

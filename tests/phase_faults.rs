@@ -27,17 +27,10 @@ fn mapping_at(pid: u32, addr: u64) -> Option<(String, u64)> {
 
 /// The guest RAM mapping: the largest read-write private mapping.
 fn guest_mapping(pid: u32, at_least: u64) -> Option<u64> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    maps.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (range, perms) = (f.next()?, f.next()?);
-            let (a, b) = range.split_once('-')?;
-            let a = u64::from_str_radix(a, 16).ok()?;
-            let b = u64::from_str_radix(b, 16).ok()?;
-            (perms.starts_with("rw") && b - a >= at_least).then_some(a)
-        })
-        .next()
+    rw_mappings(pid)
+        .into_iter()
+        .find(|&(a, b)| b - a >= at_least)
+        .map(|(a, _)| a)
 }
 
 #[test]

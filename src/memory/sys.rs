@@ -60,12 +60,18 @@ fn fallocate(fd: RawFd, mode: libc::c_int, offset: u64, len: u64) -> io::Result<
 /// Most bytes examined by one `mincore` call (and so the largest buffer).
 const MINCORE_WINDOW_BYTES: usize = 1 << 30;
 
-/// Bytes of `addr..addr+len` resident in memory, as `mincore` reports them,
-/// counted in base pages. `buf` is reused between calls (at most 256 KiB with
-/// 4 KiB pages). An unmapped range is an error (`ENOMEM`).
-pub fn resident_bytes(addr: usize, len: usize, buf: &mut Vec<u8>) -> io::Result<u64> {
+/// Calls `f(base, window, vector)` for each window of at most
+/// [`MINCORE_WINDOW_BYTES`] of `addr..addr+len`, in address order, with
+/// `mincore`'s vector of that window (one byte per base page). `buf` is
+/// reused between calls (at most 256 KiB with 4 KiB pages). An unmapped
+/// range is an error (`ENOMEM`); an error of `f` ends the walk.
+fn mincore_windows(
+    addr: usize,
+    len: usize,
+    buf: &mut Vec<u8>,
+    mut f: impl FnMut(usize, usize, &[u8]) -> io::Result<()>,
+) -> io::Result<()> {
     let page = page_size();
-    let mut resident = 0u64;
     let mut pos = 0usize;
     while pos < len {
         let window = (len - pos).min(MINCORE_WINDOW_BYTES);
@@ -73,15 +79,27 @@ pub fn resident_bytes(addr: usize, len: usize, buf: &mut Vec<u8>) -> io::Result<
         if buf.len() < pages {
             buf.resize(pages, 0);
         }
+        let base = addr + pos;
         // SAFETY: mincore only writes `pages` bytes into `buf`, which holds at
         // least that many; the range itself is only inspected, and an
         // unmapped one is reported as ENOMEM.
-        check(unsafe {
-            libc::mincore((addr + pos) as *mut libc::c_void, window, buf.as_mut_ptr())
-        })?;
-        resident += count_resident(&buf[..pages]) * page as u64;
+        check(unsafe { libc::mincore(base as *mut libc::c_void, window, buf.as_mut_ptr()) })?;
+        f(base, window, &buf[..pages])?;
         pos += window;
     }
+    Ok(())
+}
+
+/// Bytes of `addr..addr+len` resident in memory, as `mincore` reports them,
+/// counted in base pages. `buf` is reused between calls. An unmapped range
+/// is an error (`ENOMEM`).
+pub fn resident_bytes(addr: usize, len: usize, buf: &mut Vec<u8>) -> io::Result<u64> {
+    let page = page_size() as u64;
+    let mut resident = 0u64;
+    mincore_windows(addr, len, buf, |_, _, vec| {
+        resident += count_resident(vec) * page;
+        Ok(())
+    })?;
     Ok(resident)
 }
 
@@ -96,32 +114,21 @@ pub fn resident_ranges(
     f: &mut dyn FnMut(u64, u64) -> io::Result<()>,
 ) -> io::Result<()> {
     let page = page_size();
-    let mut pos = 0usize;
-    while pos < len {
-        let window = (len - pos).min(MINCORE_WINDOW_BYTES);
-        let pages = window.div_ceil(page);
-        if buf.len() < pages {
-            buf.resize(pages, 0);
-        }
-        let base = addr + pos;
-        // SAFETY: as in `resident_bytes`: mincore writes `pages` bytes into
-        // `buf`, which holds that many, and only inspects the range.
-        check(unsafe { libc::mincore(base as *mut libc::c_void, window, buf.as_mut_ptr()) })?;
+    mincore_windows(addr, len, buf, |base, window, vec| {
         let mut i = 0;
-        while i < pages {
-            if buf[i] & 1 == 0 {
+        while i < vec.len() {
+            if vec[i] & 1 == 0 {
                 i += 1;
                 continue;
             }
-            let run = buf[i..pages].iter().take_while(|&&b| b & 1 != 0).count();
+            let run = vec[i..].iter().take_while(|&&b| b & 1 != 0).count();
             let start = (base + i * page) as u64;
             let end = (base + ((i + run) * page).min(window)) as u64;
             f(start, end)?;
             i += run;
         }
-        pos += window;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Pages marked resident (bit 0) in a `mincore` vector, counted eight bytes

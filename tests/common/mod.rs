@@ -552,3 +552,21 @@ pub fn fill(w: &OwnedFd) -> usize {
 pub fn rss_bytes_of(pid: u32) -> u64 {
     host::rss_bytes(pid).unwrap_or(0)
 }
+
+/// The read-write mappings of process `pid`, as `(start, end)` host
+/// addresses from `/proc/<pid>/maps` (empty if it cannot be read).
+pub fn rw_mappings(pid: u32) -> Vec<(u64, u64)> {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    maps.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, perms) = (f.next()?, f.next()?);
+            let (a, b) = range.split_once('-')?;
+            let a = u64::from_str_radix(a, 16).ok()?;
+            let b = u64::from_str_radix(b, 16).ok()?;
+            perms.starts_with("rw").then_some((a, b))
+        })
+        .collect()
+}

@@ -14,33 +14,8 @@ use std::os::fd::{AsRawFd, RawFd};
 /// # Safety
 /// `src..src+len` is readable memory of this process for the whole call.
 pub(super) unsafe fn pwrite_all(file: &File, src: usize, len: u64, offset: u64) -> io::Result<()> {
-    let mut done = 0u64;
-    while done < len {
-        let at = libc::off64_t::try_from(offset + done)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-        let want = usize::try_from(len - done).unwrap_or(usize::MAX);
-        // SAFETY: the caller guarantees `src..src+len` is readable; the
-        // kernel reads at most `want` bytes from `src + done`, inside it.
-        let n = unsafe {
-            libc::pwrite64(
-                file.as_raw_fd(),
-                (src + done as usize) as *const libc::c_void,
-                want,
-                at,
-            )
-        };
-        match n {
-            n if n > 0 => done += n as u64,
-            0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    Ok(())
+    // SAFETY: the caller's contract is `positioned_all`'s for a write.
+    unsafe { positioned_all(file, src, len, offset, Io::Write) }
 }
 
 /// Reads `len` bytes of `file` at `offset` into host address `dst`, one
@@ -51,24 +26,53 @@ pub(super) unsafe fn pwrite_all(file: &File, src: usize, len: u64, offset: u64) 
 /// `dst..dst+len` is writable memory of this process for the whole call,
 /// which nothing reads as a Rust reference meanwhile.
 pub(super) unsafe fn pread_exact(file: &File, dst: usize, len: u64, offset: u64) -> io::Result<()> {
+    // SAFETY: the caller's contract is `positioned_all`'s for a read.
+    unsafe { positioned_all(file, dst, len, offset, Io::Read) }
+}
+
+/// Which way [`positioned_all`] copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Io {
+    /// `pread` into memory.
+    Read,
+    /// `pwrite` from memory.
+    Write,
+}
+
+/// `pread` or `pwrite` of `len` bytes at host address `addr` and file
+/// `offset`, one call after another until all are done (a short one goes
+/// on; `EINTR` retries; 0 bytes is `UnexpectedEof` for a read, `WriteZero`
+/// for a write).
+///
+/// # Safety
+/// `addr..addr+len` is memory of this process for the whole call: readable
+/// for a write; writable, and read by nothing as a Rust reference, for a
+/// read.
+unsafe fn positioned_all(
+    file: &File,
+    addr: usize,
+    len: u64,
+    offset: u64,
+    way: Io,
+) -> io::Result<()> {
     let mut done = 0u64;
     while done < len {
         let at = libc::off64_t::try_from(offset + done)
             .map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
         let want = usize::try_from(len - done).unwrap_or(usize::MAX);
-        // SAFETY: the caller guarantees `dst..dst+len` is writable and not
-        // borrowed; the kernel writes at most `want` bytes from `dst + done`.
-        let n = unsafe {
-            libc::pread64(
-                file.as_raw_fd(),
-                (dst + done as usize) as *mut libc::c_void,
-                want,
-                at,
-            )
+        let at_addr = (addr + done as usize) as *mut libc::c_void;
+        let n = match way {
+            // SAFETY: the caller guarantees the range is readable; the
+            // kernel reads at most `want` bytes from `at_addr`, inside it.
+            Io::Write => unsafe { libc::pwrite64(file.as_raw_fd(), at_addr, want, at) },
+            // SAFETY: the caller guarantees the range is writable and not
+            // borrowed; the kernel writes at most `want` bytes from `at_addr`.
+            Io::Read => unsafe { libc::pread64(file.as_raw_fd(), at_addr, want, at) },
         };
         match n {
             n if n > 0 => done += n as u64,
-            0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            0 if way == Io::Read => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
             _ => {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
