@@ -243,6 +243,19 @@ pub const MAX_DEFAULT_CHUNK_BYTES: u64 = 1 << 30;
 /// page, so that a default chunk never splits one.
 pub const MIN_DEFAULT_CHUNK_BYTES: u64 = 2 << 20;
 
+/// The bytes of the node that holds the most of `ranges` (`(node, bytes)`
+/// each): what [`default_chunk_bytes`] is given for a whole plan.
+pub fn largest_node_bytes(ranges: impl IntoIterator<Item = (u32, u64)>) -> u64 {
+    let mut per_node: Vec<(u32, u64)> = Vec::new();
+    for (node, len) in ranges {
+        match per_node.iter_mut().find(|(n, _)| *n == node) {
+            Some((_, b)) => *b = b.saturating_add(len),
+            None => per_node.push((node, len)),
+        }
+    }
+    per_node.iter().map(|&(_, b)| b).max().unwrap_or(0)
+}
+
 /// The chunk size when none is given, for a node holding `node_bytes` freed
 /// by `workers_per_node` workers: the node's bytes cut into
 /// [`CHUNKS_PER_WORKER`] chunks per worker, rounded up to 2 MiB, between

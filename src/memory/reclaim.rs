@@ -15,7 +15,7 @@ use std::os::fd::RawFd;
 use std::panic::AssertUnwindSafe;
 
 use super::numa::HostTopology;
-use super::plan::{default_chunk_bytes, plan_chunks, Chunk};
+use super::plan::{default_chunk_bytes, largest_node_bytes, plan_chunks, Chunk};
 use super::progress::{ReclaimProgress, ReclaimReport};
 use super::sys;
 use super::workers::{run_pinned, ChunkQueues};
@@ -221,14 +221,7 @@ impl ReclaimOptions {
             {
                 return ranges.iter().map(|r| r.len).max().unwrap_or(0);
             }
-            let mut per_node: Vec<(u32, u64)> = Vec::new();
-            for r in ranges {
-                match per_node.iter_mut().find(|(n, _)| *n == r.node) {
-                    Some((_, b)) => *b = b.saturating_add(r.len),
-                    None => per_node.push((r.node, r.len)),
-                }
-            }
-            let largest = per_node.iter().map(|&(_, b)| b).max().unwrap_or(0);
+            let largest = largest_node_bytes(ranges.iter().map(|r| (r.node, r.len)));
             default_chunk_bytes(largest, self.workers_per_node)
         })
     }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::super::numa::HostTopology;
 use super::super::pagemap;
-use super::super::plan::{default_chunk_bytes, plan_chunks, Chunk};
+use super::super::plan::{default_chunk_bytes, largest_node_bytes, plan_chunks, Chunk};
 use super::super::sys;
 use super::super::workers::{run_pinned, ChunkQueues, WorkerFailure};
 use super::io::{data_extents, pread_exact, pwrite_all, Extents};
@@ -23,14 +23,15 @@ pub(super) enum Source {
     /// Private anonymous memory: its present or swapped pages that are not
     /// the zero page (`PAGEMAP_SCAN`), else what `mincore` calls resident.
     Anonymous,
-    /// A memory file mapped at the range from its offset 0 (memfd,
-    /// guest_memfd): its data extents (`SEEK_DATA`), else what `mincore`
-    /// calls resident in the mapping.
+    /// A memory file mapped at the range from its offset 0 (memfd): its
+    /// data extents (`SEEK_DATA`), else (a file without `SEEK_DATA`) what
+    /// `mincore` calls resident in the mapping.
     File {
         /// The file.
         fd: RawFd,
     },
-    /// What `mincore` calls resident in the mapping (hugetlb memfd).
+    /// What `mincore` calls resident in the mapping (hugetlb memfd, whose
+    /// `SEEK_DATA` calls all of it data; guest_memfd, which has none).
     Resident,
 }
 
@@ -89,14 +90,7 @@ pub(super) unsafe fn execute(
 ) -> Result<MemoryFileReport, MemoryFileError> {
     let page = sys::page_size() as u64;
     let plan_in: Vec<(u32, u64)> = ranges.iter().map(|r| (r.node, r.len)).collect();
-    let mut per_node: Vec<(u32, u64)> = Vec::new();
-    for &(n, len) in &plan_in {
-        match per_node.iter_mut().find(|(m, _)| *m == n) {
-            Some((_, b)) => *b += len,
-            None => per_node.push((n, len)),
-        }
-    }
-    let largest = per_node.iter().map(|n| n.1).max().unwrap_or(0);
+    let largest = largest_node_bytes(plan_in.iter().copied());
     let chunk_bytes = opts
         .chunk_bytes
         .unwrap_or_else(|| default_chunk_bytes(largest, opts.workers_per_node))
@@ -271,7 +265,7 @@ impl ChunkCopy<'_> {
                 let mut put_file = |s: u64, e: u64| put(base + s, base + e);
                 match data_extents(fd, off, off + len, &mut put_file) {
                     Ok(Extents::Walked) => Ok(()),
-                    // guest_memfd has no SEEK_DATA: its pages in core.
+                    // A file without SEEK_DATA: its pages in core.
                     Ok(Extents::Unsupported) => {
                         sys::resident_ranges(addr, len as usize, buf, &mut put)
                             .map_err(|e| ("mincore", addr as u64, e))
