@@ -23,6 +23,7 @@ pub mod mmds;
 pub mod output;
 pub mod rate_limiter;
 pub mod seccomp;
+pub mod snapshot;
 pub mod util;
 pub mod vmm;
 pub mod vstate;
