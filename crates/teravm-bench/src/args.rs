@@ -99,6 +99,28 @@ pub struct Args {
     /// on PATH].
     #[arg(long, value_name = "PATH", requires = "peers")]
     pub cloud_hypervisor: Option<PathBuf>,
+    /// Instead of the reclaim rows, time Firecracker's snapshot API: the
+    /// test guest (1 vCPU, touch=all) paused and snapshotted (`PUT
+    /// /snapshot/create`, Full), and loaded by a fresh process (`PUT
+    /// /snapshot/load`, File, resume): `snapshot-create-teravm-<w>`,
+    /// `snapshot-load-teravm-lazy`, `snapshot-load-teravm-eager-<w>`, and
+    /// with `--peers firecracker` `snapshot-create-firecracker` and
+    /// `snapshot-load-firecracker`.
+    #[arg(long)]
+    pub snapshot: bool,
+    /// With --snapshot: where the snapshot files are written (removed after
+    /// each load) [default: a new directory in the temp dir].
+    #[arg(long, value_name = "DIR", requires = "snapshot")]
+    pub snapshot_dir: Option<PathBuf>,
+    /// With --snapshot: also a sparse guest of this many GiB that touched
+    /// only --sparse-touch-mib before its snapshot.
+    #[arg(long, value_name = "GIB", requires = "snapshot",
+          value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub sparse_gib: Option<u64>,
+    /// What the sparse guest touches, MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 2048,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub sparse_touch_mib: u64,
     /// Internal: be the child of the `exit` and `mrelease` baselines (map,
     /// populate, print "ready", wait to be killed) for the first --pages and
     /// --backing.
