@@ -36,7 +36,9 @@ use std::path::{Path, PathBuf};
 use crate::args::Args;
 use crate::guest::guest_binary;
 use crate::model::{BenchError, Peer};
-use crate::snapshot_text::{self as text, snapshot_methods, SnapGuest, SnapMethod, SnapSample, SnapUnavailable};
+use crate::snapshot_text::{
+    self as text, snapshot_methods, SnapGuest, SnapMethod, SnapSample, SnapUnavailable,
+};
 use crate::snapshot_vmm::{Files, Kind, Setup};
 
 /// Free space kept on the snapshot directory's file system.
@@ -75,7 +77,7 @@ fn free_bytes(dir: &Path) -> Result<u64, BenchError> {
             std::io::Error::last_os_error()
         )));
     }
-    Ok(u64::from(st.f_bavail) * u64::from(st.f_frsize))
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// The samples and the rows that could not run, as a run goes.
@@ -125,8 +127,9 @@ impl Results {
     }
 }
 
-/// One round of `kind` for `guest` at `workers`: the create, then each
-/// load in `loads` (lazy or eager) of the same files.
+/// One round of `kind` for `guest` at `workers`: the create
+/// (`snapshot-create-<kind>[-<w>]`), then each load in `loads` (lazy or
+/// eager) of the same files.
 fn round(
     setup: &Setup<'_>,
     results: &mut Results,
@@ -134,9 +137,12 @@ fn round(
     guest: SnapGuest,
     kind: Kind,
     workers: u32,
-    create: SnapMethod,
     loads: &[(SnapMethod, bool)],
 ) -> Result<(), BenchError> {
+    let create = match kind {
+        Kind::Firecracker => SnapMethod::CreateFirecracker,
+        Kind::Teravm => SnapMethod::CreateTeravm(workers),
+    };
     let loads: Vec<(SnapMethod, bool)> = loads
         .iter()
         .copied()
@@ -146,7 +152,10 @@ fn round(
         return Ok(());
     }
     let files = Files::new(&setup.dir, &create.to_string());
-    eprintln!("[snapshot] run {run}/{}, {guest}: {create}", setup.args.runs);
+    eprintln!(
+        "[snapshot] run {run}/{}, {guest}: {create}",
+        setup.args.runs
+    );
     let (seconds, cpu, file, touched_mib) = match setup.create(kind, guest, workers, &files) {
         Ok(c) => c,
         Err(why) => {
@@ -168,7 +177,10 @@ fn round(
         touched_mib,
     });
     for (method, eager) in loads {
-        eprintln!("[snapshot] run {run}/{}, {guest}: {method}", setup.args.runs);
+        eprintln!(
+            "[snapshot] run {run}/{}, {guest}: {method}",
+            setup.args.runs
+        );
         match setup.load(kind, &files, eager) {
             Ok((answer_s, first, cpu, resident)) => results.samples.push(SnapSample {
                 guest,
@@ -247,8 +259,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                 args.sparse_touch_mib
             )));
         }
-        let available =
-            teravm_client::host::read_mem_available(Path::new("/proc/meminfo"))?;
+        let available = teravm_client::host::read_mem_available(Path::new("/proc/meminfo"))?;
         crate::args::check_size(args.sparse_touch_mib.div_ceil(1024), available)?;
         guests.push(SnapGuest {
             size_gib,
@@ -292,16 +303,15 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         for &guest in &guests {
             if setup.firecracker.is_some() {
                 let load = [(SnapMethod::LoadFirecracker, false)];
-                let create = SnapMethod::CreateFirecracker;
-                round(&setup, &mut results, run, guest, Kind::Firecracker, 1, create, &load)?;
+                let kind = Kind::Firecracker;
+                round(&setup, &mut results, run, guest, kind, 1, &load)?;
             }
             for (i, &w) in args.workers.iter().enumerate() {
                 let mut loads = vec![(SnapMethod::LoadTeravmEager(w), true)];
                 if i == 0 {
                     loads.insert(0, (SnapMethod::LoadTeravmLazy, false));
                 }
-                let create = SnapMethod::CreateTeravm(w);
-                round(&setup, &mut results, run, guest, Kind::Teravm, w, create, &loads)?;
+                round(&setup, &mut results, run, guest, Kind::Teravm, w, &loads)?;
             }
         }
     }
@@ -312,15 +322,13 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", text::table(&rows, &results.unavailable));
     let _ = write!(out, "{}", text::resident_text(&rows));
-    let notes = vec![
-        format!(
-            "{} pages, anonymous memory, 1 vCPU; files in {}; load average before {load_before}, \
+    let notes = vec![format!(
+        "{} pages, anonymous memory, 1 vCPU; files in {}; load average before {load_before}, \
              after {} (/proc/loadavg)",
-            setup.pages(),
-            dir.display(),
-            load_average()
-        ),
-    ];
+        setup.pages(),
+        dir.display(),
+        load_average()
+    )];
     for note in &notes {
         let _ = writeln!(out, "{note}");
     }

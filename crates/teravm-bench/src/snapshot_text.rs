@@ -239,9 +239,8 @@ pub fn rows(samples: &[SnapSample]) -> Vec<SnapRow> {
     let mut out = Vec::new();
     for guest in guests_of(samples) {
         let of_guest: Vec<&SnapSample> = samples.iter().filter(|s| s.guest == guest).collect();
-        let median_s = |m: SnapMethod| {
-            median_of(&of_guest, |s| (s.method == m).then_some(s.seconds))
-        };
+        let median_s =
+            |m: SnapMethod| median_of(&of_guest, |s| (s.method == m).then_some(s.seconds));
         let mut methods: Vec<SnapMethod> = of_guest.iter().map(|s| s.method).collect();
         methods.sort();
         methods.dedup();
@@ -294,7 +293,7 @@ const HEADER: [&str; 10] = [
 ];
 
 fn secs(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".to_string(), |v| format!("{v:.3}"))
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.4}"))
 }
 
 fn row_cells(r: &SnapRow) -> [String; 10] {
@@ -305,8 +304,8 @@ fn row_cells(r: &SnapRow) -> [String; 10] {
         r.method
             .workers()
             .map_or_else(|| "-".to_string(), |w| w.to_string()),
-        format!("{:.3}", r.summary.median_s),
-        format!("{:.3}-{:.3}", r.summary.min_s, r.summary.max_s),
+        format!("{:.4}", r.summary.median_s),
+        format!("{:.4}-{:.4}", r.summary.min_s, r.summary.max_s),
         secs(r.answer_s),
         secs(r.first_line_s),
         r.cpu.map_or_else(
@@ -323,6 +322,9 @@ fn unavailable_cells(u: &SnapUnavailable) -> [String; 10] {
     let mut cells = [(); 10].map(|()| "-".to_string());
     cells[0] = u.method.to_string();
     cells[1] = u.guest.to_string();
+    if let Some(w) = u.method.workers() {
+        cells[2] = w.to_string();
+    }
     cells[3] = "not possible".to_string();
     cells
 }
@@ -406,7 +408,10 @@ pub fn table(rows: &[SnapRow], unavailable: &[SnapUnavailable]) -> String {
     }
     let mut said: Vec<String> = Vec::new();
     for u in unavailable {
-        let line = format!("{} ({}): not possible here: {}", u.method, u.guest, u.reason);
+        let line = format!(
+            "{} ({}): not possible here: {}",
+            u.method, u.guest, u.reason
+        );
         if !said.contains(&line) {
             let _ = writeln!(out, "{line}");
             said.push(line);

@@ -156,7 +156,11 @@ fn the_table_names_every_row_and_says_why_one_is_missing() {
     assert!(lines[2].contains("2048 MiB"), "{}", lines[2]);
     assert!(lines[2].ends_with("2.00x"), "{}", lines[2]);
     assert!(lines[4].ends_with("0.20x"), "{}", lines[4]);
-    assert!(lines[5].contains("64 GiB, 2048 MiB touched"), "{}", lines[5]);
+    assert!(
+        lines[5].contains("64 GiB, 2048 MiB touched"),
+        "{}",
+        lines[5]
+    );
     assert!(lines[5].contains("not possible"), "{}", lines[5]);
     assert!(text.contains(
         "snapshot-create-firecracker (64 GiB, 2048 MiB touched): not possible here: its memory \

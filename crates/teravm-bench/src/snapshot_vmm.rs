@@ -151,12 +151,21 @@ impl Vmm {
     }
 
     /// One request that must be answered 2xx.
-    fn call(&self, conn: &mut Connection, method: &str, path: &str, body: &str) -> Result<(), String> {
+    fn call(
+        &self,
+        conn: &mut Connection,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> Result<(), String> {
         let (status, reply) = conn
             .request(method, path, Some(body))
             .map_err(|e| self.why(format!("{method} {path}: {e}")))?;
         if !(200..300).contains(&status) {
-            return Err(self.why(format!("{method} {path} answered {status} {}", reply.trim())));
+            return Err(self.why(format!(
+                "{method} {path} answered {status} {}",
+                reply.trim()
+            )));
         }
         Ok(())
     }
@@ -218,7 +227,10 @@ impl Setup<'_> {
 
     fn binary(&self, kind: Kind) -> &Path {
         match kind {
-            Kind::Firecracker => self.firecracker.as_deref().unwrap_or(Path::new("firecracker")),
+            Kind::Firecracker => self
+                .firecracker
+                .as_deref()
+                .unwrap_or(Path::new("firecracker")),
             Kind::Teravm => &self.teravm,
         }
     }
@@ -283,8 +295,8 @@ impl Setup<'_> {
         vmm.call(&mut conn, "PUT", "/snapshot/create", &body)?;
         let seconds = start.elapsed().as_secs_f64();
         let cpu = user_sys(before, vmm.ticks());
-        let meta = std::fs::metadata(&files.mem)
-            .map_err(|e| format!("{}: {e}", files.mem.display()))?;
+        let meta =
+            std::fs::metadata(&files.mem).map_err(|e| format!("{}: {e}", files.mem.display()))?;
         let file = FileSize {
             len: meta.len(),
             disk: meta.blocks() * 512,
@@ -329,8 +341,8 @@ impl Setup<'_> {
             .map_err(|e| vmm.why(e))?;
         let first = start.elapsed().as_secs_f64();
         let after_first = vmm.ticks();
-        let resident = resident_of(vmm.child.id())
-            .ok_or_else(|| vmm.why("its /proc files cannot be read"))?;
+        let resident =
+            resident_of(vmm.child.id()).ok_or_else(|| vmm.why("its /proc files cannot be read"))?;
         let cpu = user_sys(before, if eager { after_answer } else { after_first });
         Ok((answer, first, cpu, resident.bytes))
     }
