@@ -247,6 +247,27 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_flags_are_parsed_and_need_snapshot() {
+        let a = parse(&["--snapshot", "--sparse-gib", "64", "--snapshot-dir", "/tmp"]).unwrap();
+        assert!(a.snapshot);
+        assert_eq!((a.sparse_gib, a.sparse_touch_mib), (Some(64), 2048));
+        assert_eq!(
+            a.snapshot_dir.as_deref(),
+            Some(std::path::Path::new("/tmp"))
+        );
+        let a = parse(&["--snapshot", "--peers", "firecracker"]).unwrap();
+        assert!(a.snapshot && a.sparse_gib.is_none() && a.snapshot_dir.is_none());
+        for bad in [
+            &["--snapshot-dir", "/tmp"][..],
+            &["--sparse-gib", "64"],
+            &["--snapshot", "--sparse-gib", "0"],
+            &["--snapshot", "--sparse-touch-mib", "0"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
     fn lists_are_parsed_and_deduplicated() {
         let a = parse(&[
             "--workers",
