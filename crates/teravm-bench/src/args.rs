@@ -159,6 +159,12 @@ impl Args {
                 )));
             }
         }
+        if let Some(size_gib) = self.sparse_gib.filter(|&g| self.sparse_touch_mib > g << 10) {
+            return Err(BenchError::InvalidArgument(format!(
+                "--sparse-touch-mib {} is more than --sparse-gib {size_gib}",
+                self.sparse_touch_mib
+            )));
+        }
         if self.workers.is_empty() || self.pages.is_empty() || self.backing.is_empty() {
             return Err(BenchError::InvalidArgument(
                 "--workers, --pages and --backing need at least one value".into(),
@@ -262,6 +268,13 @@ mod tests {
             &["--sparse-gib", "64"],
             &["--snapshot", "--sparse-gib", "0"],
             &["--snapshot", "--sparse-touch-mib", "0"],
+            &[
+                "--snapshot",
+                "--sparse-gib",
+                "1",
+                "--sparse-touch-mib",
+                "1025",
+            ],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }

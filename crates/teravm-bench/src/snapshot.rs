@@ -207,8 +207,10 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Finds Firecracker when `--peers` names it: its path, or why not.
-fn find_firecracker(args: &Args) -> Option<Result<PathBuf, String>> {
+/// Finds Firecracker when `--peers` names it: its path, or why not; and
+/// the discovery line (`peers: firecracker found (...)`), said on stderr.
+type Found = (Option<Result<PathBuf, String>>, Option<String>);
+fn find_firecracker(args: &Args) -> Found {
     let path_var = std::env::var_os("PATH");
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let mut out = None;
@@ -229,10 +231,14 @@ fn find_firecracker(args: &Args) -> Option<Result<PathBuf, String>> {
         out = Some(d.binary.clone().map(|b| b.path));
         found.push(d);
     }
-    if !found.is_empty() {
-        eprintln!("{}", crate::peers::discovery_line(&found));
+    let line = (!found.is_empty()).then(|| crate::peers::discovery_line(&found));
+    if let Some(line) = &line {
+        eprintln!("{line}");
     }
-    out.map(|r| r.map_err(|why| format!("not found: {why}")))
+    (
+        out.map(|r| r.map_err(|why| format!("not found: {why}"))),
+        line,
+    )
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), BenchError> {
@@ -253,12 +259,6 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         touch_mib: None,
     }];
     if let Some(size_gib) = args.sparse_gib {
-        if args.sparse_touch_mib > size_gib << 10 {
-            return Err(BenchError::InvalidArgument(format!(
-                "--sparse-touch-mib {} is more than --sparse-gib {size_gib}",
-                args.sparse_touch_mib
-            )));
-        }
         let available = teravm_client::host::read_mem_available(Path::new("/proc/meminfo"))?;
         crate::args::check_size(args.sparse_touch_mib.div_ceil(1024), available)?;
         guests.push(SnapGuest {
@@ -271,7 +271,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     });
     let made_dir = !dir.exists();
     std::fs::create_dir_all(&dir).map_err(|e| snap_err(format!("{}: {e}", dir.display())))?;
-    let fc = find_firecracker(args);
+    let (fc, peers_line) = find_firecracker(args);
     let setup = Setup {
         args,
         teravm,
@@ -322,13 +322,14 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", text::table(&rows, &results.unavailable));
     let _ = write!(out, "{}", text::resident_text(&rows));
-    let notes = vec![format!(
+    let mut notes: Vec<String> = peers_line.into_iter().collect();
+    notes.push(format!(
         "{} pages, anonymous memory, 1 vCPU; files in {}; load average before {load_before}, \
              after {} (/proc/loadavg)",
         setup.pages(),
         dir.display(),
         load_average()
-    )];
+    ));
     for note in &notes {
         let _ = writeln!(out, "{note}");
     }
