@@ -181,7 +181,7 @@ fn round(
             "[snapshot] run {run}/{}, {guest}: {method}",
             setup.args.runs
         );
-        match setup.load(kind, &files, eager) {
+        match setup.load(kind, &files, eager, touched_mib) {
             Ok((answer_s, first, cpu, resident)) => results.samples.push(SnapSample {
                 guest,
                 method,

@@ -179,7 +179,8 @@ pub struct SnapSample {
     pub cpu: UserSys,
     /// Creates: the memory file.
     pub file: Option<FileSize>,
-    /// Loads: the VMM's resident size (VmRSS) at the guest's first line.
+    /// Loads: the VMM's resident size (VmRSS) at the guest's first line
+    /// (eager: at the answer).
     pub resident_bytes: Option<u64>,
     /// The MiB the guest said it touched before the snapshot.
     pub touched_mib: u64,
@@ -426,7 +427,10 @@ pub fn resident_text(rows: &[SnapRow]) -> String {
     let mut out = String::new();
     for r in rows.iter().filter(|r| r.resident.is_some()) {
         if out.is_empty() {
-            out.push_str("resident at the guest's first line after the load (median VmRSS):\n");
+            out.push_str(
+                "resident after the load (median VmRSS; lazy: at the guest's first line, eager: \
+                 at the answer):\n",
+            );
         }
         let _ = writeln!(
             out,

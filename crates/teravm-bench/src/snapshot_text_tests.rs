@@ -190,7 +190,8 @@ fn the_csv_has_one_line_per_run_and_the_loads_resident_size() {
     );
     assert_eq!(
         resident_text(&rows(&samples)),
-        "resident at the guest's first line after the load (median VmRSS):\n  \
+        "resident after the load (median VmRSS; lazy: at the guest's first line, eager: at the \
+         answer):\n  \
          snapshot-load-teravm-lazy (64 GiB, 2048 MiB touched): 20 MiB\n"
     );
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use teravm_client::http::{request, Connection};
 
 use crate::args::Args;
-use crate::guest::{Console, BOOT_TIMEOUT};
+use crate::guest::{covers_touched, Console, BOOT_TIMEOUT};
 use crate::model::Pages;
 use crate::resident::resident_of;
 use crate::snapshot_text::{parse_user_sys, FileSize, SnapGuest, UserSys};
@@ -312,13 +312,17 @@ impl Setup<'_> {
     }
 
     /// A fresh process loads `files` and resumes; `eager`: teravm's
-    /// `memory_load: "Eager"`. The answer's time, the first line's, the CPU
-    /// time over the row's part and the resident size at the first line.
+    /// `memory_load: "Eager"`, whose answer must find what the guest
+    /// touched (`touched_mib`) resident. The answer's time, the first
+    /// line's, the CPU time over the row's part (until the answer for an
+    /// eager load, the first line for a lazy one) and the resident size at
+    /// the end of that part.
     pub fn load(
         &self,
         kind: Kind,
         files: &Files,
         eager: bool,
+        touched_mib: u64,
     ) -> Result<(f64, f64, UserSys, u64), String> {
         let mut vmm = Vmm::spawn(kind, self.binary(kind), None, self)?;
         let mut body = serde_json::json!({
@@ -335,15 +339,24 @@ impl Setup<'_> {
         let start = Instant::now();
         vmm.call(&mut conn, "PUT", "/snapshot/load", &body.to_string())?;
         let answer = start.elapsed().as_secs_f64();
-        let after_answer = vmm.ticks();
+        let mut end = (vmm.ticks(), resident_of(vmm.child.id()));
         vmm.console
             .wait_word("tick ", TICK_TIMEOUT)
             .map_err(|e| vmm.why(e))?;
         let first = start.elapsed().as_secs_f64();
-        let after_first = vmm.ticks();
-        let resident =
-            resident_of(vmm.child.id()).ok_or_else(|| vmm.why("its /proc files cannot be read"))?;
-        let cpu = user_sys(before, if eager { after_answer } else { after_first });
-        Ok((answer, first, cpu, resident.bytes))
+        if !eager {
+            end = (vmm.ticks(), resident_of(vmm.child.id()));
+        }
+        let resident = end
+            .1
+            .ok_or_else(|| vmm.why("its /proc files cannot be read"))?;
+        if eager && !covers_touched(&resident, touched_mib) {
+            return Err(format!(
+                "the eager load answered holding {} MiB resident, less than the {touched_mib} \
+                 MiB the guest touched",
+                resident.bytes >> 20
+            ));
+        }
+        Ok((answer, first, user_sys(before, end.0), resident.bytes))
     }
 }
