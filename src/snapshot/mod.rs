@@ -9,6 +9,7 @@
 pub mod params;
 
 pub use params::{
-    CreateSnapshotParams, LoadSnapshotParams, MemBackend, MemBackendType, MemoryLoad,
-    NetworkOverride, SnapshotType,
+    CreateSnapshotParams, LoadBodyError, LoadSnapshotConfig, LoadSnapshotParams, MemBackend,
+    MemBackendType, MemoryLoad, NetworkOverride, SnapshotLoadHugePages, SnapshotType,
+    VsockOverride,
 };
