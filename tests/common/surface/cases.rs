@@ -253,7 +253,8 @@ fn snapshot_cases(w: &mut Walk) {
     );
     let snap = format!(r#""snapshot_path": "{d}/snap""#);
     let file = format!(r#""mem_backend": {{"backend_path": "{d}/mem", "backend_type": "File"}}"#);
-    let uffd = format!(r#""mem_backend": {{"backend_path": "{d}/uffd.sock", "backend_type": "Uffd"}}"#);
+    let uffd =
+        format!(r#""mem_backend": {{"backend_path": "{d}/uffd.sock", "backend_type": "Uffd"}}"#);
     let old = format!(r#""mem_file_path": "{d}/mem""#);
     let with = |extra: &str| format!("{{{snap}, {file}, {extra}}}");
     body_cases(
@@ -266,7 +267,10 @@ fn snapshot_cases(w: &mut Walk) {
                 "bad: both mem_file_path and mem_backend",
                 &format!("{{{snap}, {old}, {file}}}"),
             ),
-            ("missing mem_backend and mem_file_path", &format!("{{{snap}}}")),
+            (
+                "missing mem_backend and mem_file_path",
+                &format!("{{{snap}}}"),
+            ),
             ("missing snapshot_path", &format!("{{{file}}}")),
             (
                 "unknown field in mem_backend",
@@ -289,11 +293,15 @@ fn snapshot_cases(w: &mut Walk) {
             ("Uffd backend", &format!("{{{snap}, {uffd}}}")),
             (
                 "network_overrides with an unknown field",
-                &with(r#""network_overrides": [{"iface_id": "eth0", "host_dev_name": "tap1", "x": 1}]"#),
+                &with(
+                    r#""network_overrides": [{"iface_id": "eth0", "host_dev_name": "tap1", "x": 1}]"#,
+                ),
             ),
             (
                 "vsock_override",
-                &with(&format!(r#""vsock_override": {{"uds_path": "{d}/v9.sock"}}"#)),
+                &with(&format!(
+                    r#""vsock_override": {{"uds_path": "{d}/v9.sock"}}"#
+                )),
             ),
             ("huge_pages 2M", &with(r#""huge_pages": "2M""#)),
             ("clock_realtime true", &with(r#""clock_realtime": true"#)),
@@ -376,13 +384,7 @@ fn unsupported_cases(w: &mut Walk) {
         Some(r#"{"state": "Resumed"}"#),
     ));
     w.case(req("GET /mmds", "valid", "GET", "/mmds", None));
-    for path in [
-        "/mmds",
-        "/cpu-config",
-        "/entropy",
-        "/vm",
-        "/serial",
-    ] {
+    for path in ["/mmds", "/cpu-config", "/entropy", "/vm", "/serial"] {
         let ep = format!("DELETE {path}");
         w.case(req(&ep, "wrong method", "DELETE", path, None));
     }
