@@ -54,7 +54,8 @@ pub enum RouteError {
     #[error("{0}")]
     BadBody(String),
     /// The id in the path (`/drives/{drive_id}`) is missing or invalid, or
-    /// differs from the body's (400).
+    /// differs from the body's; or the path lacks the snapshot operation
+    /// (`PUT /snapshot`) (400).
     #[error("{0}")]
     BadId(String),
     /// A value of a Firecracker body that teravm cannot honour (400).
