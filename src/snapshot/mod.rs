@@ -10,6 +10,7 @@ pub mod params;
 pub mod state_file;
 
 pub use params::{
-    CreateSnapshotParams, LoadSnapshotParams, MemBackend, MemBackendType, MemoryLoad,
-    NetworkOverride, SnapshotType,
+    CreateSnapshotParams, LoadBodyError, LoadSnapshotConfig, LoadSnapshotParams, MemBackend,
+    MemBackendType, MemoryLoad, NetworkOverride, SnapshotLoadHugePages, SnapshotType,
+    VsockOverride,
 };

@@ -213,6 +213,10 @@ pub struct Vmm {
     console_input: Option<stdin::ConsoleInput>,
     /// Whether stdin was looked at already (it is attached at most once).
     console_input_tried: bool,
+    /// Whether the microVM was configured for a boot (Firecracker's
+    /// `boot_path`: [`crate::api::VmmAction::configures_boot`], or a config
+    /// file): a `PUT /snapshot/load` is refused after that.
+    boot_configured: bool,
 }
 
 impl Vmm {
@@ -443,7 +447,10 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         finished_at: None,
         console_input: None,
         console_input_tried: false,
+        boot_configured: false,
     };
+    // A config file configures the boot (and starts it at once).
+    vmm.boot_configured = vmm.opts.start_at_once;
     if vmm.opts.start_at_once {
         vmm.start(None);
     }
