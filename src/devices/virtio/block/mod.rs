@@ -38,6 +38,7 @@
 pub mod device;
 pub mod disk;
 pub mod metrics;
+pub mod persist;
 pub mod request;
 #[cfg(test)]
 mod test_disk;
@@ -54,6 +55,7 @@ pub mod worker;
 pub use device::{image_id, Block, BlockOptions, CacheType, IoEngine};
 pub use disk::Disk;
 pub use metrics::BlockMetrics;
+pub use persist::BlockState;
 pub use request::{RequestError, RequestType};
 pub use worker::BlockWorker;
 
@@ -135,4 +137,7 @@ pub enum BlockError {
     /// A second worker for the same device.
     #[error("the block device already has its worker (the backing file was handed over)")]
     WorkerExists,
+    /// A snapshot's state that does not fit the drive as configured.
+    #[error("the saved drive state does not fit: {0}")]
+    BadState(String),
 }

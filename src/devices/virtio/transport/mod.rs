@@ -5,3 +5,4 @@
 pub mod mmio;
 #[cfg(test)]
 mod mmio_tests;
+pub mod persist;
