@@ -73,10 +73,7 @@ impl Gate {
     pub fn wait_open(&self) {
         let mut s = self.state();
         while s.closed {
-            s = self
-                .opened
-                .wait(s)
-                .unwrap_or_else(PoisonError::into_inner);
+            s = self.opened.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
     }
 }

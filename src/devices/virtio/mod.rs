@@ -56,12 +56,12 @@ pub use device::{
     Epoch, QueuePosition, VirtioDevice, VIRTIO_F_VERSION_1,
 };
 pub use fence::ResetFence;
+pub use hold::Gate;
 pub use interrupt::{IrqTrigger, VirtioInterrupt, VirtioInterruptType, INT_CONFIG, INT_VRING};
 pub use memory::DeviceMemory;
 pub use metrics::Counter;
 pub use transport::mmio::{MmioError, MmioTransport};
 pub use transport::persist::{QueueState, TransportState};
-pub use hold::Gate;
 pub use worker::{
     quiesce, wait_for, PassWatch, PendingQueues, QueueHandler, Wake, Worker, WorkerError,
 };

@@ -37,8 +37,8 @@ use crate::vstate::vm::Vm;
 
 use super::hold::{Entry, HoldParts};
 use super::{
-    lock, BalloonDevice, DeviceKey, BlockDevice, DeviceError, DeviceSpecs, DeviceThread, Devices, DriveSpec,
-    Hotplug, HotplugDevice, HotplugSpec, NetSpec, Started, VsockSpec,
+    lock, BalloonDevice, BlockDevice, DeviceError, DeviceKey, DeviceSpecs, DeviceThread, Devices,
+    DriveSpec, Hotplug, HotplugDevice, HotplugSpec, NetSpec, Started, VsockSpec,
 };
 
 /// A device's thread, as [`Build::attach_and_spawn`] starts it.

@@ -118,7 +118,9 @@ impl Devices {
             return Err(DeviceError::SnapshotUnsupported("vsock"));
         }
         if self.hotplug.is_some() {
-            return Err(DeviceError::SnapshotUnsupported("memory hotplug (virtio-mem)"));
+            return Err(DeviceError::SnapshotUnsupported(
+                "memory hotplug (virtio-mem)",
+            ));
         }
         Ok(())
     }
@@ -182,7 +184,9 @@ impl Devices {
             DeviceKey::Rng => DeviceKindState::Rng,
             DeviceKey::Vsock => return Err(DeviceError::SnapshotUnsupported("vsock")),
             DeviceKey::Mem(_) => {
-                return Err(DeviceError::SnapshotUnsupported("memory hotplug (virtio-mem)"))
+                return Err(DeviceError::SnapshotUnsupported(
+                    "memory hotplug (virtio-mem)",
+                ))
             }
         })
     }

@@ -49,6 +49,8 @@ mod tests_hostile;
 #[cfg(test)]
 mod tests_limits;
 #[cfg(test)]
+mod tests_snapshot;
+#[cfg(test)]
 mod tests_uring;
 pub mod worker;
 

@@ -185,10 +185,7 @@ impl<M: DeviceMemory> MmioTransport<M> {
                 )));
             }
             if q.size == 0 || q.size > max || !q.size.is_power_of_two() {
-                return Err(bad(format!(
-                    "queue {i}: size {} (maximum {max})",
-                    q.size
-                )));
+                return Err(bad(format!("queue {i}: size {} (maximum {max})", q.size)));
             }
         }
         Ok(())
