@@ -5,9 +5,11 @@
 //! ([`Devices::save_state`]), put back on devices built from the same
 //! configuration ([`Devices::restore_state`]).
 //!
-//! Covered: the balloon, the drives, the network interfaces, the entropy
-//! device. A microVM with a vsock or memory hotplug (virtio-mem) is
-//! refused at the save, naming it ([`DeviceError::SnapshotUnsupported`]).
+//! Covered: the balloon, the drives, the network interfaces, the vsock
+//! (its connections are not: the guest is told of a transport reset after
+//! the restore, as Firecracker does), the entropy device. A microVM with
+//! memory hotplug (virtio-mem) is refused at the save, naming it
+//! ([`DeviceError::SnapshotUnsupported`]).
 //!
 //! A restore reads a file that may be hostile: a state whose devices are
 //! not the configuration's (one missing, one more, another kind), or whose
@@ -22,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::devices::virtio::balloon::BalloonState;
 use crate::devices::virtio::block::BlockState;
 use crate::devices::virtio::net::NetState;
+use crate::devices::virtio::vsock::VsockState;
 use crate::devices::virtio::TransportState;
 
 use super::hold::DeviceHold;
@@ -69,6 +72,8 @@ pub enum DeviceKindState {
     Block(BlockState),
     /// A network interface's.
     Net(NetState),
+    /// The vsock's.
+    Vsock(VsockState),
     /// The entropy device keeps nothing.
     Rng,
 }
@@ -81,6 +86,7 @@ impl DeviceKindState {
             (DeviceKindState::Balloon(_), DeviceKey::Balloon)
                 | (DeviceKindState::Block(_), DeviceKey::Block(_))
                 | (DeviceKindState::Net(_), DeviceKey::Net(_))
+                | (DeviceKindState::Vsock(_), DeviceKey::Vsock)
                 | (DeviceKindState::Rng, DeviceKey::Rng)
         )
     }
@@ -114,9 +120,6 @@ fn restore_error(key: &DeviceKey, why: impl std::fmt::Display) -> DeviceError {
 impl Devices {
     /// The devices this microVM has that a snapshot does not cover yet.
     fn unsupported(&self) -> Result<(), DeviceError> {
-        if self.vsock.is_some() {
-            return Err(DeviceError::SnapshotUnsupported("vsock"));
-        }
         if self.hotplug.is_some() {
             return Err(DeviceError::SnapshotUnsupported(
                 "memory hotplug (virtio-mem)",
@@ -182,7 +185,10 @@ impl Devices {
                 DeviceKindState::Net(n.save_state())
             }
             DeviceKey::Rng => DeviceKindState::Rng,
-            DeviceKey::Vsock => return Err(DeviceError::SnapshotUnsupported("vsock")),
+            DeviceKey::Vsock => {
+                let v = self.vsock.as_ref().ok_or_else(missing)?;
+                DeviceKindState::Vsock(lock(v).save_state())
+            }
             DeviceKey::Mem(_) => {
                 return Err(DeviceError::SnapshotUnsupported(
                     "memory hotplug (virtio-mem)",
@@ -260,6 +266,14 @@ impl Devices {
                     .find(|n| n.iface_id() == id)
                     .ok_or("not configured")?;
                 n.restore_state(s).map_err(|e| e.to_string())
+            }
+            (DeviceKey::Vsock, DeviceKindState::Vsock(s)) => {
+                let v = self.vsock.as_ref().ok_or("not configured")?;
+                let sent = lock(v).restore_state(s).map_err(|e| e.to_string())?;
+                if !sent {
+                    log::info!("vsock: restored without a transport reset event (not running, or no event buffer)");
+                }
+                Ok(())
             }
             (DeviceKey::Rng, DeviceKindState::Rng) => Ok(()),
             _ => Err("its saved state is another kind's".into()),
