@@ -27,6 +27,8 @@
 pub mod device;
 #[cfg(test)]
 mod limits_tests;
+#[cfg(test)]
+mod persist_tests;
 pub mod macvtap;
 pub mod metrics;
 pub mod mmds;
