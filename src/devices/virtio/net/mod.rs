@@ -27,12 +27,12 @@
 pub mod device;
 #[cfg(test)]
 mod limits_tests;
-#[cfg(test)]
-mod persist_tests;
 pub mod macvtap;
 pub mod metrics;
 pub mod mmds;
 pub mod persist;
+#[cfg(test)]
+mod persist_tests;
 pub mod queues;
 pub mod tap;
 #[cfg(test)]
