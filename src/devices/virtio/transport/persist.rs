@@ -8,7 +8,7 @@
 //! maximum sizes, the features it offers, guest memory for the rings), and
 //! a state that does not fit is a [`MmioError::BadState`] naming what,
 //! never a panic. A device that ran (`DRIVER_OK`) is started through the
-//! same path as a driver's `DRIVER_OK` ([`MmioTransport::activate_with`]),
+//! same path as a driver's `DRIVER_OK` (the transport's `activate_with`),
 //! its queues at their saved positions.
 
 use serde::{Deserialize, Serialize};
