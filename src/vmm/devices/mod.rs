@@ -37,6 +37,8 @@ mod hold;
 pub mod hotplug;
 mod metrics;
 mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
