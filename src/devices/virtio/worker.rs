@@ -23,6 +23,12 @@
 //! what the guest unplugged, as KVM waits out its vCPUs before a memslot
 //! is gone.
 //!
+//! A snapshot holds the loops still with a [`Gate`] ([`Worker::hold_at`]):
+//! while it is closed each pass waits before it looks at its event, and
+//! [`PassWatch`] tells the holder when the pass running when it closed
+//! has ended. [`wait_for`] waits, pass by pass, for a state only passes
+//! change (the work a device has in flight).
+//!
 //! Syscalls of the loop, for the device roles (src/seccomp/filters/devices.rs):
 //! `epoll_create1` and `epoll_ctl` in [`Worker::start`] (on the VMM thread
 //! that builds the devices), then on the device thread `epoll_wait` and

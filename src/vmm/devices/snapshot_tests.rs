@@ -135,7 +135,9 @@ fn used_idx(q: &MockSplitQueue<'_, ViewMemory>) -> u16 {
 }
 
 fn served(q: &MockSplitQueue<'_, ViewMemory>, n: u16) -> bool {
-    wait_for(Instant::now() + Duration::from_secs(10), || used_idx(q) == n)
+    wait_for(Instant::now() + Duration::from_secs(10), || {
+        used_idx(q) == n
+    })
 }
 
 #[test]
@@ -143,10 +145,8 @@ fn a_held_drive_serves_nothing_and_a_restored_one_goes_on_where_it_stood() {
     if !kvm() {
         return;
     }
-    let file = TempFile(std::env::temp_dir().join(format!(
-        "teravm-devsnap-{}",
-        std::process::id()
-    )));
+    let file =
+        TempFile(std::env::temp_dir().join(format!("teravm-devsnap-{}", std::process::id())));
     let bytes: Vec<u8> = (0..8u8).flat_map(|s| [s + 1; 512]).collect();
     std::fs::File::create(&file.0)
         .unwrap()
