@@ -141,6 +141,13 @@ fn served(q: &MockSplitQueue<'_, ViewMemory>, n: u16) -> bool {
 }
 
 #[test]
+fn the_hold_and_the_state_go_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<DeviceHold>();
+    send_sync::<DevicesState>();
+}
+
+#[test]
 fn a_held_drive_serves_nothing_and_a_restored_one_goes_on_where_it_stood() {
     if !kvm() {
         return;

@@ -227,3 +227,35 @@ fn a_notification_while_the_gate_is_closed_is_served_after_it_opens() {
     exit.write(1).unwrap();
     thread.join().unwrap();
 }
+
+#[test]
+fn a_driver_saved_mid_setup_goes_on_with_its_setup_after_the_restore() {
+    let mem = mem();
+    let mut d = drive(&mem);
+    let q = MockSplitQueue::create(&*mem, GuestAddress(MIB), 16);
+    start_as_driver(&mut d.t, &q);
+    // Saved before DRIVER_OK: as start_as_driver leaves it, less its last
+    // write.
+    let mut saved = d.t.save_state();
+    saved.status &= !st::DRIVER_OK;
+    saved.queue_sel = 7;
+    saved.interrupt_status = 0;
+    let mut fresh = drive(&mem);
+    fresh.t.restore_state(&saved).unwrap();
+    assert!(!fresh.block.lock().unwrap().is_active());
+    assert_eq!(fresh.t.save_state(), saved);
+    assert!(
+        fresh.t.interrupt().irq_evt().read().is_err(),
+        "signalled with no interrupt bit saved"
+    );
+    // QueueSel past the queues reads no queue.
+    let mut b = [0u8; 4];
+    fresh.t.read(regs::QUEUE_NUM_MAX, &mut b).unwrap();
+    assert_eq!(b, [0; 4]);
+    let s = st::ACKNOWLEDGE | st::DRIVER | st::FEATURES_OK;
+    wr(&mut fresh.t, regs::STATUS, s | st::DRIVER_OK);
+    assert!(fresh.block.lock().unwrap().is_active());
+    request(&mem, &q, 0, b::VIRTIO_BLK_T_IN, 1, 512, W);
+    fresh.worker.as_mut().unwrap().process_queue(true);
+    assert_eq!(used_idx(&q), 1);
+}
