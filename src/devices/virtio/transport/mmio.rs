@@ -20,13 +20,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::devices::virtio::device::{
-    status, ActivateError, ActiveState, VirtioDevice, VIRTIO_F_VERSION_1,
-};
+use crate::devices::virtio::device::{status, ActivateError, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::devices::virtio::fence::ResetFence;
 use crate::devices::virtio::interrupt::{IrqTrigger, VirtioInterrupt, VirtioInterruptType};
 use crate::devices::virtio::memory::DeviceMemory;
@@ -600,48 +596,6 @@ impl<M: DeviceMemory> MmioTransport<M> {
                 .map_err(MmioError::Interrupt)?;
         }
         Ok(())
-    }
-
-    /// Builds the queues from their registers and checks them against guest
-    /// memory (a queue not ready is left unset).
-    pub(super) fn queues_from_regs(&self) -> Result<Vec<Queue>, MmioError> {
-        let mut queues = Vec::with_capacity(self.queues.len());
-        for (index, (regs, &max)) in self.queues.iter().zip(&self.max_sizes).enumerate() {
-            let bad = |why| MmioError::BadQueue { index, why };
-            let mut q = Queue::new(max).map_err(|_| bad("bad maximum size"))?;
-            if regs.ready {
-                if !regs.size_ok {
-                    return Err(bad("size refused"));
-                }
-                q.try_set_size(regs.size).map_err(|_| bad("bad size"))?;
-                q.try_set_desc_table_address(GuestAddress(regs.desc))
-                    .map_err(|_| bad("descriptor table misaligned"))?;
-                q.try_set_avail_ring_address(GuestAddress(regs.driver))
-                    .map_err(|_| bad("available ring misaligned"))?;
-                q.try_set_used_ring_address(GuestAddress(regs.device))
-                    .map_err(|_| bad("used ring misaligned"))?;
-                q.set_ready(true);
-                if !q.is_valid(&*self.mem) {
-                    return Err(bad("rings outside guest RAM"));
-                }
-            }
-            queues.push(q);
-        }
-        Ok(queues)
-    }
-
-    /// Starts the device with `queues` (from [`Self::queues_from_regs`]):
-    /// the one path of a driver's `DRIVER_OK` and of a restore.
-    pub(super) fn activate_with(&self, queues: Vec<Queue>) -> Result<(), MmioError> {
-        let interrupt: Arc<dyn VirtioInterrupt> = self.interrupt.clone();
-        lock(&self.device)
-            .activate(ActiveState::new(
-                self.mem.clone(),
-                self.driver_features,
-                queues,
-                interrupt,
-            ))
-            .map_err(MmioError::Activate)
     }
 
     /// Builds the queues from their registers, checks them against guest
