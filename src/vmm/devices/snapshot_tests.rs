@@ -17,7 +17,7 @@ use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
-use crate::devices::virtio::block::BlockOptions;
+use crate::devices::virtio::block::{BlockOptions, IoEngine};
 use crate::devices::virtio::transport::mmio::regs;
 use crate::devices::virtio::{status as st, wait_for, VIRTIO_F_VERSION_1};
 use crate::devices::PioBus;
@@ -54,7 +54,7 @@ fn kvm() -> bool {
 
 /// A drive of 8 sectors, sector `s` filled with `s + 1`, and the entropy
 /// device.
-fn specs(file: &TempFile) -> DeviceSpecs {
+fn specs(file: &TempFile, io_engine: IoEngine) -> DeviceSpecs {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -64,6 +64,7 @@ fn specs(file: &TempFile) -> DeviceSpecs {
         drives: vec![DriveSpec {
             opts: BlockOptions {
                 drive_id: "rootfs".into(),
+                io_engine,
                 ..BlockOptions::default()
             },
             file: Arc::new(f),
@@ -149,11 +150,21 @@ fn the_hold_and_the_state_go_between_threads() {
 
 #[test]
 fn a_held_drive_serves_nothing_and_a_restored_one_goes_on_where_it_stood() {
+    held_and_restored(IoEngine::Sync);
+}
+
+#[test]
+fn the_same_with_io_uring() {
+    held_and_restored(IoEngine::Async);
+}
+
+fn held_and_restored(engine: IoEngine) {
     if !kvm() {
         return;
     }
-    let file =
-        TempFile(std::env::temp_dir().join(format!("teravm-devsnap-{}", std::process::id())));
+    let file = TempFile(
+        std::env::temp_dir().join(format!("teravm-devsnap-{}-{engine:?}", std::process::id())),
+    );
     let bytes: Vec<u8> = (0..8u8).flat_map(|s| [s + 1; 512]).collect();
     std::fs::File::create(&file.0)
         .unwrap()
@@ -170,7 +181,7 @@ fn a_held_drive_serves_nothing_and_a_restored_one_goes_on_where_it_stood() {
     let memory = GuestMemory::new(&opts, &topo).unwrap();
     let view = memory.view();
     let mem: &ViewMemory = &view;
-    let specs = specs(&file);
+    let specs = specs(&file, engine);
 
     let (_vm, d) = build(&specs, &memory, &topo);
     let q = MockSplitQueue::create(mem, GuestAddress(MIB), 16);
