@@ -24,10 +24,10 @@
 //! is gone.
 //!
 //! A snapshot holds the loops still with a [`Gate`] ([`Worker::hold_at`]):
-//! while it is closed each pass waits before it looks at its event, and
-//! [`PassWatch`] tells the holder when the pass running when it closed
-//! has ended. [`wait_for`] waits, pass by pass, for a state only passes
-//! change (the work a device has in flight).
+//! each pass enters it before it looks at its event, and waits there while
+//! it is closed; closing it waits for the passes inside. [`PassWatch`]
+//! says whether a loop's pass runs, and [`wait_for`] waits, pass by pass,
+//! for a state only passes change (the work a device has in flight).
 //!
 //! Syscalls of the loop, for the device roles (src/seccomp/filters/devices.rs):
 //! `epoll_create1` and `epoll_ctl` in [`Worker::start`] (on the VMM thread
@@ -412,14 +412,16 @@ impl<H: QueueHandler> MutEventSubscriber for Subscriber<H> {
             gate,
             ..
         } = self;
-        if events.data() != EXIT && !*exited {
-            if let Some(g) = gate {
-                g.wait_open();
-            }
+        if events.data() == EXIT {
+            *exited = true;
+            return;
         }
+        if *exited {
+            return;
+        }
+        // Waits here while the devices are held; inside until the pass ends.
+        let _inside = gate.as_deref().map(Gate::enter);
         match events.data() {
-            EXIT => *exited = true,
-            _ if *exited => {}
             WAKE => {
                 let pending = wake.take();
                 passes.run(|| handler.wake_event(pending));
@@ -484,14 +486,13 @@ impl<H: QueueHandler> Worker<H> {
             .expect("the worker's own subscriber")
     }
 
-    /// Makes every pass of this loop wait while `gate` is closed (before it
-    /// looks at the event that woke it: nothing is lost).
+    /// Makes every pass of this loop enter `gate` ([`Gate::enter`]: before
+    /// it looks at the event that woke it, so nothing is lost).
     pub fn hold_at(&mut self, gate: Arc<Gate>) {
         self.subscriber().gate = Some(gate);
     }
 
-    /// A watch on this loop's passes (the loop must have been given a
-    /// [`Gate`] for a hold to wait on it).
+    /// A watch on this loop's passes.
     pub fn pass_watch(&mut self) -> PassWatch {
         PassWatch(self.subscriber().passes.0.clone())
     }
@@ -532,9 +533,7 @@ impl<H: QueueHandler> Worker<H> {
             return Ok(false);
         }
         if H::TIMED {
-            if let Some(g) = &s.gate {
-                g.wait_open();
-            }
+            let _inside = s.gate.as_deref().map(Gate::enter);
             let (handler, passes) = (&mut s.handler, &s.passes);
             passes.run(|| handler.timers(Instant::now()));
         }

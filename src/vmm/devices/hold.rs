@@ -5,9 +5,9 @@
 //! How: the drives take no new chain and the balloon sends no new batch to
 //! its sink (their flags), and the hold waits, pass by pass
 //! ([`crate::devices::virtio::wait_for`]), until no drive has a request in
-//! host I/O and no balloon batch is in flight; then every device loop's
-//! [`Gate`] closes and the hold waits for the passes running then to end
-//! ([`PassWatch::wait_pass_end`]). Each wait has the one deadline
+//! host I/O and no balloon batch is in flight; then the [`Gate`] every
+//! device loop's passes enter closes, waiting for the passes inside to
+//! end ([`Gate::close`]). Each wait has the one deadline
 //! [`HOLD_TIMEOUT`]: a device that is not still by then is an error naming
 //! it, and the hold is released. Dropping the hold opens the gate, lifts
 //! the flags and wakes every device with all its queues marked, so what
@@ -151,14 +151,16 @@ impl Devices {
                 });
             }
         }
-        parts.gate.close();
-        for e in &parts.entries {
-            if !e.passes.wait_pass_end(deadline) {
-                return Err(DeviceError::NotStill {
-                    device: e.key.to_string(),
-                    what: "its thread's pass did not end",
-                });
-            }
+        if !parts.gate.close(deadline) {
+            let device = parts
+                .entries
+                .iter()
+                .find(|e| e.passes.running())
+                .map_or_else(|| "a device".to_string(), |e| e.key.to_string());
+            return Err(DeviceError::NotStill {
+                device,
+                what: "its thread's pass did not end",
+            });
         }
         // Still, with no pass to change it: settled stays settled.
         if let Some(e) = parts.entries.iter().find(|e| !parts.settled(&e.key)) {
