@@ -27,7 +27,10 @@
 //! its own handle (`dup`) on the drive's file, the tap and the listener.
 //!
 //! Here: what a start asks for (the specs), the devices as the VMM drives
-//! them, and their stop. `build.rs`: [`Devices::build`]. [`hotplug`]: the
+//! them, and their stop. `build.rs`: [`Devices::build`]. `hold.rs`:
+//! [`Devices::hold`], the devices held still for a snapshot.
+//! `snapshot.rs`: [`Devices::save_state`] and [`Devices::restore_state`]
+//! ([`DevicesState`]). [`hotplug`]: the
 //! virtio-mem devices as the VMM drives them. `metrics.rs`: their groups of
 //! a metrics line. The sinks they give memory back through are
 //! [`crate::vmm::sinks`].
