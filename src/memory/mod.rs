@@ -39,6 +39,7 @@ pub mod reclaim;
 pub mod slots;
 pub mod snapshot;
 mod sys;
+pub mod uffd;
 pub mod view;
 mod workers;
 
@@ -50,7 +51,7 @@ pub use discard::{
 pub use gmem::{GuestMemfdSource, GuestMemfdSupport, NumaBinding, Placement};
 pub use guest::{GuestMemory, GuestMemoryError};
 pub use hotplug::{HotplugLayoutError, HotplugOptions};
-pub use mapping::{SliceMapping, Stripe};
+pub use mapping::{Contents, SliceMapping, Stripe};
 pub use numa::{host_has_node, HostNode, HostTopology, NumaError};
 pub use options::{Backing, MemoryOptions, NumaPolicy, PageSize};
 pub use plan::{NodeSlice, PlanError};
@@ -60,6 +61,8 @@ pub use range::GuestRange;
 pub use reclaim::{Failures, FreeMethod, HostRange, ReclaimError, ReclaimOptions};
 pub use slots::{GmemBinding, GuestSlot, MAX_SLOT_BYTES};
 pub use snapshot::{
-    FileRegion, MemoryFileError, MemoryFileNode, MemoryFileOptions, MemoryFileReport,
+    FileRegion, MemoryFileError, MemoryFileNode, MemoryFileOptions, MemoryFileReport, RestoreError,
+    SnapshotMemory,
 };
+pub use uffd::{GuestRegionUffdMapping, UffdError};
 pub use view::{GuestLease, GuestView, PluggedSlots, ViewMemory};

@@ -37,7 +37,10 @@
 
 mod exec;
 mod io;
+mod load;
 
+#[cfg(test)]
+mod load_tests;
 #[cfg(test)]
 mod tests;
 
@@ -45,10 +48,12 @@ use std::fs::File;
 use std::time::Duration;
 
 use super::guest::GuestMemory;
+use super::mapping::Contents;
 use super::numa::HostTopology;
 use super::options::Backing;
 use super::plan::NodeSlice;
 use exec::{execute, CopyRange, Direction, Source};
+pub use load::{check_regions, RestoreError, SnapshotMemory};
 
 /// Most workers per node a write or a load may run.
 pub const MAX_WORKERS_PER_NODE: u32 = 64;
@@ -255,7 +260,10 @@ impl GuestMemory {
                     host_addr: s.host_addr(),
                     len: s.slice().len,
                     file_offset: r.file_offset,
-                    source: Source::Anonymous,
+                    source: match s.contents() {
+                        Contents::Own => Source::Anonymous,
+                        Contents::MemoryFile | Contents::Userfault => Source::Whole,
+                    },
                 });
                 continue;
             }
