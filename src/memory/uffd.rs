@@ -6,7 +6,7 @@
 //! of [`GuestRegionUffdMapping`] with the userfaultfd as `SCM_RIGHTS`.
 //!
 //! teravm keeps the userfaultfd and the connection for the memory's life
-//! ([`UffdSession`], owned by the mappings, dropped after they are unmapped).
+//! (a session owned by the mappings, dropped after they are unmapped).
 //! A missing page is then filled only by the handler: a thread that touches
 //! one waits until it is served. No thread of this module waits on guest
 //! memory; the connection's `connect` and `sendmsg` wait at most
@@ -334,5 +334,33 @@ fn send_with_fd(socket: &OwnedFd, body: &[u8], fd: libc::c_int) -> io::Result<()
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `_IOWR` / `_IOR` of type 0xAA.
+    fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
+        (dir << 30) | ((size as u64) << 16) | (UFFD_API << 8) | nr
+    }
+
+    #[test]
+    fn ioctl_numbers_are_the_kernels_and_the_filters() {
+        assert_eq!(UFFDIO_API, ioc(3, 0x3f, std::mem::size_of::<UffdioApi>()));
+        assert_eq!(
+            UFFDIO_REGISTER,
+            ioc(3, 0x00, std::mem::size_of::<UffdioRegister>())
+        );
+        assert_eq!(
+            UFFDIO_UNREGISTER,
+            ioc(2, 0x01, std::mem::size_of::<UffdioRange>())
+        );
+        use crate::seccomp::filters as f;
+        assert_eq!(
+            (UFFDIO_API, UFFDIO_REGISTER, UFFDIO_UNREGISTER),
+            (f::UFFDIO_API, f::UFFDIO_REGISTER, f::UFFDIO_UNREGISTER)
+        );
     }
 }

@@ -280,9 +280,10 @@ impl ChunkCopy<'_> {
             }
             Source::Resident => sys::resident_ranges(addr, len as usize, buf, &mut put)
                 .map_err(|e| ("mincore", addr as u64, e)),
-            // SAFETY: the chunk lies in the caller's live readable mapping.
             Source::Whole => {
-                unsafe { nonzero_ranges(addr, len, &mut put) }.map_err(|e| ("read", addr as u64, e))
+                // SAFETY: the chunk lies in the caller's live readable mapping.
+                let found = unsafe { nonzero_ranges(addr, len, &mut put) };
+                found.map_err(|e| ("read", addr as u64, e))
             }
         };
         if let Some(e) = write_error {
