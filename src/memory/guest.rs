@@ -278,6 +278,15 @@ impl GuestMemory {
         split_bound(&ranges, MAX_SLOT_BYTES)
     }
 
+    /// For a guest restored with the Uffd backend, the connection to its
+    /// page fault handler (kept open for the memory's life), for a caller
+    /// to poll: its hang-up (`POLLHUP`) says the handler is gone, so no
+    /// missing page will be served any more (a thread that touches one
+    /// waits for ever). None for other memory.
+    pub fn uffd_handler_connection(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.mappings.uffd.as_ref()?.handler_connection()
+    }
+
     /// Guest RAM in bytes.
     pub fn mem_bytes(&self) -> u64 {
         self.mem_bytes

@@ -209,6 +209,12 @@ impl UffdSession {
         Ok(())
     }
 
+    /// The connection to the handler (once the handshake is done).
+    pub(crate) fn handler_connection(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.socket.as_ref().map(|s| s.as_fd())
+    }
+
     /// Unregisters every range (waking any thread that waits on one of its
     /// faults: it then faults as private anonymous memory) and closes the
     /// userfaultfd and the connection. Before guest memory is freed.

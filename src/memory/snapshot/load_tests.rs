@@ -345,6 +345,23 @@ fn firecrackers_on_demand_handler_serves_the_guest() {
         };
         assert_eq!(*w, want, "page {gpa:#x}");
     }
+    // A snapshot of the restored guest has the pages the handler has not
+    // served yet too (its workers' reads fault them in).
+    let again = dir.create("again");
+    m.write_memory_file(&again, &MemoryFileOptions::default(), &topo)
+        .unwrap();
+    for gpa in TOUCHED {
+        assert_eq!(file_word(&again, gpa + 255 * 8), pattern(gpa, 255));
+    }
+    // The handler is there: its connection has not hung up.
+    let conn = m.uffd_handler_connection().expect("a uffd guest");
+    let mut poll = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&conn),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of ours, for the call.
+    assert_eq!(unsafe { libc::poll(&mut poll, 1, 0) }, 0);
     // Reclaim (unregisters first, so its MADV_DONTNEED waits on no
     // handler) ends, and the userfaultfd with it.
     let (tx, rx) = mpsc::channel();
