@@ -4,7 +4,9 @@
 //! the process may get ([`admission`]), the owned mappings ([`mapping`]) and
 //! their owner ([`guest`], its error in [`error`]) with its vm-memory view
 //! ([`view`]) and memslots ([`slots`]), the parallel per-node [`populate`] and [`reclaim`]
-//! executors, the [`snapshot`] memory file written and loaded per node, and the [`discard`] pool that frees what a running guest
+//! executors, the [`snapshot`] memory file written and loaded per node (and a
+//! restored guest's memory built from it: lazily, eagerly, or by a page fault
+//! handler over a [`uffd`]), and the [`discard`] pool that frees what a running guest
 //! gives back, in the one guest range type of the crate ([`range`]). It knows no file format: the config file's types are
 //! converted into [`MemoryOptions`] and [`ReclaimOptions`] by `config`, and
 //! its reports into the API's JSON by `api::shapes`.

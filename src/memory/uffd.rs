@@ -11,6 +11,19 @@
 //! one waits until it is served. No thread of this module waits on guest
 //! memory; the connection's `connect` and `sendmsg` wait at most
 //! [`HANDSHAKE_TIMEOUT`] for a handler that does not accept.
+//!
+//! Who waits on a handler that never answers (or died: teravm's copy of
+//! the userfaultfd keeps it open, so faults wait rather than fail): every
+//! thread that reads or writes a page it has not served. The vCPUs (in
+//! KVM; a signal, the kick, ends the wait), the device threads (virtio
+//! queues and buffers through a view; nothing ends their wait, and those
+//! that run their pass under their device's mutex, net, vsock and entropy,
+//! make whoever locks it wait too), the discard workers (`MADV_DONTNEED`
+//! of a registered range waits until the handler reads its
+//! `UFFD_EVENT_REMOVE`), the workers of a snapshot's memory file, and a
+//! populate. Not a reclaim: it unregisters first. The connection's hang-up
+//! ([`crate::memory::GuestMemory::uffd_handler_connection`]) says the
+//! handler is gone.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
