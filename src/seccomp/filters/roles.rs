@@ -2,7 +2,10 @@
 //! thread's event loop, the API, the vCPUs, the output threads, the
 //! `files` thread and the `start` and `reclaim` job runners.
 
-use super::shared::{mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SYS_CACHESTAT};
+use super::shared::{
+    mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SYS_CACHESTAT, UFFDIO_API, UFFDIO_REGISTER,
+    UFFDIO_UNREGISTER,
+};
 use super::{any, kvm, one_of, Allow, Only};
 
 /// `vcpu{n}`: the `KVM_RUN` loop and the port I/O devices. Console bytes go
@@ -160,7 +163,10 @@ pub(super) const FILES: &[Allow] = &[
 /// THP advice; NUMA binding), memslots, the kernel and initrd (already
 /// open), the vCPUs' fds and registers, the console writer, and the
 /// `populate-n{node}-{i}` workers (pinned, `MADV_POPULATE_WRITE`), which run
-/// under this filter.
+/// under this filter. A restored guest's memory is built here too: the
+/// memory file mapped private (Lazy), a userfaultfd and the connection to
+/// its page fault handler (Uffd), or the `memload-n{node}-{i}` workers'
+/// reads (Eager).
 pub(super) const START: &[Allow] = &[
     any(
         libc::SYS_io_uring_setup,
@@ -222,8 +228,40 @@ pub(super) const START: &[Allow] = &[
             named!(kvm::SET_LAPIC),
             named!(libc::TCGETS),
             named!(libc::FIONBIO),
+            (UFFDIO_API, "UFFDIO_API"),
+            (UFFDIO_REGISTER, "UFFDIO_REGISTER"),
         ],
-        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT (the `pit` thread it spawns turns the PIT's reinjection off), the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener",
+        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT (the `pit` thread it spawns turns the PIT's reinjection off), the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener; UFFDIO_API, UFFDIO_REGISTER: a restored guest's userfaultfd (Firecracker's features) and its slices registered for missing pages",
+    ),
+    one_of(
+        libc::SYS_userfaultfd,
+        0,
+        &[(
+            (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64,
+            "O_CLOEXEC|O_NONBLOCK",
+        )],
+        "a guest restored with the Uffd memory backend: its page fault handler's userfaultfd",
+    ),
+    one_of(
+        libc::SYS_socket,
+        0,
+        &[named!(libc::AF_UNIX)],
+        "the connection to a restored guest's page fault handler (the Uffd backend_path)",
+    ),
+    one_of(
+        libc::SYS_setsockopt,
+        2,
+        &[named!(libc::SO_SNDTIMEO)],
+        "that connection's connect and sendmsg wait at most 10 s",
+    ),
+    any(libc::SYS_connect, "that connection"),
+    any(
+        libc::SYS_sendmsg,
+        "the handler's message: the regions' JSON and the userfaultfd (SCM_RIGHTS)",
+    ),
+    any(
+        libc::SYS_pread64,
+        "the eager load of a snapshot's memory file (memory_load Eager), by the `memload-n{node}-{i}` workers",
     ),
     mmap_no_exec("guest memory, memfd and guest_memfd slices, each vCPU's kvm_run; one page of a guest_memfd again, to ask for its policy"),
     any(libc::SYS_memfd_create, "memfd backing"),
@@ -303,8 +341,9 @@ pub(super) const RECLAIM: &[Allow] = &[
         &[
             named!(libc::TCGETS),
             (PAGEMAP_SCAN, "PAGEMAP_SCAN"),
+            (UFFDIO_UNREGISTER, "UFFDIO_UNREGISTER"),
         ],
-        "is stderr a terminal (progress line); the guest's own pages of each anonymous chunk (/proc/self/pagemap, opened at the start)",
+        "is stderr a terminal (progress line); the guest's own pages of each anonymous chunk (/proc/self/pagemap, opened at the start); a restored guest's slices leave its userfaultfd before they are freed (a MADV_DONTNEED of a registered range waits for the handler)",
     ),
     one_of(
         libc::SYS_fallocate,
