@@ -166,3 +166,39 @@ impl Vcpus {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::kick::install_kick_handler;
+    use super::super::{VcpuControl, VcpuHandle};
+    use super::*;
+
+    #[test]
+    fn a_vcpu_that_does_not_answer_is_named_and_its_request_taken_down() {
+        install_kick_handler().unwrap();
+        let mut vcpus = Vcpus::new(Arc::new(VcpuControl::new()));
+        // A "vCPU" thread that never reaches the hold (stuck elsewhere),
+        // until told to end.
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        let (ended_tx, ended) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let _ended = ended_tx;
+            let _ = stuck.recv();
+        });
+        vcpus.push(VcpuHandle {
+            index: 0,
+            thread: Some(thread),
+            ended,
+        });
+        assert!(!vcpus.pause(Duration::from_millis(10)));
+        match vcpus.save_states(&[], Duration::from_millis(50)) {
+            Err(StateError::NoAnswer { indices, .. }) => assert_eq!(indices, [0]),
+            other => panic!("{other:?}"),
+        }
+        // Nothing left for a late answer, and a new request may be posted.
+        assert!(!vcpus.control.save.pending(0));
+        assert!(vcpus.control.save.lock().request.is_none());
+        release.send(()).unwrap();
+        assert_eq!(vcpus.stop(Duration::from_secs(10)).stuck, 0);
+    }
+}

@@ -9,7 +9,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 
 use super::*;
 use crate::vstate::vcpu::{restore_vcpu, VcpuControl, Vcpus};
-use crate::vstate::vm::MemorySlot;
+use crate::vstate::vm::{MemorySlot, Vm};
 
 /// Where the guest code is, in real mode with CS base 0.
 const CODE: u64 = 0x1000;
@@ -130,10 +130,11 @@ fn vcpu_and_vm_state_survive_a_restore() {
     let vm_back: VmState = serde_json::from_str(&vm_json).unwrap();
     assert_eq!(serde_json::to_string(&vm_back).unwrap(), vm_json);
 
-    // Into a fresh VM and vCPU, from the JSON.
+    // Into a fresh VM and vCPU, from the JSON, in Firecracker's order:
+    // the vCPUs, then the VM.
     let (mut vm2, _mem2, mut fd2) = vm_with_code();
-    vm2.restore_state(&vm_back).unwrap();
     restore_vcpu(&fd2, 0, &back).unwrap();
+    vm2.restore_state(&vm_back).unwrap();
     let again = VcpuState::save(&fd2, 0, &msrs).unwrap();
     assert_eq!(again.regs, saved.regs);
     assert_eq!(again.sregs, saved.sregs);
