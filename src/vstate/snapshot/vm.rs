@@ -81,7 +81,7 @@ impl Vm {
     /// Writes `state` into this VM, in Firecracker's order (PIT, clock,
     /// PICs, IOAPIC): after [`Vm::setup_irqchip`] where the state has an
     /// irqchip, and as Firecracker does, after the vCPUs' states were
-    /// restored ([`super::vcpu::restore_vcpu`]), before they run. The clock goes in with its flags
+    /// restored ([`crate::vstate::vcpu::restore_vcpu`]), before they run. The clock goes in with its flags
     /// cleared, as Firecracker's does (no `KVM_CLOCK_REALTIME`: the guest's
     /// clock goes on from where it was saved).
     pub fn restore_state(&mut self, state: &VmState) -> Result<(), StateError> {
