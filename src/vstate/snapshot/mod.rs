@@ -364,11 +364,12 @@ impl VcpuState {
         fd.set_sregs(&self.sregs).map_err(vcpu("KVM_SET_SREGS"))?;
         match &self.fpu {
             FpuState::Xsave { xsave, xcrs } => {
-                // SAFETY: KVM_SET_XSAVE reads the vCPU's XSAVE buffer size
-                // from `xsave`, which is 4096 bytes; KVM's size is larger
-                // only for a process that asked for dynamically enabled
-                // XSTATE features (arch_prctl ARCH_REQ_XCOMP_GUEST_PERM,
-                // AMX), which teravm never does.
+                // SAFETY: KVM_SET_XSAVE copies the vCPU's XSAVE buffer
+                // size (its guest FPU's user ABI size) from `xsave`, a
+                // 4096-byte `kvm_xsave` that lives for the call; that size
+                // is above 4096 only in a process that asked for
+                // dynamically enabled XSTATE features (arch_prctl
+                // ARCH_REQ_XCOMP_GUEST_PERM, AMX), which teravm never does.
                 unsafe { fd.set_xsave(&xsave.0) }.map_err(vcpu("KVM_SET_XSAVE"))?;
                 if let Some(xcrs) = xcrs {
                     fd.set_xcrs(xcrs).map_err(vcpu("KVM_SET_XCRS"))?;
