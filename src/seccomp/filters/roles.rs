@@ -3,7 +3,7 @@
 //! `files` thread and the `start` and `reclaim` job runners.
 
 use super::shared::{
-    mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SYS_CACHESTAT, UFFDIO_API, UFFDIO_REGISTER,
+    mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SNAPSHOT_FILE_FLAGS, SYS_CACHESTAT, UFFDIO_API, UFFDIO_REGISTER,
     UFFDIO_UNREGISTER,
 };
 use super::{any, kvm, one_of, Allow, Only};
@@ -208,8 +208,23 @@ pub(super) const START: &[Allow] = &[
     one_of(
         libc::SYS_openat,
         2,
-        &[(O_RDONLY_CLOEXEC, "O_RDONLY|O_CLOEXEC")],
-        "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances; the thread count a start-fails-at fault reports (/proc/self/status)",
+        &[
+            (O_RDONLY_CLOEXEC, "O_RDONLY|O_CLOEXEC"),
+            (SNAPSHOT_FILE_FLAGS, "O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC"),
+        ],
+        "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances; the thread count a start-fails-at fault reports (/proc/self/status); /proc/self/pagemap for a snapshot's memory file; a snapshot's two files, made new under a temporary name (never an existing file or a FIFO)",
+    ),
+    any(
+        libc::SYS_pwrite64,
+        "a snapshot's memory file, by the `memsave-n{node}-{i}` workers",
+    ),
+    any(libc::SYS_write, "a snapshot's state file"),
+    any(libc::SYS_fsync, "a snapshot's files, whole before they are renamed"),
+    any(libc::SYS_rename, "a snapshot's files to their names, once whole"),
+    any(libc::SYS_unlink, "a snapshot's temporary files, after a failure"),
+    any(
+        libc::SYS_mincore,
+        "the resident pages of a snapshot's memory where PAGEMAP_SCAN is missing (and of hugetlb and guest_memfd memory)",
     ),
     any(libc::SYS_read, "those files; the kernel and initrd"),
     any(libc::SYS_lseek, "the kernel loader seeks in the image; a drive's size"),
@@ -259,8 +274,9 @@ pub(super) const START: &[Allow] = &[
             named!(libc::FIONBIO),
             (UFFDIO_API, "UFFDIO_API"),
             (UFFDIO_REGISTER, "UFFDIO_REGISTER"),
+            (PAGEMAP_SCAN, "PAGEMAP_SCAN"),
         ],
-        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT (the `pit` thread it spawns turns the PIT's reinjection off), the devices' irqfds and ioeventfds, the vCPUs' setup; a snapshot's: the host's MSR list, the vCPUs' state restored, the VM's irqchip, PIT and clock saved and restored; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener; UFFDIO_API, UFFDIO_REGISTER: a restored guest's userfaultfd (Firecracker's features) and its slices registered for missing pages",
+        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT (the `pit` thread it spawns turns the PIT's reinjection off), the devices' irqfds and ioeventfds, the vCPUs' setup; a snapshot's: the host's MSR list, the vCPUs' state restored, the VM's irqchip, PIT and clock saved and restored; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener; UFFDIO_API, UFFDIO_REGISTER: a restored guest's userfaultfd (Firecracker's features) and its slices registered for missing pages; PAGEMAP_SCAN: the guest's own pages, for a snapshot's memory file",
     ),
     one_of(
         libc::SYS_userfaultfd,

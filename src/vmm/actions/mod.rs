@@ -142,6 +142,10 @@ impl Vmm {
                 return self.open_then(vec![request], Pending::Metrics(c), reply);
             }
             VmmAction::Shutdown(mode) => return self.shutdown(mode, reply),
+            // Answered when the create job hands the microVM back, or the
+            // load's start ends.
+            VmmAction::CreateSnapshot(params) => return self.create_snapshot(params, reply),
+            VmmAction::LoadSnapshot(params) => return self.load_snapshot(params, reply),
             _ => {}
         }
         let (method, path) = action.method_and_path();
@@ -251,8 +255,9 @@ impl Vmm {
             }
             VmmAction::PutEntropy(_) => refused("adding the entropy device", state),
             VmmAction::PutSerial(_) => refused("configuring the serial output", state),
-            VmmAction::CreateSnapshot(params) => self.create_snapshot(params),
-            VmmAction::LoadSnapshot(params) => self.load_snapshot(params),
+            VmmAction::CreateSnapshot(_) | VmmAction::LoadSnapshot(_) => {
+                Err(misrouted(&action, "do_action"))
+            }
         }
     }
 }

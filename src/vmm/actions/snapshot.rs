@@ -12,8 +12,11 @@
 //!   [`crate::api::VmmAction::configures_boot`]), with
 //!   `LoadSnapshotNotAllowed`.
 
-use crate::api::{VmmActionError, VmmData};
-use crate::snapshot::{CreateSnapshotParams, LoadSnapshotParams};
+use std::sync::mpsc::Sender;
+
+use crate::api::{ActionResult, VmmActionError};
+use crate::snapshot::{CreateSnapshotParams, LoadSnapshotParams, SnapshotType};
+use crate::vmm::lifecycle::Phase;
 use crate::vmm::{VmState, Vmm};
 
 /// Firecracker's answer to a create while the vCPUs run.
@@ -56,29 +59,60 @@ impl Vmm {
         }
     }
 
+    /// `PUT /snapshot/create`: refused as Firecracker refuses it, and
+    /// where teravm cannot write the snapshot yet (a second create under
+    /// way, Diff, memory hotplug); else the paused microVM goes to the
+    /// create job, which answers `reply` ([`crate::vmm::lifecycle::snapshot`]).
     pub(in crate::vmm) fn create_snapshot(
         &mut self,
         params: CreateSnapshotParams,
-    ) -> Result<VmmData, VmmActionError> {
-        if let Some(why) = self.create_refusal() {
-            return Err(VmmActionError::BadRequest(why));
+        reply: Sender<ActionResult>,
+    ) {
+        let refusal = if matches!(self.phase, Phase::Snapshotting(_)) {
+            Some("PUT /snapshot/create: a snapshot is being created already".to_string())
+        } else {
+            self.create_refusal()
+        };
+        let refusal = refusal.or_else(|| {
+            (params.snapshot_type == SnapshotType::Diff).then(|| {
+                "PUT /snapshot/create: snapshot_type \"Diff\" is not supported by teravm yet \
+                 (it writes Full snapshots, sparse: only the memory the guest has)"
+                    .to_string()
+            })
+        });
+        let refusal = refusal.or_else(|| {
+            self.config.memory_hotplug.is_some().then(|| {
+                "PUT /snapshot/create: a snapshot of a microVM with memory hotplug \
+                 (virtio-mem) is not supported by teravm yet"
+                    .to_string()
+            })
+        });
+        if let Some(why) = refusal {
+            crate::metrics::record_failure("PUT", "/snapshot/create");
+            let _ = reply.send(Err(VmmActionError::BadRequest(why)));
+            return;
         }
-        let _ = params;
-        Err(VmmActionError::BadRequest(
-            "PUT /snapshot/create: not implemented yet".into(),
-        ))
+        self.begin_create(params, reply);
     }
 
+    /// `PUT /snapshot/load`: refused as Firecracker refuses it; else the
+    /// `files` thread opens the snapshot and the `start` job restores it,
+    /// answering `reply` ([`crate::vmm::lifecycle`]'s `load`).
     pub(in crate::vmm) fn load_snapshot(
         &mut self,
         params: LoadSnapshotParams,
-    ) -> Result<VmmData, VmmActionError> {
-        if let Some(why) = self.load_refusal() {
-            return Err(VmmActionError::BadRequest(why));
+        reply: Sender<ActionResult>,
+    ) {
+        let refusal = self.load_refusal().or_else(|| {
+            self.pending_opens_any().then(|| {
+                "PUT /snapshot/load: a configuration or a load is still being opened".to_string()
+            })
+        });
+        if let Some(why) = refusal {
+            crate::metrics::record_failure("PUT", "/snapshot/load");
+            let _ = reply.send(Err(VmmActionError::BadRequest(why)));
+            return;
         }
-        let _ = params;
-        Err(VmmActionError::BadRequest(
-            "PUT /snapshot/load: not implemented yet".into(),
-        ))
+        self.begin_load(params, reply);
     }
 }
