@@ -5,8 +5,10 @@
 //!
 //! A line has Firecracker's layout where Firecracker has the metric
 //! (`utc_timestamp_ms`, `api_server`, `get_api_requests`,
-//! `put_api_requests`, `patch_api_requests`, `logger`, `signals`; their
-//! counters are what happened since the previous line, as in Firecracker),
+//! `put_api_requests`, `patch_api_requests`, `logger`, `signals`,
+//! `deprecated_api`; their counters are what happened since the previous
+//! line, as in Firecracker; and `latencies_us`, the last duration of each
+//! snapshot, pause and resume, [`record_latency_us`]),
 //! plus teravm's own group `teravm` (running totals): the VM's state, the
 //! reclaim report (state, elapsed, bytes freed per node, workers), API
 //! requests and errors per method and resource, bytes of guest console
@@ -154,7 +156,63 @@ pub struct Metrics {
     sigint: AtomicU64,
     sighup_total: AtomicU64,
     console_bytes_dropped: AtomicU64,
+    deprecated_calls: DeltaCounter,
+    /// The API-level `latencies_us` fields, by [`Latency`].
+    api_latency_us: [AtomicU64; LATENCIES],
+    /// The VMM-level ones (`vmm_` before the name).
+    vmm_latency_us: [AtomicU64; LATENCIES],
     sink: Mutex<Option<LineSink>>,
+}
+
+/// One of Firecracker's `latencies_us` measures. Each has two fields: the
+/// API level (`full_create_snapshot`: from the request to the answer) and
+/// the VMM level (`vmm_full_create_snapshot`: the action alone). A field
+/// holds the last duration recorded, in microseconds (Firecracker's
+/// `SharedStoreMetric`: not reset by a line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Latency {
+    /// A Full `PUT /snapshot/create`.
+    FullCreateSnapshot,
+    /// A Diff `PUT /snapshot/create`.
+    DiffCreateSnapshot,
+    /// A `PUT /snapshot/load`.
+    LoadSnapshot,
+    /// A `PATCH /vm` to `Paused`.
+    PauseVm,
+    /// A `PATCH /vm` to `Resumed`.
+    ResumeVm,
+}
+
+const LATENCIES: usize = 5;
+
+impl Latency {
+    const ALL: [Latency; LATENCIES] = [
+        Latency::FullCreateSnapshot,
+        Latency::DiffCreateSnapshot,
+        Latency::LoadSnapshot,
+        Latency::PauseVm,
+        Latency::ResumeVm,
+    ];
+
+    /// The API-level field's name (the VMM-level one has `vmm_` before it).
+    pub fn field(self) -> &'static str {
+        match self {
+            Latency::FullCreateSnapshot => "full_create_snapshot",
+            Latency::DiffCreateSnapshot => "diff_create_snapshot",
+            Latency::LoadSnapshot => "load_snapshot",
+            Latency::PauseVm => "pause_vm",
+            Latency::ResumeVm => "resume_vm",
+        }
+    }
+}
+
+/// Where a duration was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyLevel {
+    /// From the request to the answer (the API server).
+    Api,
+    /// The action alone (the VMM).
+    Vmm,
 }
 
 /// The process's metrics.
@@ -176,6 +234,9 @@ impl Metrics {
             sigint: AtomicU64::new(0),
             sighup_total: AtomicU64::new(0),
             console_bytes_dropped: AtomicU64::new(0),
+            deprecated_calls: DeltaCounter::new(),
+            api_latency_us: [const { AtomicU64::new(0) }; LATENCIES],
+            vmm_latency_us: [const { AtomicU64::new(0) }; LATENCIES],
             sink: Mutex::new(None),
         }
     }
@@ -196,6 +257,49 @@ pub fn record_failure(method: &str, path: &str) {
 pub fn counts(method: &str, path: &str) -> (u64, u64) {
     let (m, r) = (method_index(method), resource_index(path));
     (METRICS.requests[m][r].total(), METRICS.fails[m][r].total())
+}
+
+/// Records the duration of one successful action, in microseconds, as
+/// Firecracker's `latencies_us` does (the last one is kept).
+pub fn record_latency_us(which: Latency, level: LatencyLevel, us: u64) {
+    let fields = match level {
+        LatencyLevel::Api => &METRICS.api_latency_us,
+        LatencyLevel::Vmm => &METRICS.vmm_latency_us,
+    };
+    fields[which as usize].store(us, Ordering::Relaxed);
+}
+
+/// The last duration recorded for `which` at `level` (0: none yet).
+pub fn latency_us(which: Latency, level: LatencyLevel) -> u64 {
+    let fields = match level {
+        LatencyLevel::Api => &METRICS.api_latency_us,
+        LatencyLevel::Vmm => &METRICS.vmm_latency_us,
+    };
+    fields[which as usize].load(Ordering::Relaxed)
+}
+
+/// Counts one request that used a deprecated field (Firecracker's
+/// `deprecated_api.deprecated_http_api_calls`).
+pub fn record_deprecated_api_call() {
+    METRICS.deprecated_calls.add(1);
+}
+
+/// Firecracker's `latencies_us` group.
+fn latencies() -> Value {
+    let mut map = Map::new();
+    for l in Latency::ALL {
+        map.insert(
+            l.field().to_string(),
+            latency_us(l, LatencyLevel::Api).into(),
+        );
+    }
+    for l in Latency::ALL {
+        map.insert(
+            format!("vmm_{}", l.field()),
+            latency_us(l, LatencyLevel::Vmm).into(),
+        );
+    }
+    Value::Object(map)
 }
 
 /// Counts one shutdown signal (SIGTERM, SIGINT, SIGHUP) received.
@@ -374,6 +478,10 @@ fn line(vmm: &VmmSnapshot<'_>) -> Result<String, MetricsError> {
             "missed_stderr_count": m.missed_stderr_lines.since_last_line(),
         },
         "signals": { "sighup": m.sighup.since_last_line() },
+        "deprecated_api": {
+            "deprecated_http_api_calls": m.deprecated_calls.since_last_line(),
+        },
+        "latencies_us": latencies(),
         "teravm": {
             "version": env!("CARGO_PKG_VERSION"),
             "state": vmm.state,
@@ -559,6 +667,50 @@ mod tests {
                 .unwrap()
                 >= 1
         );
+    }
+
+    #[test]
+    fn latencies_us_has_firecrackers_fields_and_keeps_the_last() {
+        record_latency_us(Latency::DiffCreateSnapshot, LatencyLevel::Vmm, 5);
+        record_latency_us(Latency::DiffCreateSnapshot, LatencyLevel::Vmm, 7);
+        record_latency_us(Latency::LoadSnapshot, LatencyLevel::Api, 11);
+        record_deprecated_api_call();
+        let report = crate::memory::ReclaimProgress::new().snapshot();
+        let snap = VmmSnapshot {
+            state: "Running",
+            reclaim: &report,
+            console_dropped_bytes: 0,
+            device_groups: vec![],
+        };
+        let v: Value = serde_json::from_str(&line(&snap).unwrap()).unwrap();
+        let l = &v["latencies_us"];
+        let mut names: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let mut fc = vec![
+            "full_create_snapshot",
+            "diff_create_snapshot",
+            "load_snapshot",
+            "pause_vm",
+            "resume_vm",
+            "vmm_full_create_snapshot",
+            "vmm_diff_create_snapshot",
+            "vmm_load_snapshot",
+            "vmm_pause_vm",
+            "vmm_resume_vm",
+        ];
+        fc.sort_unstable();
+        assert_eq!(names, fc);
+        assert_eq!(l["vmm_diff_create_snapshot"], 7);
+        assert_eq!(l["load_snapshot"], 11);
+        assert!(
+            v["deprecated_api"]["deprecated_http_api_calls"]
+                .as_u64()
+                .unwrap()
+                >= 1
+        );
+        // A store, not a delta: the next line shows it again.
+        let v: Value = serde_json::from_str(&line(&snap).unwrap()).unwrap();
+        assert_eq!(v["latencies_us"]["vmm_diff_create_snapshot"], 7);
     }
 
     #[test]

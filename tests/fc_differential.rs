@@ -359,3 +359,118 @@ fn the_200_bodies_are_firecrackers() {
     }
     assert!(differences.is_empty(), "{}", differences.join("\n"));
 }
+
+/// Firecracker's answer to a load once something configured the boot.
+const LOAD_AFTER_CONFIGURING: &str = "Load snapshot error: Loading a microVM snapshot not allowed \
+                                      after configuring boot-specific resources.";
+/// Firecracker's answer to a create while the vCPUs run.
+const CREATE_WHILE_RUNNING: &str = "Create snapshot error: Cannot save the microVM state: \
+                                    Operation not allowed: save/restore unavailable while running";
+
+fn fault(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body).unwrap()["fault_message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The state checks of `PUT /snapshot/create` and `/snapshot/load`, text
+/// for text where a client may match them: which requests count as
+/// configuring the boot (a load after one is refused with Firecracker's
+/// `LoadSnapshotNotAllowed`, after the others it is tried: Firecracker
+/// then fails on the missing files and exits, teravm answers otherwise
+/// but not that), a create before the start and while running, a load
+/// once started. Each case in a fresh pair of processes.
+#[test]
+fn the_snapshot_state_checks_are_firecrackers() {
+    let test = "the_snapshot_state_checks_are_firecrackers";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(fc) = firecracker(test) else {
+        return;
+    };
+    let load = r#"{"snapshot_path": "snap", "mem_backend": {"backend_path": "mem", "backend_type": "File"}}"#;
+    let create = r#"{"snapshot_path": "snap", "mem_file_path": "mem"}"#;
+    let boot = common::guests::Guest::TestGuest.boot_source("then=idle");
+    let disk = temp_dir("snapshot-checks-disk").join("disk.img");
+    std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
+    let drive = format!(
+        r#"{{"drive_id": "data", "path_on_host": "{}", "is_root_device": false, "is_read_only": true}}"#,
+        disk.display()
+    );
+    let configuring: Vec<(&str, String)> = vec![
+        (
+            "/machine-config",
+            r#"{"vcpu_count": 1, "mem_size_mib": 128}"#.into(),
+        ),
+        ("/boot-source", boot.clone()),
+        ("/drives/data", drive),
+        (
+            "/balloon",
+            r#"{"amount_mib": 0, "deflate_on_oom": false}"#.into(),
+        ),
+        ("/vsock", r#"{"guest_cid": 3, "uds_path": "v.sock"}"#.into()),
+        ("/entropy", "{}".into()),
+        (
+            "/hotplug/memory",
+            r#"{"total_size_mib": 1024, "slot_size_mib": 128, "block_size_mib": 2}"#.into(),
+        ),
+    ];
+    for (path, body) in &configuring {
+        let both = common::fc_api::Both::start(test, &fc, &[]);
+        both.put_ok(path, body);
+        let ((fs, fb), (ts, tb)) = both.ask("PUT", "/snapshot/load", Some(load));
+        assert_eq!(
+            (fs, fault(&fb).as_str(), ts, fault(&tb).as_str()),
+            (400, LOAD_AFTER_CONFIGURING, 400, LOAD_AFTER_CONFIGURING),
+            "a load after PUT {path}"
+        );
+    }
+    let not_configuring: Vec<(&str, &str)> = vec![
+        ("/logger", r#"{"level": "Info"}"#),
+        ("/mmds", r#"{"latest": {"x": 1}}"#),
+        ("/cpu-config", "{}"),
+        ("/serial", r#"{"serial_out_path": "serial.out"}"#),
+    ];
+    for (path, body) in &not_configuring {
+        let both = common::fc_api::Both::start(test, &fc, &[]);
+        both.put_ok(path, body);
+        // Firecracker tries the load (and exits: the files are missing).
+        let ((fs, fb), (ts, tb)) = both.ask("PUT", "/snapshot/load", Some(load));
+        assert!(
+            fs == 400 && ts == 400 && !fb.contains("not allowed") && !tb.contains("not allowed"),
+            "a load after PUT {path}: Firecracker {fs} {fb}, teravm {ts} {tb}"
+        );
+    }
+    // A create before the start: both name the start.
+    let both = common::fc_api::Both::start(test, &fc, &[]);
+    let ((fs, fb), (ts, tb)) = both.ask("PUT", "/snapshot/create", Some(create));
+    let pre = "not supported before starting the microVM";
+    assert!(
+        fs == 400 && ts == 400 && fault(&fb).contains(pre) && fault(&tb).contains(pre),
+        "a create before the start: Firecracker {fs} {fb}, teravm {ts} {tb}"
+    );
+    // Running: a create is refused with Firecracker's words, a load too.
+    both.boot_test_guest(r#"{"vcpu_count": 1, "mem_size_mib": 128}"#, "then=idle");
+    let ((fs, fb), (ts, tb)) = both.ask("PUT", "/snapshot/create", Some(create));
+    assert_eq!(
+        (fs, fault(&fb).as_str(), ts, fault(&tb).as_str()),
+        (400, CREATE_WHILE_RUNNING, 400, CREATE_WHILE_RUNNING),
+        "a create while running"
+    );
+    let post = "not supported after starting the microVM";
+    let ((fs, fb), (ts, tb)) = both.ask("PUT", "/snapshot/load", Some(load));
+    assert!(
+        fs == 400 && ts == 400 && fault(&fb).contains(post) && fault(&tb).contains(post),
+        "a load once started: Firecracker {fs} {fb}, teravm {ts} {tb}"
+    );
+    // Neither wrote a file.
+    for side in [&both.fc, &both.tv] {
+        assert!(
+            !side.dir.join("snap").exists() && !side.dir.join("mem").exists(),
+            "{}",
+            side.name
+        );
+    }
+}

@@ -121,6 +121,12 @@ pub enum VmmAction {
     /// `GET /hotplug/memory`: the region and what is plugged (once
     /// running).
     GetHotplugMemory,
+    /// `PUT /snapshot/create` (parsed; the state is checked by the VMM:
+    /// started and paused).
+    CreateSnapshot(crate::snapshot::CreateSnapshotParams),
+    /// `PUT /snapshot/load` (parsed and resolved; the state is checked by
+    /// the VMM: not started, nothing configured).
+    LoadSnapshot(crate::snapshot::LoadSnapshotParams),
 }
 
 /// The body of `PATCH /vm`.
@@ -153,6 +159,50 @@ impl VmmAction {
             VmmAction::PatchBalloonStatistics(_) => Some("PATCH /balloon/statistics"),
             VmmAction::PatchDrive(_) => Some("PATCH /drives"),
             VmmAction::PatchNetworkInterface(_) => Some("PATCH /network-interfaces"),
+            _ => None,
+        }
+    }
+
+    /// Whether Firecracker counts this action as configuring the microVM
+    /// for a boot (its `PrebootApiController::boot_path`, set by the
+    /// action even when it fails): a `PUT /snapshot/load` is refused after
+    /// one. The boot source, the machine configuration (PUT and PATCH),
+    /// drives, network interfaces, the balloon, the vsock, the entropy
+    /// device, the MMDS configuration and the memory hotplug region; not
+    /// the logger, the metrics, the serial output, the CPU template, the
+    /// MMDS contents, nor teravm's own `/memory` and `/reclaim` (how the
+    /// host backs and frees memory, which a load honours as a boot does).
+    pub fn configures_boot(&self) -> bool {
+        matches!(
+            self,
+            VmmAction::PutBootSource(_)
+                | VmmAction::PutMachineConfig(_)
+                | VmmAction::PatchMachineConfig(_)
+                | VmmAction::PutDrive(_)
+                | VmmAction::PutNetworkInterface(_)
+                | VmmAction::PutBalloon(_)
+                | VmmAction::PutVsock(_)
+                | VmmAction::PutEntropy(_)
+                | VmmAction::PutMmdsConfig(_)
+                | VmmAction::PutHotplugMemory(_)
+        )
+    }
+
+    /// The `latencies_us` field of Firecracker's metrics that a success of
+    /// this action sets (the API-level time, request to answer).
+    pub fn latency(&self) -> Option<crate::metrics::Latency> {
+        use crate::metrics::Latency;
+        use crate::snapshot::SnapshotType;
+        match self {
+            VmmAction::CreateSnapshot(p) => Some(match p.snapshot_type {
+                SnapshotType::Full => Latency::FullCreateSnapshot,
+                SnapshotType::Diff => Latency::DiffCreateSnapshot,
+            }),
+            VmmAction::LoadSnapshot(_) => Some(Latency::LoadSnapshot),
+            VmmAction::PatchVm(c) => Some(match c.state {
+                VmStateWanted::Paused => Latency::PauseVm,
+                VmStateWanted::Resumed => Latency::ResumeVm,
+            }),
             _ => None,
         }
     }
@@ -199,6 +249,8 @@ impl VmmAction {
             VmmAction::PutHotplugMemory(_) => ("PUT", "/hotplug/memory"),
             VmmAction::PatchHotplugMemory(_) => ("PATCH", "/hotplug/memory"),
             VmmAction::GetHotplugMemory => ("GET", "/hotplug/memory"),
+            VmmAction::CreateSnapshot(_) => ("PUT", "/snapshot/create"),
+            VmmAction::LoadSnapshot(_) => ("PUT", "/snapshot/load"),
         }
     }
 }

@@ -10,9 +10,13 @@
 //! must be a valid id ([`check_id`]) and equal the body's, as in
 //! Firecracker, or the answer is 400 ([`RouteError::BadId`]).
 //!
-//! Firecracker's resources for features teravm does not have
-//! (`/snapshot/*`) answer 400 with a `fault_message` that names the missing
-//! feature, so a Firecracker client's log says why. The balloon's free page hinting endpoints
+//! `PUT /snapshot/create` and `PUT /snapshot/load` take Firecracker's
+//! bodies ([`crate::snapshot::params`]: the load body's memory source
+//! resolved, with Firecracker's texts for both and neither); a load body
+//! field teravm cannot honour answers 400 naming it ([`RouteError::NotSupported`]),
+//! and a deprecated one is logged and counted as Firecracker does. `PUT
+//! /snapshot` without the operation answers 400 as Firecracker does. The
+//! balloon's free page hinting endpoints
 //! (`/balloon/hinting/*`) answer 400 with the reason teravm refuses hinting
 //! (the device's [`BalloonError::HintingNotSupported`]). Every request is
 //! counted in [`crate::metrics`].
@@ -27,6 +31,8 @@ use crate::config::{
     MemoryHotplugConfig, MetricsConfig, NetConfig, NetUpdate, ReclaimConfig, VsockConfig,
 };
 use crate::devices::virtio::balloon::BalloonError;
+use crate::snapshot::params::LOAD_DEPRECATION_MESSAGE;
+use crate::snapshot::{CreateSnapshotParams, LoadBodyError, LoadSnapshotConfig};
 
 /// Why a request does not make an action.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,17 +54,18 @@ pub enum RouteError {
     #[error("{0}")]
     BadBody(String),
     /// The id in the path (`/drives/{drive_id}`) is missing or invalid, or
-    /// differs from the body's (400).
+    /// differs from the body's; or the path lacks the snapshot operation
+    /// (`PUT /snapshot`) (400).
     #[error("{0}")]
     BadId(String),
-    /// A Firecracker resource for a feature teravm does not have (400).
-    #[error("{method} {path}: {feature} not supported by teravm")]
+    /// A value of a Firecracker body that teravm cannot honour (400).
+    #[error("{method} {path}: {feature} is not supported by teravm")]
     NotSupported {
         /// The method asked for.
         method: String,
         /// The resource.
         path: String,
-        /// What is missing, e.g. "snapshots are".
+        /// The field and value, e.g. "vsock_override".
         feature: &'static str,
     },
     /// A Firecracker resource teravm knows and refuses, with the reason
@@ -86,17 +93,6 @@ impl RouteError {
             | RouteError::Refused { .. } => 400,
         }
     }
-}
-
-/// The feature behind a Firecracker resource teravm lacks, if `path` is one.
-fn unsupported(_method: &str, path: &str) -> Option<&'static str> {
-    let under = |prefix: &str| {
-        path == prefix
-            || path
-                .strip_prefix(prefix)
-                .is_some_and(|rest| rest.starts_with('/'))
-    };
-    under("/snapshot").then_some("snapshots are")
 }
 
 /// The body of `PUT /actions`.
@@ -131,6 +127,7 @@ fn allowed(path: &str) -> Option<&'static str> {
         "/drives" | "/network-interfaces" => "PUT, PATCH",
         "/mmds" => "GET, PUT, PATCH",
         "/mmds/config" => "PUT",
+        "/snapshot/create" | "/snapshot/load" => "PUT",
         _ => return None,
     })
 }
@@ -209,12 +206,12 @@ pub fn route(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, RouteEr
 }
 
 fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, RouteError> {
-    if let Some(feature) = unsupported(method, path) {
-        return Err(RouteError::NotSupported {
-            method: method.to_string(),
-            path: path.to_string(),
-            feature,
-        });
+    // Firecracker's answer to a PUT without the operation.
+    if method == "PUT" && (path == "/snapshot" || path == "/snapshot/") {
+        return Err(RouteError::BadId(format!(
+            "PUT {path}: missing snapshot operation type (PUT /snapshot/create or \
+             /snapshot/load)"
+        )));
     }
     let (resource, id): (&str, &str) = match split_id(path) {
         Some(split) => split,
@@ -341,6 +338,11 @@ fn route_request(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, Rou
                 })?;
                 Ok(VmmAction::PutHotplugMemory(c))
             }
+            "/snapshot/create" => {
+                let c: CreateSnapshotParams = section(body, "snapshot-create")?;
+                Ok(VmmAction::CreateSnapshot(c))
+            }
+            "/snapshot/load" => snapshot_load(method, path, body),
             _ => Err(not_allowed()),
         },
         "PATCH" => match resource {
@@ -401,6 +403,27 @@ fn action(body: &[u8]) -> Result<VmmAction, RouteError> {
         (ActionType::SendCtrlAltDel, None) => Ok(VmmAction::SendCtrlAltDel),
         (ActionType::FlushMetrics, None) => Ok(VmmAction::FlushMetrics),
     }
+}
+
+/// `PUT /snapshot/load`: Firecracker's body, resolved
+/// ([`LoadSnapshotConfig::resolve`]).
+fn snapshot_load(method: &str, path: &str, body: &[u8]) -> Result<VmmAction, RouteError> {
+    let name = "snapshot-load";
+    let c: LoadSnapshotConfig = section(body, name)?;
+    let deprecated = c.is_deprecated();
+    let params = c.resolve().map_err(|e| match e {
+        LoadBodyError::NotSupported(feature) => RouteError::NotSupported {
+            method: method.to_string(),
+            path: path.to_string(),
+            feature,
+        },
+        other => RouteError::BadBody(format!("invalid {name} body: {other}")),
+    })?;
+    if deprecated {
+        log::warn!("{LOAD_DEPRECATION_MESSAGE}");
+        crate::metrics::record_deprecated_api_call();
+    }
+    Ok(VmmAction::LoadSnapshot(params))
 }
 
 /// The body of `PUT`/`PATCH /mmds`: any JSON value.
@@ -521,3 +544,7 @@ mod device_tests;
 #[cfg(test)]
 #[path = "routing_hotplug_tests.rs"]
 mod hotplug_tests;
+
+#[cfg(test)]
+#[path = "routing_snapshot_tests.rs"]
+mod snapshot_tests;

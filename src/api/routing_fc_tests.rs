@@ -1,7 +1,7 @@
 //! Unit tests of the routing of Firecracker's resources: `/version`,
 //! `PATCH /machine-config`, `/logger`, `/metrics`, `FlushMetrics`, the
 //! Firecracker-only machine-config fields, and the resources of devices
-//! teravm lacks.
+//! teravm lacks. The snapshot resources: `routing_snapshot_tests.rs`.
 
 use std::path::PathBuf;
 
@@ -225,21 +225,9 @@ fn metrics_and_flush() {
 }
 
 #[test]
-fn resources_of_features_teravm_lacks_name_the_feature() {
-    let cases = [
-        ("PUT", "/snapshot/create", "snapshots"),
-        ("PUT", "/snapshot/load", "snapshots"),
-    ];
-    for (method, path, feature) in cases {
-        let body = r#"{"state": "Paused"}"#;
-        let m = bad(method, path, body);
-        assert!(
-            m.contains(feature) && m.contains("not supported") && m.contains(path),
-            "{method} {path}: {m}"
-        );
-    }
-    // Only whole path segments: these are plain unknown resources.
-    for path in ["/drivesx", "/vsockx", "/mmdsx", "/vmx"] {
+fn only_whole_path_segments_are_resources() {
+    // Plain unknown resources.
+    for path in ["/drivesx", "/vsockx", "/mmdsx", "/vmx", "/snapshotx"] {
         assert_eq!(
             route("PUT", path, b"{}").unwrap_err().status(),
             404,

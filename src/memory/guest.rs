@@ -25,6 +25,7 @@ use super::populate::{
 use super::progress::{ReclaimProgress, ReclaimReport};
 use super::reclaim::{self, HostRange, ReclaimError, ReclaimOptions};
 use super::slots::{split_bound, GmemBinding, GuestSlot, MAX_SLOT_BYTES};
+use super::uffd::UffdSession;
 use super::view::{GuestLease, GuestView, Mappings, PluggedSlots};
 
 const MIB: u64 = 1 << 20;
@@ -92,6 +93,23 @@ impl GuestMemory {
         gmem: Option<&dyn GuestMemfdSource>,
         hotplug_opts: Option<HotplugOptions>,
     ) -> Result<GuestMemory, GuestMemoryError> {
+        let map = |slice: &NodeSlice, i: usize| {
+            SliceMapping::new(slice, i, opts.backing, opts.page_size, opts.policy, gmem)
+        };
+        let (mapped, hotplug) = GuestMemory::map_slices(opts, topology, gmem, hotplug_opts, &map)?;
+        GuestMemory::assemble(opts, mapped, hotplug, hotplug_opts, None)
+    }
+
+    /// Plans, checks and maps RAM's slices with `map` (given each slice
+    /// and its index) and the hotplug region's parts as `opts` asks. On
+    /// error everything mapped so far is unmapped.
+    pub(crate) fn map_slices(
+        opts: &MemoryOptions,
+        topology: &HostTopology,
+        gmem: Option<&dyn GuestMemfdSource>,
+        hotplug_opts: Option<HotplugOptions>,
+        map: &dyn Fn(&NodeSlice, usize) -> Result<SliceMapping, GuestMemoryError>,
+    ) -> Result<(Vec<SliceMapping>, Vec<SliceMapping>), GuestMemoryError> {
         let slices = GuestMemory::plan(opts, topology)?;
         let parts = match hotplug_opts {
             Some(h) => {
@@ -121,14 +139,7 @@ impl GuestMemory {
         }
         let mut mapped = Vec::with_capacity(slices.len());
         for (i, slice) in slices.iter().enumerate() {
-            mapped.push(SliceMapping::new(
-                slice,
-                i,
-                opts.backing,
-                opts.page_size,
-                opts.policy,
-                gmem,
-            )?);
+            mapped.push(map(slice, i)?);
         }
         let mut hotplug = Vec::with_capacity(parts.len());
         for (i, part) in parts.iter().enumerate() {
@@ -150,12 +161,25 @@ impl GuestMemory {
                 s.slice().node
             );
         }
+        Ok((mapped, hotplug))
+    }
+
+    /// The guest memory of mapped slices, which owns them (and `uffd`,
+    /// the userfaultfd they are registered with, if any) from here on.
+    pub(crate) fn assemble(
+        opts: &MemoryOptions,
+        mapped: Vec<SliceMapping>,
+        hotplug: Vec<SliceMapping>,
+        hotplug_opts: Option<HotplugOptions>,
+        uffd: Option<UffdSession>,
+    ) -> Result<GuestMemory, GuestMemoryError> {
         let plugged = PluggedSlots::over(&hotplug, hotplug_opts.map_or(1, |h| h.slot_bytes));
         let mappings = Arc::new(Mappings {
             slices: mapped,
             hotplug,
             plugged: Arc::new(plugged),
             lease: Arc::new(()),
+            uffd,
         });
         let view = GuestView::new(&mappings)?;
         Ok(GuestMemory {
@@ -252,6 +276,15 @@ impl GuestMemory {
             }
         }
         split_bound(&ranges, MAX_SLOT_BYTES)
+    }
+
+    /// For a guest restored with the Uffd backend, the connection to its
+    /// page fault handler (kept open for the memory's life), for a caller
+    /// to poll: its hang-up (`POLLHUP`) says the handler is gone, so no
+    /// missing page will be served any more (a thread that touches one
+    /// waits for ever). None for other memory.
+    pub fn uffd_handler_connection(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.mappings.uffd.as_ref()?.handler_connection()
     }
 
     /// Guest RAM in bytes.
@@ -432,6 +465,12 @@ impl GuestMemory {
             return Err(ReclaimError::ViewStillHeld { views });
         };
         let mut mappings = mappings;
+        if let Some(uffd) = mappings.uffd.take() {
+            // Unregistered first: with UFFD_FEATURE_EVENT_REMOVE, an
+            // MADV_DONTNEED of a registered range waits for the handler
+            // to read its event, which a dead handler never does.
+            uffd.close();
+        }
         let ranges: Vec<HostRange> = mappings
             .slices
             .iter()

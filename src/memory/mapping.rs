@@ -80,6 +80,21 @@ pub struct Stripe {
     pub file: File,
 }
 
+/// Where a slice's contents are: in its own memory, or (a guest restored
+/// from a snapshot) partly still in the memory file or with a page fault
+/// handler, until touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Contents {
+    /// All in the mapping (anonymous, memfd, guest_memfd; an eager load).
+    #[default]
+    Own,
+    /// Mapped private from a snapshot's memory file: untouched pages are
+    /// the file's, written ones copies of their own.
+    MemoryFile,
+    /// Registered with a userfaultfd: missing pages are the handler's.
+    Userfault,
+}
+
 /// One node slice and the host mapping behind it, unmapped when dropped.
 #[derive(Debug)]
 pub struct SliceMapping {
@@ -90,6 +105,7 @@ pub struct SliceMapping {
     backing: Backing,
     numa: NumaBinding,
     placement: OnceLock<Placement>,
+    contents: Contents,
 }
 
 impl SliceMapping {
@@ -112,6 +128,36 @@ impl SliceMapping {
     /// What backs the slice.
     pub fn backing(&self) -> Backing {
         self.backing
+    }
+
+    /// Where its contents are.
+    pub fn contents(&self) -> Contents {
+        self.contents
+    }
+
+    pub(crate) fn set_contents(&mut self, contents: Contents) {
+        self.contents = contents;
+    }
+
+    /// Takes ownership of `addr..addr + slice.len`, a private mapping
+    /// (anonymous or of a file) that the caller made, to unmap it on drop.
+    ///
+    /// # Safety
+    /// The range is a live mapping of the caller that nothing else owns or
+    /// unmaps.
+    pub(crate) unsafe fn adopt(slice: &NodeSlice, addr: usize, contents: Contents) -> SliceMapping {
+        SliceMapping {
+            map: Mapping {
+                addr,
+                len: slice.len as usize,
+            },
+            slice: *slice,
+            stripes: Vec::new(),
+            backing: Backing::Anonymous,
+            numa: NumaBinding::NotAsked,
+            placement: OnceLock::new(),
+            contents,
+        }
     }
 
     /// How its NUMA policy took effect.
@@ -221,8 +267,8 @@ impl SliceMapping {
         policy: NumaPolicy,
         gmem: Option<&dyn GuestMemfdSource>,
     ) -> Result<SliceMapping, GuestMemoryError> {
-        let (node, len) = (slice.node, slice.len);
-        let mut mapped = match backing {
+        let node = slice.node;
+        let mapped = match backing {
             Backing::Anonymous => map_anonymous(slice, page_size)?,
             Backing::Memfd => map_striped(slice, page_size, backing, &|n, this| {
                 new_memfd(slice, index, n, this, page_size)
@@ -243,6 +289,19 @@ impl SliceMapping {
                 })?
             }
         };
+        mapped.settle(page_size, policy)
+    }
+
+    /// Advises a fresh mapping (huge pages for private memory,
+    /// `MADV_DONTDUMP`) and binds it to its node (unless `policy` is none).
+    /// On error it is unmapped (dropped).
+    pub(crate) fn settle(
+        mut self,
+        page_size: PageSize,
+        policy: NumaPolicy,
+    ) -> Result<SliceMapping, GuestMemoryError> {
+        let mapped = &mut self;
+        let (node, len, backing) = (mapped.slice.node, mapped.slice.len, mapped.backing);
         let addr = mapped.map.addr;
         let size = mapped.map.len;
         if backing == Backing::Anonymous && page_size.hugetlb_bytes().is_none() {
@@ -284,7 +343,7 @@ impl SliceMapping {
             };
         }
         debug_assert_eq!(size as u64, len);
-        Ok(mapped)
+        Ok(self)
     }
 }
 
@@ -354,6 +413,7 @@ fn map_anonymous(slice: &NodeSlice, page_size: PageSize) -> Result<SliceMapping,
         backing: Backing::Anonymous,
         numa: NumaBinding::NotAsked,
         placement: OnceLock::new(),
+        contents: Contents::Own,
     })
 }
 
@@ -459,6 +519,7 @@ fn map_striped(
         backing,
         numa: NumaBinding::NotAsked,
         placement: OnceLock::new(),
+        contents: Contents::Own,
     };
     let stripe = stripe_bytes(len, page.unwrap_or(0));
     let mut offset = 0u64;
@@ -487,67 +548,5 @@ fn map_striped(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const GIB: u64 = 1 << 30;
-
-    #[test]
-    fn stripes_are_a_gib_or_fewer_than_the_cap() {
-        assert_eq!(stripe_bytes(128 * MIB, 0), 128 * MIB);
-        assert_eq!(stripe_bytes(GIB, 0), 128 * MIB);
-        assert_eq!(stripe_bytes(4 * GIB, 0), 128 * MIB);
-        assert_eq!(stripe_bytes(8 * GIB, 0), 256 * MIB);
-        assert_eq!(stripe_bytes(32 * GIB, 0), GIB);
-        assert_eq!(stripe_bytes(33 * GIB, 0), 1152 * MIB);
-        assert_eq!(stripe_bytes(64 << 40, 0), 2 << 40);
-        assert_eq!(stripe_bytes(4 * GIB, 2 * MIB), 128 * MIB);
-        assert_eq!(stripe_bytes(4 * GIB, GIB), GIB);
-        for len in [GIB, 5 * GIB, 100 * GIB, 1 << 40, 64 << 40] {
-            let s = stripe_bytes(len, 0);
-            assert!(len.div_ceil(s) <= MAX_STRIPES_PER_SLICE, "{len}");
-            assert_eq!(s % MEMFD_STRIPE_BYTES, 0);
-        }
-    }
-
-    #[test]
-    fn memfd_stripes_are_one_contiguous_range() {
-        let slice = NodeSlice {
-            node: 0,
-            guest_addr: 0,
-            len: 2 * GIB + 64 * MIB,
-        };
-        let m = SliceMapping::new(
-            &slice,
-            0,
-            Backing::Memfd,
-            PageSize::Small,
-            NumaPolicy::None,
-            None,
-        )
-        .unwrap();
-        assert_eq!(
-            m.host_addr() % (2 * MIB as usize),
-            0,
-            "aligned for huge pages"
-        );
-        let lens: Vec<(u64, u64)> = m.stripes().iter().map(|s| (s.offset, s.len)).collect();
-        let mut want: Vec<(u64, u64)> = (0..16).map(|i| (i * 128 * MIB, 128 * MIB)).collect();
-        want.push((2 * GIB, 64 * MIB));
-        assert_eq!(lens, want);
-        // Each stripe is its own file, written through the one mapping.
-        for s in m.stripes() {
-            // SAFETY: inside our own writable mapping.
-            unsafe { ((m.host_addr() + s.offset as usize) as *mut u64).write_volatile(7) };
-            use std::os::unix::fs::MetadataExt;
-            assert!(s.file.metadata().unwrap().blocks() > 0);
-            assert_eq!(s.file.metadata().unwrap().len(), s.len);
-        }
-        let ranges = m.free_ranges();
-        assert_eq!(ranges.len(), 17);
-        assert_eq!(ranges[8].host_addr, m.host_addr() + GIB as usize);
-        let addr = m.host_addr();
-        m.unmap().unwrap();
-        assert!(sys::resident_bytes(addr, 4096, &mut Vec::new()).is_err());
-    }
-}
+#[path = "mapping_tests.rs"]
+mod tests;

@@ -4,7 +4,9 @@
 //! the process may get ([`admission`]), the owned mappings ([`mapping`]) and
 //! their owner ([`guest`], its error in [`error`]) with its vm-memory view
 //! ([`view`]) and memslots ([`slots`]), the parallel per-node [`populate`] and [`reclaim`]
-//! executors, the [`snapshot`] memory file written and loaded per node, and the [`discard`] pool that frees what a running guest
+//! executors, the [`snapshot`] memory file written and loaded per node (and a
+//! restored guest's memory built from it: lazily, eagerly, or by a page fault
+//! handler over a [`uffd`]), and the [`discard`] pool that frees what a running guest
 //! gives back, in the one guest range type of the crate ([`range`]). It knows no file format: the config file's types are
 //! converted into [`MemoryOptions`] and [`ReclaimOptions`] by `config`, and
 //! its reports into the API's JSON by `api::shapes`.
@@ -39,6 +41,7 @@ pub mod reclaim;
 pub mod slots;
 pub mod snapshot;
 mod sys;
+pub mod uffd;
 pub mod view;
 mod workers;
 
@@ -50,7 +53,7 @@ pub use discard::{
 pub use gmem::{GuestMemfdSource, GuestMemfdSupport, NumaBinding, Placement};
 pub use guest::{GuestMemory, GuestMemoryError};
 pub use hotplug::{HotplugLayoutError, HotplugOptions};
-pub use mapping::{SliceMapping, Stripe};
+pub use mapping::{Contents, SliceMapping, Stripe};
 pub use numa::{host_has_node, HostNode, HostTopology, NumaError};
 pub use options::{Backing, MemoryOptions, NumaPolicy, PageSize};
 pub use plan::{NodeSlice, PlanError};
@@ -60,6 +63,8 @@ pub use range::GuestRange;
 pub use reclaim::{Failures, FreeMethod, HostRange, ReclaimError, ReclaimOptions};
 pub use slots::{GmemBinding, GuestSlot, MAX_SLOT_BYTES};
 pub use snapshot::{
-    FileRegion, MemoryFileError, MemoryFileNode, MemoryFileOptions, MemoryFileReport,
+    FileRegion, MemoryFileError, MemoryFileNode, MemoryFileOptions, MemoryFileReport, RestoreError,
+    SnapshotMemory,
 };
+pub use uffd::{GuestRegionUffdMapping, UffdError};
 pub use view::{GuestLease, GuestView, PluggedSlots, ViewMemory};

@@ -19,6 +19,7 @@ use std::sync::OnceLock;
 
 /// `PAGEMAP_SCAN`: `_IOWR('f', 16, struct pm_scan_arg)` (96 bytes).
 pub const PAGEMAP_SCAN: libc::c_ulong = 0xc060_6610;
+const PAGE_IS_FILE: u64 = 1 << 2;
 const PAGE_IS_PRESENT: u64 = 1 << 3;
 const PAGE_IS_SWAPPED: u64 = 1 << 4;
 const PAGE_IS_PFNZERO: u64 = 1 << 5;
@@ -65,10 +66,12 @@ pub fn open() {
 /// (the file was not opened, or the kernel lacks the ioctl).
 pub fn owned_bytes(addr: usize, len: usize) -> Option<io::Result<u64>> {
     let mut total = 0;
-    // Present, and not (inverted) the zero page.
+    // Present, and not (inverted) the zero page nor a file's page (a
+    // memory file mapped private: its page cache pages stay when unmapped,
+    // only the copies written are the guest's own).
     let filter = Filter {
-        inverted: PAGE_IS_PFNZERO,
-        all_of: PAGE_IS_PRESENT | PAGE_IS_PFNZERO,
+        inverted: PAGE_IS_PFNZERO | PAGE_IS_FILE,
+        all_of: PAGE_IS_PRESENT | PAGE_IS_PFNZERO | PAGE_IS_FILE,
         any_of: 0,
         returned: PAGE_IS_PRESENT,
     };

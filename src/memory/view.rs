@@ -30,6 +30,10 @@ pub(crate) struct Mappings {
     /// Which of the region's slots devices may reach.
     pub(crate) plugged: Arc<PluggedSlots>,
     pub(crate) lease: Arc<()>,
+    /// The userfaultfd the slices are registered with and the handler's
+    /// connection (a guest restored with the uffd backend), kept for the
+    /// memory's life; dropped after the slices are unmapped.
+    pub(crate) uffd: Option<super::uffd::UffdSession>,
 }
 
 /// The hotplug region's slots as devices see them (virtio-mem): a slot's

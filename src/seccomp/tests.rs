@@ -457,3 +457,47 @@ fn the_search_tree_allows_exactly_what_the_linear_filter_allows() {
         );
     }
 }
+
+#[test]
+fn snapshot_state_calls_are_the_vcpus_and_the_start_jobs() {
+    // The kernel's numbers (linux/kvm.h).
+    let vcpu_saves = [
+        (kvm::GET_MP_STATE, 0x8004_ae98),
+        (kvm::GET_XSAVE, 0x9000_aea4),
+        (kvm::GET_XCRS, 0x8188_aea6),
+        (kvm::GET_FPU, 0x81a0_ae8c),
+        (kvm::GET_DEBUGREGS, 0x8080_aea1),
+        (kvm::GET_TSC_KHZ, 0xaea3),
+        (kvm::GET_CPUID2, 0xc008_ae91),
+        (kvm::GET_MSRS, 0xc008_ae88),
+        (kvm::GET_VCPU_EVENTS, 0x8040_ae9f),
+    ];
+    let start_restores = [
+        (kvm::GET_MSR_INDEX_LIST, 0xc004_ae02),
+        (kvm::SET_MP_STATE, 0x4004_ae99),
+        (kvm::SET_XSAVE, 0x5000_aea5),
+        (kvm::SET_XCRS, 0x4188_aea7),
+        (kvm::SET_DEBUGREGS, 0x4080_aea2),
+        (kvm::SET_VCPU_EVENTS, 0x4040_aea0),
+        (kvm::SET_TSC_KHZ, 0xaea2),
+        (kvm::KVMCLOCK_CTRL, 0xaead),
+        (kvm::GET_IRQCHIP, 0xc208_ae62),
+        (kvm::SET_IRQCHIP, 0x8208_ae63),
+        (kvm::GET_PIT2, 0x8070_ae9f),
+        (kvm::SET_PIT2, 0x4070_aea0),
+        (kvm::GET_CLOCK, 0x8030_ae7c),
+        (kvm::SET_CLOCK, 0x4030_ae7b),
+    ];
+    for (ours, kernels) in vcpu_saves.iter().chain(&start_restores) {
+        assert_eq!(ours, kernels, "{ours:#x}");
+    }
+    let vcpu = allowed_values(Role::Vcpu, libc::SYS_ioctl, 1);
+    let start = allowed_values(Role::Start, libc::SYS_ioctl, 1);
+    for (nr, _) in vcpu_saves {
+        assert!(vcpu.contains(&nr), "{nr:#x}");
+    }
+    for (nr, _) in start_restores {
+        assert!(start.contains(&nr), "{nr:#x}");
+        assert!(!vcpu.contains(&nr), "{nr:#x}");
+    }
+}

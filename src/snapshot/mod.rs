@@ -7,9 +7,11 @@
 //! the configuration; versioned, CRC'd and bounded on load.
 
 pub mod params;
+pub mod state;
 pub mod state_file;
 
 pub use params::{
-    CreateSnapshotParams, LoadSnapshotParams, MemBackend, MemBackendType, MemoryLoad,
-    NetworkOverride, SnapshotType,
+    CreateSnapshotParams, LoadBodyError, LoadSnapshotConfig, LoadSnapshotParams, MemBackend,
+    MemBackendType, MemoryLoad, NetworkOverride, SnapshotLoadHugePages, SnapshotType,
+    VsockOverride,
 };

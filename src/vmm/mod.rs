@@ -46,6 +46,7 @@ pub mod devices;
 pub mod jobs;
 pub mod lifecycle;
 pub mod signals;
+pub mod snapshot_opens;
 pub mod sinks;
 pub mod stdin;
 
@@ -89,6 +90,7 @@ const TOKEN_METRICS: u32 = 6;
 const TOKEN_STDIN: u32 = 7;
 const TOKEN_STDIN_RETRY: u32 = 8;
 const TOKEN_FILES: u32 = 9;
+const TOKEN_UFFD: u32 = 10;
 
 /// Errors that end the VMM before or outside the microVM's life.
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +178,13 @@ pub struct Vmm {
     boot_files: Option<builder::BootFiles>,
     /// The devices' files, taps and sockets, opened when they were put.
     resources: device_opens::DeviceResources,
+    /// The configuration and files a snapshot load replaced, put back if
+    /// the load fails.
+    before_load: Option<(Box<VmConfig>, device_opens::DeviceResources, Instant)>,
+    /// A restored guest's uffd handler connection (a clone, kept until the
+    /// process exits, so the handler never sees teravm hang up first), and
+    /// whether the event loop watches it.
+    uffd_handler: Option<(std::os::fd::OwnedFd, bool)>,
     /// `/dev/kvm`, opened at start-up.
     kvm: Arc<crate::vstate::vm::KvmDevice>,
     /// What KVM offers for guest_memfd here, read at start-up.
@@ -213,6 +222,10 @@ pub struct Vmm {
     console_input: Option<stdin::ConsoleInput>,
     /// Whether stdin was looked at already (it is attached at most once).
     console_input_tried: bool,
+    /// Whether the microVM was configured for a boot (Firecracker's
+    /// `boot_path`: [`crate::api::VmmAction::configures_boot`], or a config
+    /// file): a `PUT /snapshot/load` is refused after that.
+    boot_configured: bool,
 }
 
 impl Vmm {
@@ -320,10 +333,12 @@ impl MutEventSubscriber for Vmm {
                 self.on_files_done();
             }
             token @ (TOKEN_STDIN | TOKEN_STDIN_RETRY) => self.on_console_input(token, ops),
+            TOKEN_UFFD => self.on_uffd_handler_gone(ops),
             other => log::warn!("event for unknown token {other}"),
         }
         self.expire_opens(Instant::now());
         self.sync_console_input(ops);
+        self.watch_uffd_handler(ops);
     }
 
     fn init(&mut self, ops: &mut EventOps) {
@@ -340,6 +355,43 @@ impl MutEventSubscriber for Vmm {
             if let Err(e) = ops.add(Events::with_data_raw(fd, token, EventSet::IN)) {
                 log::error!("cannot watch event source {token}: {e:?}");
             }
+        }
+    }
+}
+
+impl Vmm {
+    /// Watches a restored guest's uffd handler connection (once).
+    fn watch_uffd_handler(&mut self, ops: &mut EventOps) {
+        let Some((fd, watched)) = &mut self.uffd_handler else {
+            return;
+        };
+        if *watched {
+            return;
+        }
+        let set = EventSet::IN | EventSet::READ_HANG_UP | EventSet::HANG_UP;
+        match ops.add(Events::with_data_raw(fd.as_raw_fd(), TOKEN_UFFD, set)) {
+            Ok(()) => *watched = true,
+            Err(e) => {
+                log::warn!("cannot watch the uffd handler's connection: {e:?}");
+                *watched = true;
+            }
+        }
+    }
+
+    /// The uffd handler hung up (or wrote, which Firecracker's protocol
+    /// never does): the pages it had not served can never come, and any
+    /// thread that touches one would wait forever. The microVM is ended
+    /// and its memory reclaimed, rather than left frozen.
+    fn on_uffd_handler_gone(&mut self, ops: &mut EventOps) {
+        if let Some((fd, _)) = &self.uffd_handler {
+            let _ = ops.remove(Events::with_data_raw(fd.as_raw_fd(), TOKEN_UFFD, EventSet::IN));
+        }
+        if matches!(self.phase, Phase::Running(_) | Phase::Snapshotting(_)) {
+            let why = "the uffd page fault handler hung up: guest memory it had not served \
+                       can never come"
+                .to_string();
+            log::error!("{why}");
+            self.begin_shutdown(ShutdownReason::GuestCrashed(why), Instant::now());
         }
     }
 }
@@ -413,6 +465,8 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         config,
         boot_files,
         resources,
+        before_load: None,
+        uffd_handler: None,
         kvm,
         gmem_support,
         start_runner,
@@ -443,7 +497,10 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         finished_at: None,
         console_input: None,
         console_input_tried: false,
+        boot_configured: false,
     };
+    // A config file configures the boot (and starts it at once).
+    vmm.boot_configured = vmm.opts.start_at_once;
     if vmm.opts.start_at_once {
         vmm.start(None);
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::boot::write_boot_state;
+use super::boot::{write_boot_state, STACKS_ADDR, STACK_BYTES};
 use super::vcpu::{
     configure_vcpu, GuestEntry, VcpuControl, VcpuEvent, VcpuHandle, VcpuStopReport, Vcpus,
 };
@@ -17,6 +17,8 @@ use crate::devices::{microvm_bus, SerialConsole, I8042};
 
 struct Run {
     serial: String,
+    /// The vCPUs' states `End::SaveAfter` saved.
+    saved: Vec<crate::vstate::snapshot::VcpuState>,
     event: Option<VcpuEvent>,
     /// Pages KVM logged as written (memslot 0), where the log was on.
     dirty_pages: Option<u32>,
@@ -31,6 +33,9 @@ enum End {
     /// the line given: its `Drop` must stop and join every vCPU thread
     /// (each holds a clone of the bus).
     DropAfter(&'static str),
+    /// Once the serial shows the line given: pause, save every vCPU's
+    /// state on its thread, resume, then stop as `Stop` does.
+    SaveAfter(&'static str),
 }
 
 fn boot(vcpus: u8, mib: u64, cmdline: &str, wait: Duration) -> Option<Run> {
@@ -110,7 +115,39 @@ fn boot_logged(
             .unwrap(),
         );
     }
+    let mut saved = Vec::new();
     let event = match end {
+        End::SaveAfter(line) => {
+            wait_for_line(&serial, line);
+            let msrs = vm.msr_index_list().unwrap();
+            assert!(
+                matches!(
+                    handles.save_states(&msrs, Duration::from_secs(10)),
+                    Err(crate::vstate::snapshot::StateError::NotPaused)
+                ),
+                "a save while running"
+            );
+            // vCPU 0 parks once idle (the only vCPU out of the guest
+            // before the pause), so it must answer from the park.
+            assert!(
+                control
+                    .pause_gate()
+                    .wait_out(1, Instant::now() + Duration::from_secs(10)),
+                "vCPU 0 never parked"
+            );
+            assert!(handles.pause(Duration::from_secs(10)));
+            saved = handles.save_states(&msrs, Duration::from_secs(10)).unwrap();
+            // A second request is answered too (a new generation).
+            let again = handles.save_states(&msrs, Duration::from_secs(10)).unwrap();
+            assert_eq!(again.len(), saved.len());
+            handles.resume();
+            let event = rx.recv_timeout(wait).ok();
+            assert_eq!(
+                handles.stop(Duration::from_secs(10)),
+                VcpuStopReport::default()
+            );
+            event
+        }
         End::Stop => {
             let event = rx.recv_timeout(wait).ok();
             assert_eq!(
@@ -120,15 +157,7 @@ fn boot_logged(
             event
         }
         End::DropAfter(line) => {
-            // Wait for the guest to get where the test means it to be.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !String::from_utf8_lossy(serial.lock().unwrap().writer()).contains(line) {
-                assert!(
-                    Instant::now() < deadline,
-                    "no {line:?} on the serial within 30 s"
-                );
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            wait_for_line(&serial, line);
             let weak = Arc::downgrade(&bus);
             // Whatever the vCPUs reported before the drop.
             let event = rx.try_recv().ok();
@@ -152,9 +181,23 @@ fn boot_logged(
     drop(vm);
     Some(Run {
         serial,
+        saved,
         event,
         dirty_pages,
     })
+}
+
+/// Waits for the guest to get where the test means it to be: `line` on
+/// its serial (polled: the serial has no notification to wait on).
+fn wait_for_line(serial: &Mutex<SerialConsole<Vec<u8>>>, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !String::from_utf8_lossy(serial.lock().unwrap().writer()).contains(line) {
+        assert!(
+            Instant::now() < deadline,
+            "no {line:?} on the serial within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -264,4 +307,38 @@ fn bad_command_line_is_reported() {
         run.event,
         Some(VcpuEvent::FirmwareError { index: 0, code: 1 })
     );
+}
+
+#[test]
+fn paused_vcpus_save_their_state_on_their_threads() {
+    // vCPU 0 parks once it has printed `idle` and answers from the park;
+    // vCPU 1 keeps writing until the pause holds it, and answers from
+    // the hold.
+    let Some(run) = boot_and_end(
+        2,
+        64,
+        "touch=16 then=idle keep=writing",
+        Duration::from_millis(100),
+        End::SaveAfter("teravm firmware: idle\n"),
+    ) else {
+        return;
+    };
+    assert_eq!(run.event, None);
+    assert_eq!(run.saved.len(), 2);
+    for (i, state) in run.saved.iter().enumerate() {
+        assert!(!state.cpuid.is_empty(), "vCPU {i}");
+        assert!(!state.msrs.is_empty(), "vCPU {i}");
+        assert_eq!(state.lapic, None, "the firmware runs without an irqchip");
+        // The firmware runs in long mode (EFER.LMA).
+        assert_ne!(state.sregs.efer & (1 << 10), 0, "vCPU {i}");
+    }
+    // Each vCPU saved its own state: its stack pointer is in its own stack.
+    for (i, state) in (0u64..).zip(&run.saved) {
+        let stack = STACKS_ADDR + i * STACK_BYTES..=STACKS_ADDR + (i + 1) * STACK_BYTES;
+        assert!(
+            stack.contains(&state.regs.rsp),
+            "vCPU {i}: rsp {:#x}",
+            state.regs.rsp
+        );
+    }
 }

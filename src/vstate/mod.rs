@@ -6,6 +6,7 @@ pub mod boot;
 pub mod linux;
 pub mod msrs;
 pub mod pause;
+pub mod snapshot;
 pub mod template;
 pub mod vcpu;
 pub mod vm;

@@ -43,6 +43,20 @@ impl PauseGate {
 
     /// A vCPU thread: while paused and `stop` is false, waits here.
     pub fn hold(&self, stop: impl Fn() -> bool) {
+        self.hold_serving(stop, || false, || {});
+    }
+
+    /// As [`Self::hold`], and while held, runs `serve` whenever `pending`
+    /// (checked under the gate's lock, so a request posted before a
+    /// [`Self::wake`] is not missed) says there is work: a snapshot's
+    /// request for the vCPU's state. The vCPU stays counted out of the
+    /// guest meanwhile.
+    pub fn hold_serving(
+        &self,
+        stop: impl Fn() -> bool,
+        pending: impl Fn() -> bool,
+        mut serve: impl FnMut(),
+    ) {
         if !self.is_paused() {
             return;
         }
@@ -50,6 +64,12 @@ impl PauseGate {
         *out += 1;
         self.changed.notify_all();
         while self.is_paused() && !stop() {
+            if pending() {
+                drop(out);
+                serve();
+                out = self.lock();
+                continue;
+            }
             out = self.changed.wait(out).unwrap_or_else(|p| p.into_inner());
         }
         *out -= 1;

@@ -159,6 +159,19 @@ impl KvmDevice {
         }
     }
 
+    /// The MSRs a snapshot saves on this host
+    /// ([`crate::vstate::snapshot::msrs_to_save`]): asked once, handed to
+    /// the vCPUs with each save.
+    pub fn msr_index_list(&self) -> Result<Vec<u32>, crate::vstate::snapshot::StateError> {
+        let kvm = self.kvm().map_err(|e| {
+            crate::vstate::snapshot::StateError::MsrIndexList(match e {
+                VmError::OpenKvm(e) => e,
+                _ => kvm_ioctls::Error::new(libc::EBADF),
+            })
+        })?;
+        crate::vstate::snapshot::msrs_to_save(&kvm)
+    }
+
     /// A `Kvm` of its own over a duplicate of the descriptor.
     fn kvm(&self) -> Result<Kvm, VmError> {
         let dup = self.0.try_clone().map_err(|e| {
@@ -362,6 +375,17 @@ impl Vm {
     /// Whether the in-kernel irqchip was set up (irqfds need it).
     pub fn has_irqchip(&self) -> bool {
         self.irqchip
+    }
+
+    /// The MSRs a snapshot saves on this host (as
+    /// [`KvmDevice::msr_index_list`], for a VM made by [`Vm::new`]).
+    pub fn msr_index_list(&self) -> Result<Vec<u32>, crate::vstate::snapshot::StateError> {
+        crate::vstate::snapshot::msrs_to_save(&self.kvm)
+    }
+
+    /// The VM fd (the snapshot state's ioctls).
+    pub(super) fn vm_fd(&self) -> &VmFd {
+        &self.fd
     }
 
     /// Creates vCPU `index`.

@@ -231,6 +231,8 @@ impl Shared {
             r.close = true;
             r
         };
+        let latency = action.latency();
+        let started = Instant::now();
         let (reply, answer) = mpsc::channel();
         if self.to_vmm.send(ApiRequest { action, reply }).is_err() {
             return shutting_down();
@@ -238,7 +240,13 @@ impl Shared {
         if let Err(e) = self.wake.write(1) {
             log::warn!("API server: cannot wake the VMM: {e}");
         }
-        match answer.recv() {
+        let answer = answer.recv();
+        if let (Some(which), Ok(Ok(_))) = (latency, &answer) {
+            // Firecracker's `latencies_us` (API level), on success only.
+            let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            crate::metrics::record_latency_us(which, crate::metrics::LatencyLevel::Api, us);
+        }
+        match answer {
             Ok(Ok(VmmData::Empty)) => Response::no_content(),
             Ok(Ok(VmmData::Json(v))) => Response::json(200, v.to_string()),
             Ok(Ok(VmmData::Accepted(v))) => Response::json(202, v.to_string()),

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::devices::virtio::fence::RESET_WAIT;
-use crate::devices::virtio::{DeviceMemory, MmioTransport, ResetFence};
+use crate::devices::virtio::{DeviceMemory, MmioError, MmioTransport, ResetFence, TransportState};
 use crate::devices::wake::WakeHub;
 
 /// The first device's window: Firecracker's `MMIO_MEM_START` + 4 KiB.
@@ -106,6 +106,14 @@ pub trait MmioDevice: Send {
     /// A guest write of `data`; what the vCPU must wait for before the
     /// write returns to the guest, with no lock held (a reset's fence).
     fn mmio_write(&mut self, offset: u64, data: &[u8]) -> Option<Arc<ResetFence>>;
+    /// A virtio transport's state, for a snapshot (`None`: not one).
+    fn save_transport(&self) -> Option<TransportState> {
+        None
+    }
+    /// Puts a virtio transport back from a snapshot (`None`: not one).
+    fn restore_transport(&mut self, _state: &TransportState) -> Option<Result<(), MmioError>> {
+        None
+    }
 }
 
 impl<M: DeviceMemory> MmioDevice for MmioTransport<M> {
@@ -125,6 +133,14 @@ impl<M: DeviceMemory> MmioDevice for MmioTransport<M> {
             }
         }
         self.take_reset_wait()
+    }
+
+    fn save_transport(&self) -> Option<TransportState> {
+        Some(self.save_state())
+    }
+
+    fn restore_transport(&mut self, state: &TransportState) -> Option<Result<(), MmioError>> {
+        Some(self.restore_state(state))
     }
 }
 
@@ -333,6 +349,18 @@ impl MmioBus {
                 self.unknown(addr, "write");
             }
         }
+    }
+
+    /// Runs `f` on the device in `slot` (its lock held); `None` if the slot
+    /// is empty or not on this bus.
+    pub fn with_device<R>(
+        &self,
+        slot: MmioSlot,
+        f: impl FnOnce(&mut dyn MmioDevice) -> R,
+    ) -> Option<R> {
+        let mut held = lock(self.devices.get(slot.index())?);
+        let device = held.as_mut()?;
+        Some(f(&mut **device))
     }
 
     /// Takes every device off the bus (and drops it): from now on the

@@ -145,12 +145,47 @@ impl<M: DeviceMemory> ActiveState<M> {
         }
     }
 
+    /// Where each queue stands ([`QueuePosition`]), for a snapshot.
+    pub fn positions(&self) -> Vec<QueuePosition> {
+        self.queues.iter().map(QueuePosition::of).collect()
+    }
+
     /// Interrupts the guest for queue `q`'s used ring; false if that failed.
     pub fn signal_used(&self, q: usize) -> bool {
         let q = u16::try_from(q).unwrap_or(u16::MAX);
         self.interrupt
             .trigger(VirtioInterruptType::Queue(q))
             .is_ok()
+    }
+}
+
+/// Where a running queue stands: what a snapshot keeps of it beside its
+/// registers, and a restore puts back before the device starts again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueuePosition {
+    /// The next available-ring entry the device takes.
+    pub next_avail: u16,
+    /// The next used-ring entry the device writes.
+    pub next_used: u16,
+    /// Whether `VIRTIO_RING_F_EVENT_IDX` rules its notifications.
+    pub event_idx: bool,
+}
+
+impl QueuePosition {
+    /// Where `q` stands.
+    pub fn of(q: &Queue) -> QueuePosition {
+        QueuePosition {
+            next_avail: q.next_avail(),
+            next_used: q.next_used(),
+            event_idx: q.event_idx_enabled(),
+        }
+    }
+
+    /// Puts `q` there.
+    pub fn apply(&self, q: &mut Queue) {
+        q.set_next_avail(self.next_avail);
+        q.set_next_used(self.next_used);
+        q.set_event_idx(self.event_idx);
     }
 }
 
@@ -322,6 +357,14 @@ pub trait VirtioDevice<M: DeviceMemory>: Send {
     fn activate(&mut self, active: ActiveState<M>) -> Result<(), ActivateError>;
     /// Stops the device and forgets the queues and the guest memory.
     fn reset(&mut self);
+    /// While it runs, where each of its queues stands, as the guest would
+    /// be served again after a restore (a device that holds chains it took
+    /// and will give back, as net's receive chains, counts them as not
+    /// taken); `None` while it does not run. Asked only with the device
+    /// held still ([`crate::devices::virtio::Gate`]).
+    fn queue_positions(&self) -> Option<Vec<QueuePosition>> {
+        None
+    }
     /// After [`VirtioDevice::reset`]: whether work the device started may
     /// still touch guest memory (a discard in flight). The transport reports
     /// the reset complete (Status reads 0, virtio 1.2, 2.4) and lets the

@@ -76,6 +76,21 @@ impl IrqTrigger {
         self.status.fetch_and(!bits, Ordering::SeqCst);
     }
 
+    /// Puts `InterruptStatus` back as a snapshot saved it and signals the
+    /// guest again for each bit set (as Firecracker re-notifies), so that a
+    /// driver that had not handled it yet does.
+    pub fn restore(&self, bits: u32) -> std::io::Result<()> {
+        let bits = bits & (INT_VRING | INT_CONFIG);
+        self.status.store(0, Ordering::SeqCst);
+        if bits & INT_VRING != 0 {
+            self.trigger(VirtioInterruptType::Queue(0))?;
+        }
+        if bits & INT_CONFIG != 0 {
+            self.trigger(VirtioInterruptType::Config)?;
+        }
+        Ok(())
+    }
+
     /// Clears every bit (a device reset).
     pub fn clear(&self) {
         self.status.store(0, Ordering::SeqCst);

@@ -38,6 +38,7 @@ pub mod block;
 pub mod chains;
 pub mod device;
 pub mod fence;
+pub mod hold;
 pub mod interrupt;
 pub mod mem;
 pub mod memory;
@@ -52,11 +53,15 @@ pub mod worker;
 
 pub use device::{
     read_config_space, status, ActivateError, ActiveState, ConfigAccess, ConfigSpace, DeviceOffer,
-    Epoch, VirtioDevice, VIRTIO_F_VERSION_1,
+    Epoch, QueuePosition, VirtioDevice, VIRTIO_F_VERSION_1,
 };
 pub use fence::ResetFence;
+pub use hold::Gate;
 pub use interrupt::{IrqTrigger, VirtioInterrupt, VirtioInterruptType, INT_CONFIG, INT_VRING};
 pub use memory::DeviceMemory;
 pub use metrics::Counter;
 pub use transport::mmio::{MmioError, MmioTransport};
-pub use worker::{quiesce, PendingQueues, QueueHandler, Wake, Worker, WorkerError};
+pub use transport::persist::{QueueState, TransportState};
+pub use worker::{
+    quiesce, wait_for, PassWatch, PendingQueues, QueueHandler, Wake, Worker, WorkerError,
+};

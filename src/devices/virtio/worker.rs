@@ -23,6 +23,12 @@
 //! what the guest unplugged, as KVM waits out its vCPUs before a memslot
 //! is gone.
 //!
+//! A snapshot holds the loops still with a [`Gate`] ([`Worker::hold_at`]):
+//! each pass enters it before it looks at its event, and waits there while
+//! it is closed; closing it waits for the passes inside. [`PassWatch`]
+//! says whether a loop's pass runs, and [`wait_for`] waits, pass by pass,
+//! for a state only passes change (the work a device has in flight).
+//!
 //! Syscalls of the loop, for the device roles (src/seccomp/filters/devices.rs):
 //! `epoll_create1` and `epoll_ctl` in [`Worker::start`] (on the VMM thread
 //! that builds the devices), then on the device thread `epoll_wait` and
@@ -38,6 +44,8 @@ use event_manager::{
     EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberId, SubscriberOps,
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::hold::Gate;
 
 /// Errors of a device's loop.
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +215,8 @@ static PASSES: Mutex<Vec<Weak<AtomicU64>>> = Mutex::new(Vec::new());
 static WAITERS: AtomicUsize = AtomicUsize::new(0);
 static PASS_ENDED: Condvar = Condvar::new();
 static PASS_LOCK: Mutex<()> = Mutex::new(());
+/// Passes ended in the process, for [`wait_for`].
+static ENDS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     /// The address of the count of the pass this thread runs, if any (so
@@ -233,6 +243,7 @@ impl PassCount {
         impl Drop for End<'_> {
             fn drop(&mut self) {
                 self.0.fetch_add(1, Ordering::SeqCst);
+                ENDS.fetch_add(1, Ordering::SeqCst);
                 MINE.set(0);
                 if WAITERS.load(Ordering::SeqCst) > 0 {
                     let _held = lock(&PASS_LOCK);
@@ -293,6 +304,63 @@ pub fn quiesce(deadline: Instant) -> bool {
     ended
 }
 
+/// One device loop's pass count, watched from another thread
+/// ([`Worker::pass_watch`]): whether a pass of that loop runs now.
+#[derive(Debug, Clone)]
+pub struct PassWatch(Arc<AtomicU64>);
+
+impl PassWatch {
+    /// Whether a pass of the loop runs now.
+    pub fn running(&self) -> bool {
+        self.0.load(Ordering::SeqCst) % 2 == 1
+    }
+
+    /// Waits until the pass running now (if any) has ended, at most until
+    /// `deadline`; false if it still ran then.
+    pub fn wait_pass_end(&self, deadline: Instant) -> bool {
+        let n = self.0.load(Ordering::SeqCst);
+        n % 2 == 0 || wait_for(deadline, || self.0.load(Ordering::SeqCst) != n)
+    }
+}
+
+/// Waits until `done` holds, looking again after each device pass that
+/// ends (in any loop of the process), at most until `deadline`; false if it
+/// did not hold then. For a state that only a device pass changes (work in
+/// flight that a pass completes): `done` must read it with `SeqCst`
+/// atomics or under the lock the pass changes it under, and must not block
+/// on a pass.
+pub fn wait_for(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
+    WAITERS.fetch_add(1, Ordering::SeqCst);
+    let held = loop {
+        // A pass that ends after this read bumps ENDS, and (seeing this
+        // waiter) notifies under PASS_LOCK: the wait below cannot miss it.
+        let seen = ENDS.load(Ordering::SeqCst);
+        if done() {
+            break true;
+        }
+        let mut guard = lock(&PASS_LOCK);
+        loop {
+            if ENDS.load(Ordering::SeqCst) != seen {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            guard = PASS_ENDED
+                .wait_timeout(guard, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        drop(guard);
+        if Instant::now() >= deadline {
+            break done();
+        }
+    };
+    WAITERS.fetch_sub(1, Ordering::SeqCst);
+    held
+}
+
 // Event data: which fd fired.
 const EXIT: u32 = 0;
 const WAKE: u32 = 1;
@@ -308,6 +376,8 @@ struct Subscriber<H> {
     exit_evt: EventFd,
     exited: bool,
     passes: PassCount,
+    /// Where passes wait while the devices are held ([`Gate`]).
+    gate: Option<Arc<Gate>>,
     /// The first fd `init` could not register.
     init_error: Option<event_manager::Error>,
 }
@@ -339,11 +409,19 @@ impl<H: QueueHandler> MutEventSubscriber for Subscriber<H> {
             queue_evts,
             exited,
             passes,
+            gate,
             ..
         } = self;
+        if events.data() == EXIT {
+            *exited = true;
+            return;
+        }
+        if *exited {
+            return;
+        }
+        // Waits here while the devices are held; inside until the pass ends.
+        let _inside = gate.as_deref().map(Gate::enter);
         match events.data() {
-            EXIT => *exited = true,
-            _ if *exited => {}
             WAKE => {
                 let pending = wake.take();
                 passes.run(|| handler.wake_event(pending));
@@ -392,6 +470,7 @@ impl<H: QueueHandler> Worker<H> {
             exit_evt,
             exited: false,
             passes: PassCount::new(),
+            gate: None,
             init_error: None,
         });
         let mut w = Worker { manager, id };
@@ -405,6 +484,17 @@ impl<H: QueueHandler> Worker<H> {
         self.manager
             .subscriber_mut(self.id)
             .expect("the worker's own subscriber")
+    }
+
+    /// Makes every pass of this loop enter `gate` ([`Gate::enter`]: before
+    /// it looks at the event that woke it, so nothing is lost).
+    pub fn hold_at(&mut self, gate: Arc<Gate>) {
+        self.subscriber().gate = Some(gate);
+    }
+
+    /// A watch on this loop's passes.
+    pub fn pass_watch(&mut self) -> PassWatch {
+        PassWatch(self.subscriber().passes.0.clone())
     }
 
     /// The handler (tests).
@@ -443,6 +533,7 @@ impl<H: QueueHandler> Worker<H> {
             return Ok(false);
         }
         if H::TIMED {
+            let _inside = s.gate.as_deref().map(Gate::enter);
             let (handler, passes) = (&mut s.handler, &s.passes);
             passes.run(|| handler.timers(Instant::now()));
         }

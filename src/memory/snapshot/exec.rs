@@ -33,6 +33,11 @@ pub(super) enum Source {
     /// What `mincore` calls resident in the mapping (hugetlb memfd, whose
     /// `SEEK_DATA` calls all of it data; guest_memfd, which has none).
     Resident,
+    /// Every page that does not read zero, read through the mapping: a
+    /// restored guest's memory (a memory file mapped private, or a
+    /// userfaultfd's), whose untouched pages are not in memory yet. Reading
+    /// them faults them in (from the file, or served by the handler).
+    Whole,
 }
 
 /// A host range of guest RAM and its place in the memory file.
@@ -275,6 +280,11 @@ impl ChunkCopy<'_> {
             }
             Source::Resident => sys::resident_ranges(addr, len as usize, buf, &mut put)
                 .map_err(|e| ("mincore", addr as u64, e)),
+            Source::Whole => {
+                // SAFETY: the chunk lies in the caller's live readable mapping.
+                let found = unsafe { nonzero_ranges(addr, len, &mut put) };
+                found.map_err(|e| ("read", addr as u64, e))
+            }
         };
         if let Some(e) = write_error {
             return Err(e);
@@ -325,4 +335,41 @@ impl ChunkCopy<'_> {
         walked.map_err(|e| self.extents_error("lseek(SEEK_DATA)", start, self.chunk.len)(e))?;
         Ok((bytes, extents))
     }
+}
+
+/// Calls `put(start, end)` for each run of pages of `addr..addr + len`
+/// (page-aligned) that do not read all zero, in address order.
+///
+/// # Safety
+/// The range is a live, readable mapping.
+unsafe fn nonzero_ranges(
+    addr: usize,
+    len: u64,
+    put: &mut dyn FnMut(u64, u64) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let page = sys::page_size();
+    let end = addr + len as usize;
+    let mut run: Option<usize> = None;
+    let mut at = addr;
+    while at < end {
+        let words = (at..at + page).step_by(8);
+        // SAFETY: each word lies in the page at `at`, inside the live
+        // readable range (our contract); read volatile, never borrowed.
+        let zero = words
+            .into_iter()
+            .all(|w| unsafe { std::ptr::read_volatile(w as *const u64) } == 0);
+        match (zero, run) {
+            (false, None) => run = Some(at),
+            (true, Some(s)) => {
+                put(s as u64, at as u64)?;
+                run = None;
+            }
+            _ => {}
+        }
+        at += page;
+    }
+    if let Some(s) = run {
+        put(s as u64, end as u64)?;
+    }
+    Ok(())
 }

@@ -26,18 +26,29 @@
 //! come back at join, one per worker at most. The I/O is positioned
 //! (`pwrite`, `pread`), so workers share the file without a lock.
 //!
+//! A restored guest's memory ([`GuestMemory::from_snapshot`], in `load.rs`)
+//! is built three ways ([`SnapshotMemory`]): the file mapped private
+//! (lazy), a userfaultfd served by a page fault handler
+//! ([`crate::memory::uffd`]), or the eager load. A snapshot of such a guest
+//! reads all of its memory through the mapping (its untouched pages are
+//! still in the file or with the handler), writing holes only where a page
+//! reads zero.
+//!
 //! What issue 36 builds on it: `PUT /snapshot/create` writes the file
 //! after pausing the guest, and the state file records
 //! [`GuestMemory::memory_file_regions`]; `PUT /snapshot/load` with
 //! `"memory_load": "Eager"` maps a fresh guest of the state's layout and
 //! calls the load. Not here: the API, the state file, the atomic
 //! appearance of the files (a temporary name renamed when whole), diff
-//! snapshots, cancellation, the lazy (`MAP_PRIVATE`) and uffd loads, and
+//! snapshots, cancellation, and
 //! the hotplug region (Firecracker's file carries its regions after RAM).
 
 mod exec;
 mod io;
+mod load;
 
+#[cfg(test)]
+mod load_tests;
 #[cfg(test)]
 mod tests;
 
@@ -45,10 +56,12 @@ use std::fs::File;
 use std::time::Duration;
 
 use super::guest::GuestMemory;
+use super::mapping::Contents;
 use super::numa::HostTopology;
 use super::options::Backing;
 use super::plan::NodeSlice;
 use exec::{execute, CopyRange, Direction, Source};
+pub use load::{check_regions, RestoreError, SnapshotMemory};
 
 /// Most workers per node a write or a load may run.
 pub const MAX_WORKERS_PER_NODE: u32 = 64;
@@ -255,7 +268,10 @@ impl GuestMemory {
                     host_addr: s.host_addr(),
                     len: s.slice().len,
                     file_offset: r.file_offset,
-                    source: Source::Anonymous,
+                    source: match s.contents() {
+                        Contents::Own => Source::Anonymous,
+                        Contents::MemoryFile | Contents::Userfault => Source::Whole,
+                    },
                 });
                 continue;
             }

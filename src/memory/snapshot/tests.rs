@@ -12,17 +12,17 @@ use super::super::plan::partition;
 use super::super::{pagemap, sys};
 use super::*;
 
-const PAGE: u64 = 4096;
-const MIB: u64 = 1 << 20;
+pub(super) const PAGE: u64 = 4096;
+pub(super) const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-fn real() -> HostTopology {
+pub(super) fn real() -> HostTopology {
     HostTopology::from_sysfs(Path::new("/sys")).unwrap()
 }
 
 /// Two nodes whose workers run on this process's first CPU (no binding:
 /// this host has one node).
-fn two_fake_nodes() -> HostTopology {
+pub(super) fn two_fake_nodes() -> HostTopology {
     let cpu = sys::get_affinity().unwrap()[0];
     HostTopology {
         nodes: (0..2)
@@ -35,7 +35,7 @@ fn two_fake_nodes() -> HostTopology {
     }
 }
 
-fn memory(mib: u64, backing: Backing, host_nodes: Option<Vec<u32>>) -> MemoryOptions {
+pub(super) fn memory(mib: u64, backing: Backing, host_nodes: Option<Vec<u32>>) -> MemoryOptions {
     MemoryOptions {
         mem_bytes: mib * MIB,
         page_size: PageSize::Small,
@@ -51,16 +51,16 @@ fn memory(mib: u64, backing: Backing, host_nodes: Option<Vec<u32>>) -> MemoryOpt
 }
 
 /// A directory of its own, removed on drop.
-struct TempDir(PathBuf);
+pub(super) struct TempDir(pub(super) PathBuf);
 
 impl TempDir {
-    fn new(name: &str) -> TempDir {
+    pub(super) fn new(name: &str) -> TempDir {
         let dir = std::env::temp_dir().join(format!("teravm-snap-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
     }
-    fn create(&self, name: &str) -> File {
+    pub(super) fn create(&self, name: &str) -> File {
         OpenOptions::new()
             .read(true)
             .write(true)
@@ -78,7 +78,7 @@ impl Drop for TempDir {
 }
 
 /// The host address of guest address `gpa` (a RAM address).
-fn host(m: &GuestMemory, gpa: u64) -> usize {
+pub(super) fn host(m: &GuestMemory, gpa: u64) -> usize {
     let s = m
         .slices()
         .iter()
@@ -88,13 +88,13 @@ fn host(m: &GuestMemory, gpa: u64) -> usize {
 }
 
 /// The 8-byte words of page `gpa`'s pattern: not zero, different per page.
-fn pattern(gpa: u64, word: u64) -> u64 {
+pub(super) fn pattern(gpa: u64, word: u64) -> u64 {
     (gpa | 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ word
 }
 
 /// Writes the pattern into the first, a middle and the last word of each
 /// page at `gpas`.
-fn touch(m: &GuestMemory, gpas: &[u64]) {
+pub(super) fn touch(m: &GuestMemory, gpas: &[u64]) {
     for &gpa in gpas {
         for word in [0, 255, 511] {
             // SAFETY: inside guest RAM's live writable mapping, aligned.
@@ -106,7 +106,7 @@ fn touch(m: &GuestMemory, gpas: &[u64]) {
 }
 
 /// Whether page `gpa` of `m` holds its pattern (read from memory).
-fn holds_pattern(m: &GuestMemory, gpa: u64) -> bool {
+pub(super) fn holds_pattern(m: &GuestMemory, gpa: u64) -> bool {
     [0u64, 255, 511].iter().all(|&word| {
         // SAFETY: inside guest RAM's live mapping, aligned.
         let v = unsafe { ((host(m, gpa) + word as usize * 8) as *const u64).read_volatile() };

@@ -3,9 +3,10 @@
 //! `KVM_RUN` in docs/seccomp.md).
 
 use kvm_bindings::{
-    kvm_cpuid2, kvm_create_guest_memfd, kvm_fpu, kvm_ioeventfd, kvm_irqfd, kvm_lapic_state,
-    kvm_msrs, kvm_pit_config, kvm_regs, kvm_sregs, kvm_userspace_memory_region,
-    kvm_userspace_memory_region2,
+    kvm_clock_data, kvm_cpuid2, kvm_create_guest_memfd, kvm_debugregs, kvm_fpu, kvm_ioeventfd,
+    kvm_irqchip, kvm_irqfd, kvm_lapic_state, kvm_mp_state, kvm_msr_list, kvm_msrs, kvm_pit_config,
+    kvm_pit_state2, kvm_regs, kvm_sregs, kvm_userspace_memory_region, kvm_userspace_memory_region2,
+    kvm_vcpu_events, kvm_xcrs, kvm_xsave,
 };
 use std::mem::size_of;
 
@@ -63,6 +64,56 @@ pub const SET_MSRS: u64 = kvm_ioc(IOC_WRITE, 0x89, size_of::<kvm_msrs>());
 pub const GET_LAPIC: u64 = kvm_ioc(IOC_READ, 0x8e, size_of::<kvm_lapic_state>());
 /// `KVM_SET_LAPIC` (Linux guests).
 pub const SET_LAPIC: u64 = kvm_ioc(IOC_WRITE, 0x8f, size_of::<kvm_lapic_state>());
+
+// Snapshots: the vCPUs' state, read on their threads and written before
+// they start, and the VM's irqchip, PIT and clock.
+
+/// `KVM_GET_MSR_INDEX_LIST` (on `/dev/kvm`: the MSRs a snapshot saves).
+pub const GET_MSR_INDEX_LIST: u64 = kvm_ioc(IOC_READ | IOC_WRITE, 0x02, size_of::<kvm_msr_list>());
+/// `KVM_GET_MSRS`.
+pub const GET_MSRS: u64 = kvm_ioc(IOC_READ | IOC_WRITE, 0x88, size_of::<kvm_msrs>());
+/// `KVM_GET_FPU` (hosts without XSAVE).
+pub const GET_FPU: u64 = kvm_ioc(IOC_READ, 0x8c, size_of::<kvm_fpu>());
+/// `KVM_GET_CPUID2`.
+pub const GET_CPUID2: u64 = kvm_ioc(IOC_READ | IOC_WRITE, 0x91, size_of::<kvm_cpuid2>());
+/// `KVM_GET_MP_STATE`.
+pub const GET_MP_STATE: u64 = kvm_ioc(IOC_READ, 0x98, size_of::<kvm_mp_state>());
+/// `KVM_SET_MP_STATE`.
+pub const SET_MP_STATE: u64 = kvm_ioc(IOC_WRITE, 0x99, size_of::<kvm_mp_state>());
+/// `KVM_GET_VCPU_EVENTS`.
+pub const GET_VCPU_EVENTS: u64 = kvm_ioc(IOC_READ, 0x9f, size_of::<kvm_vcpu_events>());
+/// `KVM_SET_VCPU_EVENTS`.
+pub const SET_VCPU_EVENTS: u64 = kvm_ioc(IOC_WRITE, 0xa0, size_of::<kvm_vcpu_events>());
+/// `KVM_GET_DEBUGREGS`.
+pub const GET_DEBUGREGS: u64 = kvm_ioc(IOC_READ, 0xa1, size_of::<kvm_debugregs>());
+/// `KVM_SET_DEBUGREGS`.
+pub const SET_DEBUGREGS: u64 = kvm_ioc(IOC_WRITE, 0xa2, size_of::<kvm_debugregs>());
+/// `KVM_GET_XSAVE`.
+pub const GET_XSAVE: u64 = kvm_ioc(IOC_READ, 0xa4, size_of::<kvm_xsave>());
+/// `KVM_SET_XSAVE`.
+pub const SET_XSAVE: u64 = kvm_ioc(IOC_WRITE, 0xa5, size_of::<kvm_xsave>());
+/// `KVM_GET_XCRS`.
+pub const GET_XCRS: u64 = kvm_ioc(IOC_READ, 0xa6, size_of::<kvm_xcrs>());
+/// `KVM_SET_XCRS`.
+pub const SET_XCRS: u64 = kvm_ioc(IOC_WRITE, 0xa7, size_of::<kvm_xcrs>());
+/// `KVM_SET_TSC_KHZ`.
+pub const SET_TSC_KHZ: u64 = kvm_ioc(IOC_NONE, 0xa2, 0);
+/// `KVM_GET_TSC_KHZ`.
+pub const GET_TSC_KHZ: u64 = kvm_ioc(IOC_NONE, 0xa3, 0);
+/// `KVM_KVMCLOCK_CTRL` (after a restore: the guest was paused).
+pub const KVMCLOCK_CTRL: u64 = kvm_ioc(IOC_NONE, 0xad, 0);
+/// `KVM_GET_IRQCHIP`.
+pub const GET_IRQCHIP: u64 = kvm_ioc(IOC_READ | IOC_WRITE, 0x62, size_of::<kvm_irqchip>());
+/// `KVM_SET_IRQCHIP` (`_IOR` in `linux/kvm.h`, as it is).
+pub const SET_IRQCHIP: u64 = kvm_ioc(IOC_READ, 0x63, size_of::<kvm_irqchip>());
+/// `KVM_SET_CLOCK`.
+pub const SET_CLOCK: u64 = kvm_ioc(IOC_WRITE, 0x7b, size_of::<kvm_clock_data>());
+/// `KVM_GET_CLOCK`.
+pub const GET_CLOCK: u64 = kvm_ioc(IOC_READ, 0x7c, size_of::<kvm_clock_data>());
+/// `KVM_GET_PIT2`.
+pub const GET_PIT2: u64 = kvm_ioc(IOC_READ, 0x9f, size_of::<kvm_pit_state2>());
+/// `KVM_SET_PIT2`.
+pub const SET_PIT2: u64 = kvm_ioc(IOC_WRITE, 0xa0, size_of::<kvm_pit_state2>());
 
 /// `_IOC(dir, 0xAE, nr, size)`: a KVM ioctl request number.
 const fn kvm_ioc(dir: u64, nr: u64, size: usize) -> u64 {

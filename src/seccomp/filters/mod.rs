@@ -89,10 +89,10 @@ pub(crate) mod kvm;
 mod roles;
 mod shared;
 
+pub(crate) use shared::{BASE, SPAWN};
 /// For `memory::pagemap`'s test that its number and the filters' agree.
 #[cfg(test)]
-pub(crate) use shared::PAGEMAP_SCAN;
-pub(crate) use shared::{BASE, SPAWN};
+pub(crate) use shared::{PAGEMAP_SCAN, UFFDIO_API, UFFDIO_REGISTER, UFFDIO_UNREGISTER};
 
 use devices::{BALLOON, BLOCK, DISCARD, ENTROPY, MEM, NET, VSOCK};
 use roles::{API, API_CONNECTION, CONSOLE, FILES, OUTPUT, PROGRESS, RECLAIM, START, VCPU, VMM};

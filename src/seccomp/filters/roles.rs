@@ -2,7 +2,10 @@
 //! thread's event loop, the API, the vCPUs, the output threads, the
 //! `files` thread and the `start` and `reclaim` job runners.
 
-use super::shared::{mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SYS_CACHESTAT};
+use super::shared::{
+    mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SNAPSHOT_FILE_FLAGS, SYS_CACHESTAT, UFFDIO_API, UFFDIO_REGISTER,
+    UFFDIO_UNREGISTER,
+};
 use super::{any, kvm, one_of, Allow, Only};
 
 /// `vcpu{n}`: the `KVM_RUN` loop and the port I/O devices. Console bytes go
@@ -13,8 +16,22 @@ use super::{any, kvm, one_of, Allow, Only};
 pub(super) const VCPU: &[Allow] = &[one_of(
     libc::SYS_ioctl,
     1,
-    &[named!(kvm::RUN), named!(kvm::GET_REGS)],
-    "KVM_RUN; KVM_GET_REGS for the guest RIP in a crash line",
+    &[
+        named!(kvm::RUN),
+        named!(kvm::GET_REGS),
+        named!(kvm::GET_MP_STATE),
+        named!(kvm::GET_SREGS),
+        named!(kvm::GET_XSAVE),
+        named!(kvm::GET_XCRS),
+        named!(kvm::GET_FPU),
+        named!(kvm::GET_DEBUGREGS),
+        named!(kvm::GET_LAPIC),
+        named!(kvm::GET_TSC_KHZ),
+        named!(kvm::GET_CPUID2),
+        named!(kvm::GET_MSRS),
+        named!(kvm::GET_VCPU_EVENTS),
+    ],
+    "KVM_RUN; KVM_GET_REGS for the guest RIP in a crash line; the rest: the vCPU's state for a snapshot, read on its thread while paused",
 )];
 
 /// `api`: accepts connections and starts an `api-conn` thread for each.
@@ -160,7 +177,10 @@ pub(super) const FILES: &[Allow] = &[
 /// THP advice; NUMA binding), memslots, the kernel and initrd (already
 /// open), the vCPUs' fds and registers, the console writer, and the
 /// `populate-n{node}-{i}` workers (pinned, `MADV_POPULATE_WRITE`), which run
-/// under this filter.
+/// under this filter. A restored guest's memory is built here too: the
+/// memory file mapped private (Lazy), a userfaultfd and the connection to
+/// its page fault handler (Uffd), or the `memload-n{node}-{i}` workers'
+/// reads (Eager).
 pub(super) const START: &[Allow] = &[
     any(
         libc::SYS_io_uring_setup,
@@ -188,8 +208,23 @@ pub(super) const START: &[Allow] = &[
     one_of(
         libc::SYS_openat,
         2,
-        &[(O_RDONLY_CLOEXEC, "O_RDONLY|O_CLOEXEC")],
-        "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances; the thread count a start-fails-at fault reports (/proc/self/status)",
+        &[
+            (O_RDONLY_CLOEXEC, "O_RDONLY|O_CLOEXEC"),
+            (SNAPSHOT_FILE_FLAGS, "O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC"),
+        ],
+        "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances; the thread count a start-fails-at fault reports (/proc/self/status); /proc/self/pagemap for a snapshot's memory file; a snapshot's two files, made new under a temporary name (never an existing file or a FIFO)",
+    ),
+    any(
+        libc::SYS_pwrite64,
+        "a snapshot's memory file, by the `memsave-n{node}-{i}` workers",
+    ),
+    any(libc::SYS_write, "a snapshot's state file"),
+    any(libc::SYS_fsync, "a snapshot's files, whole before they are renamed"),
+    any(libc::SYS_rename, "a snapshot's files to their names, once whole"),
+    any(libc::SYS_unlink, "a snapshot's temporary files, after a failure"),
+    any(
+        libc::SYS_mincore,
+        "the resident pages of a snapshot's memory where PAGEMAP_SCAN is missing (and of hugetlb and guest_memfd memory)",
     ),
     any(libc::SYS_read, "those files; the kernel and initrd"),
     any(libc::SYS_lseek, "the kernel loader seeks in the image; a drive's size"),
@@ -220,10 +255,58 @@ pub(super) const START: &[Allow] = &[
             named!(kvm::SET_MSRS),
             named!(kvm::GET_LAPIC),
             named!(kvm::SET_LAPIC),
+            named!(kvm::GET_MSR_INDEX_LIST),
+            named!(kvm::SET_MP_STATE),
+            named!(kvm::SET_XSAVE),
+            named!(kvm::SET_XCRS),
+            named!(kvm::SET_DEBUGREGS),
+            named!(kvm::SET_VCPU_EVENTS),
+            named!(kvm::GET_TSC_KHZ),
+            named!(kvm::SET_TSC_KHZ),
+            named!(kvm::KVMCLOCK_CTRL),
+            named!(kvm::GET_IRQCHIP),
+            named!(kvm::SET_IRQCHIP),
+            named!(kvm::GET_PIT2),
+            named!(kvm::SET_PIT2),
+            named!(kvm::GET_CLOCK),
+            named!(kvm::SET_CLOCK),
             named!(libc::TCGETS),
             named!(libc::FIONBIO),
+            (UFFDIO_API, "UFFDIO_API"),
+            (UFFDIO_REGISTER, "UFFDIO_REGISTER"),
+            (PAGEMAP_SCAN, "PAGEMAP_SCAN"),
         ],
-        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT (the `pit` thread it spawns turns the PIT's reinjection off), the devices' irqfds and ioeventfds, the vCPUs' setup; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener",
+        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT (the `pit` thread it spawns turns the PIT's reinjection off), the devices' irqfds and ioeventfds, the vCPUs' setup; a snapshot's: the host's MSR list, the vCPUs' state restored, the VM's irqchip, PIT and clock saved and restored; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener; UFFDIO_API, UFFDIO_REGISTER: a restored guest's userfaultfd (Firecracker's features) and its slices registered for missing pages; PAGEMAP_SCAN: the guest's own pages, for a snapshot's memory file",
+    ),
+    one_of(
+        libc::SYS_userfaultfd,
+        0,
+        &[(
+            (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64,
+            "O_CLOEXEC|O_NONBLOCK",
+        )],
+        "a guest restored with the Uffd memory backend: its page fault handler's userfaultfd",
+    ),
+    one_of(
+        libc::SYS_socket,
+        0,
+        &[named!(libc::AF_UNIX)],
+        "the connection to a restored guest's page fault handler (the Uffd backend_path)",
+    ),
+    one_of(
+        libc::SYS_setsockopt,
+        2,
+        &[named!(libc::SO_SNDTIMEO)],
+        "that connection's connect and sendmsg wait at most 10 s",
+    ),
+    any(libc::SYS_connect, "that connection"),
+    any(
+        libc::SYS_sendmsg,
+        "the handler's message: the regions' JSON and the userfaultfd (SCM_RIGHTS)",
+    ),
+    any(
+        libc::SYS_pread64,
+        "the eager load of a snapshot's memory file (memory_load Eager), by the `memload-n{node}-{i}` workers",
     ),
     mmap_no_exec("guest memory, memfd and guest_memfd slices, each vCPU's kvm_run; one page of a guest_memfd again, to ask for its policy"),
     any(libc::SYS_memfd_create, "memfd backing"),
@@ -303,8 +386,9 @@ pub(super) const RECLAIM: &[Allow] = &[
         &[
             named!(libc::TCGETS),
             (PAGEMAP_SCAN, "PAGEMAP_SCAN"),
+            (UFFDIO_UNREGISTER, "UFFDIO_UNREGISTER"),
         ],
-        "is stderr a terminal (progress line); the guest's own pages of each anonymous chunk (/proc/self/pagemap, opened at the start)",
+        "is stderr a terminal (progress line); the guest's own pages of each anonymous chunk (/proc/self/pagemap, opened at the start); a restored guest's slices leave its userfaultfd before they are freed (a MADV_DONTNEED of a registered range waits for the handler)",
     ),
     one_of(
         libc::SYS_fallocate,

@@ -40,7 +40,19 @@ pub(super) const SYS_CACHESTAT: i64 = 451;
 /// same as `crate::memory::pagemap::PAGEMAP_SCAN` (a unit test says so).
 pub(crate) const PAGEMAP_SCAN: u64 = 0xc060_6610;
 
+/// userfaultfd's ioctls (linux/userfaultfd.h); the same as
+/// `crate::memory::uffd`'s (a unit test says so).
+pub(crate) const UFFDIO_API: u64 = 0xc018_aa3f;
+/// `UFFDIO_REGISTER`.
+pub(crate) const UFFDIO_REGISTER: u64 = 0xc020_aa00;
+/// `UFFDIO_UNREGISTER`.
+pub(crate) const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
+
 pub(super) const O_RDONLY_CLOEXEC: u64 = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+/// How a snapshot's files are made (`vmm/lifecycle/snapshot.rs`'s
+/// `Partial`): new, write-only, never through a symlink.
+pub(super) const SNAPSHOT_FILE_FLAGS: u64 =
+    (libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64;
 
 /// Every teravm thread, whatever its role: what Rust's runtime and glibc do
 /// at any moment, and what the SIGSYS handler needs.

@@ -6,7 +6,8 @@
 //! (`shutdown`); every other action is done here or in the file of its
 //! subject, one per subject: `machine` (machine, memory, CPU template),
 //! `balloon`, `drive`, `hotplug` (virtio-mem), `net`, `mmds`, `pause`
-//! (`PATCH /vm`), `shutdown` (and `/reclaim`), `metrics`. Failed
+//! (`PATCH /vm`), `shutdown` (and `/reclaim`), `metrics`, `snapshot`
+//! (`PUT /snapshot/create` and `/snapshot/load`). Failed
 //! actions are counted in [`crate::metrics`].
 
 mod balloon;
@@ -19,6 +20,7 @@ mod net;
 pub mod opens;
 mod pause;
 mod shutdown;
+mod snapshot;
 
 use serde_json::json;
 
@@ -74,6 +76,11 @@ impl Vmm {
     pub(in crate::vmm) fn handle_request(&mut self, request: ApiRequest) {
         let ApiRequest { action, reply } = request;
         let state = self.state();
+        // As Firecracker's `boot_path`: set by the request, whatever its
+        // outcome.
+        if state == VmState::NotStarted && action.configures_boot() {
+            self.boot_configured = true;
+        }
         match action {
             // Answered when the start ends.
             VmmAction::InstanceStart
@@ -135,6 +142,10 @@ impl Vmm {
                 return self.open_then(vec![request], Pending::Metrics(c), reply);
             }
             VmmAction::Shutdown(mode) => return self.shutdown(mode, reply),
+            // Answered when the create job hands the microVM back, or the
+            // load's start ends.
+            VmmAction::CreateSnapshot(params) => return self.create_snapshot(params, reply),
+            VmmAction::LoadSnapshot(params) => return self.load_snapshot(params, reply),
             _ => {}
         }
         let (method, path) = action.method_and_path();
@@ -244,6 +255,9 @@ impl Vmm {
             }
             VmmAction::PutEntropy(_) => refused("adding the entropy device", state),
             VmmAction::PutSerial(_) => refused("configuring the serial output", state),
+            VmmAction::CreateSnapshot(_) | VmmAction::LoadSnapshot(_) => {
+                Err(misrouted(&action, "do_action"))
+            }
         }
     }
 }

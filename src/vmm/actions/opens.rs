@@ -45,6 +45,8 @@ pub(in crate::vmm) enum Pending {
     Vsock(VsockConfig),
     /// `PUT /serial` (its output file).
     Serial,
+    /// `PUT /snapshot/load` (its state file, memory file, devices' files).
+    Snapshot(crate::snapshot::LoadSnapshotParams),
 }
 
 /// What the `files` thread gives back.
@@ -55,6 +57,8 @@ pub(in crate::vmm) enum Opening {
     Tap(Result<Tap, String>),
     /// A listening socket.
     Listener(Result<UnixListener, String>),
+    /// A snapshot's files.
+    Snapshot(Box<Result<crate::vmm::snapshot_opens::OpenedSnapshot, String>>),
 }
 
 /// An open under way.
@@ -229,6 +233,11 @@ impl Vmm {
         self.pending_opens.iter().map(|p| p.deadline).min()
     }
 
+    /// Whether any open is under way.
+    pub(in crate::vmm) fn pending_opens_any(&self) -> bool {
+        !self.pending_opens.is_empty()
+    }
+
     /// Whether a boot source is still being opened (a start waits for none:
     /// it is refused meanwhile).
     pub(in crate::vmm) fn boot_source_opening(&self) -> bool {
@@ -251,6 +260,10 @@ impl Vmm {
                     state.as_str()
                 )))
             }
+            (Pending::Snapshot(p), Opening::Snapshot(opened)) => match *opened {
+                Ok(o) => return self.begin_restore(o, &p, reply),
+                Err(e) => Err(bad(e)),
+            },
             (Pending::BootSource(b), Opening::Files(Ok(files))) => {
                 self.boot_files = boot_files(&b, files);
                 self.config.boot_source = b;
@@ -356,6 +369,7 @@ fn before_start(s: &Pending) -> Option<&'static str> {
         Pending::Net(_) => Some("adding a network interface"),
         Pending::Vsock(_) => Some("adding a vsock"),
         Pending::Serial => Some("configuring the serial output"),
+        Pending::Snapshot(_) => Some("loading a snapshot"),
         Pending::Logger(_) | Pending::Metrics(_) | Pending::DrivePatch(_) => None,
     }
 }
@@ -369,5 +383,6 @@ fn section_path(s: &Pending) -> &'static str {
         Pending::Net(_) => "/network-interfaces",
         Pending::Vsock(_) => "/vsock",
         Pending::Serial => "/serial",
+        Pending::Snapshot(_) => "/snapshot/load",
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::api::action::{VmStateChange, VmStateWanted};
 use crate::api::{VmmActionError, VmmData};
+use crate::metrics::{Latency, LatencyLevel};
 use crate::vmm::lifecycle::Phase;
 use crate::vmm::{VmState, Vmm};
 use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
@@ -33,6 +34,11 @@ impl Vmm {
                 state.as_str()
             )));
         };
+        let started = std::time::Instant::now();
+        let latency = match change.state {
+            VmStateWanted::Paused => Latency::PauseVm,
+            VmStateWanted::Resumed => Latency::ResumeVm,
+        };
         match change.state {
             VmStateWanted::Paused => {
                 if !vcpus.pause(VCPU_STOP_TIMEOUT) {
@@ -49,6 +55,9 @@ impl Vmm {
                 log::info!("vCPUs resumed");
             }
         }
+        // Firecracker's `latencies_us.vmm_pause_vm` / `vmm_resume_vm`.
+        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        crate::metrics::record_latency_us(latency, LatencyLevel::Vmm, us);
         Ok(VmmData::Empty)
     }
 }

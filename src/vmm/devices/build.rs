@@ -35,9 +35,10 @@ use crate::vmm::sinks::discard::PoolSink;
 use crate::vmm::sinks::hotplug_slots::HotplugSlots;
 use crate::vstate::vm::Vm;
 
+use super::hold::{Entry, HoldParts};
 use super::{
-    lock, BalloonDevice, BlockDevice, DeviceError, DeviceSpecs, DeviceThread, Devices, DriveSpec,
-    Hotplug, HotplugDevice, HotplugSpec, NetSpec, Started, VsockSpec,
+    lock, BalloonDevice, BlockDevice, DeviceError, DeviceKey, DeviceSpecs, DeviceThread, Devices,
+    DriveSpec, Hotplug, HotplugDevice, HotplugSpec, NetSpec, Started, VsockSpec,
 };
 
 /// A device's thread, as [`Build::attach_and_spawn`] starts it.
@@ -48,12 +49,20 @@ struct Thread {
     role: Role,
     /// The device as the thread's error line names it (`drive rootfs`).
     device: String,
+    /// The device as a snapshot names it.
+    key: DeviceKey,
 }
 
 impl Thread {
-    /// Thread `name` under `role`'s filter, its error line naming `device`.
-    fn new(name: String, role: Role, device: String) -> Thread {
-        Thread { name, role, device }
+    /// Thread `name` under `role`'s filter, its error line naming `device`,
+    /// a snapshot's entry `key`.
+    fn new(name: String, role: Role, key: DeviceKey) -> Thread {
+        Thread {
+            name,
+            role,
+            device: key.to_string(),
+            key,
+        }
     }
 }
 
@@ -67,6 +76,8 @@ struct Build<'a> {
     started: Started,
     vm: &'a Vm,
     memory: &'a GuestMemory,
+    /// Each device as a hold and a snapshot see it.
+    entries: Vec<Entry>,
 }
 
 /// The handler of a device that is its own (`Arc<Mutex<D>>` implements
@@ -92,6 +103,7 @@ impl Devices {
             started: Started::default(),
             vm,
             memory,
+            entries: Vec::new(),
         };
         let page = memory.hugetlb_page_bytes().unwrap_or(4096);
         if specs.balloon.is_some() || specs.hotplug.is_some() {
@@ -131,8 +143,21 @@ impl Devices {
             _ => None,
         };
         b.fault_at(faults::FIRST_START_FAILS_AFTER_DEVICES)?;
-        let Build { mmio, started, .. } = b;
+        let Build {
+            mmio,
+            started,
+            entries,
+            ..
+        } = b;
+        let hold_parts = Arc::new(HoldParts {
+            gate: started.gate.clone(),
+            entries,
+            blocks: blocks.iter().map(|b| b.device.clone()).collect(),
+            balloon: balloon.as_ref().map(|b| b.device.clone()),
+            ..HoldParts::default()
+        });
         Ok(Devices {
+            hold_parts,
             hotplug,
             rng,
             vsock,
@@ -168,14 +193,26 @@ impl Build<'_> {
         let (slot, queue_evts, exit) =
             attach(&mut self.mmio, self.vm, self.memory, device.clone())?;
         let worker_exit = exit.try_clone().map_err(DeviceError::EventFd)?;
-        let worker =
-            Worker::start(handler(device)?, queue_evts, worker_exit).map_err(|source| {
-                DeviceError::Worker {
-                    name: thread.name.clone(),
-                    source,
-                }
-            })?;
-        let Thread { name, role, device } = thread;
+        let handler = handler(device)?;
+        let wake = handler.wake();
+        let queues = queue_evts.len();
+        let mut worker = Worker::start(handler, queue_evts, worker_exit).map_err(|source| {
+            DeviceError::Worker {
+                name: thread.name.clone(),
+                source,
+            }
+        })?;
+        worker.hold_at(self.started.gate.clone());
+        self.entries.push(Entry {
+            key: thread.key.clone(),
+            slot,
+            passes: worker.pass_watch(),
+            wake,
+            queues,
+        });
+        let Thread {
+            name, role, device, ..
+        } = thread;
         self.started.threads.push(spawn(name, role, exit, move || {
             if let Err(e) = worker.run() {
                 log::error!("{device}: {e}; the device stops");
@@ -225,7 +262,7 @@ impl Build<'_> {
         let device = Arc::new(Mutex::new(Balloon::new(opts, mib, page, discard.clone())?));
         let slot = self.attach_and_spawn(
             &device,
-            Thread::new("balloon".into(), Role::Balloon, "balloon".into()),
+            Thread::new("balloon".into(), Role::Balloon, DeviceKey::Balloon),
             |d| Ok(BalloonWorker::new(d)),
             |at| {
                 format!(
@@ -249,7 +286,11 @@ impl Build<'_> {
         let id = &d.opts.drive_id;
         let slot = self.attach_and_spawn(
             &device,
-            Thread::new(format!("virtio-blk{i}"), Role::Block, format!("drive {id}")),
+            Thread::new(
+                format!("virtio-blk{i}"),
+                Role::Block,
+                DeviceKey::Block(id.clone()),
+            ),
             |b| Ok(BlockWorker::new(b)?),
             |at| {
                 format!(
@@ -289,7 +330,7 @@ impl Build<'_> {
             Thread::new(
                 format!("virtio-net{i}"),
                 Role::Net,
-                format!("network interface {id}"),
+                DeviceKey::Net(id.clone()),
             ),
             itself,
             |at| format!("network interface {id} {at}"),
@@ -307,7 +348,7 @@ impl Build<'_> {
         let device = Arc::new(Mutex::new(Vsock::new(v.opts.clone(), listener)?));
         self.attach_and_spawn(
             &device,
-            Thread::new("virtio-vsock".into(), Role::Vsock, "vsock".into()),
+            Thread::new("virtio-vsock".into(), Role::Vsock, DeviceKey::Vsock),
             itself,
             |at| {
                 format!(
@@ -329,7 +370,7 @@ impl Build<'_> {
         let device = Arc::new(Mutex::new(Rng::new(limiter)?));
         self.attach_and_spawn(
             &device,
-            Thread::new("virtio-rng".into(), Role::Entropy, "entropy device".into()),
+            Thread::new("virtio-rng".into(), Role::Entropy, DeviceKey::Rng),
             itself,
             |at| format!("entropy device {at}"),
         )?;
@@ -382,7 +423,7 @@ impl Build<'_> {
             let name = format!("virtio-mem{i}");
             let slot = self.attach_and_spawn(
                 &device,
-                Thread::new(name.clone(), Role::Mem, name),
+                Thread::new(name, Role::Mem, DeviceKey::Mem(i)),
                 |d| Ok(MemWorker::new(d)),
                 |at| {
                     format!(

@@ -27,14 +27,21 @@
 //! its own handle (`dup`) on the drive's file, the tap and the listener.
 //!
 //! Here: what a start asks for (the specs), the devices as the VMM drives
-//! them, and their stop. `build.rs`: [`Devices::build`]. [`hotplug`]: the
+//! them, and their stop. `build.rs`: [`Devices::build`]. `hold.rs`:
+//! [`Devices::hold`], the devices held still for a snapshot.
+//! `snapshot.rs`: [`Devices::save_state`] and [`Devices::restore_state`]
+//! ([`DevicesState`]). [`hotplug`]: the
 //! virtio-mem devices as the VMM drives them. `metrics.rs`: their groups of
 //! a metrics line. The sinks they give memory back through are
 //! [`crate::vmm::sinks`].
 
 mod build;
+mod hold;
 pub mod hotplug;
 mod metrics;
+mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -57,7 +64,9 @@ use crate::vstate::vm::VmError;
 use crate::vmm::sinks::discard::PoolSink;
 use crate::vmm::sinks::hotplug_slots::HotplugSlots;
 
+pub use hold::{DeviceHold, HOLD_TIMEOUT};
 pub use hotplug::{Hotplug, HotplugDevice};
+pub use snapshot::{DeviceKey, DeviceKindState, DeviceState, DevicesState};
 
 /// Errors of building the devices.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +132,39 @@ pub enum DeviceError {
         name: String,
         /// Why.
         source: std::io::Error,
+    },
+    /// A snapshot of a microVM with this device is not supported yet.
+    #[error("a snapshot of a microVM with {0} is not supported yet")]
+    SnapshotUnsupported(&'static str),
+    /// The devices are held already ([`Devices::hold`]).
+    #[error("the devices are already held for a snapshot")]
+    AlreadyHeld,
+    /// A hold of other devices was given ([`Devices::save_state`]).
+    #[error("the devices' state was asked for without their hold")]
+    NotHeld,
+    /// A device did not hold still in time ([`Devices::hold`]).
+    #[error("the {device} did not hold still in time: {what}")]
+    NotStill {
+        /// The device.
+        device: String,
+        /// What it did not do.
+        what: &'static str,
+    },
+    /// A device's state could not be saved.
+    #[error("cannot save the state of the {device}: {why}")]
+    Save {
+        /// The device.
+        device: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A device's saved state does not fit it.
+    #[error("cannot restore the {device}: {why}")]
+    Restore {
+        /// The device.
+        device: String,
+        /// Why.
+        why: String,
     },
 }
 
@@ -291,6 +333,8 @@ struct Started {
     discard: Option<Arc<PoolSink>>,
     /// virtio-mem's memslots, released with the devices.
     hotplug_slots: Option<Arc<HotplugSlots>>,
+    /// The gate every device loop waits at while the devices are held.
+    gate: Arc<crate::devices::virtio::Gate>,
 }
 
 impl Started {
@@ -306,6 +350,9 @@ impl Started {
     /// Stops the threads, waiting until `deadline` at most.
     fn stop_threads(&mut self, deadline: Instant) -> DeviceStopReport {
         let mut report = DeviceStopReport::default();
+        // No thread waits for a hold's end any more (it would not see its
+        // exit eventfd).
+        self.gate.open_for_good();
         // First end the discards in flight (freeing nothing more): memory is
         // reclaimed whole next, and no device thread may wait behind one.
         if let Some(pool) = &self.discard {
@@ -381,6 +428,8 @@ pub struct Devices {
     pub rng: Option<Arc<Mutex<Rng<GuestView>>>>,
     /// The virtio-mem devices, if memory hotplug is configured.
     pub hotplug: Option<Hotplug>,
+    /// What a hold and a snapshot go through, device by device.
+    hold_parts: Arc<hold::HoldParts>,
     started: Started,
 }
 

@@ -81,6 +81,9 @@ pub enum StartError {
     /// A part of the microVM was not there right after it was made (a bug).
     #[error("a part of the microVM is missing right after it was made")]
     PartMissing,
+    /// A snapshot's state could not be put back.
+    #[error("restore: {0}")]
+    Restore(String),
     /// A kernel is configured but its files were not opened (a bug).
     #[error("the boot source's kernel was not opened")]
     BootFilesMissing,
@@ -97,7 +100,7 @@ pub struct BootFiles {
 
 /// COM1's interrupt line (ISA IRQ 4, IOAPIC pin 4 and PIC input 4 in KVM's
 /// default routing).
-const COM1_GSI: u32 = 4;
+pub(super) const COM1_GSI: u32 = 4;
 
 /// One slice of guest RAM as `GET /memory` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -133,13 +136,16 @@ pub struct SliceInfo {
 /// takes that order.
 pub struct MicroVm {
     /// The vCPUs, devices, console, VM and guest memory (all present).
-    parts: Teardown,
+    pub(super) parts: Teardown,
     /// The keyboard controller, to send Ctrl-Alt-Del.
     pub i8042: Arc<Mutex<I8042>>,
     /// COM1, for console input (Linux guests; the firmware reads nothing).
     pub console_input: Option<Arc<Mutex<SerialConsole>>>,
     /// The slices, for `GET /memory`.
     pub slices: Vec<SliceInfo>,
+    /// A guest restored through a uffd handler: a clone of its
+    /// connection, which the event loop watches for the handler's end.
+    pub uffd_handler: Option<std::os::fd::OwnedFd>,
 }
 
 impl MicroVm {
@@ -177,6 +183,16 @@ impl MicroVm {
     pub fn console(&self) -> Option<&ConsoleWriter> {
         self.parts.console.as_ref()
     }
+
+    /// The KVM VM.
+    pub fn vm(&self) -> Option<&Vm> {
+        self.parts.vm.as_ref()
+    }
+
+    /// Guest memory.
+    pub fn memory(&self) -> Option<&GuestMemory> {
+        self.parts.memory.as_ref()
+    }
 }
 
 impl From<MicroVm> for Teardown {
@@ -209,6 +225,8 @@ pub struct StartContext {
     pub populate: Arc<PopulateProgress>,
     /// The virtio devices to build.
     pub devices: DeviceSpecs,
+    /// A snapshot to restore instead of a boot (`PUT /snapshot/load`).
+    pub restore: Option<super::restore::RestoreSpec>,
 }
 
 /// How a start ended.
@@ -221,7 +239,10 @@ pub enum Started {
 
 /// Builds the microVM described by `ctx.config` and starts its vCPUs,
 /// checking `ctx.cancel` between the long steps.
-pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
+pub fn start_microvm(mut ctx: StartContext) -> Result<Started, StartError> {
+    if let Some(restore) = ctx.restore.take() {
+        return super::restore::restore_microvm(ctx, restore);
+    }
     let StartContext {
         config,
         boot_files,
@@ -234,6 +255,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         cancel,
         populate,
         devices: device_specs,
+        restore: _,
     } = ctx;
     let console = ConsoleWriter::spawn(CONSOLE_BUFFER_BYTES, console_sinks, on_first_output)
         .map_err(StartError::Console)?;
@@ -290,21 +312,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             return Ok(Started::Cancelled(parts));
         }
     }
-    let slots: Vec<MemorySlot> = memory
-        .slots()
-        .iter()
-        .map(|s| MemorySlot {
-            guest_addr: s.guest_addr,
-            size: s.len,
-            host_addr: s.host_addr,
-            guest_memfd: s.guest_memfd,
-            dirty_log: machine.track_dirty_pages,
-        })
-        .collect();
-    // SAFETY: the mappings live in `memory`, which the MicroVm keeps until
-    // the vCPUs are stopped; reclaim unmaps them only after that, and KVM
-    // follows an munmap through its MMU notifier.
-    unsafe { vm.register_memory(&slots) }?;
+    register_slots(vm, memory, machine.track_dirty_pages)?;
     // The firmware: no interrupt line, no guest NUMA. A kernel: COM1's IRQ 4
     // through an irqfd, and a guest node per host node (ACPI SRAT).
     let (entry, serial_irq, nodes) = match &config.boot_source.kernel_image_path {
@@ -397,26 +405,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         .insert(Devices::build(&device_specs, pio, vm, memory, &topology)?);
     let bus = devices.buses.clone();
 
-    let slices = memory
-        .slices()
-        .iter()
-        .map(|s| SliceInfo {
-            guest_addr: s.slice().guest_addr,
-            size_bytes: s.slice().len,
-            host_node: s.slice().node,
-            policy: config.memory.numa_policy,
-            backing: config.memory.backing,
-            files: (!s.stripes().is_empty()).then_some(s.stripes().len()),
-            numa_binding: s.numa_binding(),
-            placement: s.placement(),
-            guest_node: nodes.as_ref().and_then(|nodes| {
-                nodes
-                    .iter()
-                    .position(|n| n.host_node == s.slice().node)
-                    .map(|g| g as u32)
-            }),
-        })
-        .collect();
+    let slices = slice_infos(memory, &config, nodes.as_deref());
     let vcpus = parts.vcpus.insert(Vcpus::new(Arc::new(VcpuControl::new())));
     for index in 0..machine.vcpu_count {
         // On an error, dropping `parts` stops the vCPUs already running,
@@ -441,5 +430,58 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
         i8042,
         console_input: linux.then_some(serial),
         slices,
+        uffd_handler: None,
     }))
+}
+
+/// Registers guest memory's slots with KVM.
+pub(super) fn register_slots(
+    vm: &Vm,
+    memory: &GuestMemory,
+    dirty_log: bool,
+) -> Result<(), StartError> {
+    let slots: Vec<MemorySlot> = memory
+        .slots()
+        .iter()
+        .map(|s| MemorySlot {
+            guest_addr: s.guest_addr,
+            size: s.len,
+            host_addr: s.host_addr,
+            guest_memfd: s.guest_memfd,
+            dirty_log,
+        })
+        .collect();
+    // SAFETY: the mappings live in `memory`, which the MicroVm keeps until
+    // the vCPUs are stopped; reclaim unmaps them only after that, and KVM
+    // follows an munmap through its MMU notifier.
+    unsafe { vm.register_memory(&slots) }?;
+    Ok(())
+}
+
+/// The slices as `GET /memory` shows them.
+pub(super) fn slice_infos(
+    memory: &GuestMemory,
+    config: &VmConfig,
+    nodes: Option<&[crate::vstate::linux::acpi::GuestNode]>,
+) -> Vec<SliceInfo> {
+    memory
+        .slices()
+        .iter()
+        .map(|s| SliceInfo {
+            guest_addr: s.slice().guest_addr,
+            size_bytes: s.slice().len,
+            host_node: s.slice().node,
+            policy: config.memory.numa_policy,
+            backing: config.memory.backing,
+            files: (!s.stripes().is_empty()).then_some(s.stripes().len()),
+            numa_binding: s.numa_binding(),
+            placement: s.placement(),
+            guest_node: nodes.and_then(|nodes| {
+                nodes
+                    .iter()
+                    .position(|n| n.host_node == s.slice().node)
+                    .map(|g| g as u32)
+            }),
+        })
+        .collect()
 }

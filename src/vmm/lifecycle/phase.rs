@@ -39,6 +39,19 @@ pub struct Starting {
     pub(super) shutdown: Option<(ShutdownReason, Instant)>,
 }
 
+/// A snapshot being created: the job holds the paused microVM and hands
+/// it back.
+pub struct Snapshotting {
+    pub(super) job: Job<super::snapshot::CreateOutcome>,
+    /// The `PUT /snapshot/create` reply.
+    pub(super) reply: Sender<ActionResult>,
+    /// Snapshot or full create (for the latency metric).
+    pub(super) full: bool,
+    /// A shutdown asked for meanwhile, begun when the job hands the
+    /// microVM back.
+    pub(super) shutdown: Option<(ShutdownReason, Instant)>,
+}
+
 /// A shutdown under way.
 pub struct Reclaiming {
     pub(super) job: Job<ShutdownReport>,
@@ -52,6 +65,8 @@ pub enum Phase {
     Starting(Starting),
     /// vCPUs run.
     Running(Box<MicroVm>),
+    /// The `start` job runner writes a snapshot of the paused microVM.
+    Snapshotting(Snapshotting),
     /// The `reclaim` job stops and frees it.
     Reclaiming(Reclaiming),
     /// Memory freed; the process exits (after a linger, for API shutdowns).
@@ -82,6 +97,14 @@ impl Phase {
     pub(super) fn start_job(&self) -> Option<&Job<Result<Started, StartError>>> {
         match self {
             Phase::Starting(s) => Some(&s.job),
+            _ => None,
+        }
+    }
+
+    /// The snapshot job, while snapshotting.
+    pub(super) fn snapshot_job(&self) -> Option<&Job<super::snapshot::CreateOutcome>> {
+        match self {
+            Phase::Snapshotting(s) => Some(&s.job),
             _ => None,
         }
     }
@@ -118,6 +141,7 @@ impl Vmm {
             Phase::Starting(_) => VmState::Starting,
             Phase::Running(m) if m.vcpus().is_some_and(|v| v.paused()) => VmState::Paused,
             Phase::Running(_) => VmState::Running,
+            Phase::Snapshotting(_) => VmState::Paused,
             Phase::Reclaiming(_) if self.progress.snapshot().state == ReclaimState::Idle => {
                 VmState::ShuttingDown
             }

@@ -49,6 +49,12 @@ impl Vmm {
                 };
                 self.reclaim(Teardown::from(*microvm), reason, at);
             }
+            Phase::Snapshotting(snapshotting) => {
+                if snapshotting.shutdown.is_none() {
+                    log::info!("shutting down once the snapshot is written: {reason:?}");
+                    snapshotting.shutdown = Some((reason, at));
+                }
+            }
             Phase::Reclaiming(_) | Phase::Stopped => {}
         }
     }

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::builder::{start_microvm, StartContext, StartError, Started};
 use super::phase::{Phase, ShutdownReason, Starting};
+use super::restore::RestoreSpec;
 use crate::api::{ActionResult, VmmActionError, VmmData};
 use crate::devices::ConsoleSink;
 use crate::memory::PopulateProgress;
@@ -36,6 +37,15 @@ impl Vmm {
     /// Starts the `start` job (`InstanceStart`, or a config file). `reply`
     /// is answered when the start ends.
     pub(in crate::vmm) fn start(&mut self, reply: Option<Sender<ActionResult>>) {
+        self.start_with(reply, None);
+    }
+
+    /// Starts the `start` job, booting or (`restore`) restoring a snapshot.
+    pub(in crate::vmm) fn start_with(
+        &mut self,
+        reply: Option<Sender<ActionResult>>,
+        restore: Option<RestoreSpec>,
+    ) {
         let replies: Vec<_> = reply.into_iter().collect();
         if let Err(e) = crate::config::check_worker_threads(
             self.config.reclaim.workers_per_node,
@@ -74,6 +84,7 @@ impl Vmm {
             cancel: cancel.clone(),
             populate: self.populate.clone(),
             devices,
+            restore,
         };
         match self
             .start_runner
@@ -119,6 +130,11 @@ impl Vmm {
     /// process with exit code 1.
     fn start_failed(&mut self, e: String, replies: Vec<Sender<ActionResult>>) {
         let had_clients = !replies.is_empty();
+        if let Some((config, resources, _)) = self.before_load.take() {
+            // A load that failed leaves the process as it found it: fresh.
+            self.config = *config;
+            self.resources = resources;
+        }
         for r in replies {
             let _ = r.send(Err(VmmActionError::BadRequest(format!(
                 "cannot start the microVM: {e}"
@@ -137,6 +153,9 @@ impl Vmm {
     /// The `start` job ended: run the microVM, or go on to the shutdown
     /// asked for meanwhile, or report the error.
     pub(in crate::vmm) fn start_done(&mut self) {
+        if matches!(self.phase, Phase::Snapshotting(_)) {
+            return self.snapshot_done();
+        }
         let Some(result) = self.job_result(Phase::start_job, "start") else {
             return;
         };
@@ -148,7 +167,17 @@ impl Vmm {
             waiters, shutdown, ..
         } = starting;
         match result.unwrap_or_else(|panic| Err(StartError::Panicked(panic))) {
-            Ok(Started::Running(microvm)) => {
+            Ok(Started::Running(mut microvm)) => {
+                self.uffd_handler = microvm.uffd_handler.take().map(|fd| (fd, false));
+                if let Some((_, _, at)) = self.before_load.take() {
+                    let us = at.elapsed().as_micros() as u64;
+                    log::info!("snapshot loaded in {:.1} ms", us as f64 / 1e3);
+                    crate::metrics::record_latency_us(
+                        crate::metrics::Latency::LoadSnapshot,
+                        crate::metrics::LatencyLevel::Vmm,
+                        us,
+                    );
+                }
                 for w in waiters {
                     let _ = w.send(Ok(VmmData::Empty));
                 }

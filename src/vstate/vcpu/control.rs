@@ -6,6 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use kvm_ioctls::VcpuFd;
+
+use super::save::SaveBoard;
 use crate::devices::{WaitEnd, WakeHub};
 use crate::vstate::pause::PauseGate;
 
@@ -20,6 +23,8 @@ pub struct VcpuControl {
     /// The wake hub the vCPUs wait on (port 0xf0c), kicked with every
     /// stop, pause and wake; set by the first vCPU that runs.
     hub: Mutex<Option<Arc<WakeHub>>>,
+    /// Requests for the vCPUs' state (snapshots), answered while paused.
+    pub(super) save: SaveBoard,
 }
 
 impl VcpuControl {
@@ -40,7 +45,30 @@ impl VcpuControl {
             self.wake.notify_all();
         }
         self.pause.wake();
+        self.save.wake();
         self.kick_waits();
+    }
+
+    /// Wakes the held and parked vCPUs to answer a save request (without a
+    /// wake a parked vCPU would take as its devices' news).
+    pub(super) fn wake_for_save(&self) {
+        {
+            let _guard = self
+                .wake_generation
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            self.wake.notify_all();
+        }
+        self.pause.wake();
+    }
+
+    /// vCPU `index` (its `fd`): held while paused, answering save requests.
+    pub(super) fn hold(&self, index: u8, fd: &mut VcpuFd) {
+        self.pause.hold_serving(
+            || self.stop_requested(),
+            || self.save.pending(index),
+            || self.save.serve(index, fd),
+        );
     }
 
     /// Ends the device waits in progress (they look at the flags again).
@@ -109,13 +137,25 @@ impl VcpuControl {
     /// while the vCPU was running (e.g. a Ctrl-Alt-Del sent while the
     /// firmware was busy) makes the next park return at once, so the guest
     /// looks at its devices again instead of sleeping on a lost wakeup.
-    pub(super) fn park(&self, seen: &mut u64) {
+    /// With `vcpu` (its index and fd), a parked vCPU answers save requests
+    /// and parks again.
+    pub(super) fn park(&self, seen: &mut u64, mut vcpu: Option<(u8, &mut VcpuFd)>) {
         self.pause.out_of_guest(true);
         let mut generation = self
             .wake_generation
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         while !self.stop_requested() && *generation == *seen {
+            if let Some((index, fd)) = vcpu.as_mut().filter(|(index, _)| self.save.pending(*index))
+            {
+                drop(generation);
+                self.save.serve(*index, fd);
+                generation = self
+                    .wake_generation
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
             generation = self
                 .wake
                 .wait(generation)
@@ -175,7 +215,7 @@ mod tests {
         // Parked with no wake: it stays parked until the wake.
         let t = spawn_parked(move || {
             let mut seen = 0;
-            c.park(&mut seen);
+            c.park(&mut seen, None);
             seen
         });
         control.wake_all();
@@ -185,8 +225,8 @@ mod tests {
         let c = control.clone();
         let t = spawn_parked(move || {
             let mut seen = 1;
-            c.park(&mut seen);
-            c.park(&mut seen);
+            c.park(&mut seen, None);
+            c.park(&mut seen, None);
         });
         control.request_stop();
         t.join().unwrap();
@@ -199,11 +239,11 @@ mod tests {
         let mut seen = 0;
         // Woken while running (e.g. Ctrl-Alt-Del while the firmware was busy).
         control.wake_all();
-        control.park(&mut seen); // returns at once
+        control.park(&mut seen, None); // returns at once
         assert_eq!(seen, 1);
         control.wake_all();
         control.wake_all();
-        control.park(&mut seen);
+        control.park(&mut seen, None);
         assert_eq!(seen, 3);
     }
 }

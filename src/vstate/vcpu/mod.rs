@@ -18,6 +18,7 @@
 mod control;
 mod exit;
 mod kick;
+mod save;
 mod setup;
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -31,7 +32,7 @@ use vmm_sys_util::signal::Killable;
 
 pub use control::VcpuControl;
 pub use exit::{handle_exit, ExitAction, VcpuEvent};
-pub use setup::{configure_vcpu, GuestEntry};
+pub use setup::{configure_vcpu, restore_vcpu, GuestEntry};
 
 use crate::devices::Buses;
 use crate::memory::GuestLease;
@@ -57,6 +58,9 @@ pub enum VcpuError {
     /// A Linux vCPU could not be set up.
     #[error(transparent)]
     Linux(#[from] super::linux::cpu::CpuError),
+    /// A snapshot's vCPU state could not be restored.
+    #[error(transparent)]
+    State(#[from] crate::vstate::snapshot::StateError),
     /// The thread could not be spawned.
     #[error("cannot spawn the thread of vCPU {index}: {source}")]
     Spawn {
@@ -279,7 +283,7 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &Buses, control: &VcpuControl) -> Op
         if control.stop_requested() && !ignore_stop {
             break None;
         }
-        control.pause_gate().hold(|| control.stop_requested());
+        control.hold(index, &mut fd);
         if control.stop_requested() && !ignore_stop {
             break None;
         }
@@ -289,7 +293,7 @@ fn run_loop(index: u8, mut fd: VcpuFd, bus: &Buses, control: &VcpuControl) -> Op
                     panic!("injected vCPU panic ({})", crate::faults::FAULT_INJECT_ENV)
                 }
                 ExitAction::Continue => {}
-                ExitAction::Park => control.park(&mut seen_wake),
+                ExitAction::Park => control.park(&mut seen_wake, Some((index, &mut fd))),
                 ExitAction::WaitDevice { slot, timeout } => {
                     control.wait_device(bus.mmio.wake_hub(), slot, timeout);
                 }

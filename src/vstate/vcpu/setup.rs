@@ -8,6 +8,7 @@ use kvm_ioctls::VcpuFd;
 use super::VcpuError;
 use crate::vstate::boot::{initial_regs, setup_sregs, BootLayout};
 use crate::vstate::linux::LinuxEntry;
+use crate::vstate::snapshot::VcpuState;
 use crate::vstate::template::CpuSetup;
 
 /// What a vCPU starts: the built-in firmware at CPL3, or a Linux kernel at
@@ -59,4 +60,11 @@ pub fn configure_vcpu(
         "KVM_SET_REGS",
         fd.set_regs(&initial_regs(usize::from(index), layout)),
     )
+}
+
+/// Writes a snapshot's `state` into vCPU `index` (`fd`), instead of
+/// [`configure_vcpu`], before its thread starts: the vCPU goes on where it
+/// was saved ([`crate::vstate::snapshot::VcpuState::restore`]).
+pub fn restore_vcpu(fd: &VcpuFd, index: u8, state: &VcpuState) -> Result<(), VcpuError> {
+    Ok(state.restore(fd, index)?)
 }

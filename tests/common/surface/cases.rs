@@ -221,6 +221,125 @@ fn device_cases(w: &mut Walk) {
     });
 }
 
+/// `PUT /snapshot/create` and `PUT /snapshot/load` in the states the walk
+/// has (configured, not started; started and running): every body is
+/// refused, by its parse or by the state (a create before the start or
+/// while running; a load once configured or started), so no snapshot is
+/// written nor loaded. Firecracker's load of a body that parses, on a
+/// process where nothing configured the boot, would try the files and
+/// end the process: the walk's processes are all configured.
+fn snapshot_cases(w: &mut Walk) {
+    let d = w.dir.display().to_string();
+    let create = format!(r#"{{"snapshot_path": "{d}/snap", "mem_file_path": "{d}/mem"}}"#);
+    body_cases(
+        w,
+        "PUT",
+        "/snapshot/create",
+        &create,
+        &[
+            (
+                "snapshot_type Diff",
+                &create.replace('{', r#"{"snapshot_type": "Diff", "#),
+            ),
+            (
+                "unknown snapshot_type",
+                &create.replace('{', r#"{"snapshot_type": "Half", "#),
+            ),
+            (
+                "missing mem_file_path",
+                &format!(r#"{{"snapshot_path": "{d}/snap"}}"#),
+            ),
+        ],
+    );
+    let snap = format!(r#""snapshot_path": "{d}/snap""#);
+    let file = format!(r#""mem_backend": {{"backend_path": "{d}/mem", "backend_type": "File"}}"#);
+    let uffd =
+        format!(r#""mem_backend": {{"backend_path": "{d}/uffd.sock", "backend_type": "Uffd"}}"#);
+    let old = format!(r#""mem_file_path": "{d}/mem""#);
+    let with = |extra: &str| format!("{{{snap}, {file}, {extra}}}");
+    body_cases(
+        w,
+        "PUT",
+        "/snapshot/load",
+        &format!("{{{snap}, {file}}}"),
+        &[
+            (
+                "bad: both mem_file_path and mem_backend",
+                &format!("{{{snap}, {old}, {file}}}"),
+            ),
+            (
+                "missing mem_backend and mem_file_path",
+                &format!("{{{snap}}}"),
+            ),
+            ("missing snapshot_path", &format!("{{{file}}}")),
+            (
+                "unknown field in mem_backend",
+                &format!(
+                    r#"{{{snap}, "mem_backend": {{"backend_path": "{d}/mem", "backend_type": "File", "x": 1}}}}"#
+                ),
+            ),
+            (
+                "unknown backend_type",
+                &format!(
+                    r#"{{{snap}, "mem_backend": {{"backend_path": "{d}/mem", "backend_type": "Disk"}}}}"#
+                ),
+            ),
+            ("unknown huge_pages 1M", &with(r#""huge_pages": "1M""#)),
+            ("mem_file_path (deprecated)", &format!("{{{snap}, {old}}}")),
+            (
+                "enable_diff_snapshots (deprecated)",
+                &with(r#""enable_diff_snapshots": true"#),
+            ),
+            ("Uffd backend", &format!("{{{snap}, {uffd}}}")),
+            (
+                "network_overrides with an unknown field",
+                &with(
+                    r#""network_overrides": [{"iface_id": "eth0", "host_dev_name": "tap1", "x": 1}]"#,
+                ),
+            ),
+            (
+                "vsock_override",
+                &with(&format!(
+                    r#""vsock_override": {{"uds_path": "{d}/v9.sock"}}"#
+                )),
+            ),
+            ("huge_pages 2M", &with(r#""huge_pages": "2M""#)),
+            ("clock_realtime true", &with(r#""clock_realtime": true"#)),
+            ("memory_load Eager", &with(r#""memory_load": "Eager""#)),
+            (
+                "memory_load Eager with Uffd",
+                &format!(r#"{{{snap}, {uffd}, "memory_load": "Eager"}}"#),
+            ),
+        ],
+    );
+    for path in ["/snapshot/create", "/snapshot/load"] {
+        for (method, body) in [("GET", None), ("PATCH", Some("{}")), ("DELETE", None)] {
+            let ep = format!("{method} {path}");
+            let mut r = req(&ep, "wrong method", method, path, body);
+            r.expect = Expect::Refused;
+            w.case(r);
+        }
+    }
+    let mut r = req(
+        "PUT /snapshot",
+        "missing operation",
+        "PUT",
+        "/snapshot",
+        Some(&create),
+    );
+    r.expect = Expect::Refused;
+    w.case(r);
+    let mut r = req(
+        "PUT /snapshot/restore",
+        "not a resource",
+        "PUT",
+        "/snapshot/restore",
+        Some(&create),
+    );
+    r.expect = Expect::Refused;
+    w.case(r);
+}
+
 /// Firecracker's resources for features teravm lacks.
 fn unsupported_cases(w: &mut Walk) {
     let d = w.dir.display().to_string();
@@ -229,20 +348,6 @@ fn unsupported_cases(w: &mut Walk) {
             "PUT",
             "/mmds/config",
             r#"{"network_interfaces": ["eth0"], "version": "V2"}"#.into(),
-            vec![],
-        ),
-        (
-            "PUT",
-            "/snapshot/create",
-            format!(r#"{{"snapshot_path": "{d}/snap", "mem_file_path": "{d}/mem"}}"#),
-            vec![],
-        ),
-        (
-            "PUT",
-            "/snapshot/load",
-            format!(
-                r#"{{"snapshot_path": "{d}/snap", "mem_backend": {{"backend_path": "{d}/mem", "backend_type": "File"}}}}"#
-            ),
             vec![],
         ),
         (
@@ -279,14 +384,7 @@ fn unsupported_cases(w: &mut Walk) {
         Some(r#"{"state": "Resumed"}"#),
     ));
     w.case(req("GET /mmds", "valid", "GET", "/mmds", None));
-    for path in [
-        "/mmds",
-        "/snapshot/create",
-        "/cpu-config",
-        "/entropy",
-        "/vm",
-        "/serial",
-    ] {
+    for path in ["/mmds", "/cpu-config", "/entropy", "/vm", "/serial"] {
         let ep = format!("DELETE {path}");
         w.case(req(&ep, "wrong method", "DELETE", path, None));
     }
@@ -610,6 +708,7 @@ pub fn walk_phase(w: &mut Walk) {
 
     balloon_cases(w);
     device_cases(w);
+    snapshot_cases(w);
     unsupported_cases(w);
     super::hotplug_cases::hotplug_cases(w);
 }

@@ -109,10 +109,10 @@ pub(super) struct Parked {
 pub struct Balloon<M: DeviceMemory> {
     pub(super) opts: BalloonOptions,
     offer: DeviceOffer,
-    ram_mib: u64,
-    num_pages: u32,
-    actual_pages: u32,
-    config_generation: u32,
+    pub(super) ram_mib: u64,
+    pub(super) num_pages: u32,
+    pub(super) actual_pages: u32,
+    pub(super) config_generation: u32,
     pub(super) discard_page_bytes: u64,
     pub(super) sink: Arc<dyn DiscardSink>,
     pub(super) metrics: Arc<BalloonMetrics>,
@@ -137,6 +137,8 @@ pub struct Balloon<M: DeviceMemory> {
     pub(super) parked: Vec<Parked>,
     /// Batches of this pass, for the sink once the lock is let go.
     pub(super) outbox: Vec<(DiscardKind, Vec<GuestRange>, DiscardAck)>,
+    /// Held for a snapshot: no new batch goes to the sink.
+    pub(super) holding: bool,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for Balloon<M> {
@@ -203,13 +205,14 @@ impl<M: DeviceMemory> Balloon<M> {
             wake: Arc::new(Wake::new().map_err(BalloonError::EventFd)?),
             fence: Arc::new(ResetFence::default()),
             in_flight: Vec::new(),
+            holding: false,
             next_batch: 0,
             parked: Vec::new(),
             outbox: Vec::new(),
         })
     }
 
-    fn pages_for(amount_mib: u64, ram_mib: u64) -> Result<u32, BalloonError> {
+    pub(super) fn pages_for(amount_mib: u64, ram_mib: u64) -> Result<u32, BalloonError> {
         if amount_mib > ram_mib {
             return Err(BalloonError::TargetAboveRam {
                 amount_mib,
@@ -400,6 +403,10 @@ impl<M: DeviceMemory> VirtioDevice<M> for Balloon<M> {
         // Buffers added before DRIVER_OK (Linux adds the statistics buffer
         // then): look at every queue once.
         self.wake.again(&queues).map_err(ActivateError::Signal)
+    }
+
+    fn queue_positions(&self) -> Option<Vec<crate::devices::virtio::QueuePosition>> {
+        self.active.as_ref().map(|a| a.state.positions())
     }
 
     fn reset(&mut self) {

@@ -23,6 +23,7 @@
 
 pub mod device;
 pub mod metrics;
+pub mod persist;
 pub mod queues;
 pub mod ranges;
 pub mod sink;
@@ -33,6 +34,7 @@ pub mod worker;
 
 pub use device::{Balloon, BalloonOptions, QueueLayout};
 pub use metrics::BalloonMetrics;
+pub use persist::BalloonState;
 pub use ranges::{RamMap, BALLOON_PAGE_BYTES};
 pub use sink::{DiscardAck, DiscardKind, DiscardSink, SinkWork};
 pub use stats::BalloonStats;
@@ -110,4 +112,7 @@ pub enum BalloonError {
     /// An eventfd could not be made.
     #[error("cannot create the balloon's eventfd: {0}")]
     EventFd(std::io::Error),
+    /// A snapshot's state that does not fit the balloon as configured.
+    #[error("the saved balloon state does not fit: {0}")]
+    BadState(String),
 }

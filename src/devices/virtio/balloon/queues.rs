@@ -248,7 +248,7 @@ impl<M: DeviceMemory> Balloon<M> {
         if self.active.is_none() {
             return false;
         }
-        if self.in_flight.len() >= MAX_INFLIGHT_BATCHES {
+        if self.holding || self.in_flight.len() >= MAX_INFLIGHT_BATCHES {
             self.wake.defer(q);
             return false;
         }

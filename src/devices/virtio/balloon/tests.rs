@@ -21,6 +21,9 @@ use crate::devices::virtio::{
 };
 use crate::memory::GuestRange;
 
+#[path = "persist_tests.rs"]
+mod persist_tests;
+
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 /// 0..3 GiB, the MMIO gap, then 4 GiB .. 4 GiB + 16 MiB.

@@ -4,7 +4,7 @@
 //! the VMM from its event loop.
 
 use std::fs::File;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use vmm_sys_util::eventfd::EventFd;
@@ -112,6 +112,12 @@ pub(super) struct BlockShared<M: DeviceMemory> {
     /// Wakes the thread: activation, a pending file, left-over work.
     pub wake: Arc<Wake>,
     pub metrics: Arc<BlockMetrics>,
+    /// Set while the devices are held for a snapshot: the thread takes no
+    /// new chain, and finishes those in host I/O.
+    pub holding: AtomicBool,
+    /// Requests in host I/O (io_uring), as the thread left it after its
+    /// last pass.
+    pub in_flight: AtomicUsize,
 }
 
 impl<M: DeviceMemory> BlockShared<M> {
@@ -122,7 +128,7 @@ impl<M: DeviceMemory> BlockShared<M> {
 
 /// A virtio-blk device over a host file.
 pub struct Block<M: DeviceMemory> {
-    opts: BlockOptions,
+    pub(super) opts: BlockOptions,
     offer: DeviceOffer,
     pub(super) shared: Arc<BlockShared<M>>,
     /// The file until the worker takes it.
@@ -181,6 +187,8 @@ impl<M: DeviceMemory> Block<M> {
             pending_limiter: Mutex::new(None),
             wake: Arc::new(Wake::new().map_err(BlockError::EventFd)?),
             metrics: Arc::new(BlockMetrics::default()),
+            holding: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
         });
         Ok(Block {
             opts,
@@ -306,6 +314,10 @@ impl<M: DeviceMemory> VirtioDevice<M> for Block<M> {
         drop(ring);
         // Chains added before DRIVER_OK get a pass.
         self.shared.wake.again(&[]).map_err(ActivateError::Signal)
+    }
+
+    fn queue_positions(&self) -> Option<Vec<crate::devices::virtio::QueuePosition>> {
+        self.shared.ring().as_ref().map(ActiveState::positions)
     }
 
     fn reset(&mut self) {

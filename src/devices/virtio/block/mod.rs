@@ -38,6 +38,7 @@
 pub mod device;
 pub mod disk;
 pub mod metrics;
+pub mod persist;
 pub mod request;
 #[cfg(test)]
 mod test_disk;
@@ -48,12 +49,15 @@ mod tests_hostile;
 #[cfg(test)]
 mod tests_limits;
 #[cfg(test)]
+mod tests_snapshot;
+#[cfg(test)]
 mod tests_uring;
 pub mod worker;
 
 pub use device::{image_id, Block, BlockOptions, CacheType, IoEngine};
 pub use disk::Disk;
 pub use metrics::BlockMetrics;
+pub use persist::BlockState;
 pub use request::{RequestError, RequestType};
 pub use worker::BlockWorker;
 
@@ -135,4 +139,7 @@ pub enum BlockError {
     /// A second worker for the same device.
     #[error("the block device already has its worker (the backing file was handed over)")]
     WorkerExists,
+    /// A snapshot's state that does not fit the drive as configured.
+    #[error("the saved drive state does not fit: {0}")]
+    BadState(String),
 }

@@ -219,6 +219,11 @@ impl<M: DeviceMemory> BlockWorker<M> {
         let end = wake.pass(0, MAX_CHAINS_PER_PASS, || {
             self.swap_pending_disk();
             self.apply_pending_limiter();
+            if self.shared.holding.load(Ordering::SeqCst) {
+                // Held for a snapshot: the chains wait in the ring (the
+                // release wakes the thread).
+                return false;
+            }
             if self.limiter.is_blocked() {
                 // Its timer's event runs the next pass.
                 return false;
@@ -266,6 +271,11 @@ impl<M: DeviceMemory> BlockWorker<M> {
             true
         });
         self.submit_pushed();
+        // SeqCst: read by a hold waiting for the I/O in flight to end
+        // (`crate::devices::virtio::wait_for`).
+        self.shared
+            .in_flight
+            .store(self.in_flight(), Ordering::SeqCst);
         if end.wake_failed {
             metrics.event_fails.inc();
         }

@@ -234,6 +234,10 @@ impl<M: DeviceMemory> VirtioDevice<M> for Net<M> {
             .map_err(ActivateError::Signal)
     }
 
+    fn queue_positions(&self) -> Option<Vec<crate::devices::virtio::QueuePosition>> {
+        self.positions()
+    }
+
     fn reset(&mut self) {
         // Drops the queues, the guest memory and the held chains; a frame
         // that waited for buffers is dropped (counted). Frames still in the

@@ -30,6 +30,9 @@ mod limits_tests;
 pub mod macvtap;
 pub mod metrics;
 pub mod mmds;
+pub mod persist;
+#[cfg(test)]
+mod persist_tests;
 pub mod queues;
 pub mod tap;
 #[cfg(test)]
@@ -41,6 +44,7 @@ mod tests;
 
 pub use device::{Net, NetOptions};
 pub use metrics::NetMetrics;
+pub use persist::NetState;
 pub use tap::{NetBackend, Tap};
 
 /// Opens a network interface's host side: a tap by name
@@ -172,4 +176,7 @@ pub enum NetError {
     /// A rate limiter could not be made or changed.
     #[error("network device rate limiter: {0}")]
     RateLimiter(#[from] crate::rate_limiter::RateLimiterError),
+    /// A snapshot's state that does not fit the interface as configured.
+    #[error("the saved network interface state does not fit: {0}")]
+    BadState(String),
 }

@@ -254,6 +254,10 @@ impl<M: DeviceMemory> VirtioDevice<M> for Rng<M> {
         self.wake.again(&[0]).map_err(ActivateError::Signal)
     }
 
+    fn queue_positions(&self) -> Option<Vec<crate::devices::virtio::QueuePosition>> {
+        self.active.as_ref().map(ActiveState::positions)
+    }
+
     fn reset(&mut self) {
         self.active = None;
         self.wake.clear();

@@ -20,13 +20,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::devices::virtio::device::{
-    status, ActivateError, ActiveState, VirtioDevice, VIRTIO_F_VERSION_1,
-};
+use crate::devices::virtio::device::{status, ActivateError, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::devices::virtio::fence::ResetFence;
 use crate::devices::virtio::interrupt::{IrqTrigger, VirtioInterrupt, VirtioInterruptType};
 use crate::devices::virtio::memory::DeviceMemory;
@@ -189,23 +185,27 @@ pub enum MmioError {
     /// The device refused to start: it needs a reset.
     #[error("device refused to start: {0}")]
     Activate(ActivateError),
+    /// A saved state that does not fit this transport or its device (a
+    /// snapshot's; see [`super::persist`]).
+    #[error("the saved transport state does not fit the device: {0}")]
+    BadState(String),
 }
 
 /// The queue registers of one queue, as the driver wrote them.
 #[derive(Debug, Clone, Copy)]
-struct QueueRegs {
-    size: u16,
-    size_ok: bool,
-    ready: bool,
+pub(super) struct QueueRegs {
+    pub(super) size: u16,
+    pub(super) size_ok: bool,
+    pub(super) ready: bool,
     /// The driver wrote QueueReady 0 while the device ran ([`MmioTransport::stop_queue`]).
-    stopped: bool,
-    desc: u64,
-    driver: u64,
-    device: u64,
+    pub(super) stopped: bool,
+    pub(super) desc: u64,
+    pub(super) driver: u64,
+    pub(super) device: u64,
 }
 
 impl QueueRegs {
-    fn new(max: u16) -> QueueRegs {
+    pub(super) fn new(max: u16) -> QueueRegs {
         QueueRegs {
             size: max,
             size_ok: true,
@@ -229,26 +229,26 @@ fn set_half(reg: &mut u64, high: bool, v: u32) {
 
 /// A device's virtio-mmio register window.
 pub struct MmioTransport<M: DeviceMemory> {
-    device: Arc<Mutex<dyn VirtioDevice<M>>>,
-    mem: M,
-    interrupt: Arc<IrqTrigger>,
-    queue_evts: Vec<EventFd>,
-    max_sizes: Vec<u16>,
-    queues: Vec<QueueRegs>,
-    device_features: u64,
-    status: u32,
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    driver_features: u64,
+    pub(super) device: Arc<Mutex<dyn VirtioDevice<M>>>,
+    pub(super) mem: M,
+    pub(super) interrupt: Arc<IrqTrigger>,
+    pub(super) queue_evts: Vec<EventFd>,
+    pub(super) max_sizes: Vec<u16>,
+    pub(super) queues: Vec<QueueRegs>,
+    pub(super) device_features: u64,
+    pub(super) status: u32,
+    pub(super) device_features_sel: u32,
+    pub(super) driver_features_sel: u32,
+    pub(super) driver_features: u64,
     /// The driver set a bit in a feature page past the second (never offered).
-    driver_features_beyond: bool,
-    queue_sel: u32,
+    pub(super) driver_features_beyond: bool,
+    pub(super) queue_sel: u32,
     /// The status before the last reset: what Status reads until the device
     /// says the reset completed ([`VirtioDevice::reset_in_progress`]).
-    status_before_reset: u32,
+    pub(super) status_before_reset: u32,
     /// Set by a reset that left work in flight: what the bus waits for,
     /// off the lock, before the Status write returns to the guest.
-    reset_wait: Option<Arc<ResetFence>>,
+    pub(super) reset_wait: Option<Arc<ResetFence>>,
 }
 
 impl<M: DeviceMemory> std::fmt::Debug for MmioTransport<M> {
@@ -261,7 +261,7 @@ impl<M: DeviceMemory> std::fmt::Debug for MmioTransport<M> {
     }
 }
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -601,37 +601,8 @@ impl<M: DeviceMemory> MmioTransport<M> {
     /// Builds the queues from their registers, checks them against guest
     /// memory and starts the device.
     fn activate(&mut self) -> Result<(), MmioError> {
-        let mut queues = Vec::with_capacity(self.queues.len());
-        for (index, (regs, &max)) in self.queues.iter().zip(&self.max_sizes).enumerate() {
-            let bad = |why| MmioError::BadQueue { index, why };
-            let mut q = Queue::new(max).map_err(|_| bad("bad maximum size"))?;
-            if regs.ready {
-                if !regs.size_ok {
-                    return Err(bad("size refused"));
-                }
-                q.try_set_size(regs.size).map_err(|_| bad("bad size"))?;
-                q.try_set_desc_table_address(GuestAddress(regs.desc))
-                    .map_err(|_| bad("descriptor table misaligned"))?;
-                q.try_set_avail_ring_address(GuestAddress(regs.driver))
-                    .map_err(|_| bad("available ring misaligned"))?;
-                q.try_set_used_ring_address(GuestAddress(regs.device))
-                    .map_err(|_| bad("used ring misaligned"))?;
-                q.set_ready(true);
-                if !q.is_valid(&*self.mem) {
-                    return Err(bad("rings outside guest RAM"));
-                }
-            }
-            queues.push(q);
-        }
-        let interrupt: Arc<dyn VirtioInterrupt> = self.interrupt.clone();
-        lock(&self.device)
-            .activate(ActiveState::new(
-                self.mem.clone(),
-                self.driver_features,
-                queues,
-                interrupt,
-            ))
-            .map_err(MmioError::Activate)
+        let queues = self.queues_from_regs()?;
+        self.activate_with(queues)
     }
 
     /// Status 0: forgets everything the driver set and resets the device.

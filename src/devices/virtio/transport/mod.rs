@@ -2,6 +2,8 @@
 //! ([`mmio`]), the one teravm offers (Firecracker's
 //! `devices/virtio/transport/mmio.rs`).
 
+mod activation;
 pub mod mmio;
 #[cfg(test)]
 mod mmio_tests;
+pub mod persist;

@@ -41,10 +41,10 @@ pub struct VsockOptions {
 
 /// A virtio-vsock.
 pub struct Vsock<M: DeviceMemory> {
-    opts: VsockOptions,
+    pub(super) opts: VsockOptions,
     pub(super) muxer: Muxer,
-    active: Option<ActiveState<M>>,
-    metrics: Arc<VsockMetrics>,
+    pub(super) active: Option<ActiveState<M>>,
+    pub(super) metrics: Arc<VsockMetrics>,
     /// Passes left over (bounded passes, a stalled TX queue).
     pub(super) wake: Arc<Wake>,
     /// The TX queue waits for RX to drain the resets owed.
@@ -62,7 +62,7 @@ impl<M: DeviceMemory> std::fmt::Debug for Vsock<M> {
 }
 
 /// A chain's buffers of one direction, each inside guest memory.
-fn buffers<G: GuestMemory>(
+pub(super) fn buffers<G: GuestMemory>(
     mem: &G,
     chain: DescriptorChain<&G>,
     writable: bool,
@@ -373,6 +373,10 @@ impl<M: DeviceMemory> VirtioDevice<M> for Vsock<M> {
         // buffers the driver added before DRIVER_OK.
         self.stalled_tx = false;
         self.wake.again(&[RXQ, TXQ]).map_err(ActivateError::Signal)
+    }
+
+    fn queue_positions(&self) -> Option<Vec<crate::devices::virtio::QueuePosition>> {
+        self.active.as_ref().map(ActiveState::positions)
     }
 
     fn reset(&mut self) {

@@ -31,6 +31,7 @@ pub mod device;
 pub mod metrics;
 pub mod muxer;
 pub mod packet;
+pub mod persist;
 #[cfg(test)]
 mod tests;
 pub mod uds;
@@ -38,6 +39,7 @@ pub mod uds;
 pub use device::{Vsock, VsockOptions};
 pub use metrics::VsockMetrics;
 pub use packet::{VsockHeader, HEADER_BYTES};
+pub use persist::VsockState;
 pub use uds::bind_uds;
 
 /// The virtio device ID of a socket device.
@@ -50,7 +52,8 @@ pub const MIN_GUEST_CID: u64 = 3;
 pub const RXQ: usize = 0;
 /// The TX queue.
 pub const TXQ: usize = 1;
-/// The event queue (teravm never sends events: no snapshot restore).
+/// The event queue (teravm sends one event: the transport reset after a
+/// snapshot is restored, [`Vsock::restore_state`]).
 pub const EVQ: usize = 2;
 /// Each queue's size (Firecracker's).
 pub const QUEUE_SIZE: u16 = 256;
@@ -118,4 +121,7 @@ pub enum VsockError {
     /// An eventfd or the epoll fd could not be made.
     #[error("cannot create the vsock's eventfd or epoll fd: {0}")]
     EventFd(std::io::Error),
+    /// A snapshot's state that does not fit the vsock as configured.
+    #[error("the saved vsock state does not fit: {0}")]
+    BadState(String),
 }

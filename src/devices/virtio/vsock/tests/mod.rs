@@ -3,6 +3,7 @@
 //! directory. The bounds and hostile guests are in [`bounds`].
 
 mod bounds;
+mod persist;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

@@ -1,0 +1,352 @@
+//! `PUT /snapshot/create`: the `start` job runner takes the paused
+//! microVM, holds its devices, saves the vCPUs', the VM's and the devices'
+//! state, writes the memory file with the per-node workers and the state
+//! file, and hands the microVM back, still paused, whatever happened.
+//!
+//! The files appear whole or not at all: each is written under a
+//! temporary name in its directory (`.<name>.partial`, created
+//! `O_EXCL`, so no FIFO or existing file is ever opened), synced, then
+//! renamed to its name, the memory file first; any failure removes what
+//! was written (a memory file already renamed too, when the state file
+//! then fails). A temporary name also keeps a guest loaded lazily from the
+//! very memory file being overwritten whole: its mapping keeps the old
+//! file.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::builder::MicroVm;
+use crate::config::VmConfig;
+use crate::memory::snapshot::{MemoryFileError, MemoryFileOptions, MemoryFileReport};
+use crate::memory::HostTopology;
+use crate::snapshot::state::{memory_regions, SnapshotState};
+use crate::snapshot::state_file::{encode, StateFileError};
+use crate::snapshot::CreateSnapshotParams;
+use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
+
+/// Why a create failed (the guest stays paused, whole; no file was left).
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// A part of the running microVM is not there (a bug).
+    #[error("the microVM has no {0}")]
+    PartMissing(&'static str),
+    /// The devices could not be held or their state saved.
+    #[error("devices: {0}")]
+    Devices(#[from] crate::vmm::devices::DeviceError),
+    /// The vCPUs' state could not be saved.
+    #[error("vCPUs: {0}")]
+    Vcpus(String),
+    /// The VM's state could not be saved.
+    #[error("VM: {0}")]
+    Vm(String),
+    /// A file could not be made, written, synced or renamed.
+    #[error("{what} {path}: {source}")]
+    File {
+        /// `snapshot_path` or `mem_file_path`.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The memory file could not be written.
+    #[error("mem_file_path {path}: {source}")]
+    Memory {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: MemoryFileError,
+    },
+    /// The state could not be encoded.
+    #[error("the state: {0}")]
+    State(#[from] StateFileError),
+}
+
+/// What the create job needs besides the microVM.
+pub struct CreateContext {
+    /// The request.
+    pub params: CreateSnapshotParams,
+    /// The configuration the microVM runs with.
+    pub config: VmConfig,
+    /// The host topology (the memory file's workers).
+    pub topology: HostTopology,
+    /// The memory file's workers per node.
+    pub workers_per_node: u32,
+    /// `/dev/kvm` (the host's MSR list).
+    pub kvm: std::sync::Arc<crate::vstate::vm::KvmDevice>,
+}
+
+/// What a create did.
+#[derive(Debug)]
+pub struct Created {
+    /// The memory file's write.
+    pub memory: MemoryFileReport,
+    /// Bytes of the state file.
+    pub state_bytes: u64,
+    /// From the job's start to the rename of the state file.
+    pub elapsed: Duration,
+}
+
+/// The create job: returns the microVM with the result.
+pub fn create_job(
+    microvm: Box<MicroVm>,
+    ctx: CreateContext,
+) -> (Box<MicroVm>, Result<Created, CreateError>) {
+    let result = create(&microvm, &ctx);
+    (microvm, result)
+}
+
+fn create(m: &MicroVm, ctx: &CreateContext) -> Result<Created, CreateError> {
+    let started = Instant::now();
+    let devices = m.devices().ok_or(CreateError::PartMissing("devices"))?;
+    let vcpus = m.vcpus().ok_or(CreateError::PartMissing("vCPUs"))?;
+    let vm = m.vm().ok_or(CreateError::PartMissing("VM"))?;
+    let memory = m.memory().ok_or(CreateError::PartMissing("memory"))?;
+    // Nothing of a device touches guest memory from here until `hold`
+    // drops, so the state and the memory file agree.
+    let hold = devices.hold()?;
+    let msrs = ctx
+        .kvm
+        .msr_index_list()
+        .map_err(|e| CreateError::Vcpus(e.to_string()))?;
+    let vcpu_states = vcpus
+        .save_states(&msrs, VCPU_STOP_TIMEOUT)
+        .map_err(|e| CreateError::Vcpus(e.to_string()))?;
+    let vm_state = vm.save_state().map_err(|e| CreateError::Vm(e.to_string()))?;
+    let device_states = devices.save_state(&hold)?;
+    let mut config = ctx.config.clone();
+    config.logger = None;
+    config.metrics = None;
+    let state = SnapshotState {
+        teravm_version: env!("CARGO_PKG_VERSION").to_string(),
+        memory: memory_regions(config.machine_config.mem_bytes()),
+        config,
+        vcpus: vcpu_states,
+        vm: vm_state,
+        devices: device_states,
+    };
+    let bytes = encode(&state)?;
+    let p = &ctx.params;
+    let mem = Partial::create("mem_file_path", &p.mem_file_path)?;
+    let opts = MemoryFileOptions {
+        workers_per_node: ctx.workers_per_node,
+        chunk_bytes: None,
+    };
+    let report = memory
+        .write_memory_file(mem.file(), &opts, &ctx.topology)
+        .map_err(|source| CreateError::Memory {
+            path: p.mem_file_path.clone(),
+            source,
+        })?;
+    mem.sync()?;
+    let mut st = Partial::create("snapshot_path", &p.snapshot_path)?;
+    st.write_all(&bytes)?;
+    st.sync()?;
+    drop(hold);
+    let mem_final = mem.commit()?;
+    if let Err(e) = st.commit() {
+        // A memory file without its state is no snapshot: take it back.
+        let _ = std::fs::remove_file(&mem_final);
+        return Err(e);
+    }
+    Ok(Created {
+        memory: report,
+        state_bytes: bytes.len() as u64,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// A file written under a temporary name beside its final one, removed
+/// on drop unless committed.
+struct Partial {
+    what: &'static str,
+    file: File,
+    temp: PathBuf,
+    path: PathBuf,
+    committed: bool,
+}
+
+impl Partial {
+    fn create(what: &'static str, path: &Path) -> Result<Partial, CreateError> {
+        let err = |source| CreateError::File {
+            what,
+            path: path.to_path_buf(),
+            source,
+        };
+        let name = path.file_name().ok_or_else(|| {
+            err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "names no file",
+            ))
+        })?;
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(".partial");
+        let temp = path.with_file_name(temp_name);
+        // A leftover of a create killed mid-way goes.
+        let _ = std::fs::remove_file(&temp);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(&temp)
+            .map_err(err)?;
+        Ok(Partial {
+            what,
+            file,
+            temp,
+            path: path.to_path_buf(),
+            committed: false,
+        })
+    }
+
+    fn file(&self) -> &File {
+        &self.file
+    }
+
+    fn io_err(&self, source: std::io::Error) -> CreateError {
+        CreateError::File {
+            what: self.what,
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> Result<(), CreateError> {
+        self.file.write_all(bytes).map_err(|e| self.io_err(e))
+    }
+
+    fn sync(&self) -> Result<(), CreateError> {
+        self.file.sync_all().map_err(|e| self.io_err(e))
+    }
+
+    /// Renames it to its name; gives the name.
+    fn commit(mut self) -> Result<PathBuf, CreateError> {
+        std::fs::rename(&self.temp, &self.path).map_err(|e| self.io_err(e))?;
+        self.committed = true;
+        Ok(self.path.clone())
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.temp);
+        }
+    }
+}
+
+/// What the create job hands back: the microVM, and how the create went.
+pub type CreateOutcome = (Box<MicroVm>, Result<Created, CreateError>);
+
+impl crate::vmm::Vmm {
+    /// Hands the paused microVM to the create job (the caller checked it
+    /// is paused); `reply` is answered when the job hands it back.
+    pub(in crate::vmm) fn begin_create(
+        &mut self,
+        params: CreateSnapshotParams,
+        reply: std::sync::mpsc::Sender<crate::api::ActionResult>,
+    ) {
+        use super::phase::{Phase, Snapshotting};
+        let Phase::Running(microvm) = std::mem::replace(&mut self.phase, Phase::Configuring) else {
+            let _ = reply.send(Err(crate::api::VmmActionError::Internal(
+                "a snapshot create reached a microVM not running".into(),
+            )));
+            return;
+        };
+        let full = params.snapshot_type == crate::snapshot::SnapshotType::Full;
+        let ctx = CreateContext {
+            params,
+            config: self.config.clone(),
+            topology: self.topology.clone(),
+            workers_per_node: self.config.reclaim.workers_per_node,
+            kvm: self.kvm.clone(),
+        };
+        // A job the runner cannot take drops the microVM with it, in the
+        // teardown order: its memory is unmapped, not lost.
+        let work = move || create_job(microvm, ctx);
+        match self.start_runner.run(&self.start_evt, work) {
+            Ok(job) => {
+                self.phase = Phase::Snapshotting(Snapshotting {
+                    job,
+                    reply,
+                    full,
+                    shutdown: None,
+                });
+            }
+            Err(e) => {
+                let _ = reply.send(Err(crate::api::VmmActionError::Internal(format!(
+                    "cannot run the snapshot job: {e}"
+                ))));
+                log::error!("cannot run the snapshot job: {e}; the microVM was torn down");
+                self.stop_unstarted();
+            }
+        }
+    }
+
+    /// The create job handed the microVM back: running (paused) again, the
+    /// client answered, and a shutdown asked for meanwhile begun.
+    pub(in crate::vmm) fn snapshot_done(&mut self) {
+        use super::phase::{Phase, Snapshotting};
+        let Some(result) = self.job_result(Phase::snapshot_job, "snapshot") else {
+            return;
+        };
+        let Phase::Snapshotting(Snapshotting {
+            reply,
+            full,
+            shutdown,
+            ..
+        }) = std::mem::replace(&mut self.phase, Phase::Configuring)
+        else {
+            unreachable!("the phase was Snapshotting just above");
+        };
+        let (microvm, created) = match result {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                // The job unwound with the microVM: what it held was
+                // dropped in the teardown order; nothing is left to run.
+                let _ = reply.send(Err(crate::api::VmmActionError::Internal(format!(
+                    "the snapshot job panicked: {panic}"
+                ))));
+                self.stop_unstarted();
+                return;
+            }
+        };
+        self.phase = Phase::Running(microvm);
+        let answer = match created {
+            Ok(c) => {
+                let us = c.elapsed.as_micros() as u64;
+                log::info!(
+                    "snapshot created: {} MiB of {} MiB written by {} workers in {:.1} ms, state {} bytes",
+                    c.memory.copied_bytes >> 20,
+                    c.memory.file_bytes >> 20,
+                    c.memory.workers,
+                    c.elapsed.as_secs_f64() * 1e3,
+                    c.state_bytes
+                );
+                let which = if full {
+                    crate::metrics::Latency::FullCreateSnapshot
+                } else {
+                    crate::metrics::Latency::DiffCreateSnapshot
+                };
+                crate::metrics::record_latency_us(which, crate::metrics::LatencyLevel::Vmm, us);
+                Ok(crate::api::VmmData::Empty)
+            }
+            Err(e) => {
+                log::error!("snapshot create failed: {e}");
+                crate::metrics::record_failure("PUT", "/snapshot/create");
+                Err(crate::api::VmmActionError::BadRequest(format!(
+                    "cannot create the snapshot: {e}; the microVM stays paused"
+                )))
+            }
+        };
+        let _ = reply.send(answer);
+        if let Some((reason, at)) = shutdown {
+            self.begin_shutdown(reason, at);
+        }
+    }
+}
