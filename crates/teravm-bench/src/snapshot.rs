@@ -14,8 +14,9 @@
 //!   until the guest's first `tick` line after resume
 //!   (`snapshot-load-firecracker`, `snapshot-load-teravm-lazy`, once per
 //!   run after the first count's create), or with `"memory_load": "Eager"`
-//!   until the answer (`snapshot-load-teravm-eager-<w>`, the snapshot of
-//!   the microVM that had `w` workers);
+//!   until the answer (`snapshot-load-teravm-eager-<w>`: the snapshot of
+//!   the microVM that had `w` workers, loaded by a fresh teravm given `w`
+//!   workers per node with `PUT /reclaim` before the clock);
 //! - the files are removed after each load.
 //!
 //! The CPU time of the VMM process (user, system; `/proc/<pid>/stat`) is
@@ -181,7 +182,7 @@ fn round(
             "[snapshot] run {run}/{}, {guest}: {method}",
             setup.args.runs
         );
-        match setup.load(kind, &files, eager, touched_mib) {
+        match setup.load(kind, &files, eager.then_some(workers), touched_mib) {
             Ok((answer_s, first, cpu, resident)) => results.samples.push(SnapSample {
                 guest,
                 method,

@@ -312,8 +312,10 @@ impl Setup<'_> {
     }
 
     /// A fresh process loads `files` and resumes; `eager`: teravm's
-    /// `memory_load: "Eager"`, whose answer must find what the guest
-    /// touched (`touched_mib`) resident. The answer's time, the first
+    /// `memory_load: "Eager"` with that many workers per node (`PUT
+    /// /reclaim {"workers_per_node": w}` before the clock: the loading
+    /// process's own reclaim settings are the load's), whose answer must
+    /// find what the guest touched (`touched_mib`) resident. The answer's time, the first
     /// line's, the CPU time over the row's part (until the answer for an
     /// eager load, the first line for a lazy one) and the resident size at
     /// the end of that part.
@@ -321,7 +323,7 @@ impl Setup<'_> {
         &self,
         kind: Kind,
         files: &Files,
-        eager: bool,
+        eager: Option<u32>,
         touched_mib: u64,
     ) -> Result<(f64, f64, UserSys, u64), String> {
         let mut vmm = Vmm::spawn(kind, self.binary(kind), None, self)?;
@@ -331,10 +333,13 @@ impl Setup<'_> {
                             "backend_path": files.mem.display().to_string()},
             "resume_vm": true,
         });
-        if eager {
-            body["memory_load"] = "Eager".into();
-        }
         let mut conn = vmm.connect()?;
+        if let Some(workers) = eager {
+            body["memory_load"] = "Eager".into();
+            let reclaim = serde_json::json!({ "workers_per_node": workers }).to_string();
+            vmm.call(&mut conn, "PUT", "/reclaim", &reclaim)?;
+        }
+        let eager = eager.is_some();
         let before = vmm.ticks();
         let start = Instant::now();
         vmm.call(&mut conn, "PUT", "/snapshot/load", &body.to_string())?;
