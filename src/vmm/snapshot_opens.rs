@@ -61,10 +61,7 @@ pub fn open_snapshot(
 }
 
 /// Puts each override's tap in place of its interface's.
-fn apply_overrides(
-    state: &mut SnapshotState,
-    overrides: &[NetworkOverride],
-) -> Result<(), String> {
+fn apply_overrides(state: &mut SnapshotState, overrides: &[NetworkOverride]) -> Result<(), String> {
     for o in overrides {
         let Some(n) = state
             .config

@@ -13,13 +13,13 @@
 //! ([`crate::vmm::actions`]), which drive it.
 
 pub mod builder;
+mod load;
 pub mod phase;
 pub mod progress_line;
 pub mod report;
-mod load;
 mod restore;
-pub mod snapshot;
 mod shutdown;
+pub mod snapshot;
 mod start;
 pub mod teardown;
 

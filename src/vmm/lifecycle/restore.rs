@@ -68,9 +68,13 @@ pub fn restore_microvm(ctx: StartContext, spec: RestoreSpec) -> Result<Started, 
             file_offset: m.file_offset,
         })
         .collect();
-    let memory =
-        GuestMemory::from_snapshot(&MemoryOptions::from(&config), &topology, &regions, spec.memory)
-            .map_err(|e| StartError::Restore(format!("guest memory: {e}")))?;
+    let memory = GuestMemory::from_snapshot(
+        &MemoryOptions::from(&config),
+        &topology,
+        &regions,
+        spec.memory,
+    )
+    .map_err(|e| StartError::Restore(format!("guest memory: {e}")))?;
     let uffd_handler = match memory.uffd_handler_connection() {
         Some(fd) => Some(
             fd.try_clone_to_owned()

@@ -115,7 +115,9 @@ fn create(m: &MicroVm, ctx: &CreateContext) -> Result<Created, CreateError> {
     let vcpu_states = vcpus
         .save_states(&msrs, VCPU_STOP_TIMEOUT)
         .map_err(|e| CreateError::Vcpus(e.to_string()))?;
-    let vm_state = vm.save_state().map_err(|e| CreateError::Vm(e.to_string()))?;
+    let vm_state = vm
+        .save_state()
+        .map_err(|e| CreateError::Vm(e.to_string()))?;
     let device_states = devices.save_state(&hold)?;
     let mut config = ctx.config.clone();
     config.logger = None;
