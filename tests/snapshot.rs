@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use common::api::*;
 use common::guests::Guest;
-use common::netns::{next_frame, packet_socket, Netns};
+use common::netns::{next_frame, packet_socket, packet_socket_on, Netns};
 use common::*;
 
 const RAM_MIB: u64 = 256;
@@ -171,9 +171,9 @@ fn netns_or_skip(test: &str) -> Option<Netns> {
     ns
 }
 
-fn file_body(state: &Path, mem: &Path, load: &str) -> String {
+fn file_body(state: &Path, mem: &Path, load: &str, more: &str) -> String {
     format!(
-        r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true, "memory_load": "{load}"}}"#,
+        r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true, "memory_load": "{load}"{more}}}"#,
         state.display(),
         mem.display()
     )
@@ -191,11 +191,27 @@ fn file_loads(test: &str, vcpus: u32) {
     let tap = packet_socket(&ns);
     let (vmm, sock) = boot_source(&ns, &dir, vcpus);
     let (state, mem) = snapshot_and_stop(vmm, &sock, &dir);
-    for load_kind in ["Lazy", "Eager"] {
-        let (mut vmm, sock) = load(&ns, &dir, load_kind, &file_body(&state, &mem, load_kind));
-        goes_on(&mut vmm, &tap);
-        shutdown_ok(vmm, &sock);
-    }
+    let (mut vmm, sock) = load(&ns, &dir, "lazy", &file_body(&state, &mem, "Lazy", ""));
+    goes_on(&mut vmm, &tap);
+    shutdown_ok(vmm, &sock);
+    // Eager, with eth0 moved to another tap (`network_overrides`).
+    let made = Command::new("ip")
+        .args([
+            "-n", &ns.name, "tuntap", "add", "dev", "tap1", "mode", "tap",
+        ])
+        .status()
+        .is_ok_and(|s| s.success())
+        && Command::new("ip")
+            .args(["-n", &ns.name, "link", "set", "tap1", "up"])
+            .status()
+            .is_ok_and(|s| s.success());
+    assert!(made, "a second tap in the test's namespace");
+    let tap1 = packet_socket_on(&ns, "tap1");
+    let overrides = r#", "network_overrides": [{"iface_id": "eth0", "host_dev_name": "tap1"}]"#;
+    let body = file_body(&state, &mem, "Eager", overrides);
+    let (mut vmm, sock) = load(&ns, &dir, "eager", &body);
+    goes_on(&mut vmm, &tap1);
+    shutdown_ok(vmm, &sock);
 }
 
 #[test]
@@ -315,7 +331,11 @@ fn a_restored_balloon_inflates_when_asked() {
     assert_eq!(s, 204, "{b}");
     shutdown_ok(vmm, &sock);
     let (mut vmm, sock, _d) = start_api("snap-balloon-2", &[]);
-    let (s, b) = put(&sock, "/snapshot/load", &file_body(&state, &mem, "Lazy"));
+    let (s, b) = put(
+        &sock,
+        "/snapshot/load",
+        &file_body(&state, &mem, "Lazy", ""),
+    );
     assert_eq!(s, 204, "{b}");
     assert_eq!(vmm.wait_line("teravm guest: verify ", T), verify_ok());
     let (s, b) = request_patch(&sock, "/balloon", r#"{"amount_mib": 8}"#);

@@ -48,6 +48,7 @@ pub mod lifecycle;
 pub mod signals;
 pub mod sinks;
 pub mod snapshot_opens;
+pub mod snapshot_state;
 pub mod stdin;
 
 use std::os::fd::AsRawFd;

@@ -3,7 +3,9 @@
 //! [`builder`]); the `shutdown` every way of ending takes (the `reclaim`
 //! job runs the one [`teardown`] order, then frees guest memory), with its
 //! [`report`]; and the [`progress_line`] a terminal sees while memory is
-//! populated or freed.
+//! populated or freed. A snapshot's two long steps run on the `start`
+//! runner too: the create job ([`snapshot`]) and the restore
+//! ([`restore`]), the build of a microVM from a snapshot's state.
 //!
 //! The event loop (in [`crate::vmm`]) only moves between phases: the long
 //! steps are jobs ([`crate::vmm::jobs`]) whose completion events come back
@@ -13,11 +15,10 @@
 //! ([`crate::vmm::actions`]), which drive it.
 
 pub mod builder;
-mod load;
 pub mod phase;
 pub mod progress_line;
 pub mod report;
-mod restore;
+pub mod restore;
 mod shutdown;
 pub mod snapshot;
 mod start;

@@ -21,8 +21,8 @@ use crate::devices::console::CONSOLE_BUFFER_BYTES;
 use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, SerialIrq, I8042};
 use crate::memory::snapshot::FileRegion;
 use crate::memory::{GuestMemory, MemoryOptions, NodeSlice, SnapshotMemory};
-use crate::snapshot::state::SnapshotState;
 use crate::vmm::devices::Devices;
+use crate::vmm::snapshot_state::SnapshotState;
 use crate::vstate::vcpu::{restore_vcpu, VcpuControl, VcpuError, VcpuHandle, Vcpus};
 use crate::vstate::vm::Vm;
 
