@@ -97,7 +97,11 @@ fn a_create_while_running_is_refused_and_a_full_disk_leaves_nothing_and_the_gues
         let (st, me) = (small.join("vm.state"), small.join("vm.mem"));
         let (s, b) = put(&sock, "/snapshot/create", &create_body(&st, &me));
         assert_fault(s, &b, 400, &me.display().to_string());
-        assert_eq!(files_in(&small), Vec::<String>::new(), "nothing left on the full disk");
+        assert_eq!(
+            files_in(&small),
+            Vec::<String>::new(),
+            "nothing left on the full disk"
+        );
         assert_eq!(common::api::state(&sock), "Paused");
         let _ = Command::new("umount").arg(&small).status();
     } else {
@@ -128,12 +132,7 @@ fn load_body(state: &Path, mem: &Path) -> String {
 /// Loads `body` into a fresh teravm expecting a 400 containing `needle`;
 /// the process is then still fresh: `GET /` answers "Not started" and a
 /// good load succeeds.
-fn refused_then_good(
-    name: &str,
-    body: &str,
-    needle: &str,
-    good: &str,
-) {
+fn refused_then_good(name: &str, body: &str, needle: &str, good: &str) {
     let (mut vmm, sock, _dir) = start_api(name, &[]);
     let (s, b) = put(&sock, "/snapshot/load", body);
     assert_fault(s, &b, 400, needle);
@@ -172,9 +171,17 @@ fn bad_state_files_and_short_memory_files_are_400s_and_the_process_stays_fresh()
     .unwrap();
     for (name, content, needle) in [
         ("corrupt.state", corrupt, "corrupt"),
-        ("short.state", bytes[..bytes.len() - 100].to_vec(), "truncated"),
+        (
+            "short.state",
+            bytes[..bytes.len() - 100].to_vec(),
+            "truncated",
+        ),
         ("v9.state", version, "version 9"),
-        ("other.state", b"not a snapshot at all".to_vec(), "not a teravm snapshot"),
+        (
+            "other.state",
+            b"not a snapshot at all".to_vec(),
+            "not a teravm snapshot",
+        ),
         ("hostile.state", hostile, "invalid"),
     ] {
         let p = variant(name, &content);
@@ -183,7 +190,10 @@ fn bad_state_files_and_short_memory_files_are_400s_and_the_process_stays_fresh()
     // A memory file shorter than the state's memory.
     let short = dir.join("short.mem");
     std::fs::copy(&mem, &short).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(&short).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&short)
+        .unwrap();
     f.set_len(RAM_MIB * MIB / 2).unwrap();
     refused_then_good("short-mem", &load_body(&state, &short), "bytes", &good);
 }
@@ -196,7 +206,11 @@ fn a_load_after_configuring_is_refused() {
     let _big = big_memory();
     let (_dir, state, mem) = good_snapshot("snap-load-configured");
     let (vmm, sock, _d) = start_api("snap-load-configured-2", &[]);
-    put_ok(&sock, "/machine-config", r#"{"vcpu_count": 1, "mem_size_mib": 128}"#);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 128}"#,
+    );
     let (s, b) = put(&sock, "/snapshot/load", &load_body(&state, &mem));
     assert_fault(s, &b, 400, "");
     assert_eq!(common::api::state(&sock), "Not started");

@@ -7,7 +7,6 @@
 //! the configuration; versioned, CRC'd and bounded on load.
 
 pub mod params;
-pub mod state;
 pub mod state_file;
 
 pub use params::{

@@ -46,8 +46,9 @@ pub mod devices;
 pub mod jobs;
 pub mod lifecycle;
 pub mod signals;
-pub mod snapshot_opens;
 pub mod sinks;
+pub mod snapshot_opens;
+pub mod snapshot_state;
 pub mod stdin;
 
 use std::os::fd::AsRawFd;
@@ -384,7 +385,11 @@ impl Vmm {
     /// and its memory reclaimed, rather than left frozen.
     fn on_uffd_handler_gone(&mut self, ops: &mut EventOps) {
         if let Some((fd, _)) = &self.uffd_handler {
-            let _ = ops.remove(Events::with_data_raw(fd.as_raw_fd(), TOKEN_UFFD, EventSet::IN));
+            let _ = ops.remove(Events::with_data_raw(
+                fd.as_raw_fd(),
+                TOKEN_UFFD,
+                EventSet::IN,
+            ));
         }
         if matches!(self.phase, Phase::Running(_) | Phase::Snapshotting(_)) {
             let why = "the uffd page fault handler hung up: guest memory it had not served \

@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use crate::files::{open, OpenRequest, OpenSpec};
 use crate::memory::SnapshotMemory;
-use crate::snapshot::state::SnapshotState;
 use crate::snapshot::state_file::{decode, MAX_STATE_FILE_BYTES};
 use crate::snapshot::{LoadSnapshotParams, MemBackendType, MemoryLoad, NetworkOverride};
+use crate::vmm::snapshot_state::SnapshotState;
 
 use super::device_opens::{drive_request, tap_for, DeviceResources};
 
@@ -61,10 +61,7 @@ pub fn open_snapshot(
 }
 
 /// Puts each override's tap in place of its interface's.
-fn apply_overrides(
-    state: &mut SnapshotState,
-    overrides: &[NetworkOverride],
-) -> Result<(), String> {
+fn apply_overrides(state: &mut SnapshotState, overrides: &[NetworkOverride]) -> Result<(), String> {
     for o in overrides {
         let Some(n) = state
             .config

@@ -159,21 +159,8 @@ impl KvmDevice {
         }
     }
 
-    /// The MSRs a snapshot saves on this host
-    /// ([`crate::vstate::snapshot::msrs_to_save`]): asked once, handed to
-    /// the vCPUs with each save.
-    pub fn msr_index_list(&self) -> Result<Vec<u32>, crate::vstate::snapshot::StateError> {
-        let kvm = self.kvm().map_err(|e| {
-            crate::vstate::snapshot::StateError::MsrIndexList(match e {
-                VmError::OpenKvm(e) => e,
-                _ => kvm_ioctls::Error::new(libc::EBADF),
-            })
-        })?;
-        crate::vstate::snapshot::msrs_to_save(&kvm)
-    }
-
     /// A `Kvm` of its own over a duplicate of the descriptor.
-    fn kvm(&self) -> Result<Kvm, VmError> {
+    pub(super) fn kvm(&self) -> Result<Kvm, VmError> {
         let dup = self.0.try_clone().map_err(|e| {
             VmError::OpenKvm(kvm_ioctls::Error::new(
                 e.raw_os_error().unwrap_or(libc::EBADF),
@@ -377,10 +364,9 @@ impl Vm {
         self.irqchip
     }
 
-    /// The MSRs a snapshot saves on this host (as
-    /// [`KvmDevice::msr_index_list`], for a VM made by [`Vm::new`]).
-    pub fn msr_index_list(&self) -> Result<Vec<u32>, crate::vstate::snapshot::StateError> {
-        crate::vstate::snapshot::msrs_to_save(&self.kvm)
+    /// The `Kvm` the VM was made with (the snapshot's MSR list).
+    pub(super) fn kvm_handle(&self) -> &Kvm {
+        &self.kvm
     }
 
     /// The VM fd (the snapshot state's ioctls).

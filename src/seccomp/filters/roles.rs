@@ -3,8 +3,8 @@
 //! `files` thread and the `start` and `reclaim` job runners.
 
 use super::shared::{
-    mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SNAPSHOT_FILE_FLAGS, SYS_CACHESTAT, UFFDIO_API, UFFDIO_REGISTER,
-    UFFDIO_UNREGISTER,
+    mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SNAPSHOT_FILE_FLAGS, SYS_CACHESTAT, UFFDIO_API,
+    UFFDIO_REGISTER, UFFDIO_UNREGISTER,
 };
 use super::{any, kvm, one_of, Allow, Only};
 

@@ -1,6 +1,13 @@
 //! `PUT /snapshot/create` and `PUT /snapshot/load`: first the state checks
 //! Firecracker makes before doing anything, with its answers
-//! ([`Vmm::create_refusal`], [`Vmm::load_refusal`]), then the work.
+//! ([`Vmm::create_refusal`], [`Vmm::load_refusal`]), then the work, on
+//! the event loop's side: a create hands the paused microVM to the create
+//! job on the `start` runner ([`crate::vmm::lifecycle::snapshot`]) and
+//! takes it back when the job ends; a load has the `files` thread open and
+//! check the snapshot ([`crate::vmm::snapshot_opens`]), then takes its
+//! configuration and files and restores it on the `start` job
+//! ([`crate::vmm::lifecycle::restore`]). A load that fails puts the
+//! configuration back as it was (a fresh process), so it may be retried.
 //!
 //! Firecracker (`rpc_interface.rs`, `persist.rs`, `vstate/vcpu.rs`):
 //! - create before `InstanceStart` is its `OperationNotSupportedPreBoot`;
@@ -13,10 +20,16 @@
 //!   `LoadSnapshotNotAllowed`.
 
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 
 use crate::api::{ActionResult, VmmActionError};
 use crate::snapshot::{CreateSnapshotParams, LoadSnapshotParams, SnapshotType};
+use crate::vmm::actions::opens::{Opening, Pending};
+use crate::vmm::lifecycle::phase::Snapshotting;
+use crate::vmm::lifecycle::restore::RestoreSpec;
+use crate::vmm::lifecycle::snapshot::{create_job, CreateContext};
 use crate::vmm::lifecycle::Phase;
+use crate::vmm::snapshot_opens::{open_snapshot, OpenedSnapshot};
 use crate::vmm::{VmState, Vmm};
 
 /// Firecracker's answer to a create while the vCPUs run.
@@ -114,5 +127,170 @@ impl Vmm {
             return;
         }
         self.begin_load(params, reply);
+    }
+}
+
+impl Vmm {
+    /// Hands the paused microVM to the create job (the caller checked it
+    /// is paused); `reply` is answered when the job hands it back.
+    pub(in crate::vmm) fn begin_create(
+        &mut self,
+        params: CreateSnapshotParams,
+        reply: std::sync::mpsc::Sender<crate::api::ActionResult>,
+    ) {
+        let Phase::Running(microvm) = std::mem::replace(&mut self.phase, Phase::Configuring) else {
+            let _ = reply.send(Err(crate::api::VmmActionError::Internal(
+                "a snapshot create reached a microVM not running".into(),
+            )));
+            return;
+        };
+        let full = params.snapshot_type == crate::snapshot::SnapshotType::Full;
+        let ctx = CreateContext {
+            params,
+            config: self.config.clone(),
+            topology: self.topology.clone(),
+            workers_per_node: self.config.reclaim.workers_per_node,
+            kvm: self.kvm.clone(),
+        };
+        // A job the runner cannot take drops the microVM with it, in the
+        // teardown order: its memory is unmapped, not lost.
+        let work = move || create_job(microvm, ctx);
+        match self.start_runner.run(&self.start_evt, work) {
+            Ok(job) => {
+                self.phase = Phase::Snapshotting(Snapshotting {
+                    job,
+                    reply,
+                    full,
+                    shutdown: None,
+                });
+            }
+            Err(e) => {
+                let _ = reply.send(Err(crate::api::VmmActionError::Internal(format!(
+                    "cannot run the snapshot job: {e}"
+                ))));
+                log::error!("cannot run the snapshot job: {e}; the microVM was torn down");
+                self.stop_unstarted();
+            }
+        }
+    }
+
+    /// The create job handed the microVM back: running (paused) again, the
+    /// client answered, and a shutdown asked for meanwhile begun.
+    pub(in crate::vmm) fn snapshot_done(&mut self) {
+        let Some(result) = self.job_result(Phase::snapshot_job, "snapshot") else {
+            return;
+        };
+        let Phase::Snapshotting(Snapshotting {
+            reply,
+            full,
+            shutdown,
+            ..
+        }) = std::mem::replace(&mut self.phase, Phase::Configuring)
+        else {
+            unreachable!("the phase was Snapshotting just above");
+        };
+        let (microvm, created) = match result {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                // The job unwound with the microVM: what it held was
+                // dropped in the teardown order; nothing is left to run.
+                let _ = reply.send(Err(crate::api::VmmActionError::Internal(format!(
+                    "the snapshot job panicked: {panic}"
+                ))));
+                self.stop_unstarted();
+                return;
+            }
+        };
+        self.phase = Phase::Running(microvm);
+        let answer = match created {
+            Ok(c) => {
+                let us = c.elapsed.as_micros() as u64;
+                log::info!(
+                    "snapshot created: {} MiB of {} MiB written by {} workers in {:.1} ms, state {} bytes",
+                    c.memory.copied_bytes >> 20,
+                    c.memory.file_bytes >> 20,
+                    c.memory.workers,
+                    c.elapsed.as_secs_f64() * 1e3,
+                    c.state_bytes
+                );
+                let which = if full {
+                    crate::metrics::Latency::FullCreateSnapshot
+                } else {
+                    crate::metrics::Latency::DiffCreateSnapshot
+                };
+                crate::metrics::record_latency_us(which, crate::metrics::LatencyLevel::Vmm, us);
+                Ok(crate::api::VmmData::Empty)
+            }
+            Err(e) => {
+                log::error!("snapshot create failed: {e}");
+                crate::metrics::record_failure("PUT", "/snapshot/create");
+                Err(crate::api::VmmActionError::BadRequest(format!(
+                    "cannot create the snapshot: {e}; the microVM stays paused"
+                )))
+            }
+        };
+        let _ = reply.send(answer);
+        if let Some((reason, at)) = shutdown {
+            self.begin_shutdown(reason, at);
+        }
+    }
+}
+
+impl Vmm {
+    /// Sends the load's opens to the `files` thread (the caller checked the
+    /// process may load).
+    pub(in crate::vmm) fn begin_load(
+        &mut self,
+        params: LoadSnapshotParams,
+        reply: Sender<ActionResult>,
+    ) {
+        let workers = self.config.reclaim.workers_per_node;
+        let p = params.clone();
+        let open = move || Opening::Snapshot(Box::new(open_snapshot(&p, workers)));
+        self.run_then("snapshot_path", open, Pending::Snapshot(params), reply);
+    }
+
+    /// The snapshot is open: take its configuration and files, then
+    /// restore it on the `start` job.
+    pub(in crate::vmm) fn begin_restore(
+        &mut self,
+        opened: OpenedSnapshot,
+        params: &LoadSnapshotParams,
+        reply: Sender<ActionResult>,
+    ) {
+        if let Some(why) = self.load_refusal() {
+            // Something was configured while the files were opened.
+            let _ = reply.send(Err(VmmActionError::BadRequest(why)));
+            return;
+        }
+        let OpenedSnapshot {
+            state,
+            memory,
+            resources,
+        } = opened;
+        let mut config = state.config.clone();
+        config.machine_config.track_dirty_pages = params.track_dirty_pages;
+        // The loading process's own logger, metrics and reclaim settings.
+        config.logger = self.config.logger.clone();
+        config.metrics = self.config.metrics.clone();
+        config.reclaim = self.config.reclaim.clone();
+        let before = std::mem::replace(&mut self.config, config);
+        let resources = std::mem::replace(&mut self.resources, resources);
+        self.before_load = Some((Box::new(before), resources, std::time::Instant::now()));
+        self.boot_files = None;
+        log::info!(
+            "loading the snapshot {} ({} vCPUs, {} MiB)",
+            params.snapshot_path.display(),
+            self.config.machine_config.vcpu_count,
+            self.config.machine_config.mem_size_mib
+        );
+        self.start_with(
+            Some(reply),
+            Some(RestoreSpec {
+                state: Arc::new(state),
+                memory,
+                resume: params.resume_vm,
+            }),
+        );
     }
 }

@@ -14,6 +14,7 @@
 //! came while it was held (a queue notification, a frame on the tap) is
 //! served then: nothing is lost.
 
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,7 +25,6 @@ use crate::devices::virtio::{wait_for, Gate, PassWatch, Wake};
 use crate::devices::MmioSlot;
 use crate::memory::GuestView;
 
-use super::snapshot::DeviceKey;
 use super::{lock, DeviceError, Devices};
 
 /// How long [`Devices::hold`] waits for the devices to be still.
@@ -170,5 +170,37 @@ impl Devices {
             });
         }
         Ok(hold)
+    }
+}
+
+/// Which device an entry is: its kind and, where there may be several, its
+/// id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKey {
+    /// The balloon.
+    Balloon,
+    /// A drive, by `drive_id`.
+    Block(String),
+    /// A network interface, by `iface_id`.
+    Net(String),
+    /// The vsock.
+    Vsock,
+    /// The entropy device.
+    Rng,
+    /// The `n`th virtio-mem device (part of the hotplug region).
+    Mem(usize),
+}
+
+impl std::fmt::Display for DeviceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceKey::Balloon => write!(f, "balloon"),
+            DeviceKey::Block(id) => write!(f, "drive {id}"),
+            DeviceKey::Net(id) => write!(f, "network interface {id}"),
+            DeviceKey::Vsock => write!(f, "vsock"),
+            DeviceKey::Rng => write!(f, "entropy device"),
+            DeviceKey::Mem(i) => write!(f, "virtio-mem{i}"),
+        }
     }
 }

@@ -64,9 +64,10 @@ use crate::vstate::vm::VmError;
 use crate::vmm::sinks::discard::PoolSink;
 use crate::vmm::sinks::hotplug_slots::HotplugSlots;
 
+pub use hold::DeviceKey;
 pub use hold::{DeviceHold, HOLD_TIMEOUT};
 pub use hotplug::{Hotplug, HotplugDevice};
-pub use snapshot::{DeviceKey, DeviceKindState, DeviceState, DevicesState};
+pub use snapshot::{DeviceKindState, DeviceState, DevicesState};
 
 /// Errors of building the devices.
 #[derive(Debug, thiserror::Error)]

@@ -27,40 +27,8 @@ use crate::devices::virtio::net::NetState;
 use crate::devices::virtio::vsock::VsockState;
 use crate::devices::virtio::TransportState;
 
-use super::hold::DeviceHold;
+use super::hold::{DeviceHold, DeviceKey};
 use super::{lock, DeviceError, Devices};
-
-/// Which device an entry is: its kind and, where there may be several, its
-/// id.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeviceKey {
-    /// The balloon.
-    Balloon,
-    /// A drive, by `drive_id`.
-    Block(String),
-    /// A network interface, by `iface_id`.
-    Net(String),
-    /// The vsock.
-    Vsock,
-    /// The entropy device.
-    Rng,
-    /// The `n`th virtio-mem device (part of the hotplug region).
-    Mem(usize),
-}
-
-impl std::fmt::Display for DeviceKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DeviceKey::Balloon => write!(f, "balloon"),
-            DeviceKey::Block(id) => write!(f, "drive {id}"),
-            DeviceKey::Net(id) => write!(f, "network interface {id}"),
-            DeviceKey::Vsock => write!(f, "vsock"),
-            DeviceKey::Rng => write!(f, "entropy device"),
-            DeviceKey::Mem(i) => write!(f, "virtio-mem{i}"),
-        }
-    }
-}
 
 /// A device's own state, beside its transport's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -225,8 +225,6 @@ pub struct StartContext {
     pub populate: Arc<PopulateProgress>,
     /// The virtio devices to build.
     pub devices: DeviceSpecs,
-    /// A snapshot to restore instead of a boot (`PUT /snapshot/load`).
-    pub restore: Option<super::restore::RestoreSpec>,
 }
 
 /// How a start ended.
@@ -239,10 +237,7 @@ pub enum Started {
 
 /// Builds the microVM described by `ctx.config` and starts its vCPUs,
 /// checking `ctx.cancel` between the long steps.
-pub fn start_microvm(mut ctx: StartContext) -> Result<Started, StartError> {
-    if let Some(restore) = ctx.restore.take() {
-        return super::restore::restore_microvm(ctx, restore);
-    }
+pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
     let StartContext {
         config,
         boot_files,
@@ -255,7 +250,6 @@ pub fn start_microvm(mut ctx: StartContext) -> Result<Started, StartError> {
         cancel,
         populate,
         devices: device_specs,
-        restore: _,
     } = ctx;
     let console = ConsoleWriter::spawn(CONSOLE_BUFFER_BYTES, console_sinks, on_first_output)
         .map_err(StartError::Console)?;

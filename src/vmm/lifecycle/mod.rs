@@ -3,7 +3,9 @@
 //! [`builder`]); the `shutdown` every way of ending takes (the `reclaim`
 //! job runs the one [`teardown`] order, then frees guest memory), with its
 //! [`report`]; and the [`progress_line`] a terminal sees while memory is
-//! populated or freed.
+//! populated or freed. A snapshot's two long steps run on the `start`
+//! runner too: the create job ([`snapshot`]) and the restore
+//! ([`restore`]), the build of a microVM from a snapshot's state.
 //!
 //! The event loop (in [`crate::vmm`]) only moves between phases: the long
 //! steps are jobs ([`crate::vmm::jobs`]) whose completion events come back
@@ -16,10 +18,9 @@ pub mod builder;
 pub mod phase;
 pub mod progress_line;
 pub mod report;
-mod load;
-mod restore;
-pub mod snapshot;
+pub mod restore;
 mod shutdown;
+pub mod snapshot;
 mod start;
 pub mod teardown;
 

@@ -42,14 +42,14 @@ pub struct Starting {
 /// A snapshot being created: the job holds the paused microVM and hands
 /// it back.
 pub struct Snapshotting {
-    pub(super) job: Job<super::snapshot::CreateOutcome>,
+    pub(in crate::vmm) job: Job<super::snapshot::CreateOutcome>,
     /// The `PUT /snapshot/create` reply.
-    pub(super) reply: Sender<ActionResult>,
-    /// Snapshot or full create (for the latency metric).
-    pub(super) full: bool,
+    pub(in crate::vmm) reply: Sender<ActionResult>,
+    /// A Full create, not a Diff (for the latency metric).
+    pub(in crate::vmm) full: bool,
     /// A shutdown asked for meanwhile, begun when the job hands the
     /// microVM back.
-    pub(super) shutdown: Option<(ShutdownReason, Instant)>,
+    pub(in crate::vmm) shutdown: Option<(ShutdownReason, Instant)>,
 }
 
 /// A shutdown under way.
@@ -102,7 +102,7 @@ impl Phase {
     }
 
     /// The snapshot job, while snapshotting.
-    pub(super) fn snapshot_job(&self) -> Option<&Job<super::snapshot::CreateOutcome>> {
+    pub(in crate::vmm) fn snapshot_job(&self) -> Option<&Job<super::snapshot::CreateOutcome>> {
         match self {
             Phase::Snapshotting(s) => Some(&s.job),
             _ => None,

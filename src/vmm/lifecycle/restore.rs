@@ -21,8 +21,8 @@ use crate::devices::console::CONSOLE_BUFFER_BYTES;
 use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, SerialIrq, I8042};
 use crate::memory::snapshot::FileRegion;
 use crate::memory::{GuestMemory, MemoryOptions, NodeSlice, SnapshotMemory};
-use crate::snapshot::state::SnapshotState;
 use crate::vmm::devices::Devices;
+use crate::vmm::snapshot_state::SnapshotState;
 use crate::vstate::vcpu::{restore_vcpu, VcpuControl, VcpuError, VcpuHandle, Vcpus};
 use crate::vstate::vm::Vm;
 
@@ -68,9 +68,13 @@ pub fn restore_microvm(ctx: StartContext, spec: RestoreSpec) -> Result<Started, 
             file_offset: m.file_offset,
         })
         .collect();
-    let memory =
-        GuestMemory::from_snapshot(&MemoryOptions::from(&config), &topology, &regions, spec.memory)
-            .map_err(|e| StartError::Restore(format!("guest memory: {e}")))?;
+    let memory = GuestMemory::from_snapshot(
+        &MemoryOptions::from(&config),
+        &topology,
+        &regions,
+        spec.memory,
+    )
+    .map_err(|e| StartError::Restore(format!("guest memory: {e}")))?;
     let uffd_handler = match memory.uffd_handler_connection() {
         Some(fd) => Some(
             fd.try_clone_to_owned()

@@ -22,9 +22,9 @@ use super::builder::MicroVm;
 use crate::config::VmConfig;
 use crate::memory::snapshot::{MemoryFileError, MemoryFileOptions, MemoryFileReport};
 use crate::memory::HostTopology;
-use crate::snapshot::state::{memory_regions, SnapshotState};
 use crate::snapshot::state_file::{encode, StateFileError};
 use crate::snapshot::CreateSnapshotParams;
+use crate::vmm::snapshot_state::{memory_regions, SnapshotState};
 use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
 
 /// Why a create failed (the guest stays paused, whole; no file was left).
@@ -115,7 +115,9 @@ fn create(m: &MicroVm, ctx: &CreateContext) -> Result<Created, CreateError> {
     let vcpu_states = vcpus
         .save_states(&msrs, VCPU_STOP_TIMEOUT)
         .map_err(|e| CreateError::Vcpus(e.to_string()))?;
-    let vm_state = vm.save_state().map_err(|e| CreateError::Vm(e.to_string()))?;
+    let vm_state = vm
+        .save_state()
+        .map_err(|e| CreateError::Vm(e.to_string()))?;
     let device_states = devices.save_state(&hold)?;
     let mut config = ctx.config.clone();
     config.logger = None;
@@ -242,111 +244,3 @@ impl Drop for Partial {
 
 /// What the create job hands back: the microVM, and how the create went.
 pub type CreateOutcome = (Box<MicroVm>, Result<Created, CreateError>);
-
-impl crate::vmm::Vmm {
-    /// Hands the paused microVM to the create job (the caller checked it
-    /// is paused); `reply` is answered when the job hands it back.
-    pub(in crate::vmm) fn begin_create(
-        &mut self,
-        params: CreateSnapshotParams,
-        reply: std::sync::mpsc::Sender<crate::api::ActionResult>,
-    ) {
-        use super::phase::{Phase, Snapshotting};
-        let Phase::Running(microvm) = std::mem::replace(&mut self.phase, Phase::Configuring) else {
-            let _ = reply.send(Err(crate::api::VmmActionError::Internal(
-                "a snapshot create reached a microVM not running".into(),
-            )));
-            return;
-        };
-        let full = params.snapshot_type == crate::snapshot::SnapshotType::Full;
-        let ctx = CreateContext {
-            params,
-            config: self.config.clone(),
-            topology: self.topology.clone(),
-            workers_per_node: self.config.reclaim.workers_per_node,
-            kvm: self.kvm.clone(),
-        };
-        // A job the runner cannot take drops the microVM with it, in the
-        // teardown order: its memory is unmapped, not lost.
-        let work = move || create_job(microvm, ctx);
-        match self.start_runner.run(&self.start_evt, work) {
-            Ok(job) => {
-                self.phase = Phase::Snapshotting(Snapshotting {
-                    job,
-                    reply,
-                    full,
-                    shutdown: None,
-                });
-            }
-            Err(e) => {
-                let _ = reply.send(Err(crate::api::VmmActionError::Internal(format!(
-                    "cannot run the snapshot job: {e}"
-                ))));
-                log::error!("cannot run the snapshot job: {e}; the microVM was torn down");
-                self.stop_unstarted();
-            }
-        }
-    }
-
-    /// The create job handed the microVM back: running (paused) again, the
-    /// client answered, and a shutdown asked for meanwhile begun.
-    pub(in crate::vmm) fn snapshot_done(&mut self) {
-        use super::phase::{Phase, Snapshotting};
-        let Some(result) = self.job_result(Phase::snapshot_job, "snapshot") else {
-            return;
-        };
-        let Phase::Snapshotting(Snapshotting {
-            reply,
-            full,
-            shutdown,
-            ..
-        }) = std::mem::replace(&mut self.phase, Phase::Configuring)
-        else {
-            unreachable!("the phase was Snapshotting just above");
-        };
-        let (microvm, created) = match result {
-            Ok(outcome) => outcome,
-            Err(panic) => {
-                // The job unwound with the microVM: what it held was
-                // dropped in the teardown order; nothing is left to run.
-                let _ = reply.send(Err(crate::api::VmmActionError::Internal(format!(
-                    "the snapshot job panicked: {panic}"
-                ))));
-                self.stop_unstarted();
-                return;
-            }
-        };
-        self.phase = Phase::Running(microvm);
-        let answer = match created {
-            Ok(c) => {
-                let us = c.elapsed.as_micros() as u64;
-                log::info!(
-                    "snapshot created: {} MiB of {} MiB written by {} workers in {:.1} ms, state {} bytes",
-                    c.memory.copied_bytes >> 20,
-                    c.memory.file_bytes >> 20,
-                    c.memory.workers,
-                    c.elapsed.as_secs_f64() * 1e3,
-                    c.state_bytes
-                );
-                let which = if full {
-                    crate::metrics::Latency::FullCreateSnapshot
-                } else {
-                    crate::metrics::Latency::DiffCreateSnapshot
-                };
-                crate::metrics::record_latency_us(which, crate::metrics::LatencyLevel::Vmm, us);
-                Ok(crate::api::VmmData::Empty)
-            }
-            Err(e) => {
-                log::error!("snapshot create failed: {e}");
-                crate::metrics::record_failure("PUT", "/snapshot/create");
-                Err(crate::api::VmmActionError::BadRequest(format!(
-                    "cannot create the snapshot: {e}; the microVM stays paused"
-                )))
-            }
-        };
-        let _ = reply.send(answer);
-        if let Some((reason, at)) = shutdown {
-            self.begin_shutdown(reason, at);
-        }
-    }
-}

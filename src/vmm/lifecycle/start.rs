@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::builder::{start_microvm, StartContext, StartError, Started};
 use super::phase::{Phase, ShutdownReason, Starting};
-use super::restore::RestoreSpec;
+use super::restore::{restore_microvm, RestoreSpec};
 use crate::api::{ActionResult, VmmActionError, VmmData};
 use crate::devices::ConsoleSink;
 use crate::memory::PopulateProgress;
@@ -84,12 +84,13 @@ impl Vmm {
             cancel: cancel.clone(),
             populate: self.populate.clone(),
             devices,
-            restore,
         };
         match self
             .start_runner
-            .run(&self.start_evt, move || start_microvm(ctx))
-        {
+            .run(&self.start_evt, move || match restore {
+                Some(spec) => restore_microvm(ctx, spec),
+                None => start_microvm(ctx),
+            }) {
             Ok(job) => {
                 self.phase = Phase::Starting(Starting {
                     job,

@@ -108,3 +108,26 @@ impl Vm {
         Ok(())
     }
 }
+
+impl crate::vstate::vm::KvmDevice {
+    /// The MSRs a snapshot saves on this host
+    /// ([`super::msrs_to_save`]): asked once, handed to
+    /// the vCPUs with each save.
+    pub fn msr_index_list(&self) -> Result<Vec<u32>, StateError> {
+        let kvm = self.kvm().map_err(|e| {
+            StateError::MsrIndexList(match e {
+                crate::vstate::vm::VmError::OpenKvm(e) => e,
+                _ => kvm_ioctls::Error::new(libc::EBADF),
+            })
+        })?;
+        super::msrs_to_save(&kvm)
+    }
+}
+
+impl Vm {
+    /// The MSRs a snapshot saves on this host (as
+    /// [`KvmDevice::msr_index_list`], for a VM made by [`Vm::new`]).
+    pub fn msr_index_list(&self) -> Result<Vec<u32>, StateError> {
+        super::msrs_to_save(self.kvm_handle())
+    }
+}
