@@ -1,7 +1,8 @@
 //! Runs the built `teravm-bench --snapshot` at 1 GiB, one run, with the
 //! real Firecracker when it is here: every snapshot row is in the table,
-//! with a time and a CSV line, or `not possible here` with the reason; the
-//! files are gone afterwards. No assertion on speed.
+//! teravm's with a time and a CSV line, Firecracker's too or `not possible
+//! here` with the reason; the files are gone afterwards. No assertion on
+//! speed.
 
 mod common;
 
@@ -90,8 +91,13 @@ fn snapshot_rows_are_timed_or_said_not_possible() {
                 .any(|l| l.split_whitespace().next() == Some(method)),
             "{method} not in the table:\n{stdout}"
         );
+        // teravm has snapshots: its rows must run; Firecracker's may be
+        // not possible here (a disk too small), saying why.
         let Some(row) = row else {
-            assert!(said, "{method} neither ran nor said why:\n{stdout}");
+            assert!(
+                said && method.contains("firecracker"),
+                "{method} did not run:\n{stdout}"
+            );
             continue;
         };
         assert_eq!(row.len(), 14, "{row:?}");
