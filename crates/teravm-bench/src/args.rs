@@ -106,7 +106,7 @@ pub struct Args {
     /// `snapshot-load-teravm-lazy`, `snapshot-load-teravm-eager-<w>`, and
     /// with `--peers firecracker` `snapshot-create-firecracker` and
     /// `snapshot-load-firecracker`.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["vm", "live"])]
     pub snapshot: bool,
     /// With --snapshot: where the snapshot files are written (removed after
     /// each load) [default: a new directory in the temp dir].
