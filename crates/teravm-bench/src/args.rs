@@ -99,6 +99,28 @@ pub struct Args {
     /// on PATH].
     #[arg(long, value_name = "PATH", requires = "peers")]
     pub cloud_hypervisor: Option<PathBuf>,
+    /// Instead of the reclaim rows, time Firecracker's snapshot API: the
+    /// test guest (1 vCPU, touch=all) paused and snapshotted (`PUT
+    /// /snapshot/create`, Full), and loaded by a fresh process (`PUT
+    /// /snapshot/load`, File, resume): `snapshot-create-teravm-<w>`,
+    /// `snapshot-load-teravm-lazy`, `snapshot-load-teravm-eager-<w>`, and
+    /// with `--peers firecracker` `snapshot-create-firecracker` and
+    /// `snapshot-load-firecracker`.
+    #[arg(long)]
+    pub snapshot: bool,
+    /// With --snapshot: where the snapshot files are written (removed after
+    /// each load) [default: a new directory in the temp dir].
+    #[arg(long, value_name = "DIR", requires = "snapshot")]
+    pub snapshot_dir: Option<PathBuf>,
+    /// With --snapshot: also a sparse guest of this many GiB that touched
+    /// only --sparse-touch-mib before its snapshot.
+    #[arg(long, value_name = "GIB", requires = "snapshot",
+          value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub sparse_gib: Option<u64>,
+    /// What the sparse guest touches, MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 2048,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub sparse_touch_mib: u64,
     /// Internal: be the child of the `exit` and `mrelease` baselines (map,
     /// populate, print "ready", wait to be killed) for the first --pages and
     /// --backing.
@@ -136,6 +158,12 @@ impl Args {
                     path.display()
                 )));
             }
+        }
+        if let Some(size_gib) = self.sparse_gib.filter(|&g| self.sparse_touch_mib > g << 10) {
+            return Err(BenchError::InvalidArgument(format!(
+                "--sparse-touch-mib {} is more than --sparse-gib {size_gib}",
+                self.sparse_touch_mib
+            )));
         }
         if self.workers.is_empty() || self.pages.is_empty() || self.backing.is_empty() {
             return Err(BenchError::InvalidArgument(
@@ -219,6 +247,34 @@ mod tests {
             &["--peers", "qemu", "--qemu", "/nonexistent/qemu"],
             &["--peers", "qemu", "--qemu", "/proc/self/status"],
             &["--peers", "qemu", "--firecracker", "/tmp"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn snapshot_flags_are_parsed_and_need_snapshot() {
+        let a = parse(&["--snapshot", "--sparse-gib", "64", "--snapshot-dir", "/tmp"]).unwrap();
+        assert!(a.snapshot);
+        assert_eq!((a.sparse_gib, a.sparse_touch_mib), (Some(64), 2048));
+        assert_eq!(
+            a.snapshot_dir.as_deref(),
+            Some(std::path::Path::new("/tmp"))
+        );
+        let a = parse(&["--snapshot", "--peers", "firecracker"]).unwrap();
+        assert!(a.snapshot && a.sparse_gib.is_none() && a.snapshot_dir.is_none());
+        for bad in [
+            &["--snapshot-dir", "/tmp"][..],
+            &["--sparse-gib", "64"],
+            &["--snapshot", "--sparse-gib", "0"],
+            &["--snapshot", "--sparse-touch-mib", "0"],
+            &[
+                "--snapshot",
+                "--sparse-gib",
+                "1",
+                "--sparse-touch-mib",
+                "1025",
+            ],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -66,7 +66,11 @@ where
         } else {
             let available = read_mem_available(Path::new("/proc/meminfo"))?;
             check_size(args.size_gib, available)?;
-            crate::runner::run(&args)
+            if args.snapshot {
+                crate::snapshot::run(&args)
+            } else {
+                crate::runner::run(&args)
+            }
         }
     });
     match result {

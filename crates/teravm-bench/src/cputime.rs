@@ -91,7 +91,7 @@ impl Ticks {
 }
 
 /// Clock ticks a second (`sysconf(_SC_CLK_TCK)`, 100 where it fails).
-fn ticks_per_sec() -> u64 {
+pub fn ticks_per_sec() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     u64::try_from(t).ok().filter(|&t| t > 0).unwrap_or(100)

@@ -123,6 +123,38 @@ impl Console {
         }
     }
 
+    /// Waits up to `timeout` for a line that holds `word` (the snapshot
+    /// rows' first `tick` after a load); the line. The console closing, a
+    /// guest `panic` or the deadline is an error that quotes the last lines.
+    pub fn wait_word(&mut self, word: &str, timeout: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match self.lines.recv_timeout(left) {
+                Ok(line) => line.trim_end().to_string(),
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!(
+                        "the guest printed no {word:?} within {timeout:?}{}",
+                        self.tail()
+                    ))
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(format!(
+                        "it exited before the guest printed {word:?}{}",
+                        self.tail()
+                    ))
+                }
+            };
+            self.seen.push(line.clone());
+            if line.contains(word) {
+                return Ok(line);
+            }
+            if line.contains("teravm guest: panic") {
+                return Err(format!("the guest said {line:?}"));
+            }
+        }
+    }
+
     /// `"; the console said: <last lines>"`, or nothing.
     pub fn tail(&self) -> String {
         let lines: Vec<&str> = self

@@ -34,14 +34,27 @@
 //!   `vm-guest-teravm-<w>` (API `Shutdown`) and `vm-guest-sigterm-<w>`;
 //!   and `vm-teravm-<w>`. The table's `vs <peer>` is the peer's graceful
 //!   stop of the same kind over a row's (Cloud Hypervisor is found and
-//!   reported, not driven yet).
+//!   reported, not driven yet);
+//! - with `--snapshot` (instead of the rows above), Firecracker's snapshot
+//!   API on teravm and, with `--peers firecracker`, on the real Firecracker:
+//!   `snapshot-create-firecracker` and `snapshot-create-teravm-<w>` (the
+//!   paused test guest, `PUT /snapshot/create` Full until its answer),
+//!   `snapshot-load-firecracker`, `snapshot-load-teravm-lazy` (a fresh
+//!   process, `PUT /snapshot/load` until the guest's first line after
+//!   resume) and `snapshot-load-teravm-eager-<w>` (`"memory_load":
+//!   "Eager"`, until the answer); with `--sparse-gib`, the same for a large
+//!   guest that touched `--sparse-touch-mib`.
 //!
 //! The benchmark is a tool, not part of the library it measures: this module
 //! tree is private to the binary. Who uses whom (no circle):
 //!
 //! ```text
 //! main    → cli
-//! cli     → args, child, runner
+//! cli     → args, child, runner, snapshot
+//! snapshot → args, firecracker, guest, held, model, peers, snapshot_svg,
+//!           snapshot_text, snapshot_vmm, vm
+//! snapshot_vmm → args, cputime, guest, model, resident, snapshot_text
+//! snapshot_svg → snapshot_text, svg      snapshot_text → stats
 //! runner  → args, child, firecracker, guest, held, live, live_unplug,
 //!           model, mrelease, peers, peers_text, report, stats, svg, vm
 //! live, live_unplug → args, cputime, model, vm
@@ -82,6 +95,10 @@ mod qmp;
 mod report;
 mod resident;
 mod runner;
+mod snapshot;
+mod snapshot_svg;
+mod snapshot_text;
+mod snapshot_vmm;
 mod stats;
 mod svg;
 mod vm;

@@ -216,7 +216,7 @@ fn series(rows: &[Row], case: Case) -> Vec<Series> {
 }
 
 /// Escapes text for an XML text node or attribute.
-fn escape(text: &str) -> String {
+pub fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -224,7 +224,7 @@ fn escape(text: &str) -> String {
 }
 
 /// A round step near `span / 5`: 1, 2 or 5 times a power of ten.
-fn nice_step(span: f64) -> f64 {
+pub fn nice_step(span: f64) -> f64 {
     if !(span.is_finite() && span > 0.0) {
         return 1.0;
     }
