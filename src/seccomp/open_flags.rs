@@ -19,3 +19,8 @@ pub const OUTPUT_FIFO: i32 = libc::O_RDWR | OUTPUT;
 /// A drive read and written (not created), non-blocking so that a FIFO
 /// is refused at once.
 pub const DRIVE_RW: i32 = libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC;
+/// A snapshot's file, made new under a temporary name: write-only, never
+/// an existing file (so never a FIFO or a device), never through a
+/// symlink; renamed to its name once whole.
+pub const SNAPSHOT_NEW: i32 =
+    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;

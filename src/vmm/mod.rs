@@ -47,6 +47,7 @@ pub mod jobs;
 pub mod lifecycle;
 pub mod signals;
 pub mod sinks;
+pub mod snapshot_files;
 pub mod snapshot_opens;
 pub mod snapshot_state;
 pub mod stdin;

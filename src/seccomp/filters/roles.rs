@@ -3,8 +3,8 @@
 //! `files` thread and the `start` and `reclaim` job runners.
 
 use super::shared::{
-    mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SNAPSHOT_FILE_FLAGS, SYS_CACHESTAT, UFFDIO_API,
-    UFFDIO_REGISTER, UFFDIO_UNREGISTER,
+    mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SYS_CACHESTAT, UFFDIO_API, UFFDIO_REGISTER,
+    UFFDIO_UNREGISTER,
 };
 use super::{any, kvm, one_of, Allow, Only};
 
@@ -135,8 +135,20 @@ pub(super) const FILES: &[Allow] = &[
                 crate::seccomp::open_flags::DRIVE_RW as u64,
                 "O_RDWR|O_NONBLOCK|O_CLOEXEC",
             ),
+            (
+                crate::seccomp::open_flags::SNAPSHOT_NEW as u64,
+                "O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC",
+            ),
         ],
-        "the kernel, initrd and read-only drives read-only; log, metrics and serial files append-only, created 0600, no symlink followed; read-write drives, never created",
+        "the kernel, initrd and read-only drives read-only; log, metrics and serial files append-only, created 0600, no symlink followed; read-write drives, never created; a snapshot's files, made new (0600) under a temporary name, never an existing file or through a symlink",
+    ),
+    any(
+        libc::SYS_rename,
+        "a snapshot's files to their names, once the create job wrote and synced them",
+    ),
+    any(
+        libc::SYS_unlink,
+        "a snapshot's temporary files after a failed create (and a leftover of one killed)",
     ),
     any(libc::SYS_statx, "the opened file's type and size (File::metadata)"),
     any(libc::SYS_fstat, "File::metadata where statx is missing"),
@@ -208,20 +220,21 @@ pub(super) const START: &[Allow] = &[
     one_of(
         libc::SYS_openat,
         2,
-        &[
-            (O_RDONLY_CLOEXEC, "O_RDONLY|O_CLOEXEC"),
-            (SNAPSHOT_FILE_FLAGS, "O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC"),
-        ],
-        "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances; the thread count a start-fails-at fault reports (/proc/self/status); /proc/self/pagemap for a snapshot's memory file; a snapshot's two files, made new under a temporary name (never an existing file or a FIFO)",
+        &[(O_RDONLY_CLOEXEC, "O_RDONLY|O_CLOEXEC")],
+        "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances; the thread count a start-fails-at fault reports (/proc/self/status)",
     ),
     any(
         libc::SYS_pwrite64,
         "a snapshot's memory file, by the `memsave-n{node}-{i}` workers",
     ),
-    any(libc::SYS_write, "a snapshot's state file"),
-    any(libc::SYS_fsync, "a snapshot's files, whole before they are renamed"),
-    any(libc::SYS_rename, "a snapshot's files to their names, once whole"),
-    any(libc::SYS_unlink, "a snapshot's temporary files, after a failure"),
+    any(
+        libc::SYS_write,
+        "a snapshot's state file (made and renamed by the `files` thread)",
+    ),
+    any(
+        libc::SYS_fsync,
+        "a snapshot's files, whole before the `files` thread renames them",
+    ),
     any(
         libc::SYS_mincore,
         "the resident pages of a snapshot's memory where PAGEMAP_SCAN is missing (and of hugetlb and guest_memfd memory)",

@@ -49,10 +49,6 @@ pub(crate) const UFFDIO_REGISTER: u64 = 0xc020_aa00;
 pub(crate) const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
 
 pub(super) const O_RDONLY_CLOEXEC: u64 = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
-/// How a snapshot's files are made (`vmm/lifecycle/snapshot.rs`'s
-/// `Partial`): new, write-only, never through a symlink.
-pub(super) const SNAPSHOT_FILE_FLAGS: u64 =
-    (libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64;
 
 /// Every teravm thread, whatever its role: what Rust's runtime and glibc do
 /// at any moment, and what the SIGSYS handler needs.

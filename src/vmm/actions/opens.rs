@@ -47,6 +47,18 @@ pub(in crate::vmm) enum Pending {
     Serial,
     /// `PUT /snapshot/load` (its state file, memory file, devices' files).
     Snapshot(crate::snapshot::LoadSnapshotParams),
+    /// `PUT /snapshot/create`: its two files made under temporary names.
+    SnapshotCreate {
+        /// Full, not Diff.
+        full: bool,
+    },
+    /// `PUT /snapshot/create`: its written files renamed.
+    SnapshotCommit {
+        /// Full, not Diff.
+        full: bool,
+        /// When the create job began (the latency metric).
+        started: Instant,
+    },
 }
 
 /// What the `files` thread gives back.
@@ -59,6 +71,10 @@ pub(in crate::vmm) enum Opening {
     Listener(Result<UnixListener, String>),
     /// A snapshot's files.
     Snapshot(Box<Result<crate::vmm::snapshot_opens::OpenedSnapshot, String>>),
+    /// A create's files, made.
+    SnapshotFiles(Box<Result<crate::vmm::snapshot_files::SnapshotFiles, String>>),
+    /// A create's files, renamed.
+    SnapshotCommitted(Result<(), String>),
 }
 
 /// An open under way.
@@ -233,6 +249,16 @@ impl Vmm {
         self.pending_opens.iter().map(|p| p.deadline).min()
     }
 
+    /// Whether a snapshot create's files are being made or renamed.
+    pub(in crate::vmm) fn snapshot_create_pending(&self) -> bool {
+        self.pending_opens.iter().any(|p| {
+            matches!(
+                p.section,
+                Pending::SnapshotCreate { .. } | Pending::SnapshotCommit { .. }
+            )
+        })
+    }
+
     /// Whether any open is under way.
     pub(in crate::vmm) fn pending_opens_any(&self) -> bool {
         !self.pending_opens.is_empty()
@@ -264,6 +290,13 @@ impl Vmm {
                 Ok(o) => return self.begin_restore(o, &p, reply),
                 Err(e) => Err(bad(e)),
             },
+            (Pending::SnapshotCreate { full }, Opening::SnapshotFiles(made)) => match *made {
+                Ok(files) => return self.begin_create(full, files, reply),
+                Err(e) => Err(bad(e)),
+            },
+            (Pending::SnapshotCommit { full, started }, Opening::SnapshotCommitted(r)) => {
+                self.snapshot_committed(full, started, r)
+            }
             (Pending::BootSource(b), Opening::Files(Ok(files))) => {
                 self.boot_files = boot_files(&b, files);
                 self.config.boot_source = b;
@@ -370,6 +403,7 @@ fn before_start(s: &Pending) -> Option<&'static str> {
         Pending::Vsock(_) => Some("adding a vsock"),
         Pending::Serial => Some("configuring the serial output"),
         Pending::Snapshot(_) => Some("loading a snapshot"),
+        Pending::SnapshotCreate { .. } | Pending::SnapshotCommit { .. } => None,
         Pending::Logger(_) | Pending::Metrics(_) | Pending::DrivePatch(_) => None,
     }
 }
@@ -384,5 +418,6 @@ fn section_path(s: &Pending) -> &'static str {
         Pending::Vsock(_) => "/vsock",
         Pending::Serial => "/serial",
         Pending::Snapshot(_) => "/snapshot/load",
+        Pending::SnapshotCreate { .. } | Pending::SnapshotCommit { .. } => "/snapshot/create",
     }
 }

@@ -29,6 +29,7 @@ use crate::vmm::lifecycle::phase::Snapshotting;
 use crate::vmm::lifecycle::restore::RestoreSpec;
 use crate::vmm::lifecycle::snapshot::{create_job, CreateContext};
 use crate::vmm::lifecycle::Phase;
+use crate::vmm::snapshot_files::SnapshotFiles;
 use crate::vmm::snapshot_opens::{open_snapshot, OpenedSnapshot};
 use crate::vmm::{VmState, Vmm};
 
@@ -81,11 +82,12 @@ impl Vmm {
         params: CreateSnapshotParams,
         reply: Sender<ActionResult>,
     ) {
-        let refusal = if matches!(self.phase, Phase::Snapshotting(_)) {
-            Some("PUT /snapshot/create: a snapshot is being created already".to_string())
-        } else {
-            self.create_refusal()
-        };
+        let refusal =
+            if matches!(self.phase, Phase::Snapshotting(_)) || self.snapshot_create_pending() {
+                Some("PUT /snapshot/create: a snapshot is being created already".to_string())
+            } else {
+                self.create_refusal()
+            };
         let refusal = refusal.or_else(|| {
             (params.snapshot_type == SnapshotType::Diff).then(|| {
                 "PUT /snapshot/create: snapshot_type \"Diff\" is not supported by teravm yet \
@@ -105,7 +107,14 @@ impl Vmm {
             let _ = reply.send(Err(VmmActionError::BadRequest(why)));
             return;
         }
-        self.begin_create(params, reply);
+        let full = params.snapshot_type == SnapshotType::Full;
+        let make = move || Opening::SnapshotFiles(Box::new(SnapshotFiles::create(&params)));
+        self.run_then(
+            "mem_file_path",
+            make,
+            Pending::SnapshotCreate { full },
+            reply,
+        );
     }
 
     /// `PUT /snapshot/load`: refused as Firecracker refuses it; else the
@@ -131,30 +140,44 @@ impl Vmm {
 }
 
 impl Vmm {
-    /// Hands the paused microVM to the create job (the caller checked it
-    /// is paused); `reply` is answered when the job hands it back.
+    /// The snapshot's files were made: hands the paused microVM and them
+    /// to the create job; `reply` is answered once the files are renamed.
     pub(in crate::vmm) fn begin_create(
         &mut self,
-        params: CreateSnapshotParams,
-        reply: std::sync::mpsc::Sender<crate::api::ActionResult>,
+        full: bool,
+        files: SnapshotFiles,
+        reply: Sender<ActionResult>,
     ) {
+        let refusal = if matches!(self.phase, Phase::Snapshotting(_)) {
+            Some("PUT /snapshot/create: a snapshot is being created already".to_string())
+        } else {
+            self.create_refusal()
+        };
+        if let Some(why) = refusal {
+            // The microVM moved on (resumed, shut down) while the files
+            // were made.
+            self.opts.files.run(move || files.discard(), |_| {});
+            let _ = reply.send(Err(VmmActionError::BadRequest(why)));
+            return;
+        }
         let Phase::Running(microvm) = std::mem::replace(&mut self.phase, Phase::Configuring) else {
-            let _ = reply.send(Err(crate::api::VmmActionError::Internal(
+            self.opts.files.run(move || files.discard(), |_| {});
+            let _ = reply.send(Err(VmmActionError::Internal(
                 "a snapshot create reached a microVM not running".into(),
             )));
             return;
         };
-        let full = params.snapshot_type == crate::snapshot::SnapshotType::Full;
         let ctx = CreateContext {
-            params,
+            full,
             config: self.config.clone(),
             topology: self.topology.clone(),
             workers_per_node: self.config.reclaim.workers_per_node,
             kvm: self.kvm.clone(),
         };
         // A job the runner cannot take drops the microVM with it, in the
-        // teardown order: its memory is unmapped, not lost.
-        let work = move || create_job(microvm, ctx);
+        // teardown order: its memory is unmapped, not lost (its temporary
+        // files stay, named `.<name>.partial`).
+        let work = move || create_job(microvm, ctx, files);
         match self.start_runner.run(&self.start_evt, work) {
             Ok(job) => {
                 self.phase = Phase::Snapshotting(Snapshotting {
@@ -165,7 +188,7 @@ impl Vmm {
                 });
             }
             Err(e) => {
-                let _ = reply.send(Err(crate::api::VmmActionError::Internal(format!(
+                let _ = reply.send(Err(VmmActionError::Internal(format!(
                     "cannot run the snapshot job: {e}"
                 ))));
                 log::error!("cannot run the snapshot job: {e}; the microVM was torn down");
@@ -174,8 +197,9 @@ impl Vmm {
         }
     }
 
-    /// The create job handed the microVM back: running (paused) again, the
-    /// client answered, and a shutdown asked for meanwhile begun.
+    /// The create job handed the microVM back: running (paused) again; the
+    /// files are renamed (or removed) on the `files` thread, and the client
+    /// is answered then; a shutdown asked for meanwhile is begun.
     pub(in crate::vmm) fn snapshot_done(&mut self) {
         let Some(result) = self.job_result(Phase::snapshot_job, "snapshot") else {
             return;
@@ -189,12 +213,12 @@ impl Vmm {
         else {
             unreachable!("the phase was Snapshotting just above");
         };
-        let (microvm, created) = match result {
+        let (microvm, files, created) = match result {
             Ok(outcome) => outcome,
             Err(panic) => {
                 // The job unwound with the microVM: what it held was
                 // dropped in the teardown order; nothing is left to run.
-                let _ = reply.send(Err(crate::api::VmmActionError::Internal(format!(
+                let _ = reply.send(Err(VmmActionError::Internal(format!(
                     "the snapshot job panicked: {panic}"
                 ))));
                 self.stop_unstarted();
@@ -202,36 +226,59 @@ impl Vmm {
             }
         };
         self.phase = Phase::Running(microvm);
-        let answer = match created {
+        match created {
             Ok(c) => {
-                let us = c.elapsed.as_micros() as u64;
                 log::info!(
-                    "snapshot created: {} MiB of {} MiB written by {} workers in {:.1} ms, state {} bytes",
+                    "snapshot written: {} MiB of {} MiB by {} workers in {:.1} ms, state {} bytes",
                     c.memory.copied_bytes >> 20,
                     c.memory.file_bytes >> 20,
                     c.memory.workers,
                     c.elapsed.as_secs_f64() * 1e3,
                     c.state_bytes
                 );
+                let section = Pending::SnapshotCommit {
+                    full,
+                    started: std::time::Instant::now() - c.elapsed,
+                };
+                let commit = move || Opening::SnapshotCommitted(files.commit());
+                self.run_then("snapshot_path", commit, section, reply);
+            }
+            Err(e) => {
+                log::error!("snapshot create failed: {e}");
+                crate::metrics::record_failure("PUT", "/snapshot/create");
+                self.opts.files.run(move || files.discard(), |_| {});
+                let _ = reply.send(Err(VmmActionError::BadRequest(format!(
+                    "cannot create the snapshot: {e}; the microVM stays paused"
+                ))));
+            }
+        }
+        if let Some((reason, at)) = shutdown {
+            self.begin_shutdown(reason, at);
+        }
+    }
+
+    /// The `files` thread renamed the files (or could not).
+    pub(in crate::vmm) fn snapshot_committed(
+        &mut self,
+        full: bool,
+        started: std::time::Instant,
+        result: Result<(), String>,
+    ) -> ActionResult {
+        match result {
+            Ok(()) => {
                 let which = if full {
                     crate::metrics::Latency::FullCreateSnapshot
                 } else {
                     crate::metrics::Latency::DiffCreateSnapshot
                 };
+                let us = started.elapsed().as_micros() as u64;
                 crate::metrics::record_latency_us(which, crate::metrics::LatencyLevel::Vmm, us);
+                log::info!("snapshot created in {:.1} ms", us as f64 / 1e3);
                 Ok(crate::api::VmmData::Empty)
             }
-            Err(e) => {
-                log::error!("snapshot create failed: {e}");
-                crate::metrics::record_failure("PUT", "/snapshot/create");
-                Err(crate::api::VmmActionError::BadRequest(format!(
-                    "cannot create the snapshot: {e}; the microVM stays paused"
-                )))
-            }
-        };
-        let _ = reply.send(answer);
-        if let Some((reason, at)) = shutdown {
-            self.begin_shutdown(reason, at);
+            Err(e) => Err(VmmActionError::BadRequest(format!(
+                "cannot create the snapshot: {e}; the microVM stays paused"
+            ))),
         }
     }
 }

@@ -3,19 +3,13 @@
 //! state, writes the memory file with the per-node workers and the state
 //! file, and hands the microVM back, still paused, whatever happened.
 //!
-//! The files appear whole or not at all: each is written under a
-//! temporary name in its directory (`.<name>.partial`, created
-//! `O_EXCL`, so no FIFO or existing file is ever opened), synced, then
-//! renamed to its name, the memory file first; any failure removes what
-//! was written (a memory file already renamed too, when the state file
-//! then fails). A temporary name also keeps a guest loaded lazily from the
-//! very memory file being overwritten whole: its mapping keeps the old
-//! file.
+//! The files were made by the `files` thread under temporary names
+//! ([`crate::vmm::snapshot_files`]); the job writes and syncs them and
+//! hands them back with the microVM, and the `files` thread renames them
+//! (or removes them after a failure): no path is opened, renamed or
+//! removed on this thread.
 
-use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::builder::MicroVm;
@@ -23,7 +17,7 @@ use crate::config::VmConfig;
 use crate::memory::snapshot::{MemoryFileError, MemoryFileOptions, MemoryFileReport};
 use crate::memory::HostTopology;
 use crate::snapshot::state_file::{encode, StateFileError};
-use crate::snapshot::CreateSnapshotParams;
+use crate::vmm::snapshot_files::{Partial, SnapshotFiles};
 use crate::vmm::snapshot_state::{memory_regions, SnapshotState};
 use crate::vstate::vcpu::VCPU_STOP_TIMEOUT;
 
@@ -42,13 +36,13 @@ pub enum CreateError {
     /// The VM's state could not be saved.
     #[error("VM: {0}")]
     Vm(String),
-    /// A file could not be made, written, synced or renamed.
+    /// A file could not be written or synced.
     #[error("{what} {path}: {source}")]
     File {
         /// `snapshot_path` or `mem_file_path`.
         what: &'static str,
         /// The path.
-        path: PathBuf,
+        path: std::path::PathBuf,
         /// Why.
         source: std::io::Error,
     },
@@ -56,7 +50,7 @@ pub enum CreateError {
     #[error("mem_file_path {path}: {source}")]
     Memory {
         /// The path.
-        path: PathBuf,
+        path: std::path::PathBuf,
         /// Why.
         source: MemoryFileError,
     },
@@ -67,8 +61,8 @@ pub enum CreateError {
 
 /// What the create job needs besides the microVM.
 pub struct CreateContext {
-    /// The request.
-    pub params: CreateSnapshotParams,
+    /// Full or Diff (only Full is taken today).
+    pub full: bool,
     /// The configuration the microVM runs with.
     pub config: VmConfig,
     /// The host topology (the memory file's workers).
@@ -90,16 +84,29 @@ pub struct Created {
     pub elapsed: Duration,
 }
 
-/// The create job: returns the microVM with the result.
+/// The create job: returns the microVM and the files with the result.
 pub fn create_job(
     microvm: Box<MicroVm>,
     ctx: CreateContext,
-) -> (Box<MicroVm>, Result<Created, CreateError>) {
-    let result = create(&microvm, &ctx);
-    (microvm, result)
+    mut files: SnapshotFiles,
+) -> CreateOutcome {
+    let result = create(&microvm, &ctx, &mut files);
+    (microvm, files, result)
 }
 
-fn create(m: &MicroVm, ctx: &CreateContext) -> Result<Created, CreateError> {
+fn io_err(p: &Partial) -> impl Fn(std::io::Error) -> CreateError + '_ {
+    move |source| CreateError::File {
+        what: p.what,
+        path: p.path().to_path_buf(),
+        source,
+    }
+}
+
+fn create(
+    m: &MicroVm,
+    ctx: &CreateContext,
+    files: &mut SnapshotFiles,
+) -> Result<Created, CreateError> {
     let started = Instant::now();
     let devices = m.devices().ok_or(CreateError::PartMissing("devices"))?;
     let vcpus = m.vcpus().ok_or(CreateError::PartMissing("vCPUs"))?;
@@ -131,29 +138,29 @@ fn create(m: &MicroVm, ctx: &CreateContext) -> Result<Created, CreateError> {
         devices: device_states,
     };
     let bytes = encode(&state)?;
-    let p = &ctx.params;
-    let mem = Partial::create("mem_file_path", &p.mem_file_path)?;
+    log::debug!("snapshot: state saved in {:?}", started.elapsed());
     let opts = MemoryFileOptions {
         workers_per_node: ctx.workers_per_node,
         chunk_bytes: None,
     };
     let report = memory
-        .write_memory_file(mem.file(), &opts, &ctx.topology)
+        .write_memory_file(&files.mem.file, &opts, &ctx.topology)
         .map_err(|source| CreateError::Memory {
-            path: p.mem_file_path.clone(),
+            path: files.mem.path().to_path_buf(),
             source,
         })?;
-    mem.sync()?;
-    let mut st = Partial::create("snapshot_path", &p.snapshot_path)?;
-    st.write_all(&bytes)?;
-    st.sync()?;
+    log::debug!(
+        "snapshot: memory file written in {:?} ({} MiB in {} extents)",
+        report.elapsed,
+        report.copied_bytes >> 20,
+        report.nodes.iter().map(|n| n.extents).sum::<u64>()
+    );
+    files.mem.file.sync_all().map_err(io_err(&files.mem))?;
+    log::debug!("snapshot: memory file synced at {:?}", started.elapsed());
+    let st = &mut files.state;
+    st.file.write_all(&bytes).map_err(io_err(st))?;
+    st.file.sync_all().map_err(io_err(st))?;
     drop(hold);
-    let mem_final = mem.commit()?;
-    if let Err(e) = st.commit() {
-        // A memory file without its state is no snapshot: take it back.
-        let _ = std::fs::remove_file(&mem_final);
-        return Err(e);
-    }
     Ok(Created {
         memory: report,
         state_bytes: bytes.len() as u64,
@@ -161,86 +168,6 @@ fn create(m: &MicroVm, ctx: &CreateContext) -> Result<Created, CreateError> {
     })
 }
 
-/// A file written under a temporary name beside its final one, removed
-/// on drop unless committed.
-struct Partial {
-    what: &'static str,
-    file: File,
-    temp: PathBuf,
-    path: PathBuf,
-    committed: bool,
-}
-
-impl Partial {
-    fn create(what: &'static str, path: &Path) -> Result<Partial, CreateError> {
-        let err = |source| CreateError::File {
-            what,
-            path: path.to_path_buf(),
-            source,
-        };
-        let name = path.file_name().ok_or_else(|| {
-            err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "names no file",
-            ))
-        })?;
-        let mut temp_name = std::ffi::OsString::from(".");
-        temp_name.push(name);
-        temp_name.push(".partial");
-        let temp = path.with_file_name(temp_name);
-        // A leftover of a create killed mid-way goes.
-        let _ = std::fs::remove_file(&temp);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(&temp)
-            .map_err(err)?;
-        Ok(Partial {
-            what,
-            file,
-            temp,
-            path: path.to_path_buf(),
-            committed: false,
-        })
-    }
-
-    fn file(&self) -> &File {
-        &self.file
-    }
-
-    fn io_err(&self, source: std::io::Error) -> CreateError {
-        CreateError::File {
-            what: self.what,
-            path: self.path.clone(),
-            source,
-        }
-    }
-
-    fn write_all(&mut self, bytes: &[u8]) -> Result<(), CreateError> {
-        self.file.write_all(bytes).map_err(|e| self.io_err(e))
-    }
-
-    fn sync(&self) -> Result<(), CreateError> {
-        self.file.sync_all().map_err(|e| self.io_err(e))
-    }
-
-    /// Renames it to its name; gives the name.
-    fn commit(mut self) -> Result<PathBuf, CreateError> {
-        std::fs::rename(&self.temp, &self.path).map_err(|e| self.io_err(e))?;
-        self.committed = true;
-        Ok(self.path.clone())
-    }
-}
-
-impl Drop for Partial {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.temp);
-        }
-    }
-}
-
-/// What the create job hands back: the microVM, and how the create went.
-pub type CreateOutcome = (Box<MicroVm>, Result<Created, CreateError>);
+/// What the create job hands back: the microVM, its files, and how the
+/// create went.
+pub type CreateOutcome = (Box<MicroVm>, SnapshotFiles, Result<Created, CreateError>);

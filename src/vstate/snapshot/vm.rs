@@ -126,7 +126,7 @@ impl crate::vstate::vm::KvmDevice {
 
 impl Vm {
     /// The MSRs a snapshot saves on this host (as
-    /// [`KvmDevice::msr_index_list`], for a VM made by [`Vm::new`]).
+    /// [`crate::vstate::vm::KvmDevice::msr_index_list`], for a VM made by [`Vm::new`]).
     pub fn msr_index_list(&self) -> Result<Vec<u32>, StateError> {
         super::msrs_to_save(self.kvm_handle())
     }
