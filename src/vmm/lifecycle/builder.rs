@@ -400,25 +400,16 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
     let bus = devices.buses.clone();
 
     let slices = slice_infos(memory, &config, nodes.as_deref());
-    let vcpus = parts.vcpus.insert(Vcpus::new(Arc::new(VcpuControl::new())));
+    let mut fds = Vec::with_capacity(usize::from(machine.vcpu_count));
     for index in 0..machine.vcpu_count {
         // On an error, dropping `parts` stops the vCPUs already running,
         // then the devices, closes the VM and unmaps guest memory.
         let fd = vm.create_vcpu(index)?;
         configure_vcpu(&fd, index, &cpu, &entry)?;
-        let ready = events_ready
-            .try_clone()
-            .map_err(|source| VcpuError::Spawn { index, source })?;
-        vcpus.push(VcpuHandle::spawn(
-            index,
-            fd,
-            bus.clone(),
-            vcpus.control().clone(),
-            events.clone(),
-            ready,
-            memory.lease(),
-        )?);
+        fds.push((index, fd));
     }
+    let vcpus = parts.vcpus.insert(Vcpus::new(Arc::new(VcpuControl::new())));
+    spawn_vcpus(vcpus, fds, &bus, &events, &events_ready, memory)?;
     Ok(Started::Running(MicroVm {
         parts,
         i8042,
@@ -478,4 +469,30 @@ pub(super) fn slice_infos(
             }),
         })
         .collect()
+}
+
+/// Starts a thread for each set-up vCPU fd, in `vcpus`.
+pub(super) fn spawn_vcpus(
+    vcpus: &mut Vcpus,
+    fds: Vec<(u8, kvm_ioctls::VcpuFd)>,
+    bus: &Arc<crate::devices::Buses>,
+    events: &Sender<VcpuEvent>,
+    events_ready: &EventFd,
+    memory: &GuestMemory,
+) -> Result<(), StartError> {
+    for (index, fd) in fds {
+        let ready = events_ready
+            .try_clone()
+            .map_err(|source| VcpuError::Spawn { index, source })?;
+        vcpus.push(VcpuHandle::spawn(
+            index,
+            fd,
+            bus.clone(),
+            vcpus.control().clone(),
+            events.clone(),
+            ready,
+            memory.lease(),
+        )?);
+    }
+    Ok(())
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::builder::{
-    register_slots, slice_infos, MicroVm, StartContext, StartError, Started, COM1_GSI,
+    register_slots, slice_infos, spawn_vcpus, MicroVm, StartContext, StartError, Started, COM1_GSI,
 };
 use super::teardown::Teardown;
 use crate::devices::console::CONSOLE_BUFFER_BYTES;
@@ -23,7 +23,7 @@ use crate::memory::snapshot::FileRegion;
 use crate::memory::{GuestMemory, MemoryOptions, NodeSlice, SnapshotMemory};
 use crate::vmm::devices::Devices;
 use crate::vmm::snapshot_state::SnapshotState;
-use crate::vstate::vcpu::{restore_vcpu, VcpuControl, VcpuError, VcpuHandle, Vcpus};
+use crate::vstate::vcpu::{restore_vcpu, VcpuControl, Vcpus};
 use crate::vstate::vm::Vm;
 
 /// What a load restores.
@@ -138,20 +138,7 @@ pub fn restore_microvm(ctx: StartContext, spec: RestoreSpec) -> Result<Started, 
         control.pause_gate().set(true);
     }
     let vcpus = parts.vcpus.insert(Vcpus::new(control));
-    for (index, fd) in fds {
-        let ready = events_ready
-            .try_clone()
-            .map_err(|source| VcpuError::Spawn { index, source })?;
-        vcpus.push(VcpuHandle::spawn(
-            index,
-            fd,
-            bus.clone(),
-            vcpus.control().clone(),
-            events.clone(),
-            ready,
-            memory.lease(),
-        )?);
-    }
+    spawn_vcpus(vcpus, fds, &bus, &events, &events_ready, memory)?;
     Ok(Started::Running(MicroVm {
         parts,
         i8042,
