@@ -21,7 +21,7 @@
 //! a loop) rather than taken from a crate: it is twenty lines, and the
 //! rust-vmm set has none.
 
-use std::io::{Read, Write};
+use std::io::Read;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -83,13 +83,6 @@ pub enum StateFileError {
     /// The payload is not a state this build understands.
     #[error("the state file's contents are invalid: {0}")]
     Payload(serde_json::Error),
-}
-
-/// Writes `state` in the envelope to `out`.
-pub fn write_state<T: Serialize, W: Write>(out: &mut W, state: &T) -> Result<(), StateFileError> {
-    let bytes = encode(state)?;
-    out.write_all(&bytes)?;
-    Ok(())
 }
 
 /// `state` in the envelope, as bytes.

@@ -5,12 +5,11 @@
 //! memory size) or the uffd handler's socket path, the network overrides
 //! applied, and the devices' files and taps as their `PUT`s open them.
 
-use std::io::Read;
 use std::sync::Arc;
 
 use crate::files::{open, OpenRequest, OpenSpec};
 use crate::memory::SnapshotMemory;
-use crate::snapshot::state_file::{decode, MAX_STATE_FILE_BYTES};
+use crate::snapshot::state_file::{read_state, MAX_STATE_FILE_BYTES};
 use crate::snapshot::{LoadSnapshotParams, MemBackendType, MemoryLoad, NetworkOverride};
 use crate::vmm::snapshot_state::SnapshotState;
 
@@ -42,13 +41,9 @@ pub fn open_snapshot(
         },
     })
     .map_err(|e| e.to_string())?;
-    let mut bytes = Vec::with_capacity(opened.len as usize);
-    (&opened.file)
-        .take(MAX_STATE_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("snapshot_path: cannot read {}: {e}", opened.path.display()))?;
     let bad_state = |e: String| format!("snapshot_path {}: {e}", params.snapshot_path.display());
-    let mut state: SnapshotState = decode(&bytes).map_err(|e| bad_state(e.to_string()))?;
+    let mut state: SnapshotState =
+        read_state(&opened.file, opened.len).map_err(|e| bad_state(e.to_string()))?;
     state.check().map_err(|e| bad_state(e.to_string()))?;
     apply_overrides(&mut state, &params.network_overrides)?;
     let memory = open_memory(params, &state, workers_per_node)?;
