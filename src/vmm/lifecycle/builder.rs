@@ -100,7 +100,7 @@ pub struct BootFiles {
 
 /// COM1's interrupt line (ISA IRQ 4, IOAPIC pin 4 and PIC input 4 in KVM's
 /// default routing).
-pub(super) const COM1_GSI: u32 = 4;
+const COM1_GSI: u32 = 4;
 
 /// One slice of guest RAM as `GET /memory` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -325,7 +325,7 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
             (entry, SerialIrq::None, None)
         }
         Some(kernel) => {
-            vm.setup_irqchip()?;
+            let serial_irq = linux_irqchip(vm)?;
             let files = boot_files.ok_or(StartError::BootFilesMissing)?;
             let cmdline = with_params(
                 kernel_cmdline(&config.boot_source.boot_args),
@@ -377,23 +377,12 @@ pub fn start_microvm(ctx: StartContext) -> Result<Started, StartError> {
                         .collect::<Vec<_>>()
                 );
             }
-            let irq = EventFd::new(EFD_NONBLOCK).map_err(StartError::SerialIrq)?;
-            vm.register_irqfd(&irq, COM1_GSI)?;
-            (
-                GuestEntry::Linux(entry),
-                SerialIrq::EventFd(irq),
-                Some(nodes),
-            )
+            (GuestEntry::Linux(entry), serial_irq, Some(nodes))
         }
     };
 
     let linux = nodes.is_some();
-    let i8042 = Arc::new(Mutex::new(I8042::new()));
-    let serial = Arc::new(Mutex::new(SerialConsole::with_irq(
-        ConsoleOut::new(console.buffer().clone()),
-        serial_irq,
-    )));
-    let pio = microvm_bus(serial.clone(), i8042.clone(), Instant::now())?;
+    let (i8042, serial, pio) = pio_devices(console, serial_irq)?;
     let devices = parts
         .devices
         .insert(Devices::build(&device_specs, pio, vm, memory, &topology)?);
@@ -495,4 +484,36 @@ pub(super) fn spawn_vcpus(
         )?);
     }
     Ok(())
+}
+
+/// A Linux guest's in-kernel irqchip and PIT, and COM1's interrupt line
+/// (IRQ 4 through an irqfd).
+pub(super) fn linux_irqchip(vm: &mut Vm) -> Result<SerialIrq, StartError> {
+    vm.setup_irqchip()?;
+    let irq = EventFd::new(EFD_NONBLOCK).map_err(StartError::SerialIrq)?;
+    vm.register_irqfd(&irq, COM1_GSI)?;
+    Ok(SerialIrq::EventFd(irq))
+}
+
+/// The keyboard controller, COM1 (writing to the console) and the port
+/// I/O bus that holds them.
+#[allow(clippy::type_complexity)]
+pub(super) fn pio_devices(
+    console: &ConsoleWriter,
+    serial_irq: SerialIrq,
+) -> Result<
+    (
+        Arc<Mutex<I8042>>,
+        Arc<Mutex<SerialConsole>>,
+        crate::devices::bus::PioBus,
+    ),
+    StartError,
+> {
+    let i8042 = Arc::new(Mutex::new(I8042::new()));
+    let serial = Arc::new(Mutex::new(SerialConsole::with_irq(
+        ConsoleOut::new(console.buffer().clone()),
+        serial_irq,
+    )));
+    let pio = microvm_bus(serial.clone(), i8042.clone(), Instant::now())?;
+    Ok((i8042, serial, pio))
 }

@@ -8,17 +8,15 @@
 //! built in the one teardown order, as a failed start does.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
-
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use std::sync::Arc;
 
 use super::builder::{
-    register_slots, slice_infos, spawn_vcpus, MicroVm, StartContext, StartError, Started, COM1_GSI,
+    linux_irqchip, pio_devices, register_slots, slice_infos, spawn_vcpus, MicroVm, StartContext,
+    StartError, Started,
 };
 use super::teardown::Teardown;
 use crate::devices::console::CONSOLE_BUFFER_BYTES;
-use crate::devices::{microvm_bus, ConsoleOut, ConsoleWriter, SerialConsole, SerialIrq, I8042};
+use crate::devices::{ConsoleWriter, SerialIrq};
 use crate::memory::snapshot::FileRegion;
 use crate::memory::{GuestMemory, MemoryOptions, NodeSlice, SnapshotMemory};
 use crate::vmm::devices::Devices;
@@ -102,19 +100,11 @@ pub fn restore_microvm(ctx: StartContext, spec: RestoreSpec) -> Result<Started, 
     register_slots(vm, memory, machine.track_dirty_pages)?;
     let linux = state.vm.irqchip.is_some();
     let serial_irq = if linux {
-        vm.setup_irqchip()?;
-        let irq = EventFd::new(EFD_NONBLOCK).map_err(StartError::SerialIrq)?;
-        vm.register_irqfd(&irq, COM1_GSI)?;
-        SerialIrq::EventFd(irq)
+        linux_irqchip(vm)?
     } else {
         SerialIrq::None
     };
-    let i8042 = Arc::new(Mutex::new(I8042::new()));
-    let serial = Arc::new(Mutex::new(SerialConsole::with_irq(
-        ConsoleOut::new(console.buffer().clone()),
-        serial_irq,
-    )));
-    let pio = microvm_bus(serial.clone(), i8042.clone(), Instant::now())?;
+    let (i8042, serial, pio) = pio_devices(console, serial_irq)?;
     let devices = parts
         .devices
         .insert(Devices::build(&device_specs, pio, vm, memory, &topology)?);
