@@ -75,8 +75,10 @@ impl Vmm {
 
     /// `PUT /snapshot/create`: refused as Firecracker refuses it, and
     /// where teravm cannot write the snapshot yet (a second create under
-    /// way, Diff, memory hotplug); else the paused microVM goes to the
-    /// create job, which answers `reply` ([`crate::vmm::lifecycle::snapshot`]).
+    /// way, Diff, memory hotplug); else the `files` thread makes the two
+    /// files, the paused microVM goes to the create job
+    /// ([`crate::vmm::lifecycle::snapshot`]), and `reply` is answered once
+    /// the `files` thread has renamed them.
     pub(in crate::vmm) fn create_snapshot(
         &mut self,
         params: CreateSnapshotParams,
@@ -119,7 +121,7 @@ impl Vmm {
 
     /// `PUT /snapshot/load`: refused as Firecracker refuses it; else the
     /// `files` thread opens the snapshot and the `start` job restores it,
-    /// answering `reply` ([`crate::vmm::lifecycle`]'s `load`).
+    /// answering `reply` ([`crate::vmm::lifecycle::restore`]).
     pub(in crate::vmm) fn load_snapshot(
         &mut self,
         params: LoadSnapshotParams,
