@@ -70,6 +70,14 @@ fn guest(out: &Path) {
     ] {
         cmd.env_remove(var);
     }
+    // Per-target flags too (scripts/build-static.sh's crt-static, which
+    // the guest's host-side proc macros cannot take).
+    for (var, _) in std::env::vars_os() {
+        let name = var.to_string_lossy();
+        if name.starts_with("CARGO_TARGET_") && name.ends_with("_RUSTFLAGS") {
+            cmd.env_remove(&var);
+        }
+    }
     run(&mut cmd);
     let built = target_dir.join("release/teravm-guest");
     let dest = profile_dir.join("teravm-guest");
