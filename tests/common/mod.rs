@@ -11,6 +11,7 @@
 pub mod api;
 pub mod fc_api;
 pub mod guests;
+pub mod jail;
 pub mod netns;
 pub mod peers;
 // Not every test binary uses every part.
