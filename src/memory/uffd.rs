@@ -38,6 +38,8 @@ pub(crate) const UFFDIO_API: u64 = 0xc018_aa3f;
 pub(crate) const UFFDIO_REGISTER: u64 = 0xc020_aa00;
 /// `UFFDIO_UNREGISTER`: `_IOR(0xAA, 0x01, struct uffdio_range)` (16 bytes).
 pub(crate) const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
+/// `USERFAULTFD_IOC_NEW`: `_IO(0xAA, 0x00)`, on `/dev/userfaultfd`.
+pub(crate) const USERFAULTFD_IOC_NEW: u64 = 0xaa00;
 /// `UFFDIO_REGISTER_MODE_MISSING`.
 const MODE_MISSING: u64 = 1;
 /// `UFFD_FEATURE_EVENT_REMOVE`: `MADV_DONTNEED` / `MADV_REMOVE` of a
@@ -54,8 +56,11 @@ pub const HANDLER_MESSAGE_BYTES: usize = 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum UffdError {
     /// `userfaultfd(2)` failed.
-    #[error("userfaultfd(O_CLOEXEC|O_NONBLOCK) failed: {0} (handling the guest's faults in KVM needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd = 1)")]
+    #[error("userfaultfd(O_CLOEXEC|O_NONBLOCK) failed: {0} (no /dev/userfaultfd could be opened; through the call, handling the guest's faults in KVM needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd = 1)")]
     Create(io::Error),
+    /// `USERFAULTFD_IOC_NEW` on `/dev/userfaultfd` failed.
+    #[error("USERFAULTFD_IOC_NEW on /dev/userfaultfd failed: {0}")]
+    CreateFromDevice(io::Error),
     /// `UFFDIO_API` failed or lacks a feature.
     #[error("UFFDIO_API asking for UFFD_FEATURE_EVENT_REMOVE failed: {0}")]
     Api(io::Error),
@@ -140,13 +145,28 @@ pub(crate) struct UffdSession {
 
 impl UffdSession {
     /// A userfaultfd with Firecracker's features (`UFFDIO_API`), nothing
-    /// registered yet.
-    pub(crate) fn new() -> Result<UffdSession, UffdError> {
+    /// registered yet: from `device` (`/dev/userfaultfd`, opened by the
+    /// `files` thread) where there is one, as Firecracker makes it; that is
+    /// how an unprivileged process gets one whose faults KVM may take (a
+    /// jail's, which the jailer makes and gives to its uid), else from the
+    /// `userfaultfd(2)` call.
+    pub(crate) fn new(device: Option<&std::fs::File>) -> Result<UffdSession, UffdError> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-        // SAFETY: userfaultfd takes flags only and returns a new descriptor.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+        let fd = match device {
+            // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its argument
+            // and returns a new descriptor; nothing is written to memory.
+            Some(dev) => unsafe {
+                libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) as libc::c_long
+            },
+            // SAFETY: userfaultfd takes flags only and returns a new descriptor.
+            None => unsafe { libc::syscall(libc::SYS_userfaultfd, flags) },
+        };
         if fd < 0 {
-            return Err(UffdError::Create(io::Error::last_os_error()));
+            let e = io::Error::last_os_error();
+            return Err(match device {
+                Some(_) => UffdError::CreateFromDevice(e),
+                None => UffdError::Create(e),
+            });
         }
         // SAFETY: a fresh descriptor that nothing else owns.
         let uffd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
@@ -376,10 +396,66 @@ mod tests {
             UFFDIO_UNREGISTER,
             ioc(2, 0x01, std::mem::size_of::<UffdioRange>())
         );
+        assert_eq!(USERFAULTFD_IOC_NEW, ioc(0, 0x00, 0));
         use crate::seccomp::filters as f;
         assert_eq!(
-            (UFFDIO_API, UFFDIO_REGISTER, UFFDIO_UNREGISTER),
-            (f::UFFDIO_API, f::UFFDIO_REGISTER, f::UFFDIO_UNREGISTER)
+            (
+                UFFDIO_API,
+                UFFDIO_REGISTER,
+                UFFDIO_UNREGISTER,
+                USERFAULTFD_IOC_NEW
+            ),
+            (
+                f::UFFDIO_API,
+                f::UFFDIO_REGISTER,
+                f::UFFDIO_UNREGISTER,
+                f::USERFAULTFD_IOC_NEW
+            )
         );
+    }
+
+    /// A session from `/dev/userfaultfd` (a jail's way) is a userfaultfd
+    /// like the call's: it takes `UFFDIO_API` with Firecracker's features
+    /// and a registration. Where the host has no device (before Linux 6.1)
+    /// or this uid may not open it, there is nothing to check.
+    #[test]
+    fn a_session_from_the_device_registers_memory() {
+        let dev = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/userfaultfd")
+        {
+            Ok(d) => d,
+            Err(e) => {
+                return teravm_client::not_possible(
+                    "memory::uffd::a_session_from_the_device_registers_memory",
+                    format!("/dev/userfaultfd: {e}"),
+                );
+            }
+        };
+        let mut session = UffdSession::new(Some(&dev)).unwrap();
+        let len = 2 << 20;
+        // SAFETY: a new private anonymous mapping, unmapped below.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(addr, libc::MAP_FAILED);
+        session.register(addr as usize, len).unwrap();
+        drop(session);
+        // SAFETY: the mapping made above, no longer registered.
+        unsafe { libc::munmap(addr, len) };
+        // A descriptor that is not the device is refused, not mistaken.
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert!(matches!(
+            UffdSession::new(Some(&null)),
+            Err(UffdError::CreateFromDevice(_))
+        ));
     }
 }

@@ -81,7 +81,10 @@ fn open_memory(
 ) -> Result<SnapshotMemory, String> {
     let b = &params.mem_backend;
     if b.backend_type == MemBackendType::Uffd {
-        return Ok(SnapshotMemory::Uffd(b.backend_path.clone()));
+        return Ok(SnapshotMemory::Uffd {
+            handler: b.backend_path.clone(),
+            device: open_userfaultfd_device(),
+        });
     }
     let opened = open(&OpenRequest {
         what: "mem_backend.backend_path",
@@ -126,3 +129,29 @@ fn open_devices(state: &SnapshotState) -> Result<DeviceResources, String> {
     }
     Ok(r)
 }
+
+/// `/dev/userfaultfd`, read-write, as Firecracker opens it before it tries
+/// `userfaultfd(2)`: the jailer makes one in the chroot, owned by the jailed
+/// uid, because an unprivileged process may not ask the call for a
+/// userfaultfd that takes KVM's faults. None where this root has none, or
+/// one this uid may not open (a host's, root's 0600, where the call may
+/// still work: root, or `vm.unprivileged_userfaultfd`); the log says why.
+fn open_userfaultfd_device() -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(USERFAULTFD_DEVICE)
+    {
+        Ok(f) => Some(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            log::warn!("cannot open {USERFAULTFD_DEVICE} ({e}): the userfaultfd is asked of userfaultfd(2)");
+            None
+        }
+    }
+}
+
+/// Where the kernel's userfaultfd device is (Linux 6.1 and later).
+const USERFAULTFD_DEVICE: &str = "/dev/userfaultfd";

@@ -39,8 +39,14 @@ pub enum SnapshotMemory {
         workers_per_node: u32,
     },
     /// Anonymous memory registered with a userfaultfd, given to the page
-    /// fault handler listening on this Unix socket (Firecracker's protocol).
-    Uffd(PathBuf),
+    /// fault handler listening on a Unix socket (Firecracker's protocol).
+    Uffd {
+        /// The handler's socket.
+        handler: PathBuf,
+        /// `/dev/userfaultfd` (read-write), where this root has one: the
+        /// userfaultfd is made from it, else by `userfaultfd(2)`.
+        device: Option<File>,
+    },
 }
 
 /// Errors of building a restored guest's memory.
@@ -231,8 +237,11 @@ impl GuestMemory {
                 );
                 Ok(mem)
             }
-            SnapshotMemory::Uffd(path) => {
-                let mut uffd = UffdSession::new()?;
+            SnapshotMemory::Uffd {
+                handler: path,
+                device,
+            } => {
+                let mut uffd = UffdSession::new(device.as_ref())?;
                 let map = |slice: &NodeSlice, i: usize| {
                     SliceMapping::new(slice, i, opts.backing, opts.page_size, opts.policy, None)
                 };

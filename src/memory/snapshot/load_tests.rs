@@ -328,7 +328,16 @@ fn firecrackers_on_demand_handler_serves_the_guest() {
     let sock = dir.0.join("uffd.sock");
     let _handler = Handler::start(&bin, &sock, &dir.0.join("mem"));
     let before = userfaultfds();
-    let m = GuestMemory::from_snapshot(&opts, &topo, &regions, SnapshotMemory::Uffd(sock)).unwrap();
+    let m = GuestMemory::from_snapshot(
+        &opts,
+        &topo,
+        &regions,
+        SnapshotMemory::Uffd {
+            handler: sock,
+            device: None,
+        },
+    )
+    .unwrap();
     assert_eq!(userfaultfds(), before + 1);
     assert!(m
         .slices()
@@ -388,7 +397,16 @@ fn firecrackers_fault_all_handler_serves_the_guest() {
     let (_file, regions) = snapshot(&dir, &opts, &topo);
     let sock = dir.0.join("uffd.sock");
     let _handler = Handler::start(&bin, &sock, &dir.0.join("mem"));
-    let m = GuestMemory::from_snapshot(&opts, &topo, &regions, SnapshotMemory::Uffd(sock)).unwrap();
+    let m = GuestMemory::from_snapshot(
+        &opts,
+        &topo,
+        &regions,
+        SnapshotMemory::Uffd {
+            handler: sock,
+            device: None,
+        },
+    )
+    .unwrap();
     let addrs = vec![host(&m, TOUCHED[4])];
     let words = touch_from_thread(addrs, Duration::from_secs(20)).expect("served in 20 s");
     assert_eq!(words[0][0], pattern(TOUCHED[4], 0));
@@ -411,7 +429,16 @@ fn firecrackers_malicious_handler_blocks_only_the_faulting_thread() {
     let (_file, regions) = snapshot(&dir, &opts, &topo);
     let sock = dir.0.join("uffd.sock");
     let mut handler = Handler::start(&bin, &sock, &dir.0.join("mem"));
-    let m = GuestMemory::from_snapshot(&opts, &topo, &regions, SnapshotMemory::Uffd(sock)).unwrap();
+    let m = GuestMemory::from_snapshot(
+        &opts,
+        &topo,
+        &regions,
+        SnapshotMemory::Uffd {
+            handler: sock,
+            device: None,
+        },
+    )
+    .unwrap();
     // The toucher holds a view, as a device thread does: the mapping
     // outlives the memory's owner, so the abandoned thread never reads
     // unmapped memory.
@@ -457,7 +484,10 @@ fn a_missing_or_refusing_handler_is_a_clear_error_and_leaves_nothing() {
         &opts,
         &topo,
         &regions,
-        SnapshotMemory::Uffd(missing.clone()),
+        SnapshotMemory::Uffd {
+            handler: missing.clone(),
+            device: None,
+        },
     )
     .unwrap_err();
     match &e {
@@ -471,8 +501,16 @@ fn a_missing_or_refusing_handler_is_a_clear_error_and_leaves_nothing() {
     // A socket file nobody listens on any more.
     let refusing = dir.0.join("closed.sock");
     drop(std::os::unix::net::UnixListener::bind(&refusing).unwrap());
-    let e = GuestMemory::from_snapshot(&opts, &topo, &regions, SnapshotMemory::Uffd(refusing))
-        .unwrap_err();
+    let e = GuestMemory::from_snapshot(
+        &opts,
+        &topo,
+        &regions,
+        SnapshotMemory::Uffd {
+            handler: refusing,
+            device: None,
+        },
+    )
+    .unwrap_err();
     match &e {
         RestoreError::Uffd(UffdError::Connect { source, .. }) => {
             assert_eq!(source.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");

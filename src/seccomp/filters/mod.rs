@@ -92,7 +92,9 @@ mod shared;
 pub(crate) use shared::{BASE, SPAWN};
 /// For `memory::pagemap`'s test that its number and the filters' agree.
 #[cfg(test)]
-pub(crate) use shared::{PAGEMAP_SCAN, UFFDIO_API, UFFDIO_REGISTER, UFFDIO_UNREGISTER};
+pub(crate) use shared::{
+    PAGEMAP_SCAN, UFFDIO_API, UFFDIO_REGISTER, UFFDIO_UNREGISTER, USERFAULTFD_IOC_NEW,
+};
 
 use devices::{BALLOON, BLOCK, DISCARD, ENTROPY, MEM, NET, VSOCK};
 use roles::{API, API_CONNECTION, CONSOLE, FILES, OUTPUT, PROGRESS, RECLAIM, START, VCPU, VMM};

@@ -4,7 +4,7 @@
 
 use super::shared::{
     mmap_no_exec, O_RDONLY_CLOEXEC, PAGEMAP_SCAN, SYS_CACHESTAT, UFFDIO_API, UFFDIO_REGISTER,
-    UFFDIO_UNREGISTER,
+    UFFDIO_UNREGISTER, USERFAULTFD_IOC_NEW,
 };
 use super::{any, kvm, one_of, Allow, Only};
 
@@ -140,7 +140,7 @@ pub(super) const FILES: &[Allow] = &[
                 "O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC",
             ),
         ],
-        "the kernel, initrd and read-only drives read-only; log, metrics and serial files append-only, created 0600, no symlink followed; read-write drives, never created; a snapshot's files, made new (0600) under a temporary name, never an existing file or through a symlink",
+        "the kernel, initrd and read-only drives read-only; log, metrics and serial files append-only, created 0600, no symlink followed; read-write drives and /dev/userfaultfd, never created; a snapshot's files, made new (0600) under a temporary name, never an existing file or through a symlink",
     ),
     any(
         libc::SYS_rename,
@@ -287,9 +287,10 @@ pub(super) const START: &[Allow] = &[
             named!(libc::FIONBIO),
             (UFFDIO_API, "UFFDIO_API"),
             (UFFDIO_REGISTER, "UFFDIO_REGISTER"),
+            (USERFAULTFD_IOC_NEW, "USERFAULTFD_IOC_NEW"),
             (PAGEMAP_SCAN, "PAGEMAP_SCAN"),
         ],
-        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT (the `pit` thread it spawns turns the PIT's reinjection off), the devices' irqfds and ioeventfds, the vCPUs' setup; a snapshot's: the host's MSR list, the vCPUs' state restored, the VM's irqchip, PIT and clock saved and restored; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener; UFFDIO_API, UFFDIO_REGISTER: a restored guest's userfaultfd (Firecracker's features) and its slices registered for missing pages; PAGEMAP_SCAN: the guest's own pages, for a snapshot's memory file",
+        "the VM, its memslots (guest_memfd ones too) and guest_memfds, irqchip and PIT (the `pit` thread it spawns turns the PIT's reinjection off), the devices' irqfds and ioeventfds, the vCPUs' setup; a snapshot's: the host's MSR list, the vCPUs' state restored, the VM's irqchip, PIT and clock saved and restored; TCGETS: is stderr a terminal (progress line); FIONBIO: the vsock's listener; USERFAULTFD_IOC_NEW: a restored guest's userfaultfd from /dev/userfaultfd (opened by the `files` thread; a jail's); UFFDIO_API, UFFDIO_REGISTER: that userfaultfd (Firecracker's features) and its slices registered for missing pages; PAGEMAP_SCAN: the guest's own pages, for a snapshot's memory file",
     ),
     one_of(
         libc::SYS_userfaultfd,

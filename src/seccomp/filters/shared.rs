@@ -47,6 +47,8 @@ pub(crate) const UFFDIO_API: u64 = 0xc018_aa3f;
 pub(crate) const UFFDIO_REGISTER: u64 = 0xc020_aa00;
 /// `UFFDIO_UNREGISTER`.
 pub(crate) const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
+/// `USERFAULTFD_IOC_NEW`: a userfaultfd from `/dev/userfaultfd`.
+pub(crate) const USERFAULTFD_IOC_NEW: u64 = 0xaa00;
 
 pub(super) const O_RDONLY_CLOEXEC: u64 = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
 
