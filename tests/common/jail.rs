@@ -582,6 +582,18 @@ impl Drop for Jail {
             self.signal(libc::SIGKILL);
             self.exited_within(Duration::from_secs(10));
         }
+        // Whatever else runs in the VM's cgroup (a VMM whose pid was never
+        // read, a test that failed half-way) is the jail's too.
+        for dir in &self.cgroup_dirs {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs
+                .lines()
+                .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+            {
+                // SAFETY: kill takes a pid and a signal; a gone pid is ESRCH.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
         self.stop.store(true, Ordering::Relaxed);
         for m in self.mounts.iter().rev() {
             let _ = Command::new("umount").arg(m).status();
