@@ -7,8 +7,15 @@
 //! What this process may get, read from the kernel:
 //! - the room left in its memory cgroup and every ancestor: v2
 //!   `memory.max - memory.current`, v1 `memory.limit_in_bytes -
-//!   memory.usage_in_bytes` (the process's cgroup from `/proc/self/cgroup`);
-//! - the host's `MemAvailable` (`/proc/meminfo`);
+//!   memory.usage_in_bytes` (the process's cgroup from `/proc/self/cgroup`;
+//!   where that is unreadable, as in a jail without `/proc`, the root of
+//!   what is mounted at `/sys/fs/cgroup`, as a cgroup namespace shows it or
+//!   as an orchestrator bind-mounts the VM's own cgroup into the jail:
+//!   [`CgroupSource`]);
+//! - the host's `MemAvailable` (`/proc/meminfo`); without `/proc`,
+//!   `sysinfo(2)`'s `freeram + bufferram`, which is not `MemAvailable` (it
+//!   leaves out the page cache the kernel could reclaim, so it is lower) and
+//!   is named so ([`AvailableSource`]);
 //! - for hugetlb backings, the free huge pages of the guest's page size
 //!   (`/sys/kernel/mm/hugepages/hugepages-<size>kB/free_hugepages`), which
 //!   are not charged to the memory cgroup.
@@ -67,14 +74,61 @@ impl CgroupRoom {
     }
 }
 
+/// Where the process's memory cgroup was found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CgroupSource {
+    /// Named by `/proc/self/cgroup`, under `/sys/fs/cgroup`.
+    #[default]
+    ProcSelf,
+    /// `/proc/self/cgroup` is unreadable (no `/proc`): the process is taken
+    /// to be at the root of what is mounted at `/sys/fs/cgroup`, the view
+    /// a cgroup namespace gives, and what an orchestrator that wants
+    /// admission in a jail bind-mounts there (the VM's own cgroup, at
+    /// `memory/` for v1 or at the top for v2).
+    MountRoot,
+    /// No memory cgroup can be seen at all; why.
+    NotVisible(String),
+}
+
+/// Where the host's available memory was read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AvailableSource {
+    /// `MemAvailable` of `/proc/meminfo`.
+    #[default]
+    Meminfo,
+    /// No `/proc/meminfo`: `sysinfo(2)`'s `freeram + bufferram`, which is
+    /// not `MemAvailable` (no reclaimable page cache in it: lower).
+    Sysinfo,
+    /// Neither could be read.
+    Unknown,
+}
+
+impl AvailableSource {
+    /// The figure's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            AvailableSource::Meminfo => "MemAvailable",
+            AvailableSource::Sysinfo => {
+                "free memory (sysinfo freeram + bufferram, not MemAvailable: no /proc/meminfo)"
+            }
+            AvailableSource::Unknown => "available memory (no /proc/meminfo, and sysinfo failed)",
+        }
+    }
+}
+
 /// What this process may get, as the kernel reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostMemory {
     /// The tightest limited level of the process's memory cgroup, if any is
     /// limited.
     pub cgroup: Option<CgroupRoom>,
-    /// `MemAvailable` of the host, in bytes.
+    /// Where the cgroup was looked for.
+    pub cgroup_source: CgroupSource,
+    /// `MemAvailable` of the host (or what stands for it: see
+    /// `available_source`), in bytes.
     pub mem_available: Option<u64>,
+    /// Where `mem_available` was read.
+    pub available_source: AvailableSource,
     /// `MemTotal` of the host, in bytes.
     pub mem_total: Option<u64>,
     /// For a hugetlb page size: the free pages and the file they came from.
@@ -101,19 +155,41 @@ impl Default for Roots {
 
 impl HostMemory {
     /// Reads what this process may get, for a guest of huge pages of
-    /// `hugetlb_page` bytes (if any). Files that cannot be read count as no
-    /// limit.
+    /// `hugetlb_page` bytes (if any). Limit files that cannot be read count
+    /// as no limit; where none can be seen, `cgroup_source` says why.
     pub fn read(roots: &Roots, hugetlb_page: Option<u64>) -> HostMemory {
-        let cgroup_text =
-            std::fs::read_to_string(roots.proc.join("self/cgroup")).unwrap_or_default();
-        let cgroup = tightest_cgroup(&cgroup_text, &roots.sys.join("fs/cgroup"));
+        let cgroup_root = roots.sys.join("fs/cgroup");
+        let (cgroup, cgroup_source) = match std::fs::read_to_string(roots.proc.join("self/cgroup"))
+        {
+            Ok(text) => (tightest_cgroup(&text, &cgroup_root), CgroupSource::ProcSelf),
+            Err(_) if cgroup_root.is_dir() => {
+                (mount_root_cgroup(&cgroup_root), CgroupSource::MountRoot)
+            }
+            Err(_) => (
+                None,
+                CgroupSource::NotVisible(format!(
+                    "no memory cgroup visible: no {} and no {} in this root",
+                    roots.proc.join("self/cgroup").display(),
+                    cgroup_root.display()
+                )),
+            ),
+        };
         let meminfo = std::fs::read_to_string(roots.proc.join("meminfo")).ok();
-        let mem_available = meminfo
-            .as_deref()
-            .and_then(|t| meminfo_bytes(t, "MemAvailable"));
-        let mem_total = meminfo
-            .as_deref()
-            .and_then(|t| meminfo_bytes(t, "MemTotal"));
+        let (mem_available, mem_total, available_source) = match meminfo.as_deref() {
+            Some(t) => (
+                meminfo_bytes(t, "MemAvailable"),
+                meminfo_bytes(t, "MemTotal"),
+                AvailableSource::Meminfo,
+            ),
+            None => match super::sys::sysinfo() {
+                Ok(m) => (
+                    Some(m.free.saturating_add(m.buffers)),
+                    Some(m.total),
+                    AvailableSource::Sysinfo,
+                ),
+                Err(_) => (None, None, AvailableSource::Unknown),
+            },
+        };
         let free_huge_pages = hugetlb_page.and_then(|page| {
             let path = roots.sys.join(format!(
                 "kernel/mm/hugepages/hugepages-{}kB/free_hugepages",
@@ -124,11 +200,69 @@ impl HostMemory {
         });
         HostMemory {
             cgroup,
+            cgroup_source,
             mem_available,
+            available_source,
             mem_total,
             free_huge_pages,
         }
     }
+
+    /// One line of where the limits were read: `memory limit: the memory
+    /// cgroup <dir> (<n> MiB, found through /proc/self/cgroup); host memory:
+    /// MemAvailable (/proc/meminfo)`, or `memory limit: no memory cgroup
+    /// visible: ...` in a root without either.
+    pub fn describe(&self) -> String {
+        let limit = match (&self.cgroup_source, &self.cgroup) {
+            (CgroupSource::NotVisible(why), _) => why.clone(),
+            (source, Some(c)) => format!(
+                "the memory cgroup {} ({} MiB{})",
+                c.dir.display(),
+                c.limit / MIB,
+                source_note(source)
+            ),
+            (CgroupSource::ProcSelf, None) => {
+                "none (no level of the memory cgroup in /proc/self/cgroup sets one)".into()
+            }
+            (CgroupSource::MountRoot, None) => "none (no /proc/self/cgroup, and the /sys/fs/cgroup                  of this root sets no memory.max or memory/memory.limit_in_bytes)"
+                .into(),
+        };
+        let host = match self.available_source {
+            AvailableSource::Meminfo => "MemAvailable (/proc/meminfo)",
+            other => other.name(),
+        };
+        format!("memory limit: {limit}; host memory: {host}")
+    }
+}
+
+/// How a cgroup's source is told in a message.
+fn source_note(source: &CgroupSource) -> &'static str {
+    match source {
+        CgroupSource::ProcSelf => ", found through /proc/self/cgroup",
+        CgroupSource::MountRoot => ", the root of this root's /sys/fs/cgroup: no /proc/self/cgroup",
+        CgroupSource::NotVisible(_) => "",
+    }
+}
+
+/// The limit of the cgroup mounted at `cgroup_root` itself, for a process
+/// without `/proc/self/cgroup` (see [`CgroupSource::MountRoot`]): v1's
+/// `memory/memory.limit_in_bytes` if there is one, else v2's `memory.max`.
+/// Nothing above the root can be seen from inside it.
+pub fn mount_root_cgroup(cgroup_root: &Path) -> Option<CgroupRoom> {
+    let levels = [
+        (
+            cgroup_root.join("memory"),
+            "memory.limit_in_bytes",
+            "memory.usage_in_bytes",
+        ),
+        (cgroup_root.to_path_buf(), "memory.max", "memory.current"),
+    ];
+    let (dir, limit, usage) = levels.iter().find(|l| l.0.join(l.1).exists())?;
+    Some(CgroupRoom {
+        limit: read_bytes(&dir.join(limit))?,
+        usage: read_bytes(&dir.join(usage))?,
+        dir: dir.clone(),
+    })
 }
 
 /// `<key>: <n> kB` of a meminfo text, in bytes.
@@ -211,6 +345,14 @@ pub fn check(opts: &MemoryOptions) -> Result<(), AdmissionError> {
     if let Some(warning) = sparse_warning(opts, &host) {
         log::warn!("{warning}");
     }
+    if let (CgroupSource::NotVisible(why), true) =
+        (&host.cgroup_source, opts.populate && hugetlb.is_none())
+    {
+        log::warn!(
+            "memory admission: {why}; only the host's {} is checked",
+            host.available_source.name()
+        );
+    }
     admit(opts, &host)
 }
 
@@ -270,10 +412,11 @@ pub fn admit(opts: &MemoryOptions, host: &HostMemory) -> Result<(), AdmissionErr
                 need,
                 available: c.room(),
                 limit: format!(
-                    "the memory cgroup {} (limit {} MiB, usage {} MiB)",
+                    "the memory cgroup {} (limit {} MiB, usage {} MiB{})",
                     c.dir.display(),
                     c.limit / MIB,
-                    c.usage / MIB
+                    c.usage / MIB,
+                    source_note(&host.cgroup_source)
                 ),
             });
         }
@@ -283,7 +426,18 @@ pub fn admit(opts: &MemoryOptions, host: &HostMemory) -> Result<(), AdmissionErr
             return Err(AdmissionError::Memory {
                 need,
                 available: avail,
-                limit: format!("the host's MemAvailable ({} MiB)", avail / MIB),
+                limit: match &host.cgroup_source {
+                    CgroupSource::NotVisible(why) => format!(
+                        "the host's {} ({} MiB; {why})",
+                        host.available_source.name(),
+                        avail / MIB
+                    ),
+                    _ => format!(
+                        "the host's {} ({} MiB)",
+                        host.available_source.name(),
+                        avail / MIB
+                    ),
+                },
             });
         }
     }
@@ -321,6 +475,7 @@ mod tests {
                 3,
                 "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages".into(),
             )),
+            ..HostMemory::default()
         };
         // Sparse guests are always admitted.
         assert_eq!(admit(&opts(64, PageSize::Small, false), &host), Ok(()));
@@ -384,6 +539,7 @@ mod tests {
             mem_available: Some(8 * GIB),
             mem_total: Some(16 * GIB),
             free_huge_pages: None,
+            ..HostMemory::default()
         };
         let w = sparse_warning(&opts(8, PageSize::Small, false), &cg).unwrap();
         assert!(
@@ -476,6 +632,16 @@ mod tests {
             "2\n",
         );
         let h = HostMemory::read(&roots, Some(GIB));
+        assert_eq!(h.cgroup_source, CgroupSource::ProcSelf);
+        assert_eq!(h.available_source, AvailableSource::Meminfo);
+        assert_eq!(
+            h.describe(),
+            format!(
+                "memory limit: the memory cgroup {} (1 MiB, found through /proc/self/cgroup); \
+                 host memory: MemAvailable (/proc/meminfo)",
+                roots.sys.join("fs/cgroup/vm").display()
+            )
+        );
         assert_eq!(h.mem_available, Some(2 << 20));
         assert_eq!(h.cgroup.unwrap().room(), MIB);
         assert_eq!(h.free_huge_pages.unwrap().0, 2);
@@ -483,6 +649,116 @@ mod tests {
             HostMemory::read(&roots, Some(2 * MIB)).free_huge_pages,
             None
         );
+    }
+
+    #[test]
+    fn without_proc_the_cgroup_mount_is_the_process_cgroup() {
+        // v1: the VM's cgroup bind-mounted at <root>/sys/fs/cgroup/memory.
+        let t = TempDir::new("jail-v1");
+        let roots = Roots {
+            proc: t.0.join("proc"),
+            sys: t.0.join("sys"),
+        };
+        let mem = roots.sys.join("fs/cgroup/memory");
+        write(&mem.join("memory.limit_in_bytes"), "536870912\n");
+        write(&mem.join("memory.usage_in_bytes"), "1048576\n");
+        let h = HostMemory::read(&roots, None);
+        assert_eq!(h.cgroup_source, CgroupSource::MountRoot);
+        let c = h.cgroup.clone().unwrap();
+        assert_eq!(
+            (c.dir.clone(), c.limit, c.usage),
+            (mem.clone(), 512 * MIB, MIB)
+        );
+        // No /proc/meminfo: sysinfo's free memory, named as such.
+        assert_eq!(h.available_source, AvailableSource::Sysinfo);
+        assert!(h.mem_available.is_some_and(|b| b > 0));
+        assert!(h.mem_total.is_some_and(|b| b >= h.mem_available.unwrap()));
+        let line = h.describe();
+        assert_eq!(
+            line,
+            format!(
+                "memory limit: the memory cgroup {} (512 MiB, the root of this root's \
+                 /sys/fs/cgroup: no /proc/self/cgroup); host memory: free memory (sysinfo \
+                 freeram + bufferram, not MemAvailable: no /proc/meminfo)",
+                mem.display()
+            )
+        );
+        let e = admit(&opts(1, PageSize::Small, true), &h)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("limit 512 MiB, usage 1 MiB, the root of this root's /sys/fs/cgroup: no /proc/self/cgroup) leaves 511 MiB"),
+            "{e}"
+        );
+
+        // v2: the VM's cgroup mounted at <root>/sys/fs/cgroup.
+        let t = TempDir::new("jail-v2");
+        let roots = Roots {
+            proc: t.0.join("proc"),
+            sys: t.0.join("sys"),
+        };
+        let top = roots.sys.join("fs/cgroup");
+        write(&top.join("memory.max"), "268435456\n");
+        write(&top.join("memory.current"), "0\n");
+        write(&top.join("cpu.max"), "max 100000\n");
+        let h = HostMemory::read(&roots, None);
+        assert_eq!(h.cgroup_source, CgroupSource::MountRoot);
+        assert_eq!(h.cgroup.clone().unwrap().dir, top);
+        assert_eq!(h.cgroup.clone().unwrap().room(), 256 * MIB);
+        // Unlimited there: none, and said so.
+        write(&top.join("memory.max"), "max\n");
+        let h = HostMemory::read(&roots, None);
+        assert_eq!(
+            (h.cgroup_source.clone(), h.cgroup.clone()),
+            (CgroupSource::MountRoot, None)
+        );
+        assert!(
+            h.describe()
+                .starts_with("memory limit: none (no /proc/self/cgroup"),
+            "{}",
+            h.describe()
+        );
+    }
+
+    #[test]
+    fn no_cgroup_visible_is_said_plainly() {
+        let t = TempDir::new("jail-bare");
+        let roots = Roots {
+            proc: t.0.join("proc"),
+            sys: t.0.join("sys"),
+        };
+        let h = HostMemory::read(&roots, None);
+        let why = format!(
+            "no memory cgroup visible: no {} and no {} in this root",
+            roots.proc.join("self/cgroup").display(),
+            roots.sys.join("fs/cgroup").display()
+        );
+        assert_eq!(h.cgroup_source, CgroupSource::NotVisible(why.clone()));
+        assert_eq!(h.cgroup, None);
+        assert!(
+            h.describe().starts_with(&format!(
+                "memory limit: {why}; host memory: free memory (sysinfo"
+            )),
+            "{}",
+            h.describe()
+        );
+        // A refusal by the host's memory names the stand-in and the missing cgroup.
+        let host = HostMemory {
+            mem_available: Some(GIB),
+            ..h
+        };
+        let e = admit(&opts(2, PageSize::Small, true), &host)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the host's free memory (sysinfo freeram + bufferram, not MemAvailable: no /proc/meminfo) (1024 MiB; no memory cgroup visible"), "{e}");
+    }
+
+    #[test]
+    fn sysinfo_gives_the_hosts_memory() {
+        let m = super::super::sys::sysinfo().unwrap();
+        assert!(m.total > 0 && m.free > 0 && m.free <= m.total, "{m:?}");
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+        assert_eq!(Some(m.total), meminfo_bytes(&meminfo, "MemTotal"));
     }
 
     #[test]
