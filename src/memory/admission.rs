@@ -80,12 +80,13 @@ pub enum CgroupSource {
     /// Named by `/proc/self/cgroup`, under `/sys/fs/cgroup`.
     #[default]
     ProcSelf,
-    /// `/proc/self/cgroup` is unreadable (no `/proc`): the process is taken
-    /// to be at the root of what is mounted at `/sys/fs/cgroup`, the view
-    /// a cgroup namespace gives, and what an orchestrator that wants
-    /// admission in a jail bind-mounts there (the VM's own cgroup, at
-    /// `memory/` for v1 or at the top for v2).
-    MountRoot,
+    /// The process is taken to be at the root of what is mounted at
+    /// `/sys/fs/cgroup`, the view a cgroup namespace gives, and what an
+    /// orchestrator that wants admission in a jail bind-mounts there (the
+    /// VM's own cgroup, at `memory/` for v1 or at the top for v2); why:
+    /// `/proc/self/cgroup` is unreadable (no `/proc`), or the cgroup it
+    /// names is not under this root's `/sys/fs/cgroup`.
+    MountRoot(String),
     /// No memory cgroup can be seen at all; why.
     NotVisible(String),
 }
@@ -159,17 +160,36 @@ impl HostMemory {
     /// as no limit; where none can be seen, `cgroup_source` says why.
     pub fn read(roots: &Roots, hugetlb_page: Option<u64>) -> HostMemory {
         let cgroup_root = roots.sys.join("fs/cgroup");
-        let (cgroup, cgroup_source) = match std::fs::read_to_string(roots.proc.join("self/cgroup"))
-        {
-            Ok(text) => (tightest_cgroup(&text, &cgroup_root), CgroupSource::ProcSelf),
-            Err(_) if cgroup_root.is_dir() => {
-                (mount_root_cgroup(&cgroup_root), CgroupSource::MountRoot)
-            }
+        let proc_cgroup = roots.proc.join("self/cgroup");
+        let (cgroup, cgroup_source) = match std::fs::read_to_string(&proc_cgroup) {
+            Ok(text) => match tightest_cgroup(&text, &cgroup_root) {
+                // Nothing it names is here, but a limited cgroup is mounted
+                // at the root: a jail's bind mount without a cgroup
+                // namespace.
+                None if !listed_cgroup_visible(&text, &cgroup_root) => {
+                    match mount_root_cgroup(&cgroup_root) {
+                        Some(c) => (
+                            Some(c),
+                            CgroupSource::MountRoot(format!(
+                                "the memory cgroup {} names is not under {} here",
+                                proc_cgroup.display(),
+                                cgroup_root.display()
+                            )),
+                        ),
+                        None => (None, CgroupSource::ProcSelf),
+                    }
+                }
+                c => (c, CgroupSource::ProcSelf),
+            },
+            Err(_) if cgroup_root.is_dir() => (
+                mount_root_cgroup(&cgroup_root),
+                CgroupSource::MountRoot(format!("no {}", proc_cgroup.display())),
+            ),
             Err(_) => (
                 None,
                 CgroupSource::NotVisible(format!(
                     "no memory cgroup visible: no {} and no {} in this root",
-                    roots.proc.join("self/cgroup").display(),
+                    proc_cgroup.display(),
                     cgroup_root.display()
                 )),
             ),
@@ -224,8 +244,10 @@ impl HostMemory {
             (CgroupSource::ProcSelf, None) => {
                 "none (no level of the memory cgroup in /proc/self/cgroup sets one)".into()
             }
-            (CgroupSource::MountRoot, None) => "none (no /proc/self/cgroup, and the /sys/fs/cgroup                  of this root sets no memory.max or memory/memory.limit_in_bytes)"
-                .into(),
+            (CgroupSource::MountRoot(why), None) => format!(
+                "none (the cgroup mounted at /sys/fs/cgroup, taken as this process's as {why}, \
+                 sets no memory.max or memory/memory.limit_in_bytes)"
+            ),
         };
         let host = match self.available_source {
             AvailableSource::Meminfo => "MemAvailable (/proc/meminfo)",
@@ -236,16 +258,18 @@ impl HostMemory {
 }
 
 /// How a cgroup's source is told in a message.
-fn source_note(source: &CgroupSource) -> &'static str {
+fn source_note(source: &CgroupSource) -> String {
     match source {
-        CgroupSource::ProcSelf => ", found through /proc/self/cgroup",
-        CgroupSource::MountRoot => ", the root of this root's /sys/fs/cgroup: no /proc/self/cgroup",
-        CgroupSource::NotVisible(_) => "",
+        CgroupSource::ProcSelf => ", found through /proc/self/cgroup".into(),
+        CgroupSource::MountRoot(why) => {
+            format!(", mounted at /sys/fs/cgroup, taken as this process's: {why}")
+        }
+        CgroupSource::NotVisible(_) => String::new(),
     }
 }
 
 /// The limit of the cgroup mounted at `cgroup_root` itself, for a process
-/// without `/proc/self/cgroup` (see [`CgroupSource::MountRoot`]): v1's
+/// without a usable `/proc/self/cgroup` (see [`CgroupSource::MountRoot`]): v1's
 /// `memory/memory.limit_in_bytes` if there is one, else v2's `memory.max`.
 /// Nothing above the root can be seen from inside it.
 pub fn mount_root_cgroup(cgroup_root: &Path) -> Option<CgroupRoom> {
@@ -287,12 +311,14 @@ fn read_bytes(path: &Path) -> Option<u64> {
     (n < 1 << 62).then_some(n)
 }
 
-/// The limited level of the process's memory cgroup (and its ancestors)
-/// with the least room; `cgroup_root` is where the hierarchies are mounted
-/// (`/sys/fs/cgroup`). A v1 `memory` hierarchy wins over v2 when both are
-/// listed (a hybrid host, whose v2 tree then has no memory controller).
-pub fn tightest_cgroup(proc_self_cgroup: &str, cgroup_root: &Path) -> Option<CgroupRoom> {
-    let mut levels: Vec<(PathBuf, &str, &str)> = Vec::new();
+/// The memory cgroup directories `/proc/self/cgroup` lists under
+/// `cgroup_root`, with their limit and usage files, v1 first (see
+/// [`tightest_cgroup`]).
+fn listed_levels(
+    proc_self_cgroup: &str,
+    cgroup_root: &Path,
+) -> Vec<(PathBuf, &'static str, &'static str)> {
+    let mut levels: Vec<(PathBuf, &'static str, &'static str)> = Vec::new();
     for line in proc_self_cgroup.lines() {
         let mut parts = line.splitn(3, ':');
         let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
@@ -310,8 +336,25 @@ pub fn tightest_cgroup(proc_self_cgroup: &str, cgroup_root: &Path) -> Option<Cgr
             levels.push((cgroup_root.join(rel), "memory.max", "memory.current"));
         }
     }
-    // v1 first (see above).
     levels.sort_by_key(|l| l.1 != "memory.limit_in_bytes");
+    levels
+}
+
+/// Whether a memory cgroup that `/proc/self/cgroup` lists is there under
+/// `cgroup_root` (it is not where a jail bind-mounts the VM's own cgroup
+/// without a cgroup namespace).
+fn listed_cgroup_visible(proc_self_cgroup: &str, cgroup_root: &Path) -> bool {
+    listed_levels(proc_self_cgroup, cgroup_root)
+        .iter()
+        .any(|l| l.0.join(l.2).exists())
+}
+
+/// The limited level of the process's memory cgroup (and its ancestors)
+/// with the least room; `cgroup_root` is where the hierarchies are mounted
+/// (`/sys/fs/cgroup`). A v1 `memory` hierarchy wins over v2 when both are
+/// listed (a hybrid host, whose v2 tree then has no memory controller).
+pub fn tightest_cgroup(proc_self_cgroup: &str, cgroup_root: &Path) -> Option<CgroupRoom> {
+    let levels = listed_levels(proc_self_cgroup, cgroup_root);
     let (dir, limit_file, usage_file) = levels.into_iter().find(|l| l.0.join(l.2).exists())?;
     let mut best: Option<CgroupRoom> = None;
     let mut at = Some(dir.as_path());
@@ -663,7 +706,10 @@ mod tests {
         write(&mem.join("memory.limit_in_bytes"), "536870912\n");
         write(&mem.join("memory.usage_in_bytes"), "1048576\n");
         let h = HostMemory::read(&roots, None);
-        assert_eq!(h.cgroup_source, CgroupSource::MountRoot);
+        assert_eq!(
+            h.cgroup_source,
+            CgroupSource::MountRoot(format!("no {}", roots.proc.join("self/cgroup").display()))
+        );
         let c = h.cgroup.clone().unwrap();
         assert_eq!(
             (c.dir.clone(), c.limit, c.usage),
@@ -677,17 +723,22 @@ mod tests {
         assert_eq!(
             line,
             format!(
-                "memory limit: the memory cgroup {} (512 MiB, the root of this root's \
-                 /sys/fs/cgroup: no /proc/self/cgroup); host memory: free memory (sysinfo \
+                "memory limit: the memory cgroup {} (512 MiB, mounted at /sys/fs/cgroup, \
+                 taken as this process's: no {}); host memory: free memory (sysinfo \
                  freeram + bufferram, not MemAvailable: no /proc/meminfo)",
-                mem.display()
+                mem.display(),
+                roots.proc.join("self/cgroup").display()
             )
         );
         let e = admit(&opts(1, PageSize::Small, true), &h)
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("limit 512 MiB, usage 1 MiB, the root of this root's /sys/fs/cgroup: no /proc/self/cgroup) leaves 511 MiB"),
+            e.contains(&format!(
+                "limit 512 MiB, usage 1 MiB, mounted at /sys/fs/cgroup, taken as this process's: \
+                 no {}) leaves 511 MiB",
+                roots.proc.join("self/cgroup").display()
+            )),
             "{e}"
         );
 
@@ -702,7 +753,10 @@ mod tests {
         write(&top.join("memory.current"), "0\n");
         write(&top.join("cpu.max"), "max 100000\n");
         let h = HostMemory::read(&roots, None);
-        assert_eq!(h.cgroup_source, CgroupSource::MountRoot);
+        assert_eq!(
+            h.cgroup_source,
+            CgroupSource::MountRoot(format!("no {}", roots.proc.join("self/cgroup").display()))
+        );
         assert_eq!(h.cgroup.clone().unwrap().dir, top);
         assert_eq!(h.cgroup.clone().unwrap().room(), 256 * MIB);
         // Unlimited there: none, and said so.
@@ -710,14 +764,49 @@ mod tests {
         let h = HostMemory::read(&roots, None);
         assert_eq!(
             (h.cgroup_source.clone(), h.cgroup.clone()),
-            (CgroupSource::MountRoot, None)
+            (
+                CgroupSource::MountRoot(format!("no {}", roots.proc.join("self/cgroup").display())),
+                None
+            )
         );
         assert!(
-            h.describe()
-                .starts_with("memory limit: none (no /proc/self/cgroup"),
+            h.describe().starts_with(
+                "memory limit: none (the cgroup mounted at /sys/fs/cgroup, taken as this \
+                 process's as no "
+            ),
             "{}",
             h.describe()
         );
+
+        // /proc there, naming a cgroup that is not under this root's
+        // /sys/fs/cgroup (a bind mount without a cgroup namespace): the
+        // mount's root, and why.
+        let t = TempDir::new("jail-v1-proc");
+        let roots = Roots {
+            proc: t.0.join("proc"),
+            sys: t.0.join("sys"),
+        };
+        write(
+            &roots.proc.join("self/cgroup"),
+            "4:memory:/parent/vm\n0::/\n",
+        );
+        let mem = roots.sys.join("fs/cgroup/memory");
+        write(&mem.join("memory.limit_in_bytes"), "536870912\n");
+        write(&mem.join("memory.usage_in_bytes"), "0\n");
+        let h = HostMemory::read(&roots, None);
+        assert_eq!(h.cgroup.clone().map(|c| c.dir), Some(mem.clone()));
+        assert_eq!(
+            h.cgroup_source,
+            CgroupSource::MountRoot(format!(
+                "the memory cgroup {} names is not under {} here",
+                roots.proc.join("self/cgroup").display(),
+                roots.sys.join("fs/cgroup").display()
+            ))
+        );
+        // Unlimited there too: as before, none through /proc/self/cgroup.
+        write(&mem.join("memory.limit_in_bytes"), "9223372036854771712\n");
+        let h = HostMemory::read(&roots, None);
+        assert_eq!((h.cgroup, h.cgroup_source), (None, CgroupSource::ProcSelf));
     }
 
     #[test]
