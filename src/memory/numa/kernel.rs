@@ -291,10 +291,11 @@ mod tests {
     fn memory_is_split_over_allowed_nodes_only() {
         // Nodes 0 and 2 allowed; node 1 has CPUs only (memoryless, or
         // another cpuset's memory).
+        let total = 3 * GIB + 1;
         let t = assemble(
             &[0, 2],
             &[(3, 2), (0, 0), (1, 1), (2, 0)],
-            3 * GIB + 1,
+            total,
             "/x".into(),
         );
         let got: Vec<(u32, Vec<usize>, u64)> = t
@@ -302,13 +303,14 @@ mod tests {
             .iter()
             .map(|n| (n.id, n.cpus.clone(), n.mem_total_bytes))
             .collect();
-        let half = (3 * GIB + 1) / 2;
+        // The first allowed node takes the odd byte.
+        let share = total / 2;
         assert_eq!(
             got,
             vec![
-                (0, vec![0, 2], 3 * GIB + 1 - half),
+                (0, vec![0, 2], share + 1),
                 (1, vec![1], 0),
-                (2, vec![3], half)
+                (2, vec![3], share)
             ]
         );
         assert_eq!(t.nodes_with_memory(), vec![0, 2]);
