@@ -396,6 +396,19 @@ pub fn check(opts: &MemoryOptions) -> Result<(), AdmissionError> {
             host.available_source.name()
         );
     }
+    if let (Some(page), None) = (hugetlb, &host.free_huge_pages) {
+        log::warn!(
+            "memory admission: no {}: the free huge pages cannot be counted here (a root \
+             without /sys); the mapping fails if there are too few",
+            Roots::default()
+                .sys
+                .join(format!(
+                    "kernel/mm/hugepages/hugepages-{}kB/free_hugepages",
+                    page >> 10
+                ))
+                .display()
+        );
+    }
     admit(opts, &host)
 }
 
