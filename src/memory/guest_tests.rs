@@ -92,6 +92,7 @@ fn fake_nodes_split_the_guest_without_binding() {
                 mem_total_bytes: 1 << 30,
             })
             .collect(),
+        source: crate::memory::numa::TopologySource::Sysfs("(built by a test)".into()),
     };
     let mem = MemoryOptions {
         policy: NumaPolicy::None,

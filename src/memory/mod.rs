@@ -54,7 +54,7 @@ pub use gmem::{GuestMemfdSource, GuestMemfdSupport, NumaBinding, Placement};
 pub use guest::{GuestMemory, GuestMemoryError};
 pub use hotplug::{HotplugLayoutError, HotplugOptions};
 pub use mapping::{Contents, SliceMapping, Stripe};
-pub use numa::{host_has_node, HostNode, HostTopology, NumaError};
+pub use numa::{host_has_node, HostNode, HostTopology, NumaError, TopologySource};
 pub use options::{Backing, MemoryOptions, NumaPolicy, PageSize};
 pub use plan::{NodeSlice, PlanError};
 pub use populate::{PopulateError, PopulateProgress, PopulateStats};

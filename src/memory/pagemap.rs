@@ -61,6 +61,20 @@ pub fn open() {
     PAGEMAP.get_or_init(|| File::open("/proc/self/pagemap").ok());
 }
 
+/// What the summary says when `/proc/self/pagemap` could not be opened
+/// ([`open`]; a jail without `/proc`): the reclaim's resident bytes are
+/// then `mincore`'s, which also counts the pages the guest only read.
+/// `None` when it is open (or not tried yet).
+pub fn unavailable() -> Option<&'static str> {
+    match PAGEMAP.get() {
+        Some(None) => Some(
+            "resident bytes counted by mincore (no /proc/self/pagemap: pages the guest only \
+             read count too)",
+        ),
+        _ => None,
+    }
+}
+
 /// Bytes of `addr..addr+len` (page-aligned, mapped anonymous private)
 /// present and not the zero page; None where `PAGEMAP_SCAN` cannot answer
 /// (the file was not opened, or the kernel lacks the ioctl).

@@ -138,6 +138,7 @@ fn fake_four_nodes() -> HostTopology {
                 mem_total_bytes: 1 << 30,
             })
             .collect(),
+        source: crate::memory::numa::TopologySource::Sysfs("(built by a test)".into()),
     }
 }
 

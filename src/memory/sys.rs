@@ -367,3 +367,29 @@ mod tests {
         assert!(resident_bytes(0, 4096, &mut buf).is_err());
     }
 }
+
+/// The memory figures of `sysinfo(2)`, in bytes (its counts times
+/// `mem_unit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SysMemory {
+    /// `totalram`: the same number as `/proc/meminfo`'s `MemTotal`.
+    pub total: u64,
+    /// `freeram`: `MemFree`.
+    pub free: u64,
+    /// `bufferram`: `Buffers`.
+    pub buffers: u64,
+}
+
+/// `sysinfo(2)`: what the kernel tells a process without `/proc`.
+pub fn sysinfo() -> io::Result<SysMemory> {
+    // SAFETY: `libc::sysinfo` is plain data; all zeroes is a valid value.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes one `struct sysinfo` into `info`.
+    check(unsafe { libc::sysinfo(&mut info) })?;
+    let unit = u64::from(info.mem_unit.max(1));
+    Ok(SysMemory {
+        total: (info.totalram as u64).saturating_mul(unit),
+        free: (info.freeram as u64).saturating_mul(unit),
+        buffers: (info.bufferram as u64).saturating_mul(unit),
+    })
+}

@@ -407,6 +407,7 @@ mod tests {
                     mem_total_bytes: 1,
                 },
             ],
+            source: crate::memory::numa::TopologySource::Sysfs("(built by a test)".into()),
         };
         let seen = Mutex::new(Vec::new());
         let failures = run_pinned("test", &[0, 5], 2, &topo, |w| {

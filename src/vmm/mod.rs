@@ -67,7 +67,7 @@ use crate::memory::{HostTopology, NumaError, PopulateProgress, ReclaimProgress};
 use crate::vstate::vcpu::VcpuEvent;
 use actions::opens;
 use lifecycle::builder::{self, SliceInfo};
-use lifecycle::report::ShutdownReport;
+use lifecycle::report::{self, ShutdownReport};
 pub use lifecycle::VmState;
 use lifecycle::{Phase, ShutdownReason};
 use signals::{signal_name, ShutdownSignals, SignalError};
@@ -201,6 +201,9 @@ pub struct Vmm {
     files_rx: Receiver<opens::OpenDone>,
     files_evt: EventFd,
     topology: HostTopology,
+    /// Where the topology and the memory limit were read, for the summary
+    /// ([`report::host_sources`]).
+    host_sources: String,
     phase: Phase,
     slices: Vec<SliceInfo>,
     vcpu_tx: Sender<VcpuEvent>,
@@ -410,7 +413,10 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
     // Once for the process, before any start: the reclaim's count of what
     // the guest owned reads it (a failed start leaves no fd of its own).
     crate::memory::pagemap::open();
+    // Before any filter: without sysfs it asks the kernel, from a thread.
     let topology = HostTopology::from_sysfs(&opts.sysfs_root)?;
+    let host_sources = report::host_sources(&topology);
+    log::info!("{host_sources}");
     // A config file's devices, virtio-mem counted per guest node on this
     // host (its own validation counts it as one: it knows no host).
     device_opens::check_count_with(&config, &topology, |_| {}).map_err(VmmError::Device)?;
@@ -483,6 +489,7 @@ pub fn run(config: VmConfig, opts: VmmOptions) -> Result<i32, VmmError> {
         files_rx,
         files_evt: new_evt()?,
         topology,
+        host_sources,
         phase: Phase::Configuring,
         slices: Vec::new(),
         vcpu_tx,

@@ -32,6 +32,7 @@ fn two_nodes() -> HostTopology {
                 mem_total_bytes: GIB,
             })
             .collect(),
+        source: crate::memory::numa::TopologySource::Sysfs("(built by a test)".into()),
     }
 }
 

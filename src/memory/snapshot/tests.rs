@@ -32,6 +32,7 @@ pub(super) fn two_fake_nodes() -> HostTopology {
                 mem_total_bytes: GIB,
             })
             .collect(),
+        source: crate::memory::numa::TopologySource::Sysfs("(built by a test)".into()),
     }
 }
 

@@ -224,6 +224,10 @@ pub(super) const START: &[Allow] = &[
         "read-only /proc and sysfs: the memory admission's cgroup limits, the host's NUMA distances; the thread count a start-fails-at fault reports (/proc/self/status)",
     ),
     any(
+        libc::SYS_sysinfo,
+        "the memory admission's host memory where there is no /proc/meminfo (a jail): freeram, bufferram, totalram",
+    ),
+    any(
         libc::SYS_pwrite64,
         "a snapshot's memory file, by the `memsave-n{node}-{i}` workers",
     ),

@@ -241,7 +241,7 @@ impl Build<'_> {
                         .find_map(|l| l.strip_prefix("Threads:"))
                         .map(|n| n.trim().to_string())
                 })
-                .unwrap_or_else(|| "?".into());
+                .unwrap_or_else(|| "unknown (no /proc/self/status)".into());
             log::warn!(
                 "{fault}: failing the start here; device threads alive: [{}]; process threads: {threads}",
                 self.started.alive().join(", ")

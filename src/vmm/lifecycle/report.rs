@@ -37,12 +37,34 @@ pub struct ShutdownReport {
     /// Lines of teravm's own output that stderr did not take
     /// ([`crate::output::dropped_lines`] when the report was made).
     pub stderr_dropped_lines: u64,
+    /// Where the host's topology and memory limit were read
+    /// ([`host_sources`]), the summary's last part.
+    pub host: Option<String>,
+}
+
+/// Where the host's figures came from, for the start's log line and the
+/// summary: `topology: 1 node (node 0: CPUs 0-1) from
+/// /sys/devices/system/node; memory limit: ...; host memory: ...`, and
+/// what could not be counted (no `/proc/self/pagemap`). Reads the memory
+/// limit's files: call it before the seccomp filters.
+pub fn host_sources(topology: &crate::memory::HostTopology) -> String {
+    let memory = crate::memory::admission::HostMemory::read(
+        &crate::memory::admission::Roots::default(),
+        None,
+    );
+    let mut line = format!("{}; {}", topology.describe(), memory.describe());
+    if let Some(note) = crate::memory::pagemap::unavailable() {
+        line.push_str("; ");
+        line.push_str(note);
+    }
+    line
 }
 
 impl ShutdownReport {
     /// The summary line (stderr): `teravm: reclaimed <MiB> MiB in <ms> ms
     /// (<GiB/s> GiB/s, <w> workers, <n> nodes)`, then the console's and
-    /// stderr's drops and stuck vCPUs when there were any.
+    /// stderr's drops and stuck vCPUs when there were any, then where the
+    /// host's topology and memory limit came from ([`host_sources`]).
     pub fn summary_line(&self) -> Option<String> {
         let mut line = self.reclaim.as_ref()?.summary_line();
         if self.console.dropped_bytes > 0 {
@@ -65,6 +87,10 @@ impl ShutdownReport {
                 ": guest memory freed, its {} MiB of address space kept reserved until exit",
                 r.reserved_bytes >> 20
             ));
+        }
+        if let Some(host) = &self.host {
+            line.push_str("; ");
+            line.push_str(host);
         }
         Some(line)
     }
@@ -117,5 +143,26 @@ mod tests {
             serde_json::to_value(r.to_shape()).unwrap()["stderr_dropped_lines"],
             3
         );
+        r.host = Some("topology: 1 node (node 0: CPUs 0) from /x".into());
+        let line = r.summary_line().unwrap();
+        assert!(
+            line.ends_with("1 vCPUs did not stop; topology: 1 node (node 0: CPUs 0) from /x"),
+            "{line}"
+        );
+        // The summary's parser still finds the reclaim's counts first.
+        assert_eq!(
+            teravm_client::host::parse_summary(&line),
+            teravm_client::host::parse_summary(&plain)
+        );
+        assert!(teravm_client::host::parse_summary(&line).is_some());
+    }
+
+    #[test]
+    fn host_sources_name_the_topology_and_the_limit() {
+        let topo = crate::memory::HostTopology::from_sysfs(std::path::Path::new("/sys")).unwrap();
+        let line = host_sources(&topo);
+        assert!(line.starts_with(&topo.describe()), "{line}");
+        assert!(line.contains("; memory limit: "), "{line}");
+        assert!(line.contains("; host memory: "), "{line}");
     }
 }

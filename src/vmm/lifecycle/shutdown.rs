@@ -115,6 +115,7 @@ impl Vmm {
 
     fn finish(&mut self, mut report: ShutdownReport) {
         report.stderr_dropped_lines = crate::output::dropped_lines();
+        report.host = Some(self.host_sources.clone());
         if let Some(line) = report.summary_line() {
             self.say(&line);
             // The log path's copy (stderr has the line already).

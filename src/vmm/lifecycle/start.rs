@@ -189,6 +189,9 @@ impl Vmm {
                     self.config.machine_config.mem_size_mib,
                     microvm.slices.len()
                 );
+                // Again here: a log path set through the API (a jail's) was
+                // not there for the start's line.
+                log::info!("{}", self.host_sources);
                 self.slices = microvm.slices.clone();
                 self.phase = Phase::Running(Box::new(microvm));
                 self.inject_spurious_job_events();

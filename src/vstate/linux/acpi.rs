@@ -242,10 +242,22 @@ pub fn distances(nodes: &[GuestNode], host: impl Fn(u32, u32) -> Option<u8>) -> 
 
 /// Host node `from`'s distance to host node `to`, from
 /// `/sys/devices/system/node/node<from>/distance` (one number per online
-/// node, in node order); `None` where the host does not have them.
+/// node, in node order); `None` where the host does not have them. Without
+/// that directory (a jail without `/sys`), the log says once that the
+/// defaults are used.
 pub fn host_distance(from: u32, to: u32) -> Option<u8> {
     let sys = std::path::Path::new("/sys/devices/system/node");
-    let online = std::fs::read_to_string(sys.join("online")).ok()?;
+    let Ok(online) = std::fs::read_to_string(sys.join("online")) else {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            log::warn!(
+                "ACPI SLIT: no {}: the guest's node distances are the defaults \
+                 ({LOCAL_DISTANCE} local, {REMOTE_DISTANCE} remote), not the host's",
+                sys.join("online").display()
+            )
+        });
+        return None;
+    };
     let online = crate::memory::numa::parse_list(online.trim(), sys).ok()?;
     let column = online.iter().position(|&n| n == to as usize)?;
     let row = std::fs::read_to_string(sys.join(format!("node{from}/distance"))).ok()?;

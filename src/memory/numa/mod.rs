@@ -1,10 +1,12 @@
 //! The host NUMA topology, read from `<root>/devices/system/node` so that
 //! tests (and users) can present a fake host: which nodes are online, their
-//! CPUs and their memory.
+//! CPUs and their memory. Where that directory is missing (a jail without
+//! `/sys`), the nodes and CPUs are asked of the kernel itself ([`kernel`]);
+//! [`TopologySource`] records which.
 
 use std::path::{Path, PathBuf};
 
-use super::sys;
+pub mod kernel;
 
 /// Largest CPU or node number accepted in a list (guards against a list like
 /// `0-4000000000` allocating without bound).
@@ -20,6 +22,22 @@ pub enum NumaError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// A call that asks the kernel for the topology (no sysfs) failed.
+    #[error("no sysfs node directory, and the kernel did not tell the topology: {what}: {source}")]
+    Kernel {
+        /// The call, and what it was asked.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A thread pinned to one CPU found itself on another.
+    #[error("no sysfs node directory, and the kernel did not tell the topology: a thread pinned to CPU {cpu} ran on CPU {ran_on} (getcpu)")]
+    NotPinned {
+        /// The CPU pinned to.
+        cpu: usize,
+        /// Where `getcpu` said the thread ran.
+        ran_on: usize,
     },
     /// A topology file has unexpected content.
     #[error("malformed {path}: {reason}")]
@@ -38,28 +56,69 @@ pub struct HostNode {
     pub id: u32,
     /// Its CPUs, sorted.
     pub cpus: Vec<usize>,
-    /// Its memory (`MemTotal`), in bytes.
+    /// Its memory (`MemTotal`), in bytes: exact from sysfs; from the
+    /// kernel ([`TopologySource::Kernel`]) the host's total, or an even
+    /// share of it (see [`kernel`]). Only ever compared with 0.
     pub mem_total_bytes: u64,
 }
 
-/// The host's NUMA nodes, sorted by id.
+/// Where a [`HostTopology`] came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopologySource {
+    /// Read from this `devices/system/node` directory (`/sys`'s, or
+    /// `--sysfs-root`'s).
+    Sysfs(PathBuf),
+    /// Asked of the kernel (`get_mempolicy`, `sched_getaffinity`, `getcpu`
+    /// and `sysinfo`; see [`kernel`]) since `missing` is not there.
+    Kernel {
+        /// The `devices/system/node` directory that was not there.
+        missing: PathBuf,
+        /// Whether the nodes' memory is an even split of the host's total
+        /// over several nodes (an estimate) rather than that total.
+        memory_estimated: bool,
+    },
+}
+
+impl std::fmt::Display for TopologySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TopologySource::Sysfs(dir) => write!(f, "from {}", dir.display()),
+            TopologySource::Kernel {
+                missing,
+                memory_estimated,
+            } => {
+                write!(f, "from the kernel (get_mempolicy, getcpu")?;
+                if *memory_estimated {
+                    write!(f, "; each node's memory estimated from sysinfo's total")?;
+                }
+                write!(f, "): no {}", missing.display())
+            }
+        }
+    }
+}
+
+/// The host's NUMA nodes, sorted by id, and where they were learnt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostTopology {
     /// The online nodes.
     pub nodes: Vec<HostNode>,
+    /// Where they were learnt.
+    pub source: TopologySource,
 }
 
 impl HostTopology {
     /// Reads `<root>/devices/system/node/{online,nodeN/cpulist,nodeN/meminfo}`
     /// (`root` is `/sys` on a real host).
     ///
-    /// A root without `devices/system/node` is one node 0 holding all online
-    /// CPUs (from `sched_getaffinity`, or the `/proc/cpuinfo` count) and the
-    /// `MemTotal` of `/proc/meminfo`.
+    /// A root without `devices/system/node` (a jail without `/sys`, or an
+    /// empty `--sysfs-root`) is asked of the kernel instead: the nodes this
+    /// process may use and the CPUs of its affinity mask, each CPU's node
+    /// from `getcpu` ([`kernel`]; it starts a short-lived thread, so call it
+    /// before a seccomp filter is installed).
     pub fn from_sysfs(root: &Path) -> Result<HostTopology, NumaError> {
         let dir = root.join("devices/system/node");
         if !dir.is_dir() {
-            return single_node();
+            return kernel::topology(dir);
         }
         let online_path = dir.join("online");
         let online = parse_list(&read(&online_path)?, &online_path)?;
@@ -82,7 +141,30 @@ impl HostTopology {
                 mem_total_bytes,
             });
         }
-        Ok(HostTopology { nodes })
+        Ok(HostTopology {
+            nodes,
+            source: TopologySource::Sysfs(dir),
+        })
+    }
+
+    /// One line of what was found and where: `topology: 2 nodes (node 0:
+    /// CPUs 0-3, node 1: CPUs 4-7) from /sys/devices/system/node`.
+    pub fn describe(&self) -> String {
+        let n = self.nodes.len();
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|node| match node.cpus.as_slice() {
+                [] => format!("node {}: no CPUs", node.id),
+                cpus => format!("node {}: CPUs {}", node.id, format_list(cpus)),
+            })
+            .collect();
+        format!(
+            "topology: {n} node{} ({}) {}",
+            if n == 1 { "" } else { "s" },
+            nodes.join(", "),
+            self.source
+        )
     }
 
     /// The node numbered `id`, if the host has it.
@@ -107,36 +189,18 @@ impl HostTopology {
     }
 }
 
-/// `MPOL_F_MEMS_ALLOWED` of `get_mempolicy(2)`.
-const MPOL_F_MEMS_ALLOWED: libc::c_ulong = 1 << 2;
-
 /// Whether the running kernel lets this process place memory on `node`: the
-/// node is in the process's `mems_allowed` (`get_mempolicy` with
-/// `MPOL_F_MEMS_ALLOWED`), the set `mbind` checks against. This is asked of
-/// the kernel, never of a sysfs tree: a topology read from a fake root (tests,
-/// `--sysfs-root`) may name nodes that this host lacks, and binding to them
-/// must fail early with a clear error, not at `mbind`. A kernel without NUMA
-/// support (`ENOSYS`) has node 0 only.
+/// node is in the process's `mems_allowed` ([`kernel::mems_allowed`]), the
+/// set `mbind` checks against. This is asked of the kernel, never of a
+/// sysfs tree: a topology read from a fake root (tests, `--sysfs-root`) may
+/// name nodes that this host lacks, and binding to them must fail early
+/// with a clear error, not at `mbind`. Where the kernel cannot answer, node
+/// 0 only.
 pub fn host_has_node(node: u32) -> bool {
-    const WORDS: usize = 16;
-    let mut mask = [0u64; WORDS];
-    // SAFETY: the kernel writes at most `maxnode` bits (1024, the size of
-    // `mask`) into `mask`; no other memory is touched.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_get_mempolicy,
-            std::ptr::null_mut::<libc::c_int>(),
-            mask.as_mut_ptr(),
-            (WORDS * 64) as libc::c_ulong,
-            std::ptr::null_mut::<libc::c_void>(),
-            MPOL_F_MEMS_ALLOWED,
-        )
-    };
-    if ret != 0 {
-        return node == 0;
+    match kernel::mems_allowed() {
+        Ok(nodes) => nodes.contains(&node),
+        Err(_) => node == 0,
     }
-    let n = node as usize;
-    n < WORDS * 64 && mask[n / 64] & (1 << (n % 64)) != 0
 }
 
 fn read(path: &Path) -> Result<String, NumaError> {
@@ -186,6 +250,25 @@ pub fn parse_list(text: &str, path: &Path) -> Result<Vec<usize>, NumaError> {
     Ok(out)
 }
 
+/// Writes `items` (sorted) in the kernel's list syntax: `0-3,8,10-11`.
+pub fn format_list(items: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < items.len() {
+        let mut j = i;
+        while j + 1 < items.len() && items[j + 1] == items[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j == i {
+            items[i].to_string()
+        } else {
+            format!("{}-{}", items[i], items[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
 /// Finds `MemTotal: <n> kB` in a node's or the system's meminfo.
 fn parse_mem_total(text: &str, path: &Path) -> Result<u64, NumaError> {
     let malformed = |reason: &str| NumaError::Malformed {
@@ -210,29 +293,6 @@ fn parse_mem_total(text: &str, path: &Path) -> Result<u64, NumaError> {
     }
     kib.checked_mul(1024)
         .ok_or_else(|| malformed("MemTotal is too large"))
-}
-
-fn single_node() -> Result<HostTopology, NumaError> {
-    let cpus = match sys::get_affinity() {
-        Ok(cpus) if !cpus.is_empty() => cpus,
-        _ => {
-            let path = Path::new("/proc/cpuinfo");
-            let count = read(path)?
-                .lines()
-                .filter(|l| l.starts_with("processor"))
-                .count();
-            (0..count.max(1)).collect()
-        }
-    };
-    let path = Path::new("/proc/meminfo");
-    let mem_total_bytes = parse_mem_total(&read(path)?, path)?;
-    Ok(HostTopology {
-        nodes: vec![HostNode {
-            id: 0,
-            cpus,
-            mem_total_bytes,
-        }],
-    })
 }
 
 /// Fake sysfs trees for tests (here and in the other memory tests).
@@ -391,15 +451,50 @@ mod tests {
     }
 
     #[test]
-    fn missing_node_dir_is_one_node() {
+    fn missing_node_dir_asks_the_kernel() {
         let t = TempDir::new("nonuma");
         let topo = HostTopology::from_sysfs(&t.0).unwrap();
-        assert_eq!(topo.nodes.len(), 1);
-        let n = &topo.nodes[0];
-        assert_eq!(n.id, 0);
-        assert!(!n.cpus.is_empty());
-        assert!(n.mem_total_bytes > 0);
-        assert_eq!(topo.nodes_with_memory(), vec![0]);
+        let missing = t.0.join("devices/system/node");
+        assert_eq!(
+            topo.source,
+            TopologySource::Kernel {
+                missing: missing.clone(),
+                memory_estimated: topo.nodes_with_memory().len() > 1
+            }
+        );
+        assert!(!topo.nodes.is_empty());
+        assert!(topo.nodes.iter().any(|n| !n.cpus.is_empty()));
+        assert!(!topo.nodes_with_memory().is_empty());
+        let line = topo.describe();
+        assert!(
+            line.contains("from the kernel (get_mempolicy, getcpu")
+                && line.ends_with(&format!("): no {}", missing.display())),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_line_names_nodes_cpus_and_source() {
+        let t = tree("0-1", &[(0, "0-3,8", GIB_KB), (1, "", GIB_KB)]);
+        let topo = HostTopology::from_sysfs(&t.0).unwrap();
+        assert_eq!(
+            topo.describe(),
+            format!(
+                "topology: 2 nodes (node 0: CPUs 0-3,8, node 1: no CPUs) from {}",
+                t.0.join("devices/system/node").display()
+            )
+        );
+        let t = tree("0", &[(0, "5", GIB_KB)]);
+        let line = HostTopology::from_sysfs(&t.0).unwrap().describe();
+        assert!(
+            line.starts_with("topology: 1 node (node 0: CPUs 5) from "),
+            "{line}"
+        );
+        for list in [vec![], vec![1], vec![0, 1, 2, 5, 7, 8], vec![3, 9, 10]] {
+            let text = format_list(&list);
+            assert_eq!(parse_list(&text, Path::new("x")).unwrap(), list, "{text}");
+        }
+        assert_eq!(format_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
     }
 
     #[test]
