@@ -13,6 +13,7 @@ pub mod fc_api;
 pub mod guests;
 pub mod netns;
 pub mod peers;
+pub mod replay;
 // Not every test binary uses every part.
 #[allow(unused_imports)]
 pub use teravm_client::{host, http as client};
