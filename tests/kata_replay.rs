@@ -243,7 +243,7 @@ fn kata_go_runtime_replay() {
             "version 0.1.0 is not supported. Minimum supported version of firecracker is 0.21.1"
                 .into()
         ),
-        "Kata's version check of teravm changed: update this test and docs/fleet.md"
+        "Kata's version check of teravm changed: update this test and docs/firecracker.md's Kata row"
     );
 
     let _one = big_memory();
