@@ -8,30 +8,47 @@
 //! again from 0 at the end of a smaller drive), and print
 //! `blk read <MiB> MiB in <ms> ms` by the guest's TSC clock. After `blk`
 //! when both are given.
+//!
+//! `blk-dev=<n>`: drive the `n`-th virtio-blk of the command line (from 0)
+//! instead of the first.
+//!
+//! `blk-watch`: read sector 0 (`blk sector0 <hex>`, or the error's word),
+//! then keep the drive and watch it as Linux's virtio-blk does: on each
+//! configuration-change interrupt (`InterruptStatus` bit 1, acknowledged
+//! as Linux's `vm_interrupt` does) read the capacity from the config space
+//! again (around `ConfigGeneration`, as `virtio_cread` does), print `blk
+//! config capacity <N> sectors`, and read sector 0 again (`blk sector0
+//! ...`). This is how a guest sees a drive whose backing file the host
+//! replaced (`PATCH /drives/{id}` with a new `path_on_host`). After `blk`
+//! when both are given; the watch then runs in the serve loop (`then=idle`).
+
+use alloc::boxed::Box;
+use core::ptr::{read_volatile, write_volatile};
 
 use virtio_drivers::device::blk::{VirtIOBlk, SECTOR_SIZE};
 use virtio_drivers::transport::DeviceType;
 
 use crate::cmdline::Options;
-use crate::devices::{find, status};
+use crate::devices::{find, status, GuestTransport, Serve};
 use crate::hal::GuestHal;
 use crate::say;
 
 /// Bytes of one `blk-read=` request.
 const READ_CHUNK: usize = 64 << 10;
 
-/// Runs `blk` and `blk-read=`, as the command line asks.
-pub fn run(options: &Options) {
-    let Some(found) = find(options, DeviceType::Block, 0) else {
+/// Runs `blk`, `blk-read=` and `blk-watch`, as the command line asks;
+/// with `blk-watch`, returns the watch for the serve loop.
+pub fn run(options: &Options) -> Option<Box<dyn Serve>> {
+    let Some(found) = find(options, DeviceType::Block, options.blk_dev) else {
         say!("blk error no device");
-        return;
+        return None;
     };
     let base = found.base;
     let mut blk = match VirtIOBlk::<GuestHal, _>::new(found.transport) {
         Ok(b) => b,
         Err(e) => {
             say!("blk error {}", status(e));
-            return;
+            return None;
         }
     };
     say!(
@@ -45,6 +62,89 @@ pub fn run(options: &Options) {
     }
     if let Some(mib) = options.blk_read_mib {
         timed_read(&mut blk, mib);
+    }
+    if !options.blk_watch {
+        return None;
+    }
+    say_sector0(&mut blk);
+    Some(Box::new(Watch { blk, base }))
+}
+
+/// `blk-watch`: the drive, kept.
+struct Watch {
+    blk: VirtIOBlk<GuestHal, GuestTransport>,
+    base: u64,
+}
+
+/// Offsets in a virtio-mmio window (virtio 1.2, 4.2.2).
+const INTERRUPT_STATUS: u64 = 0x60;
+const INTERRUPT_ACK: u64 = 0x64;
+const CONFIG_GENERATION: u64 = 0xfc;
+const CONFIG: u64 = 0x100;
+/// InterruptStatus: the configuration changed.
+const INT_CONFIG: u32 = 1 << 1;
+
+impl Watch {
+    /// A 32-bit register of the device's window.
+    fn reg(&self, off: u64) -> u32 {
+        // SAFETY: `base` is the device's identity-mapped, uncached
+        // virtio-mmio window (`find`), whose registers these are; the
+        // reads have no side effect.
+        unsafe { read_volatile((self.base + off) as *const u32) }
+    }
+
+    /// The capacity in the config space (`virtio_blk_config.capacity`,
+    /// le64 at offset 0), read as two 32-bit words between two equal
+    /// `ConfigGeneration` reads.
+    fn capacity(&self) -> u64 {
+        let reg = |off| self.reg(off);
+        loop {
+            let generation = reg(CONFIG_GENERATION);
+            let low = u64::from(reg(CONFIG));
+            let high = u64::from(reg(CONFIG + 4));
+            if reg(CONFIG_GENERATION) == generation {
+                return low | high << 32;
+            }
+        }
+    }
+}
+
+impl Serve for Watch {
+    fn poll(&mut self) -> bool {
+        // Linux's `vm_interrupt`: read InterruptStatus, write what was set
+        // to InterruptACK. The used-buffer bit is acknowledged too: the
+        // driver polls its used ring, as it does everywhere here.
+        let status = self.reg(INTERRUPT_STATUS);
+        if status != 0 {
+            // SAFETY: as in `reg`; InterruptACK takes the bits to clear.
+            unsafe { write_volatile((self.base + INTERRUPT_ACK) as *mut u32, status) };
+        }
+        // The serve loop's wait (`io::wait_for`) acknowledges what it woke
+        // for, as an interrupt handler would, and keeps a config change.
+        if status & INT_CONFIG != 0 || crate::io::take_config_change(self.base) {
+            say!("blk config capacity {} sectors", self.capacity());
+            say_sector0(&mut self.blk);
+        }
+        true
+    }
+
+    fn base(&self) -> u64 {
+        self.base
+    }
+}
+
+/// Reads sector 0 and prints its first 16 bytes, or the error's word.
+fn say_sector0<T: virtio_drivers::transport::Transport>(blk: &mut VirtIOBlk<GuestHal, T>) {
+    let mut sector = [0u8; SECTOR_SIZE];
+    match blk.read_blocks(0, &mut sector) {
+        Ok(()) => {
+            let mut hex = crate::io::Line::new();
+            for b in &sector[..16] {
+                let _ = core::fmt::Write::write_fmt(&mut hex, format_args!("{b:02x}"));
+            }
+            say!("blk sector0 {}", hex.as_str());
+        }
+        Err(e) => say!("blk sector0 {}", status(e)),
     }
 }
 
@@ -78,17 +178,7 @@ fn timed_read<T: virtio_drivers::transport::Transport>(blk: &mut VirtIOBlk<Guest
 
 /// `blk`: read, write, flush, read back, GET_ID.
 fn sequence<T: virtio_drivers::transport::Transport>(blk: &mut VirtIOBlk<GuestHal, T>) {
-    let mut sector = [0u8; SECTOR_SIZE];
-    match blk.read_blocks(0, &mut sector) {
-        Ok(()) => {
-            let mut hex = crate::io::Line::new();
-            for b in &sector[..16] {
-                let _ = core::fmt::Write::write_fmt(&mut hex, format_args!("{b:02x}"));
-            }
-            say!("blk sector0 {}", hex.as_str());
-        }
-        Err(e) => say!("blk sector0 {}", status(e)),
-    }
+    say_sector0(blk);
     let pattern = [0xa5u8; SECTOR_SIZE];
     let wrote = blk.write_blocks(1, &pattern);
     match wrote {

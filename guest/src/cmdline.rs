@@ -48,6 +48,10 @@ pub struct Options {
     pub blk: bool,
     /// `blk-read=<MiB>`.
     pub blk_read_mib: Option<u64>,
+    /// `blk-dev=<n>`: which virtio-blk (from 0) the blk words drive.
+    pub blk_dev: usize,
+    /// `blk-watch` (blk.rs).
+    pub blk_watch: bool,
     /// `vsock=`.
     pub vsock: Option<Vsock>,
     /// `net=echo`.
@@ -148,6 +152,8 @@ impl Options {
             report_mib: 0,
             blk: false,
             blk_read_mib: None,
+            blk_dev: 0,
+            blk_watch: false,
             vsock: None,
             net_echo: false,
             mmds: None,
@@ -190,6 +196,11 @@ impl Options {
                     Err(_) => o.bad = Some("report="),
                 },
                 "blk" if value.is_empty() => o.blk = true,
+                "blk-watch" if value.is_empty() => o.blk_watch = true,
+                "blk-dev" => match value.parse() {
+                    Ok(n) => o.blk_dev = n,
+                    Err(_) => o.bad = Some("blk-dev="),
+                },
                 "vmem-hostile" if value.is_empty() => o.vmem_hostile = true,
                 "vmem-touch-unplugged" if value.is_empty() => o.vmem_touch_unplugged = true,
                 "mem-blk" if value.is_empty() => o.mem_blk = true,

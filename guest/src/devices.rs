@@ -29,13 +29,17 @@ pub fn find(options: &Options, kind: DeviceType, n: usize) -> Option<Found> {
             continue;
         };
         // SAFETY: the VMM said a virtio-mmio window of d.size bytes is at
-        // d.addr; it is identity-mapped, uncached, and no other transport
-        // for it is alive (each driver takes the one it was given, and a
-        // probe that is not kept is dropped before the next).
+        // d.addr; it is identity-mapped, uncached, and a probe that is not
+        // kept is gone before the next (forgotten below: it only reads).
         let Ok(transport) = (unsafe { MmioTransport::new(header, d.size as usize) }) else {
             continue;
         };
         if transport.device_type() != kind {
+            // Not dropped: the crate's `Drop` resets the device, which may
+            // be one another driver here still drives (a `blk-watch`
+            // drive, found before the vsock is looked for). Linux's probe
+            // of one driver leaves the other devices alone too.
+            core::mem::forget(transport);
             continue;
         }
         if seen == n {

@@ -2,6 +2,7 @@
 
 use core::arch::asm;
 use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 /// The first serial port (an 8250/16550 on every VMM here).
 const COM1: u16 = 0x3f8;
@@ -56,7 +57,28 @@ pub fn wait_for(base: u64, ms: u16) {
         if bits != 0 {
             core::ptr::write_volatile(ack, bits);
         }
+        if bits & INT_CONFIG != 0 && slot < 64 {
+            CONFIG_CHANGED.fetch_or(1 << slot, Ordering::SeqCst);
+        }
     }
+}
+
+/// InterruptStatus: the device's configuration changed.
+const INT_CONFIG: u32 = 1 << 1;
+
+/// The slots (below 64) whose configuration change [`wait_for`]
+/// acknowledged and no driver has taken yet ([`take_config_change`]), as
+/// Linux's `vm_interrupt` hands a config change to the driver.
+static CONFIG_CHANGED: AtomicU64 = AtomicU64::new(0);
+
+/// Whether [`wait_for`] acknowledged a configuration change of the device
+/// at `base` since the last call; forgets it.
+pub fn take_config_change(base: u64) -> bool {
+    let slot = base.wrapping_sub(MMIO_FIRST) / 0x1000;
+    if base < MMIO_FIRST || slot >= 64 {
+        return false;
+    }
+    CONFIG_CHANGED.fetch_and(!(1 << slot), Ordering::SeqCst) & 1 << slot != 0
 }
 
 /// Writes a byte to `port`.

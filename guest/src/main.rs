@@ -14,6 +14,9 @@
 //!   balloon, report=<MiB> the virtio-balloon (see `balloon.rs`)
 //!   blk                  drive the first virtio-blk once (see `blk.rs`)
 //!   blk-read=<MiB>       read that much from it in 64 KiB requests, timed
+//!   blk-dev=<n>          the blk words drive the n-th virtio-blk (from 0)
+//!   blk-watch            read sector 0, then again on each config change
+//!                        (a replaced backing file; see `blk.rs`)
 //!   vsock=echo:<port> | vsock=connect:<port>   the first virtio-vsock
 //!   net=echo             send a frame on the first virtio-net, echo frames
 //!   mmds=<path> [mmds-addr=<a.b.c.d>] [mmds-ip=<a.b.c.d>]   fetch <path>
@@ -130,9 +133,10 @@ pub extern "C" fn guest_main(start_info: u32) -> ! {
     // HOOK balloon: `balloon` / `report=` (balloon.rs); with then=reset it
     // follows num_pages once; else it is pushed onto `serving`.
     balloon::hook(&options, &info, mapped, touched, &mut serving);
-    // HOOK blk: `blk` / `blk-read=<MiB>` (blk.rs).
-    if options.blk || options.blk_read_mib.is_some() {
-        blk::run(&options);
+    // HOOK blk: `blk` / `blk-read=<MiB>` / `blk-watch` (blk.rs); the
+    // watch is served.
+    if options.blk || options.blk_read_mib.is_some() || options.blk_watch {
+        serving.extend(blk::run(&options));
     }
     // HOOK vsock: `vsock=echo:<port>` / `vsock=connect:<port>` (vsock.rs).
     if options.vsock.is_some() {

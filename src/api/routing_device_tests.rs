@@ -414,6 +414,19 @@ fn put_vsock() {
             vsock_id: None,
         })
     );
+    // firecracker-containerd's: go-sdk sends 0 for a vsock without a CID.
+    assert_eq!(
+        ok(
+            "PUT",
+            "/vsock",
+            r#"{"guest_cid":0,"uds_path":"firecracker.vsock","vsock_id":"agent_api"}"#
+        ),
+        VmmAction::PutVsock(VsockConfig {
+            guest_cid: 0,
+            uds_path: "firecracker.vsock".into(),
+            vsock_id: Some("agent_api".into()),
+        })
+    );
     // Firecracker's deprecated vsock_id is taken.
     assert_eq!(
         ok(
@@ -436,7 +449,7 @@ fn put_vsock() {
                 "invalid value for vsock.guest_cid: 2 is not a guest CID",
             ),
             (
-                r#"{"guest_cid": 0, "uds_path": "v.sock"}"#,
+                r#"{"guest_cid": 1, "uds_path": "v.sock"}"#,
                 "invalid value for vsock.guest_cid",
             ),
             (

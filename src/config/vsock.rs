@@ -14,6 +14,12 @@ use super::{invalid, ConfigError};
 /// The smallest guest CID: 0 to 2 are the hypervisor, the local loopback
 /// and the host.
 pub const MIN_GUEST_CID: u32 = 3;
+/// The CID firecracker-go-sdk sends for a `VsockDevice` without one
+/// (firecracker-containerd's `agent_api`): taken, as Firecracker takes it;
+/// the device then reads CID 0 to the guest and expects it as the source of
+/// the guest's packets (Linux's driver takes it as its own CID, and its
+/// listeners bound to `VMADDR_CID_ANY` answer the host's connections).
+pub const UNSET_GUEST_CID: u32 = 0;
 /// Longest `uds_path`, in bytes: `sun_path` (108) less the NUL.
 pub const MAX_UDS_PATH_LEN: usize = 107;
 
@@ -36,12 +42,13 @@ pub struct VsockConfig {
 impl VsockConfig {
     /// Checks every field without touching the socket.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.guest_cid < MIN_GUEST_CID || self.guest_cid == u32::MAX {
+        let unset = self.guest_cid == UNSET_GUEST_CID;
+        if !unset && (self.guest_cid < MIN_GUEST_CID || self.guest_cid == u32::MAX) {
             return Err(invalid(
                 "vsock.guest_cid",
                 format!(
-                    "{} is not a guest CID (0, 1 and 2 are reserved, {} is VMADDR_CID_ANY; \
-                     use {MIN_GUEST_CID}..={})",
+                    "{} is not a guest CID (1 and 2 are reserved, {} is VMADDR_CID_ANY; \
+                     use {MIN_GUEST_CID}..={}, or 0 as firecracker-containerd sends it)",
                     self.guest_cid,
                     u32::MAX,
                     u32::MAX - 1
@@ -116,7 +123,7 @@ mod tests {
             uds_path: "v.sock".into(),
             vsock_id: None,
         };
-        for cid in [0, 1, 2, u32::MAX] {
+        for cid in [1, 2, u32::MAX] {
             c.guest_cid = cid;
             let e = c.validate().unwrap_err().to_string();
             assert!(
@@ -124,6 +131,9 @@ mod tests {
                 "{e}"
             );
         }
+        // firecracker-containerd's (go-sdk's `addVsock` without a CID).
+        c.guest_cid = UNSET_GUEST_CID;
+        c.validate().unwrap();
         c.guest_cid = u32::MAX - 1;
         c.validate().unwrap();
         for path in ["", "a\0b"] {

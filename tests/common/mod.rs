@@ -14,6 +14,7 @@ pub mod guests;
 pub mod jail;
 pub mod netns;
 pub mod peers;
+pub mod replay;
 // Not every test binary uses every part.
 #[allow(unused_imports)]
 pub use teravm_client::{host, http as client};

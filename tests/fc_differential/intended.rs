@@ -74,8 +74,8 @@ const NO_TAP_MMDS: &str = "a consequence of the tap row: the MMDS config names e
                            Firecracker has (it made tap0) and teravm has not";
 const ARRAY: &str = "safer: teravm takes a custom CPU template only as a JSON object; \
                      Firecracker's serde also takes an array as the struct's fields in order";
-const CID: &str = "safer: teravm refuses the guest CIDs the vsock spec reserves (0 the \
-                   hypervisor, 1 local, 2 the host) and u32::MAX";
+const CID: &str = "safer: teravm refuses the guest CIDs the vsock spec reserves (1 local, \
+                   2 the host) and u32::MAX; 0 it takes, as firecracker-containerd sends it";
 const UDS_EMPTY: &str = "safer: teravm refuses an empty uds_path; Firecracker accepts it";
 const HINTING: &str = "safer: teravm refuses free page hinting: a guest takes hinted pages back \
                        without telling the device (Linux's shrinker does), so a discard still in \
@@ -141,7 +141,7 @@ pub static INTENDED: &[Intended] = &[
     row(A, "PATCH /network-interfaces/eth0", "valid", NO_TAP, None),
     row(B, "PUT /mmds/config", "valid", NO_TAP_MMDS, None),
     row(B, "PUT /cpu-config", "not an object ([])", ARRAY, None),
-    row(B, "PUT /vsock", "out of range (guest_cid 0)", CID, None),
+    row(B, "PUT /vsock", "out of range (guest_cid 1)", CID, None),
     row(B, "PUT /vsock", "guest_cid 2", CID, None),
     row(B, "PUT /vsock", "uds_path: empty string", UDS_EMPTY, None),
     row(

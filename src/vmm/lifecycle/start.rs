@@ -194,6 +194,11 @@ impl Vmm {
                 log::info!("{}", self.host_sources);
                 self.slices = microvm.slices.clone();
                 self.phase = Phase::Running(Box::new(microvm));
+                // A metrics line at once, as Firecracker writes one when
+                // the microVM is built (its `PeriodicMetrics::start`):
+                // Kata and firecracker-containerd's clients read the
+                // metrics FIFO from the start. A failure is logged.
+                let _ = self.flush_metrics();
                 self.inject_spurious_job_events();
                 if let Some((reason, at)) = shutdown {
                     self.begin_shutdown(reason, at);

@@ -142,8 +142,12 @@ fn device_cases(w: &mut Walk) {
             format!(r#"{{"guest_cid": 3, "uds_path": "{d}/v.sock"}}"#),
             vec![
                 (
-                    "out of range (guest_cid 0)",
-                    format!(r#"{{"guest_cid": 0, "uds_path": "{d}/v.sock"}}"#),
+                    "out of range (guest_cid 1)",
+                    format!(r#"{{"guest_cid": 1, "uds_path": "{d}/v.sock"}}"#),
+                ),
+                (
+                    "guest_cid 0 (firecracker-containerd's: go-sdk without a CID)",
+                    format!(r#"{{"guest_cid": 0, "uds_path": "{d}/v0.sock"}}"#),
                 ),
                 (
                     "guest_cid 2",

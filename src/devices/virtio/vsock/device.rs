@@ -94,7 +94,9 @@ impl<M: DeviceMemory> Vsock<M> {
     /// A vsock for `opts`, accepting host connections on `listener` (bound
     /// by [`super::bind_uds`] at `opts.uds_path`).
     pub fn new(opts: VsockOptions, listener: UnixListener) -> Result<Vsock<M>, VsockError> {
-        if opts.guest_cid < MIN_GUEST_CID {
+        // 0 is what firecracker-containerd sends (config::vsock's
+        // `UNSET_GUEST_CID`); 1 and 2 stay refused.
+        if opts.guest_cid != 0 && opts.guest_cid < MIN_GUEST_CID {
             return Err(VsockError::ReservedCid(opts.guest_cid));
         }
         if opts.guest_cid > u64::from(u32::MAX) {

@@ -46,7 +46,8 @@ pub use uds::bind_uds;
 pub const VIRTIO_ID_VSOCK: u32 = 19;
 /// The host's CID (every packet from the guest must be addressed to it).
 pub const HOST_CID: u64 = 2;
-/// The lowest CID a guest may have (0-2 are reserved).
+/// The lowest CID a guest may have (1 and 2 are reserved; 0 is taken as
+/// Firecracker takes it, see `Vsock::new`).
 pub const MIN_GUEST_CID: u64 = 3;
 /// Queue indices (virtio 5.10.2).
 pub const RXQ: usize = 0;
@@ -98,8 +99,8 @@ pub const LOCAL_PORT_FIRST: u32 = 1 << 30;
 /// Errors of the vsock device.
 #[derive(Debug, thiserror::Error)]
 pub enum VsockError {
-    /// A CID below 3.
-    #[error("guest_cid {0} is reserved: it must be 3 or more")]
+    /// A CID of 1 or 2.
+    #[error("guest_cid {0} is reserved: it must be 0 or 3 or more")]
     ReservedCid(u64),
     /// A CID above `u32::MAX` (Linux's `AF_VSOCK` addresses are 32 bits).
     #[error("guest_cid {0} does not fit in 32 bits")]

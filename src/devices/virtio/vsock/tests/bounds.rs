@@ -1,6 +1,6 @@
 //! The vsock's bounds and hostile guests: the connection limit, credit
 //! both ways, chains outside RAM, a flood of stray packets, the socket
-//! file's mode and symlinks, the fuzz seeds.
+//! file's mode and symlinks, the fuzz seeds; the CIDs taken.
 
 use super::*;
 
@@ -242,4 +242,27 @@ fn socket_file_is_0600_and_symlinks_and_files_are_refused() {
     assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     let long = d.0.join("x".repeat(120));
     assert!(matches!(bind_uds(&long), Err(VsockError::BadPath(..))));
+}
+
+#[test]
+fn cid_0_is_taken_as_firecracker_takes_it_and_1_and_2_refused() {
+    // firecracker-containerd's vsock has no CID: go-sdk sends 0, and
+    // Firecracker builds the device with it.
+    let dir = TempDir::new();
+    for cid in [0u64, 1, 2, 3] {
+        let uds = dir.0.join(format!("v{cid}.sock"));
+        let opts = VsockOptions {
+            guest_cid: cid,
+            uds_path: uds.clone(),
+        };
+        let made = Vsock::<Mem>::new(opts, bind_uds(&uds).unwrap());
+        match cid {
+            1 | 2 => assert!(
+                matches!(made, Err(VsockError::ReservedCid(c)) if c == cid),
+                "{cid}: {:?}",
+                made.err()
+            ),
+            _ => assert!(made.is_ok(), "{cid}: {:?}", made.err()),
+        }
+    }
 }
