@@ -13,14 +13,28 @@ use teravm::files::{FileOpener, OPEN_TIMEOUT};
 use teravm::vmm::actions::opens::output_request;
 use teravm::vmm::{self, VmmOptions, EXIT_ERROR};
 
+/// `--version`'s words after the name (see [`Cli`]).
+/// (`concat!` takes literals only: a test holds the number to
+/// `teravm::api::FIRECRACKER_API_VERSION`.)
+const VERSION: &str = concat!(
+    "v1.17.0 (the Firecracker API version it implements; teravm ",
+    env!("CARGO_PKG_VERSION"),
+    ")"
+);
+
 /// The longest instance id, as in Firecracker.
 const MAX_ID_LEN: usize = 64;
 
 /// A minimal KVM VMM for microVMs with very large memory, which frees guest
 /// memory at shutdown with worker threads pinned to each host NUMA node.
 /// Firecracker's flags are accepted with their meaning (docs/firecracker.md).
+///
+/// `--version` says `teravm v<Firecracker API version> (...; teravm
+/// <version>)`: orchestrators that check Firecracker's version read the
+/// second word of its first line (Kata's `parseVersion` wants at least
+/// 0.21.1), and what they check is the API they will speak (docs/fleet.md).
 #[derive(Debug, Parser)]
-#[command(name = "teravm", version)]
+#[command(name = "teravm", version = VERSION)]
 struct Cli {
     /// Serve the HTTP API on this Unix socket (mode 0600; it grants full control of the microVM).
     #[arg(long, value_name = "PATH")]
@@ -276,5 +290,20 @@ fn report_startup_time(cli: &Cli) {
     }
     if let Some(us) = cpu_us {
         log::info!("process start-up used {us} us of CPU (with the parent's)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VERSION;
+
+    /// Kata's `parseVersion`: the second word of the first line, its `v`
+    /// trimmed, is the Firecracker version whose API teravm speaks.
+    #[test]
+    fn the_version_line_reads_as_firecrackers() {
+        let line = format!("teravm {VERSION}");
+        let second = line.split(' ').nth(1).unwrap().trim_start_matches('v');
+        assert_eq!(second, teravm::api::FIRECRACKER_API_VERSION);
+        assert!(line.ends_with(&format!("teravm {})", env!("CARGO_PKG_VERSION"))));
     }
 }

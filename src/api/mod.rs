@@ -12,6 +12,10 @@
 //! - [`shapes`]: the JSON shapes of the memory module's and a shutdown's
 //!   reports.
 
+/// The Firecracker release whose API and flags teravm implements and is
+/// checked beside (tests/fc_differential.rs, the shared build, 81b38b9da).
+pub const FIRECRACKER_API_VERSION: &str = "1.17.0";
+
 pub mod action;
 pub mod http;
 pub mod routing;
