@@ -22,6 +22,9 @@ const VERSION: &str = concat!(
     ")"
 );
 
+/// Firecracker's API socket when none is named.
+const DEFAULT_API_SOCK: &str = "/run/firecracker.socket";
+
 /// The longest instance id, as in Firecracker.
 const MAX_ID_LEN: usize = 64;
 
@@ -36,7 +39,7 @@ const MAX_ID_LEN: usize = 64;
 #[derive(Debug, Parser)]
 #[command(name = "teravm", version = VERSION)]
 struct Cli {
-    /// Serve the HTTP API on this Unix socket (mode 0600; it grants full control of the microVM).
+    /// Serve the HTTP API on this Unix socket (mode 0600; it grants full control of the microVM). Without it (and without --no-api), Firecracker's default, /run/firecracker.socket, where a jailer's orchestrator looks for it (Kata's jailed mode passes none).
     #[arg(long, value_name = "PATH")]
     api_sock: Option<PathBuf>,
     /// Configure the microVM from this JSON file (at most 1 MiB) and start it at once (with or without an API socket, as Firecracker does).
@@ -211,9 +214,10 @@ fn run(cli: Cli) -> Result<i32, String> {
         metrics.validate().map_err(|e| e.to_string())?;
         configure_metrics(&files, &metrics).map_err(|e| format!("--metrics-path: {e}"))?;
     }
-    if cli.api_sock.is_none() && !cli.no_api {
-        return Err("give --api-sock PATH, or --no-api with --config-file FILE".into());
-    }
+    let api_sock = match (&cli.api_sock, cli.no_api) {
+        (None, false) => Some(PathBuf::from(DEFAULT_API_SOCK)),
+        (sock, _) => sock.clone(),
+    };
     let mut config = match &cli.config_file {
         Some(path) => VmConfig::from_file(path).map_err(|e| e.to_string())?,
         None => VmConfig::default(),
@@ -240,7 +244,7 @@ fn run(cli: Cli) -> Result<i32, String> {
     let opts = VmmOptions {
         id: cli.id,
         sysfs_root: cli.sysfs_root,
-        api_sock: cli.api_sock,
+        api_sock,
         serial_file: cli.serial_file,
         linger: Duration::from_millis(cli.linger_ms),
         start_at_once: cli.config_file.is_some(),

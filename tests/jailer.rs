@@ -177,6 +177,7 @@ fn jailed_run(s: &Setup, exec: &Path, teravm: bool) -> Seen {
         cgroup_view: false,
         nofile: 512,
         args: &[],
+        kata_go: false,
     });
     let who = j.exec_name.clone();
 
@@ -385,6 +386,7 @@ fn jailed_admission_refuses_a_guest_over_the_cgroup_limit() {
             cgroup_view: true,
             nofile: 512,
             args: &[],
+            kata_go: false,
         });
         let who = j.exec_name.clone();
         let put = |path: &str, body: &str| {
@@ -489,6 +491,7 @@ fn jailed_snapshot_moves_between_jails() {
             cgroup_view: false,
             nofile: 512,
             args: &[],
+            kata_go: false,
         };
         let guest: &'static Path = Box::leak(guest.clone().into_boxed_path());
         let guest_link: &'static [(&'static Path, &'static str)] =
@@ -611,4 +614,82 @@ fn jailed_snapshot_moves_between_jails() {
         answers[0], answers[1],
         "Firecracker's answers, then teravm's"
     );
+}
+
+/// Kata's Go runtime with `jailer_path` set (`fc.go` `fcInit`): the jailer
+/// with `--uid 0 --gid 0 --chroot-base-dir --daemonize -- --config-file
+/// /fcConfig.json` and no `--api-sock`; Kata then waits for
+/// `<root>/run/firecracker.socket` (the VMM's default), polls `GET /` until
+/// Running, reads `<root>/firecracker.pid` (the jailer names it after the
+/// exec file: teravm is installed as `firecracker` for Kata,
+/// docs/fleet.md) and ends the VM with SIGTERM (`fcEnd`). The same for
+/// Firecracker and teravm.
+#[test]
+fn kata_jailed_mode_runs_teravm_installed_as_firecracker() {
+    let test = "kata_jailed_mode_runs_teravm_installed_as_firecracker";
+    let Some(s) = setup(test) else { return };
+    let _big = common::big_memory();
+    let dir = common::temp_dir("kata-jailed");
+    // teravm as Kata's `path`, named as Kata's jailed mode needs it.
+    let as_firecracker = dir.join("bin/firecracker");
+    std::fs::create_dir_all(as_firecracker.parent().unwrap()).unwrap();
+    std::fs::copy(&s.teravm, &as_firecracker).unwrap();
+    let config = dir.join("fcConfig.json");
+    std::fs::write(
+        &config,
+        r#"{"boot-source": {"kernel_image_path": "/guest", "boot_args": "touch=16 then=idle"},
+            "machine-config": {"vcpu_count": 1, "mem_size_mib": 128, "smt": false},
+            "logger": {"log_path": "/log.fifo", "level": "Error"},
+            "metrics": {"metrics_path": "/metrics.fifo"},
+            "drives": [], "network-interfaces": []}"#,
+    )
+    .unwrap();
+    let guest = common::guest();
+    for (exec, teravm) in [(&s.firecracker, false), (&as_firecracker, true)] {
+        let j = Jail::start(&JailSpec {
+            jailer: &s.jailer,
+            exec,
+            link: &[(&guest, "guest"), (&config, "fcConfig.json")],
+            fifos: &["log.fifo", "metrics.fifo"],
+            netns: None,
+            cgroup: &s.cgroup,
+            limits: Vec::new(),
+            cgroup_view: false,
+            nofile: 0,
+            args: &["--config-file", "/fcConfig.json"],
+            kata_go: true,
+        });
+        let who = if teravm { "teravm" } else { "firecracker" };
+        assert_eq!(j.exec_name, "firecracker");
+        // Kata's waitVMMRunning: GET / until Running.
+        let deadline = std::time::Instant::now() + T;
+        loop {
+            let (st, body) = j.ask("GET", "/", None);
+            assert_eq!(st, 200, "{who}: {body}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if v["state"] == "Running" {
+                assert_eq!(v["id"], j.id.as_str(), "{who}: {body}");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{who}: never Running: {body}"
+            );
+            std::thread::yield_now();
+        }
+        j.wait_line("metrics.fifo", "utc_timestamp_ms", T);
+        // Kata's fcEnd: SIGTERM to the pid in <root>/firecracker.pid.
+        let pid: i32 = std::fs::read_to_string(j.root.join("firecracker.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(pid as u32, j.pid);
+        assert_eq!(j.status_field("Uid:").split_whitespace().next(), Some("0"));
+        j.signal(libc::SIGTERM);
+        assert!(
+            j.exited_within(T),
+            "{who}: still running after Kata's SIGTERM"
+        );
+    }
 }

@@ -33,6 +33,8 @@ pub const UID: u32 = 10_123;
 pub const GID: u32 = 10_123;
 /// The API socket inside the chroot, as given with `--api-sock`.
 pub const API_SOCK: &str = "/run/api.socket";
+/// Firecracker's default socket, which Kata's jailed mode expects.
+pub const KATA_API_SOCK: &str = "/run/firecracker.socket";
 
 /// Firecracker's jailer, beside the Firecracker binary (the shared build
 /// puts both in one `bin/`).
@@ -178,10 +180,19 @@ pub struct JailSpec<'a> {
     pub nofile: u64,
     /// teravm's or Firecracker's own arguments after `--api-sock`.
     pub args: &'a [&'a str],
+    /// Kata's Go runtime's jailer command instead (`fc.go`): uid and gid
+    /// 0, `--daemonize`, the netns, then `-- <args>` with no `--api-sock`
+    /// (the VMM's default, `/run/firecracker.socket`, is where Kata looks);
+    /// no cgroup, file limit or PID namespace.
+    pub kata_go: bool,
 }
 
 /// A running (or finished) jailed VMM.
 pub struct Jail {
+    /// The API socket inside the chroot.
+    pub api_sock: &'static str,
+    /// A short symlink to the chroot's `run/` (see [`Jail::sock`]).
+    run_link: PathBuf,
     pub id: String,
     pub base: PathBuf,
     /// `<base>/<exec name>/<id>/root`.
@@ -390,25 +401,57 @@ impl Jail {
                     .arg(&at),
             );
         }
+        let api_sock = if spec.kata_go {
+            KATA_API_SOCK
+        } else {
+            API_SOCK
+        };
         let mut cmd = Command::new(spec.jailer);
         cmd.args(["--id", &id])
             .arg("--exec-file")
             .arg(spec.exec)
-            .args(["--uid", &UID.to_string(), "--gid", &GID.to_string()])
+            .args(if spec.kata_go {
+                ["--uid", "0", "--gid", "0"].map(String::from)
+            } else {
+                [
+                    "--uid".into(),
+                    UID.to_string(),
+                    "--gid".into(),
+                    GID.to_string(),
+                ]
+            })
             .arg("--chroot-base-dir")
             .arg(&base);
-        if let Some(ns) = spec.netns {
-            cmd.arg("--netns").arg(ns);
+        if spec.kata_go {
+            cmd.arg("--daemonize");
+            if let Some(ns) = spec.netns {
+                cmd.arg("--netns").arg(ns);
+            }
+            cmd.arg("--").args(spec.args);
+        } else {
+            if let Some(ns) = spec.netns {
+                cmd.arg("--netns").arg(ns);
+            }
+            cmd.args(["--cgroup-version", &spec.cgroup.version.to_string()]);
+            for l in &spec.limits {
+                cmd.args(["--cgroup", l]);
+            }
+            cmd.args(["--parent-cgroup", &parent])
+                .args(["--resource-limit", &format!("no-file={}", spec.nofile)])
+                .args(["--new-pid-ns", "--daemonize", "--", "--api-sock", API_SOCK])
+                .args(spec.args);
         }
-        cmd.args(["--cgroup-version", &spec.cgroup.version.to_string()]);
-        for l in &spec.limits {
-            cmd.args(["--cgroup", l]);
-        }
-        cmd.args(["--parent-cgroup", &parent])
-            .args(["--resource-limit", &format!("no-file={}", spec.nofile)])
-            .args(["--new-pid-ns", "--daemonize", "--", "--api-sock", API_SOCK])
-            .args(spec.args);
+        static LINKS: AtomicU32 = AtomicU32::new(0);
+        let run_link = std::env::temp_dir().join(format!(
+            "tvj-{}-{}",
+            std::process::id(),
+            LINKS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&run_link);
+        std::os::unix::fs::symlink(root.join("run"), &run_link).unwrap();
         let mut jail = Jail {
+            api_sock,
+            run_link,
             id,
             base,
             root,
@@ -455,9 +498,12 @@ impl Jail {
         jail
     }
 
-    /// The API socket's path on the host.
+    /// The API socket's path on the host, through a short link to the
+    /// chroot's `run/` (a socket's path is at most 107 bytes; the chroot's
+    /// own, with a UUID in it, can be longer).
     pub fn sock(&self) -> PathBuf {
-        self.root.join(API_SOCK.trim_start_matches('/'))
+        let name = Path::new(self.api_sock).file_name().unwrap();
+        self.run_link.join(name)
     }
 
     fn wait_for_api(&self) {
@@ -599,6 +645,7 @@ impl Drop for Jail {
             let _ = Command::new("umount").arg(m).status();
         }
         let _ = std::fs::remove_dir_all(&self.base);
+        let _ = std::fs::remove_file(&self.run_link);
         // A cgroup dir goes once its last task has gone; the kernel may
         // take a moment after the exit to let go of it.
         let deadline = Instant::now() + Duration::from_secs(5);
