@@ -20,12 +20,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::mpsc::{channel, Receiver};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::client::request;
+use super::replay::Fifo;
 
 mod host;
 // Not every test binary uses every part.
@@ -85,8 +85,7 @@ pub struct Jail {
     /// Dirs the jail made, removed deepest first.
     made: Vec<PathBuf>,
     mounts: Vec<PathBuf>,
-    fifos: Vec<(String, Receiver<String>)>,
-    stop: Arc<AtomicBool>,
+    fifos: Vec<(String, Mutex<Fifo>)>,
 }
 
 fn fresh_id() -> String {
@@ -137,56 +136,6 @@ fn missing_chain(root: &Path, rel: &str) -> Vec<PathBuf> {
     out
 }
 
-/// Reads a FIFO line by line (opened read-write, so it neither blocks nor
-/// sees an end when the VMM closes it) until `stop`.
-fn read_fifo(path: &Path, stop: Arc<AtomicBool>) -> Receiver<String> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path; the result is checked.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        )
-    };
-    assert!(
-        fd >= 0,
-        "open {path:?}: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: a new descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        let mut pending = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !stop.load(Ordering::Relaxed) {
-            let mut pfd = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one pollfd on our stack.
-            if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
-                continue;
-            }
-            // SAFETY: reads into our buffer of its length.
-            let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
-                continue;
-            }
-            pending.extend_from_slice(&buf[..n as usize]);
-            while let Some(i) = pending.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = pending.drain(..=i).collect();
-                let line = String::from_utf8_lossy(&line).trim_end().to_string();
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    rx
-}
-
 impl Jail {
     /// Prepares the chroot as an orchestrator does and runs the jailer;
     /// returns once the VMM answers on its socket inside the chroot.
@@ -212,19 +161,15 @@ impl Jail {
                 std::fs::copy(src, &dst).unwrap();
             }
         }
-        let stop = Arc::new(AtomicBool::new(false));
         let mut fifos = Vec::new();
         for name in spec.fifos {
+            // Made and read as the orchestrators make and read theirs
+            // (tests/common/replay.rs), owned by the jailed uid.
             let path = root.join(name);
-            let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-            // SAFETY: a NUL-terminated path; the result is checked.
-            assert_eq!(
-                unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
-                0,
-                "mkfifo {path:?}"
-            );
+            let mut fifo = Fifo::make(&path);
             chown(&path);
-            fifos.push((name.to_string(), read_fifo(&path, stop.clone())));
+            fifo.read();
+            fifos.push((name.to_string(), Mutex::new(fifo)));
         }
         let parent = format!(
             "{}/teravm-jail-{}",
@@ -327,7 +272,6 @@ impl Jail {
             made,
             mounts,
             fifos,
-            stop,
         };
         let out = super::output_within(cmd, Duration::from_secs(30));
         assert_eq!(out.0, 0, "the jailer failed: {}{}", out.1, out.2);
@@ -434,26 +378,22 @@ impl Jail {
     /// The next line of the FIFO `name` that contains `needle`, within
     /// `timeout`; panics with what came instead.
     pub fn wait_line(&self, name: &str, needle: &str, timeout: Duration) -> String {
-        let rx = &self
+        let mut fifo = self
             .fifos
             .iter()
             .find(|(n, _)| n == name)
             .expect("a FIFO of the jail")
-            .1;
-        let deadline = Instant::now() + timeout;
-        let mut seen = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(line) => seen.push(line),
-                Err(_) => panic!(
+            .1
+            .lock()
+            .unwrap();
+        fifo.wait(|l| l.contains(needle), timeout)
+            .unwrap_or_else(|| {
+                panic!(
                     "{}: no {needle:?} on {name} within {timeout:?}; it said:\n{}",
                     self.exec_name,
-                    seen.join("\n")
-                ),
-            }
-        }
+                    fifo.seen.join("\n")
+                )
+            })
     }
 
     /// A line of `/proc/<pid>/status` (`Uid:` ...), its value.
@@ -504,7 +444,6 @@ impl Drop for Jail {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
-        self.stop.store(true, Ordering::Relaxed);
         for m in self.mounts.iter().rev() {
             let _ = Command::new("umount").arg(m).status();
         }
