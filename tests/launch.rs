@@ -285,9 +285,9 @@ fn no_api_needs_a_config_file() {
     let (code, _, stderr) = run(&["--no-api"], T);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--config-file"), "{stderr}");
-    let (code, _, stderr) = run(&[], T);
-    assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains("--api-sock"), "{stderr}");
+    // Without either, the API is on Firecracker's default socket,
+    // /run/firecracker.socket: a host-wide path, so that is run in a
+    // chroot of its own (tests/jailer.rs, Kata's jailed mode).
 }
 
 #[test]
