@@ -211,10 +211,7 @@ impl HostMemory {
             },
         };
         let free_huge_pages = hugetlb_page.and_then(|page| {
-            let path = roots.sys.join(format!(
-                "kernel/mm/hugepages/hugepages-{}kB/free_hugepages",
-                page >> 10
-            ));
+            let path = free_huge_pages_path(&roots.sys, page);
             let free = std::fs::read_to_string(&path).ok()?.trim().parse().ok()?;
             Some((free, path))
         });
@@ -255,6 +252,15 @@ impl HostMemory {
         };
         format!("memory limit: {limit}; host memory: {host}")
     }
+}
+
+/// The free huge pages of `page` bytes: `<sys>/kernel/mm/hugepages/
+/// hugepages-<size>kB/free_hugepages`.
+fn free_huge_pages_path(sys: &Path, page: u64) -> PathBuf {
+    sys.join(format!(
+        "kernel/mm/hugepages/hugepages-{}kB/free_hugepages",
+        page >> 10
+    ))
 }
 
 /// How a cgroup's source is told in a message.
@@ -400,13 +406,7 @@ pub fn check(opts: &MemoryOptions) -> Result<(), AdmissionError> {
         log::warn!(
             "memory admission: no {}: the free huge pages cannot be counted here (a root \
              without /sys); the mapping fails if there are too few",
-            Roots::default()
-                .sys
-                .join(format!(
-                    "kernel/mm/hugepages/hugepages-{}kB/free_hugepages",
-                    page >> 10
-                ))
-                .display()
+            free_huge_pages_path(&Roots::default().sys, page).display()
         );
     }
     admit(opts, &host)
@@ -482,18 +482,15 @@ pub fn admit(opts: &MemoryOptions, host: &HostMemory) -> Result<(), AdmissionErr
             return Err(AdmissionError::Memory {
                 need,
                 available: avail,
-                limit: match &host.cgroup_source {
-                    CgroupSource::NotVisible(why) => format!(
-                        "the host's {} ({} MiB; {why})",
-                        host.available_source.name(),
-                        avail / MIB
-                    ),
-                    _ => format!(
-                        "the host's {} ({} MiB)",
-                        host.available_source.name(),
-                        avail / MIB
-                    ),
-                },
+                limit: format!(
+                    "the host's {} ({} MiB{})",
+                    host.available_source.name(),
+                    avail / MIB,
+                    match &host.cgroup_source {
+                        CgroupSource::NotVisible(why) => format!("; {why}"),
+                        _ => String::new(),
+                    }
+                ),
             });
         }
     }
