@@ -69,6 +69,15 @@ fn check_contents(m: &GuestMemory) {
     }
 }
 
+/// The `Uffd` backend with the userfaultfd from `userfaultfd(2)`, not
+/// `/dev/userfaultfd` (whose path `memory::uffd`'s own test takes).
+fn uffd_by_call(handler: PathBuf) -> SnapshotMemory {
+    SnapshotMemory::Uffd {
+        handler,
+        device: None,
+    }
+}
+
 #[test]
 fn lazy_guest_reads_the_file_writes_its_own_copies_and_is_reclaimed() {
     let dir = TempDir::new("lazy");
@@ -328,16 +337,7 @@ fn firecrackers_on_demand_handler_serves_the_guest() {
     let sock = dir.0.join("uffd.sock");
     let _handler = Handler::start(&bin, &sock, &dir.0.join("mem"));
     let before = userfaultfds();
-    let m = GuestMemory::from_snapshot(
-        &opts,
-        &topo,
-        &regions,
-        SnapshotMemory::Uffd {
-            handler: sock,
-            device: None,
-        },
-    )
-    .unwrap();
+    let m = GuestMemory::from_snapshot(&opts, &topo, &regions, uffd_by_call(sock)).unwrap();
     assert_eq!(userfaultfds(), before + 1);
     assert!(m
         .slices()
@@ -397,16 +397,7 @@ fn firecrackers_fault_all_handler_serves_the_guest() {
     let (_file, regions) = snapshot(&dir, &opts, &topo);
     let sock = dir.0.join("uffd.sock");
     let _handler = Handler::start(&bin, &sock, &dir.0.join("mem"));
-    let m = GuestMemory::from_snapshot(
-        &opts,
-        &topo,
-        &regions,
-        SnapshotMemory::Uffd {
-            handler: sock,
-            device: None,
-        },
-    )
-    .unwrap();
+    let m = GuestMemory::from_snapshot(&opts, &topo, &regions, uffd_by_call(sock)).unwrap();
     let addrs = vec![host(&m, TOUCHED[4])];
     let words = touch_from_thread(addrs, Duration::from_secs(20)).expect("served in 20 s");
     assert_eq!(words[0][0], pattern(TOUCHED[4], 0));
@@ -429,16 +420,7 @@ fn firecrackers_malicious_handler_blocks_only_the_faulting_thread() {
     let (_file, regions) = snapshot(&dir, &opts, &topo);
     let sock = dir.0.join("uffd.sock");
     let mut handler = Handler::start(&bin, &sock, &dir.0.join("mem"));
-    let m = GuestMemory::from_snapshot(
-        &opts,
-        &topo,
-        &regions,
-        SnapshotMemory::Uffd {
-            handler: sock,
-            device: None,
-        },
-    )
-    .unwrap();
+    let m = GuestMemory::from_snapshot(&opts, &topo, &regions, uffd_by_call(sock)).unwrap();
     // The toucher holds a view, as a device thread does: the mapping
     // outlives the memory's owner, so the abandoned thread never reads
     // unmapped memory.
@@ -480,16 +462,8 @@ fn a_missing_or_refusing_handler_is_a_clear_error_and_leaves_nothing() {
     let regions = file_regions(&GuestMemory::plan(&opts, &topo).unwrap());
     let before = userfaultfds();
     let missing = dir.0.join("nobody.sock");
-    let e = GuestMemory::from_snapshot(
-        &opts,
-        &topo,
-        &regions,
-        SnapshotMemory::Uffd {
-            handler: missing.clone(),
-            device: None,
-        },
-    )
-    .unwrap_err();
+    let e = GuestMemory::from_snapshot(&opts, &topo, &regions, uffd_by_call(missing.clone()))
+        .unwrap_err();
     match &e {
         RestoreError::Uffd(UffdError::Connect { path, source }) => {
             assert_eq!(path, &missing);
@@ -501,16 +475,7 @@ fn a_missing_or_refusing_handler_is_a_clear_error_and_leaves_nothing() {
     // A socket file nobody listens on any more.
     let refusing = dir.0.join("closed.sock");
     drop(std::os::unix::net::UnixListener::bind(&refusing).unwrap());
-    let e = GuestMemory::from_snapshot(
-        &opts,
-        &topo,
-        &regions,
-        SnapshotMemory::Uffd {
-            handler: refusing,
-            device: None,
-        },
-    )
-    .unwrap_err();
+    let e = GuestMemory::from_snapshot(&opts, &topo, &regions, uffd_by_call(refusing)).unwrap_err();
     match &e {
         RestoreError::Uffd(UffdError::Connect { source, .. }) => {
             assert_eq!(source.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
