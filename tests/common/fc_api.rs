@@ -46,6 +46,12 @@ impl Side {
             std::fs::write(&log, "").unwrap();
             cmd.arg("--log-path").arg(&log);
         }
+        Side::spawn(name, cmd, sock, dir)
+    }
+
+    /// Spawns `cmd`, ready to run, and returns once its API on `sock`
+    /// answers.
+    pub fn spawn(name: &'static str, cmd: Command, sock: PathBuf, dir: PathBuf) -> Side {
         let vmm = Vmm::spawn_command(cmd);
         wait_for_api(&sock, T);
         Side {

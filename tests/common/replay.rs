@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use super::api::T;
 use super::fc_api::Side;
-use super::{wait_for_api, Vmm};
 
 /// The test guest's line prefix.
 pub const G: &str = "teravm guest: ";
@@ -30,14 +29,7 @@ pub fn start_side(name: &'static str, mut cmd: Command, dir: &Path, args: &[&str
         .expect("--api-sock");
     let sock = dir.join(sock_arg);
     cmd.args(args).current_dir(dir);
-    let vmm = Vmm::spawn_command(cmd);
-    wait_for_api(&sock, T);
-    Side {
-        name,
-        vmm,
-        sock,
-        dir: dir.to_path_buf(),
-    }
+    Side::spawn(name, cmd, sock, dir.to_path_buf())
 }
 
 /// A named pipe the orchestrator made (`mkfifo`) and reads line by line
