@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::jail::{self, setup, Jail, JailSpec};
@@ -120,23 +119,9 @@ fn jailed_snapshot_moves_between_jails() {
         // Firecracker's handler, as root on the host, its socket inside the
         // chroot given to the jailed uid.
         let socket = second.root.join("uffd.sock");
-        let mut handler = Command::new(&handler_bin)
-            .arg(&socket)
-            .arg(first.root.join("vm.mem"))
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .expect("the uffd handler");
-        let deadline = std::time::Instant::now() + T;
-        while !socket.exists() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no socket from the handler"
-            );
-            std::thread::yield_now();
-        }
-        let c = std::ffi::CString::new(socket.to_str().unwrap()).unwrap();
-        // SAFETY: a NUL-terminated path; the result is checked.
-        assert_eq!(unsafe { libc::chown(c.as_ptr(), jail::UID, jail::GID) }, 0);
+        let mut handler =
+            common::peers::uffd_handler(&handler_bin, &socket, &first.root.join("vm.mem"));
+        jail::chown(&socket);
         ask(
             &second,
             "PUT",

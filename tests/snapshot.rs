@@ -15,8 +15,7 @@ mod common;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::process::Command;
 
 use common::api::*;
 use common::guests::Guest;
@@ -224,27 +223,6 @@ fn a_snapshot_loads_lazily_and_eagerly_and_the_guest_verifies_2_vcpus() {
     file_loads("snap_file_2", 2);
 }
 
-/// One of Firecracker's example uffd handlers serving `mem` on `socket`.
-fn handler(bin: &Path, socket: &Path, mem: &Path) -> Child {
-    let child = Command::new(bin)
-        .arg(socket)
-        .arg(mem)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start the uffd handler");
-    // It binds the socket first thing: wait for it to be there.
-    let deadline = Instant::now() + T;
-    while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "no socket from {}",
-            bin.display()
-        );
-        std::thread::yield_now();
-    }
-    child
-}
-
 fn uffd_body(state: &Path, socket: &Path) -> String {
     format!(
         r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "Uffd", "backend_path": "{}"}}, "resume_vm": true}}"#,
@@ -271,7 +249,7 @@ fn uffd_loads(test: &str, vcpus: u32) {
     for name in ["uffd_on_demand_handler", "uffd_fault_all_handler"] {
         let bin = fc.parent().unwrap().join(name);
         let socket = dir.join(format!("{name}.sock"));
-        let mut h = handler(&bin, &socket, &mem);
+        let mut h = common::peers::uffd_handler(&bin, &socket, &mem);
         let (mut vmm, sock) = load(&ns, &dir, name, &uffd_body(&state, &socket));
         goes_on(&mut vmm, &tap);
         shutdown_ok(vmm, &sock);

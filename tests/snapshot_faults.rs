@@ -9,8 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::Command;
 
 use common::api::*;
 use common::guests::Guest;
@@ -228,17 +227,8 @@ fn firecrackers_malicious_uffd_handler_leaves_teravm_answering() {
     let _big = big_memory();
     let (dir, state, mem) = good_snapshot("snap-uffd-malicious");
     let socket = dir.join("malicious.sock");
-    let mut h = Command::new(fc.parent().unwrap().join("uffd_malicious_handler"))
-        .arg(&socket)
-        .arg(&mem)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start the malicious handler");
-    let deadline = Instant::now() + T;
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "no socket from the handler");
-        std::thread::yield_now();
-    }
+    let malicious = fc.parent().unwrap().join("uffd_malicious_handler");
+    let mut h = common::peers::uffd_handler(&malicious, &socket, &mem);
     let (vmm, sock, _d) = start_api("snap-uffd-malicious-2", &[]);
     let body = format!(
         r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "Uffd", "backend_path": "{}"}}, "resume_vm": true}}"#,

@@ -33,7 +33,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -56,6 +56,28 @@ pub enum Kind {
     Qemu,
     /// Firecracker (the shared build).
     Firecracker,
+}
+
+/// One of Firecracker's example uffd handlers (`bin`, beside its binary)
+/// serving the memory file `mem` on `socket`; returns once the socket is
+/// there (it binds it first thing).
+pub fn uffd_handler(bin: &Path, socket: &Path, mem: &Path) -> Child {
+    let child = Command::new(bin)
+        .arg(socket)
+        .arg(mem)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start the uffd handler");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no socket from {}",
+            bin.display()
+        );
+        std::thread::yield_now();
+    }
+    child
 }
 
 /// `qemu-system-x86_64` on PATH, or None having said why (a failure in

@@ -102,7 +102,8 @@ fn fresh_id() -> String {
     )
 }
 
-fn chown(path: &Path) {
+/// Gives `path` to the jailed uid and gid.
+pub fn chown(path: &Path) {
     let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a NUL-terminated path; the result is checked.
     assert_eq!(
